@@ -1,1 +1,5 @@
-"""sim"""
+"""The in-process simulator: the same algorithm objects as the daemon, an in-memory transport."""
+
+from dfl_node.sim.simulator import Simulation, initial_model
+
+__all__ = ["Simulation", "initial_model"]

@@ -1,0 +1,33 @@
+"""What algorithms send each other: models or model pieces, as plain tensors plus metadata.
+
+A message is transport-agnostic: the simulator hands it over in memory, the daemon streams it
+through ``dfl_node.net.codec``. Every payload is a list of :class:`TensorPart` — a contiguous
+range of one tensor's flattened elements — so a full model, a Combo segment of the flattened
+parameter vector, or (later) a width slice all travel in the same shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dfl_node.learning.tensors import StateDict, TensorPart, parts_from_state, state_from_parts
+
+__all__ = ["ModelMessage", "StateDict", "TensorPart", "parts_from_state", "state_from_parts"]
+
+
+@dataclass(frozen=True)
+class ModelMessage:
+    """One transfer between two nodes: a model (or part of one) and what the receiver needs to fuse it."""
+
+    sender: str
+    round: int
+    purpose: str
+    num_samples: int
+    parts: tuple[TensorPart, ...]
+    segment: tuple[int, int] | None = None  # (index, count) for segment exchanges
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        """Payload size in bytes, the figure the simulator and the daemon both count as traffic."""
+        return sum(p.values.numel() * p.values.element_size() for p in self.parts)

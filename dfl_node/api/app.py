@@ -1,0 +1,90 @@
+"""The node's read-only REST API (design §4): health, status, history, Prometheus metrics, dashboard.
+
+The app knows nothing about the daemon: it is given two callables that build a fresh snapshot on
+every request. Endpoints are ``async def`` on purpose, so the callables run on the event loop that
+serves the app (the daemon's loop when uvicorn runs inside the daemon) rather than in a worker
+thread — they may read the daemon's state without locks, and must be quick and non-blocking.
+
+Every route is ``GET``: nothing here changes the node (other methods get 405). Anything that would
+change the node belongs to a separate, token-protected router (not part of this module).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import lru_cache
+from importlib import resources
+
+from fastapi import FastAPI, HTTPException, Query
+from fastapi.responses import HTMLResponse, Response
+
+from dfl_node import __version__
+from dfl_node.api.metrics import CONTENT_TYPE, render_metrics
+from dfl_node.api.schemas import HistoryEntry, NodeStatus
+
+__all__ = ["create_app", "dashboard_html"]
+
+log = logging.getLogger(__name__)
+
+
+@lru_cache(maxsize=1)
+def dashboard_html() -> str:
+    """The dashboard page shipped as package data (``dfl_node/api/static/dashboard.html``)."""
+    return (resources.files("dfl_node.api") / "static" / "dashboard.html").read_text(encoding="utf-8")
+
+
+def create_app(
+    status: Callable[[], NodeStatus],
+    history: Callable[[], list[HistoryEntry]],
+) -> FastAPI:
+    """A FastAPI app serving the node described by ``status()`` and ``history()``."""
+    app = FastAPI(
+        title="dfl-node",
+        version=__version__,
+        description="Read-only status of a decentralized federated learning node: "
+        "health, status, history, Prometheus metrics and a dashboard.",
+    )
+
+    def _snapshot() -> NodeStatus:
+        try:
+            return status()
+        except Exception as exc:  # a status provider bug must not take the API down
+            log.exception("status provider failed")
+            raise HTTPException(status_code=503, detail=f"status unavailable: {exc}") from exc
+
+    @app.get("/healthz", summary="Liveness probe")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/status", response_model=NodeStatus, summary="Current status of the node")
+    async def get_status() -> NodeStatus:
+        return _snapshot()
+
+    @app.get("/history", response_model=list[HistoryEntry], summary="Event history (training, fusions, evaluations)")
+    async def get_history(
+        since: int | None = Query(default=None, description="only entries with round >= since"),
+    ) -> list[HistoryEntry]:
+        try:
+            entries = history()
+        except Exception as exc:
+            log.exception("history provider failed")
+            raise HTTPException(status_code=503, detail=f"history unavailable: {exc}") from exc
+        if since is not None:
+            entries = [e for e in entries if e.round >= since]
+        return entries
+
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics (text format 0.0.4)",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}}},
+    )
+    async def metrics() -> Response:
+        return Response(content=render_metrics(_snapshot()), media_type=CONTENT_TYPE)
+
+    @app.get("/", response_class=HTMLResponse, summary="Dashboard", include_in_schema=False)
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(dashboard_html())
+
+    return app

@@ -1,0 +1,101 @@
+"""What a node reports over REST (design §4): pydantic models the daemon fills.
+
+The daemon builds a :class:`NodeStatus` on demand (``GET /status``) and keeps a list of
+:class:`HistoryEntry` (``GET /history``). Both are plain data: nothing here touches the node.
+
+Counters are exposed **flattened at the top level** of :class:`NodeStatus` (``models_sent``,
+``bytes_received``, …) because that is the shape clients and the issue ask for; the daemon can keep
+a :class:`Counters` object internally and splat it in (``NodeStatus(**counters.model_dump(), …)``),
+and :attr:`NodeStatus.counters` gives the grouped view back.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dfl_node import __version__
+
+__all__ = ["Counters", "HistoryEntry", "NodeStatus", "PeerInfo"]
+
+
+class PeerInfo(BaseModel):
+    """One row of the node's peer table."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    address: str = Field(description="gRPC address of the peer, host:port")
+    http_port: int | None = Field(default=None, description="the peer's REST status port, if it announced one")
+    last_seen: float = Field(description="unix time the peer was last heard from")
+    alive: bool
+    algorithm: str | None = None
+
+
+class Counters(BaseModel):
+    """Monotonic traffic/work counters of a node (since its state was created, survive restarts)."""
+
+    models_sent: int = 0
+    models_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    fusions: int = 0
+    rounds_completed: int = 0
+    busy_refusals: int = 0
+
+
+_COUNTER_FIELDS = tuple(Counters.model_fields)
+
+
+class NodeStatus(BaseModel):
+    """Snapshot of one node, as served by ``GET /status``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    swarm: str
+    algorithm: str
+    mode: Literal["round", "async"]
+    round: int
+    role: str = Field(description='current role: "idle", "sender", "receiver", "holder", …')
+    peers: list[PeerInfo] = Field(default_factory=list)
+    local_accuracy: float | None = None
+    global_accuracy: float | None = None
+
+    # Counters, flattened (see module docstring).
+    models_sent: int = 0
+    models_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    fusions: int = 0
+    rounds_completed: int = 0
+    busy_refusals: int = 0
+
+    rejected: dict[str, int] = Field(default_factory=dict, description="rejected transfers/hellos by reason")
+    version: str = __version__
+    boot_id: str
+    uptime_s: float
+    grpc_address: str
+    http_port: int
+    param_sha256: str | None = Field(default=None, description="sha256 of the node's current parameters")
+    fusing: bool = False
+    done: bool = Field(default=False, description="the node reached its round/time budget")
+
+    @property
+    def counters(self) -> Counters:
+        """The flattened counter fields, grouped again."""
+        return Counters(**{name: getattr(self, name) for name in _COUNTER_FIELDS})
+
+
+class HistoryEntry(BaseModel):
+    """One event in the node's history (``GET /history``)."""
+
+    round: int
+    time: float = Field(description="unix time of the event")
+    event: str = Field(description='"fusion", "train", "eval", …')
+    role: str
+    peer: str | None = None
+    local_accuracy: float | None = None
+    global_accuracy: float | None = None
+    detail: dict[str, float | int | str] = Field(default_factory=dict)

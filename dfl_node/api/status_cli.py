@@ -1,0 +1,286 @@
+"""``dfl-node status [URL] [--all] [--json]``: show what a running node (or its neighbourhood) reports.
+
+The CLI module wires the typer command to :func:`show_status`, which returns the process exit code.
+
+Responses are handled as plain dicts rather than validated :class:`~dfl_node.api.schemas.NodeStatus`
+objects, so a status client of one version can still show nodes of another (missing fields print
+as "–"). HTTP is blocking ``httpx``; ``--all`` queries the peers from a small thread pool, which
+keeps :func:`show_status` callable from anywhere, including code that already runs an event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+__all__ = ["fetch_status", "normalize_url", "peer_url", "show_status"]
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+PEER_TIMEOUT_S = 2.0
+_WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
+
+
+class StatusError(Exception):
+    """A node could not be queried. ``str()`` is the full message; ``reason`` omits the URL."""
+
+    def __init__(self, url: str, reason: str, prefix: str = "cannot reach") -> None:
+        super().__init__(f"{prefix} {url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+def normalize_url(url: str) -> str:
+    """Base URL of a node: scheme added if missing, trailing ``/`` and ``/status`` removed."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    url = url.rstrip("/")
+    if url.endswith("/status"):
+        url = url[: -len("/status")]
+    return url
+
+
+def _split_host(address: str) -> str:
+    """Host part of ``host:port`` (IPv6 ``[::1]:50051`` keeps its brackets)."""
+    if address.startswith("["):
+        return address[: address.index("]") + 1] if "]" in address else address
+    if address.count(":") == 1:
+        return address.rsplit(":", 1)[0]
+    if address.count(":") > 1:  # bare IPv6 address without a port
+        return f"[{address}]"
+    return address
+
+
+def peer_url(peer: dict[str, Any], base_url: str) -> str | None:
+    """Status base URL of a peer (``http://{peer host}:{http_port}``), or None if it has no HTTP port.
+
+    A peer announcing a wildcard host is assumed to live on the host of ``base_url``.
+    """
+    port = peer.get("http_port")
+    if port is None:
+        return None
+    host = _split_host(str(peer.get("address", "")))
+    if host in _WILDCARD_HOSTS:
+        host = urlsplit(base_url).hostname or "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+    return f"http://{host}:{int(port)}"
+
+
+def fetch_status(client: httpx.Client, base_url: str) -> dict[str, Any]:
+    """``GET {base_url}/status`` as a dict; raises :class:`StatusError` with a readable reason."""
+    try:
+        resp = client.get(base_url + "/status")
+    except httpx.TimeoutException:
+        raise StatusError(base_url, "timed out") from None
+    except httpx.HTTPError as exc:  # connection refused, DNS, protocol errors
+        raise StatusError(base_url, str(exc) or type(exc).__name__) from None
+    except (httpx.InvalidURL, ValueError) as exc:  # malformed URLs (InvalidURL is no HTTPError)
+        raise StatusError(base_url, f"invalid URL ({exc})") from None
+    if resp.status_code != 200:
+        reason = f"/status answered HTTP {resp.status_code} (is this a dfl-node?)"
+        raise StatusError(base_url, reason, "bad answer from")
+    try:
+        data = resp.json()
+    except ValueError:
+        raise StatusError(base_url, "/status did not return JSON (is this a dfl-node?)", "bad answer from") from None
+    if not isinstance(data, dict) or "id" not in data:
+        raise StatusError(base_url, "/status is not a dfl-node status (is this a dfl-node?)", "bad answer from")
+    return data
+
+
+# ---------------------------------------------------------------------------------------- formatting
+
+
+def _dash(value: Any) -> str:
+    """A value for a table cell: ``–`` for missing, rich markup in node-supplied text escaped."""
+    return "–" if value is None else escape(str(value))
+
+
+def _acc(value: Any) -> str:
+    return "–" if value is None else f"{100 * float(value):.2f}%"
+
+
+def _bytes(n: Any) -> str:
+    if n is None:
+        return "–"
+    x = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if x < 1024 or unit == "GiB":
+            return f"{int(x)} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    raise AssertionError("unreachable")
+
+
+def _rejected(rejected: Any) -> str:
+    if not rejected:
+        return "0"
+    total = sum(int(v) for v in rejected.values())
+    parts = ", ".join(f"{escape(str(k))}: {v}" for k, v in sorted(rejected.items()))
+    return f"{total} ({parts})"
+
+
+def _peers_summary(peers: Any) -> str:
+    peers = peers or []
+    alive = sum(1 for p in peers if p.get("alive"))
+    return f"{alive}/{len(peers)} alive"
+
+
+def _node_table(s: dict[str, Any], url: str) -> Table:
+    table = Table(title=f"dfl-node {_dash(s.get('id'))} @ {escape(url)}", show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    rows = [
+        ("id", s.get("id")),
+        ("swarm", s.get("swarm")),
+        ("algorithm", s.get("algorithm")),
+        ("mode", s.get("mode")),
+        ("round", s.get("round")),
+        ("role", s.get("role") + (" (fusing)" if s.get("fusing") else "") if s.get("role") else None),
+        ("done", s.get("done")),
+        ("local accuracy", _acc(s.get("local_accuracy"))),
+        ("global accuracy", _acc(s.get("global_accuracy"))),
+        ("models sent/received", f"{_dash(s.get('models_sent'))} / {_dash(s.get('models_received'))}"),
+        ("bytes sent/received", f"{_bytes(s.get('bytes_sent'))} / {_bytes(s.get('bytes_received'))}"),
+        ("fusions", s.get("fusions")),
+        ("rejected", _rejected(s.get("rejected"))),
+        ("peers", _peers_summary(s.get("peers"))),
+        ("gRPC address", s.get("grpc_address")),
+        ("version", s.get("version")),
+        ("uptime", None if s.get("uptime_s") is None else f"{float(s['uptime_s']):.0f} s"),
+    ]
+    for key, value in rows:
+        table.add_row(key, _dash(value))
+    return table
+
+
+def _peer_table(s: dict[str, Any]) -> Table:
+    now = time.time()
+    table = Table(title="peers", title_justify="left")
+    for col in ("id", "address", "http", "algorithm", "alive", "last seen"):
+        table.add_column(col)
+    for p in sorted(s.get("peers") or [], key=lambda p: str(p.get("id"))):
+        last_seen = p.get("last_seen")
+        ago = None if last_seen is None else max(0.0, now - float(last_seen))
+        table.add_row(
+            _dash(p.get("id")),
+            _dash(p.get("address")),
+            _dash(p.get("http_port")),
+            _dash(p.get("algorithm")),
+            "[green]alive[/]" if p.get("alive") else "[red]down[/]",
+            "–" if ago is None else f"{ago:.1f} s ago",
+        )
+    return table
+
+
+def _fleet_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="dfl-node fleet", title_justify="left")
+    for col in ("id", "url", "algorithm", "mode", "round", "role", "local acc", "global acc",
+                "sent/recv", "fusions", "rejected", "peers", "state"):
+        table.add_column(col, no_wrap=col in ("id", "url"))
+    for r in rows:
+        s = r.get("status")
+        if s is None:
+            label = "not queried" if r.get("url") is None else "unreachable"
+            state = f"[red]{label}: {_dash(r['error'])}[/]"
+            table.add_row(_dash(r.get("id")), _dash(r.get("url")), *["–"] * 10, state)
+            continue
+        table.add_row(
+            _dash(s.get("id")),
+            _dash(r.get("url")),
+            _dash(s.get("algorithm")),
+            _dash(s.get("mode")),
+            _dash(s.get("round")),
+            _dash(s.get("role")),
+            _acc(s.get("local_accuracy")),
+            _acc(s.get("global_accuracy")),
+            f"{_dash(s.get('models_sent'))}/{_dash(s.get('models_received'))}",
+            _dash(s.get("fusions")),
+            _rejected(s.get("rejected")),
+            _peers_summary(s.get("peers")),
+            "[green]done[/]" if s.get("done") else "[green]ok[/]",
+        )
+    return table
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def _gather_fleet(client: httpx.Client, base_url: str, root: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows for the queried node and each of its peers (one hop), peers queried concurrently."""
+    rows: list[dict[str, Any]] = [{"id": root.get("id"), "url": base_url, "status": root, "error": None}]
+    targets: list[tuple[dict[str, Any], str | None]] = []
+    seen = {root.get("id")}
+    for p in sorted(root.get("peers") or [], key=lambda p: str(p.get("id"))):
+        if p.get("id") in seen:
+            continue
+        seen.add(p.get("id"))
+        targets.append((p, peer_url(p, base_url)))
+
+    def query(target: tuple[dict[str, Any], str | None]) -> dict[str, Any]:
+        peer, url = target
+        row: dict[str, Any] = {"id": peer.get("id"), "url": url, "status": None, "error": None}
+        if url is None:
+            row["error"] = "peer announced no HTTP port"
+            return row
+        try:
+            row["status"] = fetch_status(client, url)
+        except StatusError as exc:
+            row["error"] = exc.reason
+        return row
+
+    if targets:
+        with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+            rows.extend(pool.map(query, targets))
+    return rows
+
+
+def show_status(
+    url: str = DEFAULT_URL,
+    all_peers: bool = False,
+    as_json: bool = False,
+    timeout: float = 3.0,
+    *,
+    console: Console | None = None,
+    err_console: Console | None = None,
+) -> int:
+    """Print the status of the node at ``url`` (and with ``all_peers`` of its peers); return the exit code.
+
+    Exit code 0 on success (unreachable *peers* are reported, not fatal), 1 if the node at ``url``
+    cannot be queried (the reason goes to stderr).
+    """
+    out = console or Console(soft_wrap=False)
+    err = err_console or Console(stderr=True)
+    base_url = normalize_url(url)
+    try:
+        with httpx.Client(timeout=timeout, trust_env=False) as client:
+            root = fetch_status(client, base_url)
+            if not all_peers:
+                if as_json:
+                    out.file.write(json.dumps(root, indent=2) + "\n")
+                else:
+                    out.print(_node_table(root, base_url))
+                    if root.get("peers"):
+                        out.print(_peer_table(root))
+                return 0
+            client.timeout = httpx.Timeout(min(timeout, PEER_TIMEOUT_S))
+            rows = _gather_fleet(client, base_url, root)
+    except StatusError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        return 1
+
+    if as_json:
+        payload = [r["status"] if r["status"] is not None else
+                   {"id": r["id"], "url": r["url"], "error": r["error"], "reachable": False} for r in rows]
+        out.file.write(json.dumps(payload, indent=2) + "\n")
+    else:
+        out.print(_fleet_table(rows))
+    return 0

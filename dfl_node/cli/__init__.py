@@ -1,0 +1,24 @@
+"""The `dfl-node` command line: one verb per job (design §1)."""
+
+from __future__ import annotations
+
+import click
+
+from dfl_node import __version__
+from dfl_node.cli.options import setup_logging
+from dfl_node.cli.simulate import simulate
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dfl-node")
+@click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR.")
+def cli(log_level: str) -> None:
+    """dfl-node: decentralized federated learning for IoT fleets, with no central server."""
+    setup_logging(log_level)
+
+
+cli.add_command(simulate)
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,82 @@
+"""Provisioning a fleet: one experiment config → each client's private train/validation data.
+
+The simulator and the testbed (which writes the shards that real daemons read) both call
+:func:`provision`, so a node of a testbed holds exactly the data of the simulator's client of the
+same id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dfl_node.config import ExperimentConfig
+from dfl_node.learning.datasets import ArrayDataset, load_dataset, load_shard, save_shard
+from dfl_node.learning.partitions import client_splits
+
+TRAIN_FILE, VAL_FILE, TEST_FILE = "train.safetensors", "val.safetensors", "test.safetensors"
+
+
+def fleet_ids(count: int) -> list[str]:
+    """Node ids of a provisioned fleet, zero-padded so that they sort by index."""
+    width = len(str(count - 1))
+    return [f"node-{i:0{width}d}" for i in range(count)]
+
+
+@dataclass(frozen=True)
+class ClientData:
+    node_id: str
+    train: ArrayDataset
+    val: ArrayDataset
+
+
+@dataclass(frozen=True)
+class Fleet:
+    clients: list[ClientData]
+    test: ArrayDataset
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return self.test.input_shape
+
+    @property
+    def num_classes(self) -> int:
+        return self.test.num_classes
+
+
+def provision(config: ExperimentConfig) -> Fleet:
+    """Load the dataset and split it into ``config.nodes`` clients as the config says (seeded)."""
+    train, test = load_dataset(config.dataset, config.data_dir)
+    splits = client_splits(
+        train.y.numpy(), config.nodes, config.partition, config.seed,
+        zeta=config.zeta, beta=config.beta, val_fraction=config.val_fraction,
+    )
+    clients = [
+        ClientData(node_id, train.subset(split.train), train.subset(split.val))
+        for node_id, split in zip(fleet_ids(config.nodes), splits)
+    ]
+    return Fleet(clients, test)
+
+
+def write_fleet(fleet: Fleet, out_dir: Path) -> list[Path]:
+    """One folder per node (``<id>/train.safetensors``, ``<id>/val.safetensors``) plus the global test set."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    folders = []
+    for client in fleet.clients:
+        folder = out_dir / client.node_id
+        folder.mkdir(exist_ok=True)
+        save_shard(folder / TRAIN_FILE, client.train)
+        save_shard(folder / VAL_FILE, client.val)
+        folders.append(folder)
+    save_shard(out_dir / TEST_FILE, fleet.test)
+    return folders
+
+
+def read_node_data(shard_dir: Path) -> tuple[ArrayDataset, ArrayDataset]:
+    """A node's own (train, val) shard as written by :func:`write_fleet` (``dfl-node partition``)."""
+    train_path, val_path = shard_dir / TRAIN_FILE, shard_dir / VAL_FILE
+    if not train_path.is_file() or not val_path.is_file():
+        raise FileNotFoundError(
+            f"{shard_dir} must hold {TRAIN_FILE} and {VAL_FILE}; create them with `dfl-node partition`"
+        )
+    return load_shard(train_path), load_shard(val_path)

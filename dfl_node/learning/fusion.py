@@ -1,0 +1,136 @@
+"""The papers' fusion formulas as pure functions over models, state dicts and batches.
+
+* :func:`mutual_knowledge_transfer` — 000 eqs. 2–8 (MKT of Def-KT).
+* :func:`weighted_average` — 000 eq. 9 (FullAvg), sample-count weights.
+* :func:`segment_ranges`, :func:`segment_parts`, :func:`average_parts` — Combo's segment averaging.
+
+Readings of the ambiguous parts (``shared/notes/papers-clarified.md``) are made here, once:
+
+* MKT losses: ``Loss1 = CE(P1, Y) + KL(P2 ‖ P1)`` and ``Loss2 = CE(P2, Y) + KL(P1 ‖ P2)``, the other
+  model's prediction a constant target, KL averaged over the batch (``batchmean``) like CE.
+* MKT step order: both predictions are computed on the batch first, then both models step
+  (a simultaneous step). Each model has its own optimizer.
+* Segments: the *flattened vector of floating-point state entries* (parameters and float buffers,
+  in state-dict order) is cut into S contiguous pieces of nearly equal size (boundaries
+  ``floor(i·T/S)``). Integer buffers (e.g. BatchNorm's ``num_batches_tracked``) belong to no
+  segment and are never averaged: each node keeps its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dfl_node.learning.tensors import StateDict, TensorPart
+from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.training import SgdParams, minibatches, sgd
+
+SegmentRange = tuple[str, int, int]  # tensor name, start, stop (flattened element offsets)
+
+
+def mkt_losses(
+    logits_received: torch.Tensor, logits_local: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """000 eqs. 5–6: each model's CE on the labels plus KL from the other's (detached) prediction."""
+    log_p1 = F.log_softmax(logits_received, dim=1)
+    log_p2 = F.log_softmax(logits_local, dim=1)
+    loss1 = F.nll_loss(log_p1, labels) + F.kl_div(log_p1, log_p2.detach(), reduction="batchmean", log_target=True)
+    loss2 = F.nll_loss(log_p2, labels) + F.kl_div(log_p2, log_p1.detach(), reduction="batchmean", log_target=True)
+    return loss1, loss2
+
+
+def mutual_knowledge_transfer(
+    received: nn.Module,
+    local: nn.Module,
+    data: ArrayDataset,
+    received_params: SgdParams,
+    local_params: SgdParams,
+    generator: torch.Generator,
+) -> None:
+    """000 Alg. 1, receiver side: E passes of simultaneous MKT steps (eqs. 2–3) on the receiver's data.
+
+    Both models are updated in place; the caller keeps ``received`` as the new local model.
+    ``received_params.epochs`` (E) and ``.batch_size`` (B2) drive the passes.
+    """
+    received.train()
+    local.train()
+    opt_received, opt_local = sgd(received, received_params), sgd(local, local_params)
+    for _ in range(received_params.epochs):
+        for idx in minibatches(len(data), received_params.batch_size, generator):
+            x, y = data.x[idx], data.y[idx]
+            loss1, loss2 = mkt_losses(received(x), local(x), y)
+            opt_received.zero_grad(set_to_none=True)
+            opt_local.zero_grad(set_to_none=True)
+            (loss1 + loss2).backward()  # the graphs are disjoint: each loss reaches only its own model
+            opt_received.step()
+            opt_local.step()
+
+
+def weighted_average(local: StateDict, remote: StateDict, n_local: int, n_remote: int) -> StateDict:
+    """000 eq. 9: ``(N_r·w_r + N_l·w_l) / (N_r + N_l)`` for floating entries; integer buffers stay local."""
+    if local.keys() != remote.keys():
+        raise ValueError("cannot average models with different parameter names")
+    w_remote = n_remote / (n_local + n_remote)
+    out: StateDict = {}
+    for name, mine in local.items():
+        theirs = remote[name]
+        if theirs.shape != mine.shape:
+            raise ValueError(f"shape mismatch for {name}: {tuple(theirs.shape)} vs {tuple(mine.shape)}")
+        out[name] = mine + w_remote * (theirs - mine) if mine.is_floating_point() else mine.clone()
+    return out
+
+
+def segment_ranges(state: Mapping[str, torch.Tensor], count: int) -> list[list[SegmentRange]]:
+    """Cut the flattened floating-point state into ``count`` contiguous, nearly equal segments."""
+    if count < 1:
+        raise ValueError("segment count must be >= 1")
+    sizes = [(name, t.numel()) for name, t in state.items() if t.is_floating_point()]
+    total = sum(n for _, n in sizes)
+    bounds = [i * total // count for i in range(count + 1)]
+    segments: list[list[SegmentRange]] = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        pieces, offset = [], 0
+        for name, n in sizes:
+            start, stop = max(lo - offset, 0), min(hi - offset, n)
+            if start < stop:
+                pieces.append((name, start, stop))
+            offset += n
+        segments.append(pieces)
+    return segments
+
+
+def segment_parts(state: Mapping[str, torch.Tensor], indices: Sequence[int], count: int) -> tuple[TensorPart, ...]:
+    """The values of segments ``indices`` (of ``count``) as transferable parts (copies)."""
+    ranges = segment_ranges(state, count)
+    return tuple(
+        TensorPart(name, tuple(state[name].shape), start, state[name].detach().reshape(-1)[start:stop].clone())
+        for i in indices
+        for name, start, stop in ranges[i]
+    )
+
+
+def expected_ranges(state: Mapping[str, torch.Tensor], indices: Sequence[int], count: int) -> list[SegmentRange]:
+    """The exact ranges a message carrying segments ``indices`` must hold (used to validate received parts)."""
+    ranges = segment_ranges(state, count)
+    return [r for i in indices for r in ranges[i]]
+
+
+def average_parts(
+    local: StateDict, parts: Sequence[TensorPart], n_local: int, n_remote: int
+) -> StateDict:
+    """Eq. 9 applied only to the elements the parts carry; every other element keeps its local value."""
+    w_remote = n_remote / (n_local + n_remote)
+    out = {name: t.clone() for name, t in local.items()}
+    for part in parts:
+        target = out[part.name]
+        if tuple(target.shape) != part.shape or not target.is_floating_point():
+            raise ValueError(f"part {part.name!r} does not fit the local model")
+        flat = target.view(-1)
+        stop = part.start + part.values.numel()
+        if stop > flat.numel():
+            raise ValueError(f"part {part.name!r} overruns the tensor")
+        flat[part.start : stop] += w_remote * (part.values.to(flat.dtype) - flat[part.start : stop])
+    return out

@@ -1,0 +1,48 @@
+"""Tensors in transit: a contiguous range of one tensor's flattened elements.
+
+A full model, a Combo segment of the flattened parameter vector, or (later) a width slice are all
+lists of :class:`TensorPart`, so one codec and one set of checks serve every algorithm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TensorPart:
+    """Elements ``[start, start + values.numel())`` of the flattened tensor ``name`` of shape ``shape``."""
+
+    name: str
+    shape: tuple[int, ...]
+    start: int
+    values: torch.Tensor  # 1-D, contiguous
+
+    @property
+    def is_whole(self) -> bool:
+        numel = 1
+        for d in self.shape:
+            numel *= d
+        return self.start == 0 and self.values.numel() == numel
+
+
+
+def parts_from_state(state: StateDict) -> tuple[TensorPart, ...]:
+    """Whole-tensor parts of a state dict, in its order (detached copies, safe to hand to another node)."""
+    return tuple(
+        TensorPart(name, tuple(t.shape), 0, t.detach().reshape(-1).clone()) for name, t in state.items()
+    )
+
+
+def state_from_parts(parts: tuple[TensorPart, ...]) -> StateDict:
+    """Inverse of :func:`parts_from_state`; every part must be a whole tensor."""
+    state: StateDict = {}
+    for p in parts:
+        if not p.is_whole:
+            raise ValueError(f"part {p.name!r} is a slice, not a whole tensor")
+        state[p.name] = p.values.reshape(p.shape).clone()
+    return state
