@@ -1,0 +1,204 @@
+"""Split a training set among K clients the way the papers do, reproducibly from one seed.
+
+Schemes (``PARTITIONS``):
+
+* ``iid``        -- shuffle, K equal parts (000 §IV.C, 003 IID).
+* ``shards``     -- 000 §IV.C ζ-shards: sort by label, K·ζ equal contiguous segments,
+                    ζ random segments per client. Smaller ζ = more heterogeneous.
+* ``classes``    -- 001 / 002: each client holds ζ random distinct classes.
+* ``dirichlet``  -- 003: per class, proportions over clients ~ Dir(β); small β = heavy label skew.
+* ``unbalanced`` -- 002: IID content, local sizes drawn from 400..1600 plus two large nodes.
+
+Every function returns one **sorted** int64 index array per client (indices into the
+training set), clients never overlap, and the same seed always gives the same output:
+all randomness comes from ``np.random.default_rng(seed)`` (or a generator passed in).
+Indices are sorted so a partition is a set; the order of training is the loader's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+PARTITIONS = ("iid", "shards", "classes", "dirichlet", "unbalanced")
+
+
+@dataclass(frozen=True)
+class ClientSplit:
+    """One client's local data: ``train`` for local updates, ``val`` for its local accuracy."""
+
+    train: np.ndarray  # sorted int64 indices into the training set
+    val: np.ndarray  # sorted int64 indices, disjoint from train
+
+
+def _labels(labels: np.ndarray, num_clients: int) -> np.ndarray:
+    y = np.asarray(labels)
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"labels must be a 1-D integer array, got {y.dtype} {y.shape}")
+    if y.size and y.min() < 0:
+        raise ValueError("labels must be non-negative class ids")
+    if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+        raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
+    if y.size < num_clients:
+        raise ValueError(f"cannot split {y.size} samples among {num_clients} clients")
+    return y.astype(np.int64, copy=False)
+
+
+def _out(parts: list[np.ndarray]) -> list[np.ndarray]:
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Shuffle and cut into K equal parts; the remainder (< K samples) is dropped so sizes match."""
+    y = _labels(labels, num_clients)
+    size = y.size // num_clients
+    perm = rng.permutation(y.size)[: size * num_clients]
+    return _out(list(perm.reshape(num_clients, size)))
+
+
+def shards(labels: np.ndarray, num_clients: int, zeta: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """000 §IV.C: stable-sort by label, K·ζ equal contiguous segments, ζ random segments per client.
+
+    Segment s is ``order[s*L:(s+1)*L]`` with ``order = argsort(labels, stable)`` and
+    ``L = N // (K·ζ)``; the last ``N mod K·ζ`` samples of that order (highest label) are
+    dropped. A random permutation of the K·ζ segment ids is chunked into K groups of ζ,
+    so every segment goes to exactly one client. A segment may straddle a class boundary:
+    when no segment is longer than the smallest class, a client holds at most 2ζ classes
+    (exactly ζ segments always; ζ classes when every class fills whole segments).
+    """
+    y = _labels(labels, num_clients)
+    if not isinstance(zeta, (int, np.integer)) or zeta < 1:
+        raise ValueError(f"zeta must be a positive integer, got {zeta!r}")
+    n_seg = num_clients * zeta
+    seg_len = y.size // n_seg
+    if seg_len == 0:
+        raise ValueError(f"{y.size} samples cannot form K*zeta = {n_seg} non-empty segments")
+    order = np.argsort(y, kind="stable")[: seg_len * n_seg].reshape(n_seg, seg_len)
+    ids = rng.permutation(n_seg).reshape(num_clients, zeta)
+    return _out([order[row].ravel() for row in ids])
+
+
+def random_classes(labels: np.ndarray, num_clients: int, zeta: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """001 (and 002's non-IID case): each client gets ζ distinct random classes.
+
+    Each class's samples are shuffled and split as equally as possible (sizes differ by
+    at most 1) among the clients that hold it, so no sample is shared. Classes that no
+    client drew are dropped; a class held by many clients gives each of them fewer samples.
+    The classes are those present in ``labels``.
+    """
+    y = _labels(labels, num_clients)
+    classes = np.unique(y)
+    if not isinstance(zeta, (int, np.integer)) or not 1 <= zeta <= classes.size:
+        raise ValueError(f"zeta must be in 1..{classes.size} (classes present), got {zeta!r}")
+    held = [rng.choice(classes, size=zeta, replace=False) for _ in range(num_clients)]
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in classes:
+        owners = [k for k in range(num_clients) if c in held[k]]
+        if owners:
+            pieces = np.array_split(rng.permutation(np.flatnonzero(y == c)), len(owners))
+            for k, piece in zip(owners, pieces):
+                parts[k].append(piece)
+    return _out([np.concatenate(p) for p in parts])
+
+
+def dirichlet(labels: np.ndarray, num_clients: int, beta: float, rng: np.random.Generator,
+              min_size: int = 10, max_tries: int = 1000) -> list[np.ndarray]:
+    """003: for each class, split its shuffled samples among clients with proportions ~ Dir(β·1).
+
+    Small β gives heavy label skew (β = 0.1 in 003), large β approaches IID. The whole
+    draw is repeated until every client has at least ``min_size`` samples; after
+    ``max_tries`` failed draws a ValueError says to lower ``min_size`` or raise β.
+    """
+    y = _labels(labels, num_clients)
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0, got {beta!r}")
+    if min_size * num_clients > y.size:
+        raise ValueError(f"min_size={min_size} for {num_clients} clients needs more than {y.size} samples")
+    for _ in range(max_tries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for c in np.unique(y):
+            idx = rng.permutation(np.flatnonzero(y == c))
+            cuts = (np.cumsum(rng.dirichlet(np.full(num_clients, beta))) * idx.size).astype(np.int64)[:-1]
+            for k, piece in enumerate(np.split(idx, cuts)):
+                parts[k].append(piece)
+        out = _out([np.concatenate(p) for p in parts])
+        if min(p.size for p in out) >= min_size:
+            return out
+    raise ValueError(f"no Dirichlet(beta={beta}) draw in {max_tries} tries gave every one of {num_clients} "
+                     f"clients >= {min_size} samples; lower min_size, raise beta or use fewer clients")
+
+
+def unbalanced(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, low: int = 400,
+               high: int = 1600, num_large: int = 2, large_size: int = 10_000) -> list[np.ndarray]:
+    """002 §5.1 unbalanced sizes with IID content.
+
+    002 draws local dataset sizes in 400..1600 and gives 2 nodes a large dataset (10,000
+    samples). Here: ``min(num_large, num_clients - 1)`` randomly chosen clients (at least
+    one normal client stays; with K = 1 the single client is normal) get ``large_size``,
+    the others an integer size drawn uniformly from ``[low, high]``. Samples are drawn
+    without replacement from a random permutation, so content is IID and unused samples
+    are left out. If the sizes add up to more than the dataset, **all sizes are scaled
+    down by the same factor** (floor, at least 1 each) so the proportions are kept,
+    e.g. for ``digits``.
+    """
+    y = _labels(labels, num_clients)
+    if not 1 <= low <= high or large_size < 1 or num_large < 0:
+        raise ValueError(f"need 1 <= low <= high, large_size >= 1, num_large >= 0; got {low}, {high}, "
+                         f"{large_size}, {num_large}")
+    sizes = rng.integers(low, high, size=num_clients, endpoint=True)
+    large = rng.choice(num_clients, size=min(num_large, num_clients - 1), replace=False)
+    sizes[large] = large_size
+    if sizes.sum() > y.size:
+        sizes = np.maximum(1, np.floor(sizes * (y.size / sizes.sum()))).astype(np.int64)
+        if sizes.sum() > y.size:
+            raise ValueError(f"{y.size} samples are too few for {num_clients} unbalanced clients")
+    perm = rng.permutation(y.size)
+    return _out(np.split(perm[: sizes.sum()], np.cumsum(sizes)[:-1]))
+
+
+def partition(labels: np.ndarray, num_clients: int, scheme: str, seed: int, *,
+              zeta: int = 2, beta: float = 0.5) -> list[np.ndarray]:
+    """Partition ``labels`` among ``num_clients`` with ``scheme`` using ``np.random.default_rng(seed)``.
+
+    ``zeta`` is used by ``shards`` and ``classes``, ``beta`` by ``dirichlet``.
+    """
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    rng = np.random.default_rng(seed)
+    if scheme == "iid":
+        return iid(labels, num_clients, rng)
+    if scheme == "shards":
+        return shards(labels, num_clients, zeta, rng)
+    if scheme == "classes":
+        return random_classes(labels, num_clients, zeta, rng)
+    if scheme == "dirichlet":
+        return dirichlet(labels, num_clients, beta, rng)
+    if scheme == "unbalanced":
+        return unbalanced(labels, num_clients, rng)
+    raise ValueError(f"unknown partition scheme {scheme!r}; choose one of {', '.join(PARTITIONS)}")
+
+
+def train_val_split(indices: np.ndarray, val_fraction: float, rng: np.random.Generator) -> ClientSplit:
+    """Shuffle a client's indices; the first ``len - round(len·val_fraction)`` train, the rest validate.
+
+    003 uses 80:20 (callers pass ``val_fraction=0.2``). Both parts are returned sorted.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
+    idx = rng.permutation(np.asarray(indices, dtype=np.int64))
+    n_train = idx.size - int(round(idx.size * val_fraction))
+    return ClientSplit(train=np.sort(idx[:n_train]), val=np.sort(idx[n_train:]))
+
+
+def client_splits(labels: np.ndarray, num_clients: int, scheme: str, seed: int, *, zeta: int = 2,
+                  beta: float = 0.5, val_fraction: float = 0.2) -> list[ClientSplit]:
+    """``partition(...)`` then a train/val split per client, reproducible from ``seed`` alone.
+
+    The partition uses ``default_rng(seed)`` (so ``train ∪ val`` equals ``partition(...)[k]``);
+    client k's split uses ``default_rng(SeedSequence(seed).spawn(K)[k])``, an independent
+    stream, so a node can compute its own split without the others'.
+    """
+    parts = partition(labels, num_clients, scheme, seed, zeta=zeta, beta=beta)
+    streams = np.random.SeedSequence(int(seed)).spawn(num_clients)
+    return [train_val_split(p, val_fraction, np.random.default_rng(s)) for p, s in zip(parts, streams)]

@@ -1,0 +1,114 @@
+"""The algorithm roles: planning, what travels, what each side keeps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dfl_node.algorithms import AlgorithmError, NodeContext, make_algorithm
+from dfl_node.config import LearningConfig
+from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.fusion import segment_ranges
+from dfl_node.learning.models import build_model
+
+
+def _node(node_id: str, seed: int, config: LearningConfig, model: torch.nn.Module) -> NodeContext:
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g)
+    data = ArrayDataset(x, y, 10)
+    return NodeContext(node_id, copy.deepcopy(model), data.subset(range(32)), data.subset(range(32, 40)), config)
+
+
+@pytest.fixture
+def config() -> LearningConfig:
+    return LearningConfig(batch_size=8, mkt_batch_size=8, lr=0.1, hidden=[16, 16])
+
+
+@pytest.fixture
+def pair(config: LearningConfig) -> tuple[NodeContext, NodeContext]:
+    w0 = build_model("mlp", (1, 8, 8), 10, hidden=config.hidden, seed=0)
+    return _node("a", 1, config, w0), _node("b", 2, config, w0)
+
+
+def _flat(ctx: NodeContext) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in ctx.model.state_dict().values()])
+
+
+def test_plan_picks_disjoint_senders_and_receivers_deterministically(config: LearningConfig) -> None:
+    algo = make_algorithm("defkt", config.model_copy(update={"pairs": 3}))
+    peers = [f"n{i}" for i in range(10)]
+    plan = algo.plan_round(7, peers)
+    senders = {p.sender for p in plan.pairings}
+    receivers = {p.receiver for p in plan.pairings}
+    assert len(senders) == len(receivers) == 3 and not senders & receivers
+    assert plan == algo.plan_round(7, list(reversed(peers)))  # order of discovery does not matter
+    assert any(algo.plan_round(t, peers) != plan for t in range(8, 12))
+    with pytest.raises(ValueError):
+        algo.plan_round(0, peers[:5])
+
+
+def test_defkt_receiver_keeps_the_received_model_after_mkt(config: LearningConfig, pair) -> None:
+    sender, receiver = pair
+    algo = make_algorithm("defkt", config)
+    before_sender = _flat(sender)
+    message = algo.sender_step(sender, 0)
+    assert torch.equal(_flat(sender), before_sender)  # 000: the sender keeps its pre-round model
+    sent = torch.cat([p.values for p in message.parts])
+    assert not torch.equal(sent, before_sender)  # ... and transmits its trained one
+    assert algo.receiver_step(receiver, message) is None
+    assert not torch.equal(_flat(receiver), sent)  # MKT moved the received model on the receiver's data
+
+
+def test_sender_keeps_trained_variant(config: LearningConfig, pair) -> None:
+    sender, _ = pair
+    algo = make_algorithm("defkt", config.model_copy(update={"sender_keeps_trained": True}))
+    message = algo.sender_step(sender, 0)
+    assert torch.equal(_flat(sender), torch.cat([p.values for p in message.parts]))
+
+
+def test_fullavg_receiver_is_eq9_of_both(config: LearningConfig, pair) -> None:
+    sender, receiver = pair
+    algo = make_algorithm("fullavg", config)
+    local = _flat(receiver)
+    message = algo.sender_step(sender, 0)
+    algo.receiver_step(receiver, message)
+    expected = local + 0.5 * (torch.cat([p.values for p in message.parts]) - local)  # equal sample counts
+    assert torch.allclose(_flat(receiver), expected)
+
+
+def test_combo_swaps_complementary_segments_and_traffic_is_one_model(config: LearningConfig, pair) -> None:
+    sender, receiver = pair
+    algo = make_algorithm("combo", config)
+    receiver.model.load_state_dict({k: v + 1.0 for k, v in receiver.model.state_dict().items()})
+    receiver_before = _flat(receiver)
+    message = algo.sender_step(sender, 0)
+    sender_trained = _flat(sender)
+    reply = algo.receiver_step(receiver, message)
+    algo.sender_finish(sender, reply)
+
+    model_bytes = sum(t.numel() * t.element_size() for t in sender.model.state_dict().values())
+    assert message.nbytes + reply.nbytes == model_bytes
+    half = sum(stop - start for _, start, stop in segment_ranges(sender.model.state_dict(), 2)[0])
+    # receiver: first segment untouched, second averaged; sender: the other way round
+    assert torch.equal(_flat(receiver)[:half], receiver_before[:half])
+    assert torch.allclose(_flat(receiver)[half:], (receiver_before[half:] + sender_trained[half:]) / 2)
+    assert torch.equal(_flat(sender)[half:], sender_trained[half:])
+    assert torch.allclose(_flat(sender)[:half], (sender_trained[:half] + receiver_before[:half]) / 2)
+
+
+def test_combo_rejects_a_message_with_the_wrong_segments(config: LearningConfig, pair) -> None:
+    sender, receiver = pair
+    algo = make_algorithm("combo", config)
+    message = algo.sender_step(sender, 0)
+    forged = type(message)(**{**message.__dict__, "parts": message.parts[1:]})
+    with pytest.raises(AlgorithmError):
+        algo.receiver_step(receiver, forged)
+
+
+def test_receiver_refuses_another_algorithms_message(config: LearningConfig, pair) -> None:
+    sender, receiver = pair
+    message = make_algorithm("fullavg", config).sender_step(sender, 0)
+    with pytest.raises(AlgorithmError):
+        make_algorithm("defkt", config).receiver_step(receiver, message)
