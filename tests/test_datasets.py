@@ -38,7 +38,7 @@ def _data_dir() -> Path:
 
 def _real(name: str) -> tuple[ArrayDataset, ArrayDataset]:
     if not (_data_dir() / f"{name}.npz").is_file():
-        pytest.skip(f"real {name} not found in {_data_dir()}")
+        pytest.fail(f"real {name} not found in {_data_dir()}: clone next to shared/ or set DFL_DATA_DIR")
     return load_dataset(name, _data_dir())
 
 
@@ -55,7 +55,7 @@ def fmnist() -> tuple[ArrayDataset, ArrayDataset]:
 @pytest.fixture(scope="module")
 def mnist_npz() -> dict[str, np.ndarray]:
     if not (_data_dir() / "mnist.npz").is_file():
-        pytest.skip("real MNIST not found")
+        pytest.fail("real MNIST not found: clone next to shared/ or set DFL_DATA_DIR")
     with np.load(_data_dir() / "mnist.npz", allow_pickle=False) as d:
         return {k: d[k][:300] for k in d.files}
 
