@@ -1,0 +1,413 @@
+"""Discovery over real zeroconf on loopback.
+
+Run inside a private network namespace with only ``lo``::
+
+    unshare -n sh -c 'ip link set lo up; exec python -m pytest tests/test_discovery.py -q'
+
+Every discovery here is built with ``bind_host="127.0.0.1"``, so the module is
+also safe (nothing leaves the machine) when run in the root namespace; nothing
+is skipped in either case. Synchronisation is by events with timeouts, never
+by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from zeroconf import InterfaceChoice
+from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+
+from dfl_node.net.discovery import (
+    SERVICE_TYPE,
+    Announcement,
+    MdnsDiscovery,
+    fingerprint_matches,
+    mdns_interfaces,
+    parse_peer,
+    service_name,
+)
+
+BIND = "127.0.0.1"  # never anything else in this module
+FIND_TIMEOUT = 10.0
+RUN = uuid.uuid4().hex[:6]  # ids and swarms unique per run: concurrent runs on one loopback stay apart
+
+
+def nid(name: str) -> str:
+    return f"{name}-{RUN}"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ann(node_id: str, *, swarm: str = "s1", port: int = 50051, boot: str | None = None, **kw) -> Announcement:
+    fields = dict(
+        node_id=nid(node_id),
+        swarm=nid(swarm),
+        host=BIND,
+        grpc_port=port,
+        http_port=port + 1000,
+        algorithm="defkt",
+        fingerprint=f"{abs(hash(node_id)) % 16**16:016x}" * 4,  # 64 hex
+        protocol_version=1,
+        boot_id=boot or uuid.uuid4().hex,
+    )
+    fields.update(kw)
+    return Announcement(**fields)
+
+
+class Recorder:
+    """Collects on_found/on_lost calls of one node; lets a test wait for a condition."""
+
+    def __init__(self, me: Announcement) -> None:
+        self.me = me
+        self.found: list[Announcement] = []
+        self.lost: list[str] = []
+        self._changed = asyncio.Event()
+
+    def on_found(self, a: Announcement) -> None:
+        self.found.append(a)
+        self._changed.set()
+
+    def on_lost(self, node_id: str) -> None:
+        self.lost.append(node_id)
+        self._changed.set()
+
+    def latest(self, node_id: str) -> Announcement | None:
+        return next((a for a in reversed(self.found) if a.node_id == node_id), None)
+
+    async def wait(self, cond: Callable[[], bool], what: str, timeout: float = FIND_TIMEOUT) -> None:
+        async def loop() -> None:
+            while not cond():
+                self._changed.clear()
+                await self._changed.wait()
+
+        try:
+            await asyncio.wait_for(loop(), timeout)
+        except TimeoutError:
+            pytest.fail(f"{self.me.node_id}: timed out after {timeout}s waiting for {what}; "
+                        f"found={[(a.node_id, a.boot_id[:8]) for a in self.found]} lost={self.lost}")
+
+
+def _multicast_ifs(d: MdnsDiscovery) -> set[str]:
+    """Multicast interface and bound address of every sending socket of a running discovery."""
+    senders = d.zeroconf.zeroconf.engine.senders
+    assert senders, "no sending socket"
+    return {
+        socket.inet_ntoa(t.sock.getsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, 4))
+        for t in senders
+    } | {t.sock.getsockname()[0] for t in senders}
+
+
+@pytest.fixture
+async def swarm():
+    """Factory: start(announcement) -> (discovery, recorder); stops all at teardown."""
+    running: list[MdnsDiscovery] = []
+
+    async def start(me: Announcement) -> tuple[MdnsDiscovery, Recorder]:
+        rec = Recorder(me)
+        d = MdnsDiscovery(me, on_found=rec.on_found, on_lost=rec.on_lost, bind_host=BIND)
+        running.append(d)
+        await d.start()
+        # The safety rule, checked on the live sockets: loopback only.
+        assert _multicast_ifs(d) == {BIND}
+        return d, rec
+
+    yield start
+    await asyncio.gather(*(d.stop() for d in running))
+
+
+class DebugLogWatch(logging.Handler):
+    """Signals when a discovery logs a given debug message (used to prove a negative)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+        self.event = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        self.event.set()
+
+    async def wait_for(self, needle: str, timeout: float = FIND_TIMEOUT) -> None:
+        async def loop() -> None:
+            while not any(needle in m for m in self.messages):
+                self.event.clear()
+                await self.event.wait()
+
+        try:
+            await asyncio.wait_for(loop(), timeout)
+        except TimeoutError:
+            pytest.fail(f"no log line containing {needle!r}; got {self.messages}")
+
+
+@pytest.fixture
+def debug_log():
+    logger = logging.getLogger("dfl_node.net.discovery")
+    watch = DebugLogWatch()
+    old = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(watch)
+    yield watch
+    logger.removeHandler(watch)
+    logger.setLevel(old)
+
+
+# --------------------------------------------------------------------------- #
+# Real zeroconf
+# --------------------------------------------------------------------------- #
+
+
+async def test_three_nodes_find_each_other_then_goodbye(swarm) -> None:
+    mes = [ann(n, port=p) for n, p in (("node-a", 50051), ("node-b", 50052), ("node-c", 50053))]
+    nodes = await asyncio.gather(*(swarm(m) for m in mes))
+    recs = [r for _, r in nodes]
+
+    for rec in recs:
+        others = {m.node_id for m in mes} - {rec.me.node_id}
+        await rec.wait(lambda rec=rec, others=others: others <= {a.node_id for a in rec.found},
+                       f"peers {sorted(others)}")
+    for rec in recs:
+        assert rec.me.node_id not in {a.node_id for a in rec.found}, "a node reported itself"
+        for m in mes:
+            if m.node_id == rec.me.node_id:
+                continue
+            got = rec.latest(m.node_id)
+            assert got == m, f"{rec.me.node_id} sees {got}, expected {m}"
+            assert got.grpc_address == f"127.0.0.1:{m.grpc_port}"
+        assert rec.lost == []
+
+    # stop() says goodbye: the two others lose node-c.
+    await nodes[2][0].stop()
+    await nodes[2][0].stop()  # idempotent
+    for rec in recs[:2]:
+        await rec.wait(lambda rec=rec: nid("node-c") in rec.lost, "goodbye of node-c", timeout=5.0)
+        assert rec.lost == [nid("node-c")]
+    assert set(nodes[0][0].peers()) == {nid("node-b")} and set(nodes[1][0].peers()) == {nid("node-a")}
+
+
+async def test_other_swarm_is_not_reported(swarm, debug_log) -> None:
+    (_, a), (_, x), (_, b) = await asyncio.gather(
+        swarm(ann("alpha", swarm="s1")),
+        swarm(ann("xeno", swarm="s2")),
+        swarm(ann("beta", swarm="s1", port=50052)),
+    )
+    # Each side has resolved the other's record and dropped it for its swarm...
+    s1, s2 = nid("s1"), nid("s2")
+    await debug_log.wait_for(f"{a.me.node_id}: ignoring {x.me.node_id} of swarm {s2!r}")
+    await debug_log.wait_for(f"{x.me.node_id}: ignoring {a.me.node_id} of swarm {s1!r}")
+    await debug_log.wait_for(f"{x.me.node_id}: ignoring {b.me.node_id} of swarm {s1!r}")
+    # ...while same-swarm discovery works in the same window.
+    await a.wait(lambda: any(f.node_id == nid("beta") for f in a.found), nid("beta"))
+    await b.wait(lambda: any(f.node_id == nid("alpha") for f in b.found), nid("alpha"))
+    await debug_log.wait_for(f"{b.me.node_id}: ignoring {x.me.node_id} of swarm {s2!r}")
+    assert nid("xeno") not in {f.node_id for f in a.found + b.found}
+    assert x.found == [] and x.lost == []
+
+
+async def test_graceful_restart_with_new_boot_id(swarm) -> None:
+    old = ann("restarter", port=50060)
+    (_, a), (d_old, _) = await asyncio.gather(swarm(ann("watcher")), swarm(old))
+    await a.wait(lambda: a.latest(nid("restarter")) == old, "restarter (first boot)")
+
+    await d_old.stop()
+    await a.wait(lambda: a.lost == [nid("restarter")], "goodbye")
+
+    new = ann("restarter", port=50061)  # new boot id, new port
+    assert new.boot_id != old.boot_id
+    await swarm(new)
+    await a.wait(lambda: a.latest(nid("restarter")) == new, "restarter (second boot)")
+    assert [f.boot_id for f in a.found if f.node_id == nid("restarter")] == [old.boot_id, new.boot_id]
+
+
+_CHILD = """
+import asyncio, sys
+from dfl_node.net.discovery import Announcement, MdnsDiscovery
+async def main():
+    node_id, swarm, boot_id = sys.argv[1:4]
+    me = Announcement(node_id=node_id, swarm=swarm, host="127.0.0.1", grpc_port=50070,
+                      http_port=0, algorithm="defkt", fingerprint="ab" * 40,
+                      protocol_version=1, boot_id=boot_id)
+    d = MdnsDiscovery(me, on_found=lambda a: None, on_lost=lambda n: None, bind_host="127.0.0.1")
+    await d.start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+async def test_crash_restart_is_reported_as_update(swarm) -> None:
+    """A SIGKILLed node sends no goodbye; its restart (same id, new boot id) is an update."""
+    _, a = await swarm(ann("observer"))
+    boot1 = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CHILD, nid("phoenix"), nid("s1"), boot1, stdout=subprocess.PIPE, env=env, cwd=REPO
+    )
+    try:
+        line = await asyncio.wait_for(child.stdout.readline(), FIND_TIMEOUT)
+        assert line.strip() == b"ready"
+        await a.wait(lambda: a.latest(nid("phoenix")) is not None, "phoenix (first boot)")
+        first = a.latest(nid("phoenix"))
+        assert (first.boot_id, first.grpc_port, first.http_port) == (boot1, 50070, 0)
+        # 80 chars: announced as a 16-char prefix.
+        assert first.fingerprint == "ab" * 8 and fingerprint_matches(first.fingerprint, "ab" * 40)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        await child.wait()
+
+    again = ann("phoenix", port=50071)
+    await swarm(again)
+    await a.wait(lambda: a.latest(nid("phoenix")).boot_id == again.boot_id, "phoenix (second boot)")
+    assert a.latest(nid("phoenix")) == again
+    assert a.lost == []  # no goodbye was ever sent; liveness is the daemon's job
+
+
+async def test_update_reannounces_changed_txt(swarm) -> None:
+    me = ann("changer", port=50080)
+    (_, a), (d, _) = await asyncio.gather(swarm(ann("listener")), swarm(me))
+    await a.wait(lambda: a.latest(nid("changer")) == me, nid("changer"))
+    changed = ann("changer", port=50080, boot=me.boot_id, algorithm="fullavg", fingerprint="f" * 64)
+    await d.update(changed)
+    await a.wait(lambda: a.latest(nid("changer")) == changed, "updated TXT of changer")
+    assert [f.algorithm for f in a.found if f.node_id == nid("changer")] == ["defkt", "fullavg"]
+    with pytest.raises(ValueError):
+        await d.update(ann("someone-else"))
+
+
+async def test_stop_is_safe_before_start_and_after_failed_start(monkeypatch) -> None:
+    rec = Recorder(ann("fragile"))
+    idle = MdnsDiscovery(rec.me, on_found=rec.on_found, on_lost=rec.on_lost, bind_host=BIND)
+    await idle.stop()  # never started: nothing to do
+
+    made: list[AsyncZeroconf] = []
+
+    async def failing_register(self, info, *args, **kwargs):
+        made.append(self)
+        raise RuntimeError("registration failed")
+
+    # Fails after the real zeroconf and browser exist (as a name conflict would).
+    monkeypatch.setattr(AsyncZeroconf, "async_register_service", failing_register)
+    d = MdnsDiscovery(rec.me, on_found=rec.on_found, on_lost=rec.on_lost, bind_host=BIND)
+    with pytest.raises(RuntimeError, match="registration failed"):
+        await d.start()
+    assert d.zeroconf is None  # start() cleaned up after itself...
+    assert len(made) == 1 and made[0].zeroconf.done  # ...and closed the sockets
+    await d.stop()
+    await d.stop()
+    with pytest.raises(RuntimeError):
+        await d.start()  # one-shot object
+
+
+# --------------------------------------------------------------------------- #
+# Pure functions
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("127.0.0.1:50051", ("127.0.0.1", 50051)),
+        ("node-1.dfl.svc.cluster.local:1", ("node-1.dfl.svc.cluster.local", 1)),
+        ("localhost:65535", ("localhost", 65535)),
+        ("[::1]:50051", ("::1", 50051)),
+        ("[fe80::1%eth0]:7", ("fe80::1%eth0", 7)),
+    ],
+)
+def test_parse_peer_accepts(spec: str, expected: tuple[str, int]) -> None:
+    assert parse_peer(spec) == expected
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "", "host", "host:", ":50051", "host:0", "host:65536", "host:-1", "host:+80", "host:80x",
+        "host:٥٠", " host:80", "host :80", "ho st:80", "::1:50051", "[::1]", "[::1]50051",
+        "[::1:80", "[not-v6]:80", "[127.0.0.1]:80", "host:123456", "bad_-.:80", "a..b:80",
+    ],
+)
+def test_parse_peer_rejects(spec: str) -> None:
+    with pytest.raises(ValueError, match="peer"):
+        parse_peer(spec)
+
+
+def test_mdns_interfaces() -> None:
+    assert mdns_interfaces("127.0.0.1") == ["127.0.0.1"]
+    assert mdns_interfaces("localhost") == ["127.0.0.1"]
+    assert mdns_interfaces("10.77.0.3") == ["10.77.0.3"]
+    assert mdns_interfaces("0.0.0.0") is InterfaceChoice.All
+    for bad in ("::1", "node.example", "224.0.0.251", ""):
+        with pytest.raises(ValueError):
+            mdns_interfaces(bad)
+
+
+def test_txt_round_trip_and_limits() -> None:
+    me = ann("rt", fingerprint="c" * 64)
+    txt = me.to_txt()
+    assert set(txt) == {"id", "swarm", "grpc", "http", "algo", "fp", "proto", "boot"}
+    assert txt["fp"] == "c" * 64 and txt["grpc"] == "50051"
+    info = AsyncServiceInfo(SERVICE_TYPE, service_name(me.node_id), port=me.grpc_port, properties=txt,
+                            parsed_addresses=["127.0.0.1"])
+    assert Announcement.from_service_info(info) == me
+    assert ann("long", fingerprint="d" * 100).to_txt()["fp"] == "d" * 16
+    with pytest.raises(ValueError):
+        ann("x" * 300).to_txt()
+    with pytest.raises(ValueError):
+        dataclasses.replace(me, node_id="").to_txt()
+    with pytest.raises(ValueError):
+        dataclasses.replace(me, algorithm="a\nb").to_txt()
+
+
+def test_service_name_is_a_valid_label() -> None:
+    assert service_name("node-a") == "node-a." + SERVICE_TYPE
+    for node_id in ("n" * 200, "dots.and spaces/ü", "x" * 63 + "y"):
+        label = service_name(node_id)[: -len(SERVICE_TYPE) - 1]
+        assert 0 < len(label.encode()) <= 63 and label.replace("-", "").replace("_", "").isalnum()
+    assert service_name("a.b") != service_name("a-b")  # sanitizing keeps ids apart
+
+
+def _info(props, *, name: str | None = None, addrs=("127.0.0.1",), type_: str = SERVICE_TYPE):
+    return AsyncServiceInfo(type_, name or service_name("n1"), port=1, properties=props,
+                            parsed_addresses=list(addrs))
+
+
+GOOD = {"id": "n1", "swarm": "s", "grpc": "5", "http": "0", "algo": "a", "fp": "f", "proto": "1", "boot": "b"}
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        _info({}),
+        _info(b"\xff\x00garbage"),  # raw TXT whose length byte overruns
+        _info(b"\x03a=\xff"),  # undecodable value
+        _info({**GOOD, "grpc": "0"}),
+        _info({**GOOD, "grpc": "65536"}),
+        _info({**GOOD, "grpc": "5x"}),
+        _info({**GOOD, "http": "-1"}),
+        _info({**GOOD, "proto": "one"}),
+        _info({**GOOD, "id": ""}),
+        _info({**GOOD, "swarm": None}),  # key without value
+        _info({**GOOD, "algo": "\x00evil"}),
+        _info({k: v for k, v in GOOD.items() if k != "boot"}),
+        _info({**GOOD, b"\xfe": b"x"}),
+        _info(GOOD, name=service_name("someone-else")),  # id does not match the instance
+        _info(GOOD, addrs=()),  # no IPv4 address
+        _info(GOOD, addrs=("::1",)),
+        _info(GOOD, name="n1._other._tcp.local.", type_="_other._tcp.local."),
+    ],
+)
+def test_from_service_info_rejects_garbage(info: AsyncServiceInfo) -> None:
+    assert Announcement.from_service_info(info) is None
+
+
+def test_from_service_info_accepts_minimal() -> None:
+    got = Announcement.from_service_info(_info(GOOD, addrs=("127.0.0.1", "10.0.0.9")))
+    assert got is not None and got.host == "10.0.0.9" and got.grpc_port == 5 and got.http_port == 0
