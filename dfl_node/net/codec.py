@@ -1,0 +1,287 @@
+"""Where model bytes cross the wire: :class:`ModelMessage` ⇄ a stream of ``dfl.v1.Frame`` (design §3).
+
+A transfer is one ``header`` frame (sender, swarm, version, fingerprint, a manifest of
+:class:`TensorEntry` ranges with byte offsets, total size, sha256) followed by ``chunk`` frames of
+at most :data:`CHUNK_SIZE` bytes. The payload is each part's elements as raw little-endian bytes,
+back to back in manifest order, with no padding and **no pickle**: received bytes only ever become
+tensors through ``torch.frombuffer`` with a dtype from :data:`ALLOWED_DTYPES`.
+
+The receiver (:class:`MessageAssembler`) checks the whole header against its own model before it
+allocates anything, then copies chunks into one preallocated buffer, hashing as they arrive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+
+import dfl_node
+from dfl_node.algorithms.messages import ModelMessage, TensorPart
+from dfl_node.net.proto import dfl_pb2 as pb
+
+if sys.byteorder != "little":  # the payload is the in-memory layout; every supported target is little-endian
+    raise ImportError("dfl_node.net.codec requires a little-endian host")
+
+CHUNK_SIZE = 1 << 20
+ALLOWED_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_DTYPE_NAMES = {dt: name for name, dt in ALLOWED_DTYPES.items()}
+
+Manifest = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a receiver accepts; everything is checked at the header, before allocation, except chunk sizes."""
+
+    max_total_bytes: int = 512 << 20
+    max_chunk_bytes: int = CHUNK_SIZE
+    max_header_bytes: int = 1 << 20
+    max_tensors: int = 4096
+
+    @property
+    def max_message_bytes(self) -> int:
+        """A safe ``grpc.max_receive_message_length`` for a Transfer stream (largest frame plus framing)."""
+        return max(self.max_chunk_bytes, self.max_header_bytes) + 1024
+
+
+class TransferRejected(Exception):
+    """A transfer refused before fusion; ``reason`` is a short stable code, ``detail`` is human-readable."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+    def result(self) -> pb.TransferResult:
+        """The ``TransferResult`` a server sends back for this rejection."""
+        return pb.TransferResult(accepted=False, reason=self.reason, detail=self.detail)
+
+
+def manifest_of(state: Mapping[str, torch.Tensor]) -> Manifest:
+    """The receiver-side manifest of a state dict: name -> (dtype, full shape)."""
+    return {name: (t.dtype, tuple(t.shape)) for name, t in state.items()}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _raw(part: TensorPart) -> memoryview:
+    """The part's elements as raw bytes, without a copy when the values are already flat CPU tensors."""
+    values = part.values.detach().cpu().reshape(-1).contiguous()
+    if values.dtype not in _DTYPE_NAMES:
+        raise ValueError(f"part {part.name!r}: dtype {values.dtype} cannot be sent")
+    if part.start < 0 or part.start + values.numel() > _numel(part.shape):
+        raise ValueError(f"part {part.name!r}: range exceeds shape {part.shape}")
+    return memoryview(values.view(torch.uint8).numpy())
+
+
+def encode_message(
+    msg: ModelMessage, *, swarm: str, fingerprint: str, epoch: int = 0, chunk_size: int = CHUNK_SIZE
+) -> Iterator[pb.Frame]:
+    """Yield the header frame, then chunk frames of at most ``chunk_size`` bytes (payload streamed lazily).
+
+    The header needs one hashing pass over the parts; the chunks are cut from them afterwards, so the
+    parts must not change while the generator runs (``parts_from_state`` already hands out copies).
+    """
+    if chunk_size <= 0:
+        raise ValueError("chunk_size must be positive")
+    raws = [_raw(p) for p in msg.parts]
+    digest = hashlib.sha256()
+    header = pb.TransferHeader(
+        sender=msg.sender, swarm=swarm, protocol_version=dfl_node.PROTOCOL_VERSION, round=msg.round,
+        purpose=msg.purpose, fingerprint=fingerprint, num_samples=msg.num_samples, metadata=msg.metadata,
+        epoch=epoch, segment_index=msg.segment[0] if msg.segment else 0,
+        segment_count=msg.segment[1] if msg.segment else 0,
+    )  # fmt: skip
+    offset = 0
+    for part, raw in zip(msg.parts, raws):
+        digest.update(raw)
+        header.manifest.append(
+            pb.TensorEntry(
+                name=part.name, dtype=_DTYPE_NAMES[part.values.dtype], shape=part.shape, start=part.start,
+                count=part.values.numel(), offset=offset, nbytes=raw.nbytes,
+            )
+        )  # fmt: skip
+        offset += raw.nbytes
+    header.total_size = offset
+    header.sha256 = digest.digest()
+    yield pb.Frame(header=header)
+
+    pending = bytearray()  # small parts are packed together so that every chunk but the last is full
+    for raw in raws:
+        pos = 0
+        while pos < raw.nbytes:
+            if not pending and raw.nbytes - pos >= chunk_size:
+                yield pb.Frame(chunk=pb.Chunk(data=raw[pos : pos + chunk_size].tobytes()))
+                pos += chunk_size
+                continue
+            take = min(chunk_size - len(pending), raw.nbytes - pos)
+            pending += raw[pos : pos + take]
+            pos += take
+            if len(pending) == chunk_size:
+                yield pb.Frame(chunk=pb.Chunk(data=bytes(pending)))
+                pending = bytearray()
+    if pending:
+        yield pb.Frame(chunk=pb.Chunk(data=bytes(pending)))
+
+
+class MessageAssembler:
+    """Consumes frames one at a time, validating as early as possible (the header before any allocation).
+
+    After the first rejection every further :meth:`feed` / :meth:`finish` raises the same rejection.
+    """
+
+    def __init__(
+        self, *, swarm: str, fingerprint: str, manifest: Manifest, limits: Limits = Limits(),
+        protocol_version: int = dfl_node.PROTOCOL_VERSION,
+    ) -> None:  # fmt: skip
+        self._swarm = swarm
+        self._fingerprint = fingerprint
+        self._manifest = manifest
+        self._limits = limits
+        self._version = protocol_version
+        self._header: pb.TransferHeader | None = None
+        self._buf: bytearray | None = None
+        self._received = 0
+        self._digest = hashlib.sha256()
+        self._failed: TransferRejected | None = None
+
+    @property
+    def header(self) -> pb.TransferHeader | None:
+        return self._header
+
+    @property
+    def complete(self) -> bool:
+        """True once a valid header arrived and all ``total_size`` payload bytes with it."""
+        return self._header is not None and self._received == self._header.total_size
+
+    def _reject(self, reason: str, detail: str) -> TransferRejected:
+        self._failed = TransferRejected(reason, detail)
+        return self._failed
+
+    def feed(self, frame: pb.Frame) -> None:
+        if self._failed is not None:
+            raise self._failed
+        kind = frame.WhichOneof("kind")
+        if self._header is None:
+            if kind != "header":
+                raise self._reject("unexpected_frame", f"expected a header first, got {kind or 'an empty frame'}")
+            self._check_header(frame.header)
+            self._header = frame.header
+            self._buf = bytearray(frame.header.total_size)  # safe: total_size was bounded by the checks
+            return
+        if kind != "chunk":
+            raise self._reject("unexpected_frame", f"expected a chunk after the header, got {kind or 'nothing'}")
+        data = frame.chunk.data
+        if len(data) > self._limits.max_chunk_bytes:
+            raise self._reject("chunk_too_large", f"{len(data)} bytes > {self._limits.max_chunk_bytes}")
+        end = self._received + len(data)
+        if end > self._header.total_size:
+            raise self._reject("trailing_data", f"{end} bytes received, header said {self._header.total_size}")
+        memoryview(self._buf)[self._received : end] = data
+        self._digest.update(data)
+        self._received = end
+
+    def _check_header(self, h: pb.TransferHeader) -> None:
+        lim = self._limits
+        if (size := h.ByteSize()) > lim.max_header_bytes:
+            raise self._reject("header_too_large", f"{size} bytes > {lim.max_header_bytes}")
+        if h.protocol_version != self._version:
+            raise self._reject("protocol_version", f"peer speaks {h.protocol_version}, we speak {self._version}")
+        if h.swarm != self._swarm:
+            raise self._reject("swarm_mismatch", f"peer swarm {h.swarm!r}, ours {self._swarm!r}")
+        if h.fingerprint != self._fingerprint:
+            raise self._reject("fingerprint_mismatch", f"peer model {h.fingerprint!r}, ours {self._fingerprint!r}")
+        if h.total_size > lim.max_total_bytes:
+            raise self._reject("too_large", f"{h.total_size} bytes > {lim.max_total_bytes}")
+        if len(h.manifest) > lim.max_tensors:
+            raise self._reject("bad_manifest", f"{len(h.manifest)} entries > {lim.max_tensors}")
+        if len(h.sha256) != 32:
+            raise self._reject("bad_sha256", f"sha256 must be 32 bytes, got {len(h.sha256)}")
+        if h.segment_count and h.segment_index >= h.segment_count:
+            raise self._reject("bad_manifest", f"segment {h.segment_index} of {h.segment_count}")
+        offset = 0
+        ranges: dict[str, list[tuple[int, int]]] = {}
+        for e in h.manifest:
+            if e.name not in self._manifest:
+                raise self._reject("unknown_tensor", f"{e.name!r} is not in our model")
+            want_dtype, want_shape = self._manifest[e.name]
+            dtype = ALLOWED_DTYPES.get(e.dtype)
+            if dtype is None or dtype != want_dtype:
+                raise self._reject("dtype_not_allowed", f"{e.name!r}: dtype {e.dtype!r}, expected {want_dtype}")
+            if tuple(e.shape) != tuple(want_shape):
+                raise self._reject("shape_mismatch", f"{e.name!r}: shape {tuple(e.shape)}, ours {tuple(want_shape)}")
+            if e.start + e.count > _numel(tuple(want_shape)):
+                raise self._reject("bad_manifest", f"{e.name!r}: elements {e.start}+{e.count} beyond the tensor")
+            if e.nbytes != e.count * dtype.itemsize or e.offset != offset:
+                raise self._reject("bad_manifest", f"{e.name!r}: nbytes/offset do not follow the previous entry")
+            offset += e.nbytes
+            ranges.setdefault(e.name, []).append((e.start, e.start + e.count))
+        if offset != h.total_size:
+            raise self._reject("bad_manifest", f"entries cover {offset} bytes, total_size is {h.total_size}")
+        for name, spans in ranges.items():
+            spans.sort()
+            if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
+                raise self._reject("bad_manifest", f"{name!r}: overlapping ranges")
+
+    def finish(self) -> tuple[pb.TransferHeader, ModelMessage]:
+        """Check completeness and sha256, then build the message (tensors are views of, or copies from, the buffer)."""
+        if self._failed is not None:
+            raise self._failed
+        h = self._header
+        if h is None or self._buf is None:
+            raise self._reject("truncated", "the stream ended before a header")
+        if self._received != h.total_size:
+            raise self._reject("truncated", f"{self._received} of {h.total_size} bytes received")
+        if self._digest.digest() != h.sha256:
+            raise self._reject("bad_sha256", "payload does not match the header's sha256")
+        parts = tuple(
+            TensorPart(e.name, tuple(e.shape), e.start, self._tensor(e)) for e in h.manifest
+        )
+        msg = ModelMessage(
+            sender=h.sender, round=h.round, purpose=h.purpose, num_samples=h.num_samples, parts=parts,
+            segment=(h.segment_index, h.segment_count) if h.segment_count else None, metadata=dict(h.metadata),
+        )  # fmt: skip
+        return h, msg
+
+    def _tensor(self, e: pb.TensorEntry) -> torch.Tensor:
+        dtype = ALLOWED_DTYPES[e.dtype]
+        if e.count == 0:
+            return torch.empty(0, dtype=dtype)
+        if dtype == torch.bool:  # normalise: any non-zero byte is True, never an invalid bool
+            return torch.frombuffer(self._buf, dtype=torch.uint8, count=e.nbytes, offset=e.offset) != 0
+        t = torch.frombuffer(self._buf, dtype=dtype, count=e.count, offset=e.offset)
+        return t if t.data_ptr() % dtype.itemsize == 0 else t.clone()  # zero-copy view when aligned
+
+
+async def assemble(
+    frames: AsyncIterator[pb.Frame], assembler: MessageAssembler, *, until_eof: bool = True
+) -> tuple[pb.TransferHeader, ModelMessage]:
+    """Feed ``frames`` into ``assembler`` and return the finished message.
+
+    ``until_eof=True`` (server side, reading a client's stream) reads until the client half-closes, so
+    frames after the payload are rejected. ``until_eof=False`` (client side, reading a reply model after
+    the ``result`` frame) stops as soon as ``total_size`` bytes arrived, without waiting for more.
+    """
+    async for frame in frames:
+        assembler.feed(frame)
+        if not until_eof and assembler.complete:
+            break
+    return assembler.finish()
