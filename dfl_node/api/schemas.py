@@ -80,6 +80,8 @@ class NodeStatus(BaseModel):
     http_port: int
     param_sha256: str | None = Field(default=None, description="sha256 of the node's current parameters")
     fusing: bool = False
+    max_concurrent_fusions: int = Field(default=0, description="most fusions ever running at once (must stay ≤ 1)")
+    epoch: int = Field(default=0, description="round mode: epoch of the newest round token seen (fencing)")
     done: bool = Field(default=False, description="the node reached its round/time budget")
 
     @property

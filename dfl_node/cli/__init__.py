@@ -6,6 +6,7 @@ import click
 
 from dfl_node import __version__
 from dfl_node.cli.options import setup_logging
+from dfl_node.cli.node_cmds import partition, start, status
 from dfl_node.cli.simulate import simulate
 
 
@@ -17,7 +18,8 @@ def cli(log_level: str) -> None:
     setup_logging(log_level)
 
 
-cli.add_command(simulate)
+for command in (simulate, start, partition, status):
+    cli.add_command(command)
 
 
 def main() -> None:

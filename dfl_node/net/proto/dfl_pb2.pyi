@@ -187,20 +187,6 @@ class RoundAssignment(_message.Message):
     params: _containers.ScalarMap[str, str]
     def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., role: _Optional[str] = ..., peer_id: _Optional[str] = ..., peer_address: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
-class RoundReport(_message.Message):
-    __slots__ = ("round", "epoch", "node_id", "ok", "detail")
-    ROUND_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    NODE_ID_FIELD_NUMBER: _ClassVar[int]
-    OK_FIELD_NUMBER: _ClassVar[int]
-    DETAIL_FIELD_NUMBER: _ClassVar[int]
-    round: int
-    epoch: int
-    node_id: str
-    ok: bool
-    detail: str
-    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., node_id: _Optional[str] = ..., ok: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
-
 class Ack(_message.Message):
     __slots__ = ("ok", "reason")
     OK_FIELD_NUMBER: _ClassVar[int]

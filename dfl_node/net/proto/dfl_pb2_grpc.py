@@ -55,11 +55,6 @@ class DflNodeStub:
                 request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundToken.SerializeToString,
                 response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.FromString,
                 _registered_method=True)
-        self.ReportDone = channel.unary_unary(
-                '/dfl.v1.DflNode/ReportDone',
-                request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundReport.SerializeToString,
-                response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.FromString,
-                _registered_method=True)
 
 
 class DflNodeServicer:
@@ -83,7 +78,8 @@ class DflNodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Assign(self, request, context):
-        """Round mode: the token holder tells a participant its role for round t.
+        """Round mode: the token holder tells a participant its role for round t; the reply comes when
+        the participant has finished that role (so no separate report is needed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -91,13 +87,6 @@ class DflNodeServicer:
 
     def PassToken(self, request, context):
         """Round mode: hand the round token on to the next holder.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ReportDone(self, request, context):
-        """Round mode: a participant tells the holder it finished round t.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -124,11 +113,6 @@ def add_DflNodeServicer_to_server(servicer, server):
             'PassToken': grpc.unary_unary_rpc_method_handler(
                     servicer.PassToken,
                     request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundToken.FromString,
-                    response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.SerializeToString,
-            ),
-            'ReportDone': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReportDone,
-                    request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundReport.FromString,
                     response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.SerializeToString,
             ),
     }
@@ -240,33 +224,6 @@ class DflNode:
             target,
             '/dfl.v1.DflNode/PassToken',
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundToken.SerializeToString,
-            dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ReportDone(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/dfl.v1.DflNode/ReportDone',
-            dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundReport.SerializeToString,
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,91 @@
+"""`dfl-node start | partition | status`: the verbs of a device and of its operator.
+
+`start`'s flags are generated from :class:`~dfl_node.node.config.NodeConfig`, so a flag, its
+``DFL_*`` variable and its config-file key can never drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic.fields import FieldInfo
+
+from dfl_node.api.status_cli import show_status
+from dfl_node.cli.options import experiment_config, experiment_options
+from dfl_node.config import load_config
+from dfl_node.learning.datasets import DatasetNotFoundError
+from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.node.config import NodeConfig
+
+
+def _click_type(field: FieldInfo) -> Any:
+    ann = field.annotation
+    args = [a for a in typing.get_args(ann) if a is not type(None)] or [ann]
+    base = args[0]
+    if typing.get_origin(base) is typing.Literal:
+        return click.Choice(typing.get_args(base))
+    if typing.get_origin(base) is list:
+        return typing.get_args(base)[0]
+    return {Path: click.Path(path_type=Path), bool: bool, int: int, float: float}.get(base, str)
+
+
+def node_options(func: Any) -> Any:
+    """One click option per NodeConfig field: ``--grpc-port`` for ``grpc_port``, ``--peer`` (repeatable) for ``peers``."""
+    for name, field in reversed(NodeConfig.model_fields.items()):
+        flag = name.replace("_", "-")
+        help_text = (field.description or "") + f"  [env: DFL_{name.upper()}]"
+        if field.annotation is bool:
+            func = click.option(f"--{flag}/--no-{flag}", name, default=None, help=help_text)(func)
+        elif name == "peers":
+            func = click.option("--peer", name, multiple=True, help=help_text)(func)
+        elif name == "hidden":
+            func = click.option("--hidden", name, type=int, multiple=True, help=help_text)(func)
+        else:
+            func = click.option(f"--{flag}", name, type=_click_type(field), default=None, help=help_text)(func)
+    return func
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="YAML or TOML node config (env DFL_* and flags override it).")
+@node_options
+def start(config_path: Path | None, **flags: Any) -> None:
+    """Run this device's node: serve gRPC + REST, discover peers, learn with them until stopped."""
+    from dfl_node.node.service import serve  # grpc/zeroconf/uvicorn only for this verb
+
+    flags = {k: (list(v) or None) if isinstance(v, tuple) else v for k, v in flags.items()}
+    try:
+        config = load_config(NodeConfig, config_path, flags)
+        config.advertised_host  # noqa: B018 - validates --host/--advertise early
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        asyncio.run(serve(config))
+    except (FileNotFoundError, DatasetNotFoundError, OSError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+@click.command()
+@experiment_options
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder for <node-id>/{train,val}.safetensors and test.safetensors.")
+def partition(out: Path, config_path: Path | None, **flags: Any) -> None:
+    """Write one data shard per node plus the global test set (what a node's --data/--test-data read)."""
+    config = experiment_config(config_path, {}, **flags)
+    folders = write_fleet(provision(config), out)
+    click.echo(f"wrote {len(folders)} shards ({config.dataset}, {config.partition}) and test set to {out}")
+
+
+@click.command()
+@click.argument("url", default="http://127.0.0.1:8080")
+@click.option("--all", "all_peers", is_flag=True, help="Also query every peer the node knows.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(url: str, all_peers: bool, as_json: bool) -> None:
+    """Show a node's state (and with --all, its peers') from its REST API."""
+    sys.exit(show_status(url, all_peers=all_peers, as_json=as_json))

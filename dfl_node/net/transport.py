@@ -1,0 +1,192 @@
+"""Where bytes cross the wire: the gRPC server of a node and the client it uses to reach its peers.
+
+The server turns RPCs into calls on a :class:`NodeHandler` (implemented by the daemon) and does
+all the byte work itself: it validates the stream with :class:`MessageAssembler` *before* the node
+sees a model, counts rejections, and streams replies back. The standard gRPC health service and
+server reflection are enabled so that ordinary gRPC tools can inspect a node.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.net.codec import Limits, Manifest, MessageAssembler, TransferRejected, assemble, encode_message
+from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DflNode"].full_name
+
+
+def channel_options(limits: Limits) -> list[tuple[str, int]]:
+    """Explicit message limits: gRPC's 4 MiB default fails with a misleading INTERNAL error (networking notes)."""
+    return [
+        ("grpc.max_receive_message_length", limits.max_message_bytes),
+        ("grpc.max_send_message_length", limits.max_message_bytes),
+    ]
+
+
+@dataclass(frozen=True)
+class WireIdentity:
+    """What both ends of a transfer must agree on before a model is accepted."""
+
+    swarm: str
+    fingerprint: str
+    manifest: Manifest
+    limits: Limits
+
+    def assembler(self) -> MessageAssembler:
+        return MessageAssembler(swarm=self.swarm, fingerprint=self.fingerprint, manifest=self.manifest, limits=self.limits)
+
+
+class NodeHandler(Protocol):
+    """The daemon side of the RPCs; every method runs on the event loop."""
+
+    wire: WireIdentity
+
+    def hello(self, request: pb.HelloRequest, peer: str) -> pb.HelloReply: ...
+    def admit(self, header: pb.TransferHeader) -> None: ...  # raise TransferRejected (e.g. "busy"); takes the role
+    def release(self, header: pb.TransferHeader) -> None: ...  # give the role back after admit()
+    async def receive(self, header: pb.TransferHeader, message: ModelMessage) -> ModelMessage | None: ...
+    def on_rejected(self, reason: str, detail: str, sender: str) -> None: ...
+    def on_transferred(self, sent: int, received: int) -> None: ...  # byte counters
+    async def assign(self, request: pb.RoundAssignment) -> pb.Ack: ...
+    async def token(self, request: pb.RoundToken) -> pb.Ack: ...
+
+
+def _wire_bytes(header: pb.TransferHeader) -> int:
+    return header.total_size + header.ByteSize()
+
+
+class DflServicer(pb_grpc.DflNodeServicer):
+    def __init__(self, node: NodeHandler) -> None:
+        self.node = node
+
+    async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloReply:
+        return self.node.hello(request, context.peer())
+
+    async def Transfer(
+        self, request_iterator: AsyncIterator[pb.Frame], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Frame]:
+        wire = self.node.wire
+        assembler = wire.assembler()
+        admitted: pb.TransferHeader | None = None
+        try:
+            first = await anext(aiter(request_iterator), None)
+            if first is None:
+                raise TransferRejected("truncated", "empty stream")
+            assembler.feed(first)  # the header: swarm, fingerprint, manifest, sizes checked here
+            self.node.admit(assembler.header)
+            admitted = assembler.header
+            header, message = await assemble(request_iterator, assembler)
+            self.node.on_transferred(0, _wire_bytes(header))
+            reply = await self.node.receive(header, message)
+        except TransferRejected as exc:
+            sender = assembler.header.sender if assembler.header is not None else "?"
+            self.node.on_rejected(exc.reason, exc.detail, sender)
+            yield pb.Frame(result=exc.result())
+            return
+        finally:
+            if admitted is not None:
+                self.node.release(admitted)
+        yield pb.Frame(result=pb.TransferResult(accepted=True))
+        if reply is not None:
+            sent = 0
+            for frame in encode_message(reply, swarm=wire.swarm, fingerprint=wire.fingerprint):
+                sent += frame.ByteSize()
+                yield frame
+            self.node.on_transferred(sent, 0)
+
+    async def Assign(self, request: pb.RoundAssignment, context: grpc.aio.ServicerContext) -> pb.Ack:
+        return await self.node.assign(request)
+
+    async def PassToken(self, request: pb.RoundToken, context: grpc.aio.ServicerContext) -> pb.Ack:
+        return await self.node.token(request)
+
+
+async def start_server(node: NodeHandler, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """Serve the node (plus health and reflection) on ``host:port``; returns the server and the bound port."""
+    server = grpc.aio.server(options=channel_options(node.wire.limits))
+    pb_grpc.add_DflNodeServicer_to_server(DflServicer(node), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC to {host}:{port}")
+    await server.start()
+    for service in ("", SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound
+
+
+class TransferRefused(Exception):
+    """The receiving peer said no (busy, incompatible, invalid); ``reason`` is its stable code."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason, self.detail = reason, detail
+
+
+class PeerClient:
+    """One channel to one peer; cheap to keep per peer and reuse for every RPC."""
+
+    def __init__(self, address: str, wire: WireIdentity) -> None:
+        self.address = address
+        self.wire = wire
+        self.channel = grpc.aio.insecure_channel(address, options=channel_options(wire.limits))
+        self.stub = pb_grpc.DflNodeStub(self.channel)
+
+    async def hello(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
+        return await self.stub.Hello(request, timeout=timeout)
+
+    async def assign(self, request: pb.RoundAssignment, timeout: float) -> pb.Ack:
+        return await self.stub.Assign(request, timeout=timeout)
+
+    async def pass_token(self, request: pb.RoundToken, timeout: float) -> pb.Ack:
+        return await self.stub.PassToken(request, timeout=timeout)
+
+    async def push(self, message: ModelMessage, *, epoch: int, timeout: float) -> tuple[ModelMessage | None, int, int]:
+        """Stream ``message`` to the peer; returns (its reply model or None, bytes sent, bytes received).
+
+        Raises :class:`TransferRefused` when the peer refuses, ``grpc.aio.AioRpcError`` when it is unreachable.
+        """
+        frames = encode_message(message, swarm=self.wire.swarm, fingerprint=self.wire.fingerprint, epoch=epoch)
+        sent = 0
+
+        def counted(source: Iterator[pb.Frame]) -> Iterator[pb.Frame]:
+            nonlocal sent
+            for frame in source:
+                sent += frame.ByteSize()
+                yield frame
+
+        call = self.stub.Transfer(counted(frames), timeout=timeout)
+        replies = aiter(call)
+        first = await anext(replies, None)
+        if first is None or first.WhichOneof("kind") != "result":
+            raise TransferRefused("protocol", "peer sent no result frame")
+        if not first.result.accepted:
+            raise TransferRefused(first.result.reason, first.result.detail)
+        try:
+            following = await anext(replies, None)
+            if following is None:
+                return None, sent, 0  # no reply model: the normal case for Def-KT and FullAvg
+            assembler = self.wire.assembler()
+            assembler.feed(following)
+            header, reply = await assemble(replies, assembler, until_eof=False)
+        except TransferRejected as exc:
+            raise TransferRefused(exc.reason, f"reply from {self.address}: {exc.detail}") from exc
+        finally:
+            call.cancel()
+        return reply, sent, _wire_bytes(header)
+
+    async def close(self) -> None:
+        await self.channel.close()

@@ -1,0 +1,59 @@
+"""The daemon's settings: a node's identity, data, network and schedule, plus the shared learning settings.
+
+Every field is a ``dfl-node start`` flag (``--grpc-port`` for ``grpc_port``), a ``DFL_<FIELD>``
+environment variable (``DFL_GRPC_PORT``; lists comma-separated, e.g. ``DFL_PEERS``) and a config-file
+key, with the precedence of :func:`dfl_node.config.load_config`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from dfl_node.config import AlgorithmName, LearningConfig
+
+
+class NodeConfig(LearningConfig):
+    id: str = Field(..., min_length=1, max_length=48, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                    description="node id, unique in the swarm")
+    data: Path = Field(..., description="folder with this node's train.safetensors and val.safetensors (dfl-node partition)")
+    test_data: Path | None = Field(None, description="global test set (test.safetensors) for global accuracy")
+    algorithm: AlgorithmName = "defkt"
+    mode: Literal["round", "async"] = Field("round", description="round: token-scheduled, reproducible; async: deployment")
+    host: str = Field("127.0.0.1", description="address to serve on; loopback unless told otherwise")
+    advertise: str | None = Field(None, description="address peers should dial (default: host; required with 0.0.0.0)")
+    grpc_port: int = Field(50051, ge=1, le=65535)
+    http_port: int = Field(8080, ge=0, le=65535, description="REST status port (0 disables the REST server)")
+    peers: list[str] = Field(default_factory=list, description="static peers HOST:PORT (networks without multicast)")
+    mdns: bool = Field(True, description="discover peers by mDNS on the serving interface")
+    swarm: str = Field("default", min_length=1, max_length=32, description="only peers of the same swarm talk")
+    state_dir: Path | None = Field(None, description="checkpoint folder (default ./dfl-state/<id>)")
+    min_peers: int = Field(1, ge=1, description="round mode: peers the lowest id waits for before round 0")
+    rounds: int = Field(0, ge=0, description="round mode: stop after T rounds (0: run until stopped)")
+    participation: float = Field(1.0, gt=0, le=1, description="async mode: probability of volunteering per tick")
+    interval: float = Field(1.0, gt=0, description="async mode: seconds between volunteering ticks")
+    duration: float = Field(0.0, ge=0, description="async mode: stop volunteering after this many seconds (0: never)")
+    heartbeat: float = Field(1.0, gt=0, description="seconds between liveness checks of each peer")
+    peer_timeout: float = Field(4.0, gt=0, description="a peer silent this long leaves the table")
+    round_timeout: float = Field(120.0, gt=0, description="round mode: longest wait for one pairing")
+    token_timeout: float = Field(10.0, gt=0, description="round mode: silence after which a lost token is regenerated")
+    evaluate: bool = Field(True, description="evaluate local/global accuracy after every model change")
+
+    @field_validator("peers", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return [p for p in value.split(",") if p] if isinstance(value, str) else value
+
+    @property
+    def state_path(self) -> Path:
+        return self.state_dir or Path("dfl-state") / self.id
+
+    @property
+    def advertised_host(self) -> str:
+        if self.advertise:
+            return self.advertise
+        if self.host in ("0.0.0.0", "::"):
+            raise ValueError("--host 0.0.0.0 needs --advertise ADDR: the address peers should dial")
+        return self.host

@@ -1,0 +1,108 @@
+"""The peer table: who is out there, at which address, and whether they still answer.
+
+Peers come from mDNS, from static ``--peer`` addresses, and from Hellos they send us. mDNS cannot
+tell that a node crashed (its records linger for many minutes), so liveness is the application's:
+every ``heartbeat`` seconds each known address gets a Hello with a short deadline; a peer silent
+for ``peer_timeout`` seconds is marked dead and leaves the round plans, and rejoins as soon as it
+answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from dfl_node.api.schemas import PeerInfo
+from dfl_node.net.proto import dfl_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+HelloFn = Callable[[str], Awaitable[pb.HelloReply | None]]  # address -> accepted reply, or None
+
+
+@dataclass
+class Peer:
+    id: str
+    address: str
+    http_port: int
+    boot_id: str
+    algorithm: str
+    last_seen: float
+    alive: bool = True
+
+    def info(self) -> PeerInfo:
+        return PeerInfo(id=self.id, address=self.address, http_port=self.http_port or None,
+                        last_seen=self.last_seen, alive=self.alive, algorithm=self.algorithm)
+
+
+class PeerTable:
+    def __init__(self, self_id: str, hello: HelloFn, *, heartbeat: float, timeout: float, static: list[str]) -> None:
+        self.self_id = self_id
+        self.hello = hello
+        self.heartbeat = heartbeat
+        self.timeout = timeout
+        self.static = list(static)
+        self.peers: dict[str, Peer] = {}
+        self.changed = asyncio.Condition()
+
+    def alive_ids(self) -> list[str]:
+        return sorted(p.id for p in self.peers.values() if p.alive)
+
+    def address_of(self, peer_id: str) -> str | None:
+        peer = self.peers.get(peer_id)
+        return peer.address if peer else None
+
+    async def _notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def wait_for(self, count: int) -> None:
+        """Until at least ``count`` peers are alive."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: len(self.alive_ids()) >= count)
+
+    def seen(self, reply: pb.HelloReply | pb.HelloRequest) -> None:
+        """Record a live, compatible peer (from its Hello or its reply to ours)."""
+        if reply.node_id == self.self_id or not reply.grpc_address:
+            return
+        now = time.time()
+        peer = self.peers.get(reply.node_id)
+        rejoined = peer is None or not peer.alive or peer.boot_id != reply.boot_id
+        if peer is None:
+            peer = self.peers[reply.node_id] = Peer(reply.node_id, reply.grpc_address, reply.http_port,
+                                                    reply.boot_id, reply.algorithm, now)
+        peer.address, peer.http_port, peer.boot_id = reply.grpc_address, reply.http_port, reply.boot_id
+        peer.last_seen, peer.alive = now, True
+        if rejoined:
+            log.info("peer %s at %s is alive", peer.id, peer.address)
+            asyncio.get_running_loop().create_task(self._notify())
+
+    def lost(self, peer_id: str) -> None:
+        """mDNS said goodbye (or the peer stopped answering)."""
+        peer = self.peers.get(peer_id)
+        if peer and peer.alive:
+            peer.alive = False
+            log.info("peer %s left (silent or said goodbye)", peer_id)
+            asyncio.get_running_loop().create_task(self._notify())
+
+    async def probe(self, address: str) -> None:
+        reply = await self.hello(address)
+        if reply is not None:
+            self.seen(reply)
+
+    async def run(self) -> None:
+        """Heartbeat every known address; expire peers silent for longer than ``timeout``."""
+        while True:
+            addresses = {p.address for p in self.peers.values()} | set(self.static)
+            await asyncio.gather(*(self.probe(a) for a in addresses))
+            now = time.time()
+            for peer in list(self.peers.values()):
+                if peer.alive and now - peer.last_seen > self.timeout:
+                    self.lost(peer.id)
+            await asyncio.sleep(self.heartbeat)
+
+    def infos(self) -> list[PeerInfo]:
+        return [p.info() for p in sorted(self.peers.values(), key=lambda p: p.id)]

@@ -1,0 +1,82 @@
+"""Running a node: gRPC server, REST server, mDNS, heartbeats and the scheduler, started and stopped in order.
+
+Signal handlers are installed *before* the mDNS announcement, so a SIGTERM at any moment still
+sends the goodbye (networking notes), and the final checkpoint is written on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import torch
+import uvicorn
+
+from dfl_node import PROTOCOL_VERSION
+from dfl_node.api.app import create_app
+from dfl_node.net.discovery import Announcement, MdnsDiscovery
+from dfl_node.net.transport import start_server
+from dfl_node.node.config import NodeConfig
+from dfl_node.node.daemon import Node
+
+log = logging.getLogger(__name__)
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn inside our event loop: the node, not uvicorn, owns SIGINT/SIGTERM."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+def announcement(node: Node) -> Announcement:
+    cfg = node.config
+    return Announcement(node_id=cfg.id, swarm=cfg.swarm, host=cfg.advertised_host, grpc_port=cfg.grpc_port,
+                        http_port=cfg.http_port, algorithm=cfg.algorithm, fingerprint=node.fingerprint,
+                        protocol_version=PROTOCOL_VERSION, boot_id=node.boot_id)
+
+
+async def serve(config: NodeConfig, stop: asyncio.Event | None = None) -> Node:
+    """Run a node until ``stop`` is set (or SIGINT/SIGTERM); returns it for inspection."""
+    torch.set_num_threads(config.threads)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    node = Node(config)
+    grpc_server, port = await start_server(node, config.host, config.grpc_port)
+    log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s",
+             config.id, config.host, port, node.grpc_address, config.swarm, config.algorithm, config.mode)
+    background: list[asyncio.Task] = []
+    http = None
+    if config.http_port:
+        http = _EmbeddedUvicorn(uvicorn.Config(create_app(node.status, node.get_history), host=config.host,
+                                               port=config.http_port, log_level="warning", lifespan="off"))
+        background.append(loop.create_task(http.serve()))
+    discovery = None
+    if config.mdns:
+        discovery = MdnsDiscovery(announcement(node), bind_host=config.host,
+                                  on_found=lambda a: loop.create_task(node.peers.probe(a.grpc_address)),
+                                  on_lost=node.peers.lost)
+    try:
+        if discovery:
+            await discovery.start()
+        background += [loop.create_task(node.peers.run()), loop.create_task(node.scheduler.run())]
+        await stop.wait()
+    finally:
+        log.info("%s stopping", config.id)
+        if discovery:
+            await discovery.stop()
+        for task in background[1 if http else 0:]:
+            task.cancel()
+        if http:
+            http.should_exit = True
+        await asyncio.gather(*background, return_exceptions=True)
+        await grpc_server.stop(grace=1.0)
+        for client in node.clients.values():
+            await client.close()
+        await node.save()
+    return node
