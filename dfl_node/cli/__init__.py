@@ -8,6 +8,7 @@ from dfl_node import __version__
 from dfl_node.cli.options import setup_logging
 from dfl_node.cli.node_cmds import partition, start, status
 from dfl_node.cli.simulate import simulate
+from dfl_node.cli.testbed import testbed
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,7 +19,7 @@ def cli(log_level: str) -> None:
     setup_logging(log_level)
 
 
-for command in (simulate, start, partition, status):
+for command in (simulate, testbed, start, partition, status):
     cli.add_command(command)
 
 

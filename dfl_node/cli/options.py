@@ -70,3 +70,4 @@ def setup_logging(level: str = "INFO") -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll is noise

@@ -8,8 +8,10 @@ server reflection are enabled so that ordinary gRPC tools can inspect a node.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -136,6 +138,45 @@ class TransferRefused(Exception):
         self.reason, self.detail = reason, detail
 
 
+async def open_transfer(
+    stub: pb_grpc.DflNodeStub, frames: Iterable[pb.Frame], timeout: float
+) -> tuple[pb.TransferResult, grpc.aio.StreamStreamCall, int]:
+    """Write ``frames`` while reading the peer's verdict; returns (verdict, call, bytes written).
+
+    Writing and reading run concurrently because a receiver may refuse at the header (busy, wrong
+    fingerprint…) and close the stream while we are still writing: the verdict must still reach us
+    rather than a write error. After an acceptance every frame has been written.
+    """
+    call = stub.Transfer(timeout=timeout)
+    sent = 0
+
+    async def write_all() -> None:
+        nonlocal sent
+        for frame in frames:
+            sent += frame.ByteSize()
+            await call.write(frame)
+        await call.done_writing()
+
+    writer = asyncio.get_running_loop().create_task(write_all())
+    try:
+        first = await call.read()
+    except grpc.aio.AioRpcError:
+        if writer.done() and not writer.cancelled() and writer.exception():
+            raise writer.exception() from None
+        raise
+    if first is grpc.aio.EOF or first.WhichOneof("kind") != "result":
+        writer.cancel()
+        call.cancel()
+        raise TransferRefused("protocol", "peer sent no result frame")
+    if first.result.accepted:
+        await writer
+    else:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await writer
+    return first.result, call, sent
+
+
 class PeerClient:
     """One channel to one peer; cheap to keep per peer and reuse for every RPC."""
 
@@ -160,28 +201,16 @@ class PeerClient:
         Raises :class:`TransferRefused` when the peer refuses, ``grpc.aio.AioRpcError`` when it is unreachable.
         """
         frames = encode_message(message, swarm=self.wire.swarm, fingerprint=self.wire.fingerprint, epoch=epoch)
-        sent = 0
-
-        def counted(source: Iterator[pb.Frame]) -> Iterator[pb.Frame]:
-            nonlocal sent
-            for frame in source:
-                sent += frame.ByteSize()
-                yield frame
-
-        call = self.stub.Transfer(counted(frames), timeout=timeout)
-        replies = aiter(call)
-        first = await anext(replies, None)
-        if first is None or first.WhichOneof("kind") != "result":
-            raise TransferRefused("protocol", "peer sent no result frame")
-        if not first.result.accepted:
-            raise TransferRefused(first.result.reason, first.result.detail)
+        result, call, sent = await open_transfer(self.stub, frames, timeout)
         try:
-            following = await anext(replies, None)
-            if following is None:
+            if not result.accepted:
+                raise TransferRefused(result.reason, result.detail)
+            following = await call.read()
+            if following is grpc.aio.EOF:
                 return None, sent, 0  # no reply model: the normal case for Def-KT and FullAvg
             assembler = self.wire.assembler()
             assembler.feed(following)
-            header, reply = await assemble(replies, assembler, until_eof=False)
+            header, reply = await assemble(aiter(call), assembler, until_eof=False)
         except TransferRejected as exc:
             raise TransferRefused(exc.reason, f"reply from {self.address}: {exc.detail}") from exc
         finally:

@@ -65,6 +65,7 @@ class Node:
         self.max_fusing = 0
         self.accuracy: tuple[float | None, float | None] = (None, None)
         self.clients: dict[str, PeerClient] = {}
+        self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up
         self.peers = PeerTable(config.id, self._probe, heartbeat=config.heartbeat,
                                timeout=config.peer_timeout, static=config.peers)
         self._restore()

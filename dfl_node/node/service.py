@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 
 import torch
 import uvicorn
@@ -38,24 +39,37 @@ def announcement(node: Node) -> Announcement:
                         protocol_version=PROTOCOL_VERSION, boot_id=node.boot_id)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the REST socket ourselves: once bound, requests queue until uvicorn serves them (no start-up race)."""
+    sock = socket.create_server((host, port), reuse_port=False)
+    sock.setblocking(False)
+    return sock
+
+
 async def serve(config: NodeConfig, stop: asyncio.Event | None = None) -> Node:
-    """Run a node until ``stop`` is set (or SIGINT/SIGTERM); returns it for inspection."""
+    """Build the node and run it until ``stop`` is set (or SIGINT/SIGTERM); returns it for inspection."""
     torch.set_num_threads(config.threads)
-    stop = stop or asyncio.Event()
+    node = Node(config)
+    await run_node(node, stop or asyncio.Event())
+    return node
+
+
+async def run_node(node: Node, stop: asyncio.Event) -> None:
+    """Start everything in order, set ``node.ready``, wait for ``stop``, stop everything in reverse order."""
+    config = node.config
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
-    node = Node(config)
     grpc_server, port = await start_server(node, config.host, config.grpc_port)
     log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s",
              config.id, config.host, port, node.grpc_address, config.swarm, config.algorithm, config.mode)
     background: list[asyncio.Task] = []
     http = None
     if config.http_port:
-        http = _EmbeddedUvicorn(uvicorn.Config(create_app(node.status, node.get_history), host=config.host,
-                                               port=config.http_port, log_level="warning", lifespan="off"))
-        background.append(loop.create_task(http.serve()))
+        http = _EmbeddedUvicorn(uvicorn.Config(create_app(node.status, node.get_history), log_level="warning",
+                                               lifespan="off"))
+        background.append(loop.create_task(http.serve(sockets=[_listen(config.host, config.http_port)])))
     discovery = None
     if config.mdns:
         discovery = MdnsDiscovery(announcement(node), bind_host=config.host,
@@ -64,7 +78,10 @@ async def serve(config: NodeConfig, stop: asyncio.Event | None = None) -> Node:
     try:
         if discovery:
             await discovery.start()
+        if config.evaluate and not node.history:
+            await node.model_changed("eval", node.round, None)  # the w0 point of the accuracy curve
         background += [loop.create_task(node.peers.run()), loop.create_task(node.scheduler.run())]
+        node.ready.set()
         await stop.wait()
     finally:
         log.info("%s stopping", config.id)
@@ -79,4 +96,3 @@ async def serve(config: NodeConfig, stop: asyncio.Event | None = None) -> Node:
         for client in node.clients.values():
             await client.close()
         await node.save()
-    return node

@@ -1,0 +1,1 @@
+"""Testbeds that run real ``dfl-node`` daemons side by side (network namespaces, no Docker needed)."""

@@ -1,0 +1,189 @@
+"""Hostile input against a real node (in-process, real gRPC and HTTP on loopback): every bad
+Hello or transfer is refused with a reason counted in /status.rejected, and the node keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from dfl_node import PROTOCOL_VERSION
+from dfl_node.algorithms.messages import ModelMessage, parts_from_state
+from dfl_node.learning.models import build_model
+from dfl_node.net.codec import encode_message
+from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
+from dfl_node.node.config import NodeConfig
+from dfl_node.node.daemon import Node
+from dfl_node.net.transport import open_transfer
+from dfl_node.node.service import run_node
+from dfl_node.testbed.launcher import free_port
+from tests.conftest import FLEET
+
+
+@dataclass
+class Target:
+    node: Node
+    stub: pb_grpc.DflNodeStub
+    url: str
+
+    async def rejected(self) -> dict[str, int]:
+        async with httpx.AsyncClient(trust_env=False) as http:
+            return (await http.get(f"{self.url}/status")).json()["rejected"]
+
+    async def transfer(self, frames: Iterable[pb.Frame]) -> pb.TransferResult:
+        """Send raw frames with the node's own client path and return the receiver's verdict."""
+        result, call, _ = await open_transfer(self.stub, frames, timeout=10)
+        call.cancel()
+        return result
+
+    def message(self, seed: int = 99) -> ModelMessage:
+        cfg = self.node.config
+        model = build_model(cfg.model, (1, 8, 8), 10, hidden=cfg.hidden, seed=seed)
+        return ModelMessage(sender="stranger", round=0, purpose="defkt.model", num_samples=100,
+                            parts=parts_from_state(model.state_dict()))
+
+    def frames(self, chunk_size: int = 4096) -> list[pb.Frame]:
+        return list(encode_message(self.message(), swarm=self.node.config.swarm,
+                                   fingerprint=self.node.fingerprint, chunk_size=chunk_size))
+
+
+@pytest.fixture
+async def target(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[Target]:
+    config = NodeConfig(
+        **FLEET.model_dump(include=set(NodeConfig.model_fields)), id="node-0", data=fleet_shards / "node-0",
+        test_data=fleet_shards / "test.safetensors", grpc_port=free_port(), http_port=free_port(), mdns=False,
+        swarm=f"hostile-{uuid.uuid4().hex[:6]}", state_dir=tmp_path / "state",
+    )
+    node = Node(config)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_node(node, stop))
+    await node.ready.wait()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{config.grpc_port}",
+                                        options=[("grpc.max_send_message_length", 64 << 20)])
+    yield Target(node, pb_grpc.DflNodeStub(channel), f"http://127.0.0.1:{config.http_port}")
+    await channel.close()
+    stop.set()
+    await task
+
+
+async def assert_still_serving(t: Target) -> None:
+    """A genuine model is still accepted and fused after the attack."""
+    before = t.node.counters["fusions"]
+    verdict = await t.transfer(t.frames())
+    assert verdict.accepted, verdict
+    assert t.node.counters["fusions"] == before + 1
+
+
+def _hello(t: Target, **changes: object) -> pb.HelloRequest:
+    fields = dict(protocol_version=PROTOCOL_VERSION, swarm=t.node.config.swarm, node_id="stranger",
+                  fingerprint=t.node.fingerprint, algorithm="defkt", grpc_address="127.0.0.1:1", boot_id="b")
+    return pb.HelloRequest(**{**fields, **changes})
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"swarm": "someone-elses"}, "swarm_mismatch"),
+    ({"fingerprint": "0" * 64}, "fingerprint_mismatch"),
+    ({"protocol_version": PROTOCOL_VERSION + 1}, "protocol_version"),
+])
+async def test_incompatible_peer_is_refused_at_hello(target: Target, change: dict, reason: str) -> None:
+    reply = await target.stub.Hello(_hello(target, **change), timeout=5)
+    assert not reply.accepted and reply.reason == reason
+    assert (await target.rejected()) == {reason: 1}
+    assert "stranger" not in target.node.peers.peers
+    ok = await target.stub.Hello(_hello(target), timeout=5)
+    assert ok.accepted and "stranger" in target.node.peers.peers
+
+
+def _truncated(f: list[pb.Frame]) -> list[pb.Frame]:
+    return f[:-1]
+
+
+def _bad_sha(f: list[pb.Frame]) -> list[pb.Frame]:
+    data = bytearray(f[1].chunk.data)
+    data[0] ^= 0xFF
+    return [f[0], pb.Frame(chunk=pb.Chunk(data=bytes(data))), *f[2:]]
+
+
+def _huge_header(f: list[pb.Frame]) -> list[pb.Frame]:
+    header = pb.TransferHeader()
+    header.CopyFrom(f[0].header)
+    header.metadata["padding"] = "x" * ((1 << 20) - 200)  # over the 1 MiB header limit, under gRPC's frame limit
+    return [pb.Frame(header=header), *f[1:]]
+
+
+def _huge_chunk(f: list[pb.Frame]) -> list[pb.Frame]:
+    payload = b"".join(fr.chunk.data for fr in f[1:])
+    return [f[0], pb.Frame(chunk=pb.Chunk(data=payload[: (1 << 20) + 512] or payload))]
+
+
+def _wrong_shape(f: list[pb.Frame]) -> list[pb.Frame]:
+    header = pb.TransferHeader()
+    header.CopyFrom(f[0].header)
+    header.manifest[0].shape[0] += 1
+    return [pb.Frame(header=header), *f[1:]]
+
+
+def _pickle_payload(f: list[pb.Frame]) -> list[pb.Frame]:
+    """A pickled state dict in place of the raw tensor bytes, with an honest-looking header."""
+    blob = pickle.dumps({"weight": list(range(1000))})
+    header = pb.TransferHeader()
+    header.CopyFrom(f[0].header)
+    return [pb.Frame(header=header), pb.Frame(chunk=pb.Chunk(data=blob))]
+
+
+def _pickle_dtype(f: list[pb.Frame]) -> list[pb.Frame]:
+    header = pb.TransferHeader()
+    header.CopyFrom(f[0].header)
+    header.manifest[0].dtype = "object"
+    return [pb.Frame(header=header), *f[1:]]
+
+
+@pytest.mark.parametrize(("tamper", "reason"), [
+    (_truncated, "truncated"),
+    (_bad_sha, "bad_sha256"),
+    (_huge_header, "header_too_large"),
+    (_wrong_shape, "shape_mismatch"),
+    (_pickle_payload, "truncated"),
+    (_pickle_dtype, "dtype_not_allowed"),
+])
+async def test_bad_transfer_is_rejected_and_node_keeps_serving(target: Target, tamper, reason: str) -> None:
+    digest = target.node.digest
+    verdict = await target.transfer(tamper(target.frames()))
+    assert not verdict.accepted and verdict.reason == reason
+    assert (await target.rejected()) == {reason: 1}
+    assert target.node.digest == digest and target.node.role == "idle"  # nothing fused, role released
+    await assert_still_serving(target)
+
+
+async def test_oversized_chunk_is_rejected(target: Target) -> None:
+    big = target.message()
+    frames = list(encode_message(big, swarm=target.node.config.swarm, fingerprint=target.node.fingerprint,
+                                 chunk_size=1 << 30))  # the whole ~10 KB model in one chunk is fine…
+    assert (await target.transfer(frames)).accepted
+    header = pb.TransferHeader()
+    header.CopyFrom(frames[0].header)
+    oversized = [pb.Frame(header=header), pb.Frame(chunk=pb.Chunk(data=b"\0" * ((1 << 20) + 512)))]
+    verdict = await target.transfer(oversized)  # …but a chunk over 1 MiB is refused before it is copied
+    assert verdict.reason == "chunk_too_large"
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # over gRPC's frame limit: refused by gRPC itself
+        await target.transfer([pb.Frame(header=header), pb.Frame(chunk=pb.Chunk(data=b"\0" * (8 << 20)))])
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    await assert_still_serving(target)
+
+
+async def test_transfer_while_busy_is_refused(target: Target) -> None:
+    target.node.take_role("sender")
+    try:
+        verdict = await target.transfer(target.frames())
+        assert verdict.reason == "busy"
+    finally:
+        target.node.release_role()
+    await assert_still_serving(target)
