@@ -177,6 +177,12 @@ async def open_transfer(
     return first.result, call, sent
 
 
+async def _remaining(call: grpc.aio.StreamStreamCall) -> AsyncIterator[pb.Frame]:
+    """The rest of a response stream; ``read()`` and ``async for`` must not be mixed on one call."""
+    while (frame := await call.read()) is not grpc.aio.EOF:
+        yield frame
+
+
 class PeerClient:
     """One channel to one peer; cheap to keep per peer and reuse for every RPC."""
 
@@ -210,7 +216,7 @@ class PeerClient:
                 return None, sent, 0  # no reply model: the normal case for Def-KT and FullAvg
             assembler = self.wire.assembler()
             assembler.feed(following)
-            header, reply = await assemble(aiter(call), assembler, until_eof=False)
+            header, reply = await assemble(_remaining(call), assembler, until_eof=False)
         except TransferRejected as exc:
             raise TransferRefused(exc.reason, f"reply from {self.address}: {exc.detail}") from exc
         finally:

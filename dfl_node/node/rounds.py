@@ -116,6 +116,9 @@ class RoundScheduler:
         except (grpc.aio.AioRpcError, TransferRejected) as exc:
             ok = False
             log.warning("round %d: %s → %s failed: %s", round_, pairing.sender, pairing.receiver, exc)
+        except Exception:  # a bug in one pairing must not kill the token: log it and let the round end
+            ok = False
+            log.exception("round %d: %s → %s crashed", round_, pairing.sender, pairing.receiver)
         if not ok:
             log.warning("round %d: pairing %s → %s did not complete", round_, pairing.sender, pairing.receiver)
 

@@ -30,7 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NetnsHost", "NetnsTopology", "cleanup_stale", "list_namespaces", "node_environment", "read_env_file"]
+__all__ = ["PER_NODE_KEYS", "NetnsHost", "NetnsTopology", "cleanup_stale", "delete_namespace", "list_namespaces",
+           "main", "node_environment", "node_id", "read_env_file"]
 
 IP_TIMEOUT_S = 10.0
 KILL_GRACE_S = 3.0
@@ -198,7 +199,8 @@ class NetnsTopology:
         _ip("-n", self.switch, "link", "set", "br0", "up")
         for i, host in enumerate(self.hosts, 1):
             self._add_namespace(host.name)
-            _ip("link", "add", "veth0", "netns", host.name, "type", "veth", "peer", "name", f"p{i}", "netns", self.switch)
+            _ip("link", "add", "veth0", "netns", host.name,
+                "type", "veth", "peer", "name", f"p{i}", "netns", self.switch)
             _ip("-n", self.switch, "link", "set", f"p{i}", "master", "br0", "up")
             _ip("-n", host.name, "addr", "add", f"{host.address}/24", "dev", "veth0")
             _ip("-n", host.name, "link", "set", "veth0", "up")
@@ -218,7 +220,9 @@ def node_id(index: int, count: int) -> str:
     return f"node-{index:0{len(str(count - 1))}d}"
 
 
-def node_environment(shared: dict[str, str], index: int, count: int, host: NetnsHost, shards: Path, state: Path) -> dict[str, str]:
+def node_environment(
+    shared: dict[str, str], index: int, count: int, host: NetnsHost, shards: Path, state: Path
+) -> dict[str, str]:
     """The shared settings plus the per-node values (:data:`PER_NODE_KEYS`) of node ``index``."""
     nid = node_id(index, count)
     per_node = {
@@ -300,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT))
                     url = f"http://{host.address}:{env.get('DFL_HTTP_PORT', '8080')}"
                     print(f"{env['DFL_ID']}: ip netns exec {host.name} dfl-node status {url}", flush=True)
-                print("running; Ctrl-C stops the nodes and removes the namespaces", flush=True)
+                print("running (nodes keep serving after their last round); Ctrl-C stops them and removes the namespaces",
+                      flush=True)
                 codes = [p.wait() for p in procs]
             finally:
                 _stop(procs)  # gracefully first; the teardown then kills anything left, by pid
