@@ -31,7 +31,7 @@ def _data_dir() -> Path:
 def mnist_labels() -> np.ndarray:
     path = _data_dir() / "mnist.npz"
     if not path.is_file():
-        pytest.skip(f"real MNIST not found at {path}")
+        pytest.fail(f"real MNIST not found at {path}: clone next to shared/ or set DFL_DATA_DIR")
     with np.load(path, allow_pickle=False) as d:
         return d["y_train"].astype(np.int64)
 

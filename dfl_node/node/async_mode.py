@@ -49,6 +49,9 @@ class AsyncScheduler:
         await node.save()
         self.finished.set()
 
+    def on_join(self, peer_id: str) -> None:
+        """Nothing to tell a newcomer: there is no shared round state in async mode."""
+
     async def assign(self, request: pb.RoundAssignment) -> pb.Ack:
         return pb.Ack(ok=False, reason="async_mode")
 

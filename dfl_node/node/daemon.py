@@ -66,8 +66,8 @@ class Node:
         self.accuracy: tuple[float | None, float | None] = (None, None)
         self.clients: dict[str, PeerClient] = {}
         self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up
-        self.peers = PeerTable(config.id, self._probe, heartbeat=config.heartbeat,
-                               timeout=config.peer_timeout, static=config.peers)
+        self.peers = PeerTable(config.id, self._probe, heartbeat=config.heartbeat, timeout=config.peer_timeout,
+                               static=config.peers, on_join=lambda peer_id: self.scheduler.on_join(peer_id))
         self._restore()
         self.digest = param_digest(self.ctx.model.state_dict())
         self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
@@ -108,6 +108,8 @@ class Node:
         if self.config.evaluate:
             self.accuracy = await asyncio.to_thread(self._evaluate)
         self.digest = param_digest(self.ctx.model.state_dict())
+        if event in ("send", "fusion"):
+            self.counters["rounds_completed"] += 1
         local, global_ = self.accuracy
         self.history.append(HistoryEntry(round=round_, time=time.time(), event=event, role=self.role, peer=peer,
                                          local_accuracy=local, global_accuracy=global_))

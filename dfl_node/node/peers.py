@@ -39,8 +39,10 @@ class Peer:
 
 
 class PeerTable:
-    def __init__(self, self_id: str, hello: HelloFn, *, heartbeat: float, timeout: float, static: list[str]) -> None:
+    def __init__(self, self_id: str, hello: HelloFn, *, heartbeat: float, timeout: float, static: list[str],
+                 on_join: Callable[[str], None] = lambda peer_id: None) -> None:
         self.self_id = self_id
+        self.on_join = on_join
         self.hello = hello
         self.heartbeat = heartbeat
         self.timeout = timeout
@@ -79,6 +81,7 @@ class PeerTable:
         if rejoined:
             log.info("peer %s at %s is alive", peer.id, peer.address)
             asyncio.get_running_loop().create_task(self._notify())
+            self.on_join(peer.id)
 
     def lost(self, peer_id: str) -> None:
         """mDNS said goodbye (or the peer stopped answering)."""

@@ -144,6 +144,15 @@ class RoundScheduler:
         log.info("%s: done after %d rounds", node.config.id, round_)
         self.finished.set()
 
+    def on_join(self, peer_id: str) -> None:
+        """A peer (re)joined. If the fleet already finished, tell it so: it missed the final announcement."""
+        node = self.node
+        if not node.done:
+            return  # it learns the round from the next announcement
+        token = pb.RoundToken(round=node.round, epoch=node.epoch, holder=node.config.id, seed=node.config.seed,
+                              members=[peer_id], state={"done": "1"})
+        asyncio.get_running_loop().create_task(self._announce(token))
+
     # ----- RPCs --------------------------------------------------------------------------
     def _fresh(self, epoch: int) -> bool:
         if epoch < self.node.epoch:
@@ -172,7 +181,8 @@ class RoundScheduler:
         self.holder = request.holder
         node.round = request.round
         if request.state.get("done"):
-            asyncio.get_running_loop().create_task(self.finish(request.round))
+            if not node.done:
+                asyncio.get_running_loop().create_task(self.finish(request.round))
         elif request.holder == node.config.id and not node.holding:
             self._start_holding(request.round, request.epoch)
         return pb.Ack(ok=True)

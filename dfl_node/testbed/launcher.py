@@ -8,6 +8,7 @@ testbed run and a simulation of the same config can be compared directly.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,11 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from dfl_node.config import ExperimentConfig, LearningConfig
 from dfl_node.learning.fleet import TEST_FILE, Fleet
 from dfl_node.results import EvalRecord, NodeResult, RunResult
+from dfl_node.testbed.fetch import fetch_all
 
 Wrap = Callable[[list[str]], list[str]]
 
@@ -105,15 +105,20 @@ def plan_fleet(
     return nodes
 
 
+def fetch_json(nodes: list[NodeProcess], path: str, timeout: float = 2.0) -> dict[str, object]:
+    """GET ``path`` from every node's REST API (None where it does not answer), through its namespace if any."""
+    urls = [f"{n.url}{path}" for n in nodes]
+    argv = nodes[0].wrap([sys.executable, "-m", "dfl_node.testbed.fetch", str(timeout), *urls])
+    if argv[0] == sys.executable:  # loopback: no helper process needed
+        values = fetch_all(urls, timeout)
+    else:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout * len(urls) + 30)
+        values = json.loads(done.stdout) if done.returncode == 0 else [None] * len(urls)
+    return dict(zip((n.id for n in nodes), values))
+
+
 def poll_status(nodes: list[NodeProcess], timeout: float = 2.0) -> dict[str, dict | None]:
-    statuses: dict[str, dict | None] = {}
-    with httpx.Client(timeout=timeout, trust_env=False) as client:
-        for node in nodes:
-            try:
-                statuses[node.id] = client.get(f"{node.url}/status").json()
-            except (httpx.HTTPError, ValueError):
-                statuses[node.id] = None
-    return statuses
+    return fetch_json(nodes, "/status", timeout)  # type: ignore[return-value]
 
 
 def wait_until(nodes: list[NodeProcess], predicate: Callable[[dict[str, dict | None]], bool], timeout: float,
@@ -141,10 +146,7 @@ def all_done(statuses: dict[str, dict | None]) -> bool:
 def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, fleet: Fleet, wall: float) -> RunResult:
     """The fleet's final state in the simulator's schema; the curve is rebuilt from each node's history."""
     statuses = poll_status(nodes)
-    histories = {}
-    with httpx.Client(timeout=5.0, trust_env=False) as client:
-        for node in nodes:
-            histories[node.id] = client.get(f"{node.url}/history").json()
+    histories: dict = fetch_json(nodes, "/history", timeout=5.0)
     train_sizes = {c.node_id: len(c.train) for c in fleet.clients}
     results = [
         NodeResult(id=n.id, global_accuracy=statuses[n.id]["global_accuracy"], local_accuracy=statuses[n.id]["local_accuracy"],
