@@ -80,6 +80,8 @@ async def assert_still_serving(t: Target) -> None:
     verdict = await t.transfer(t.frames())
     assert verdict.accepted, verdict
     assert t.node.counters["fusions"] == before + 1
+    await t.node.settled()
+    assert t.node.role == "idle" and t.node.history[-1].event == "fusion"
 
 
 def _hello(t: Target, **changes: object) -> pb.HelloRequest:
@@ -168,6 +170,7 @@ async def test_oversized_chunk_is_rejected(target: Target) -> None:
     frames = list(encode_message(big, swarm=target.node.config.swarm, fingerprint=target.node.fingerprint,
                                  chunk_size=1 << 30))  # the whole ~10 KB model in one chunk is fine…
     assert (await target.transfer(frames)).accepted
+    await target.node.settled()
     header = pb.TransferHeader()
     header.CopyFrom(frames[0].header)
     oversized = [pb.Frame(header=header), pb.Frame(chunk=pb.Chunk(data=b"\0" * ((1 << 20) + 512)))]

@@ -7,6 +7,7 @@ import click
 from dfl_node import __version__
 from dfl_node.cli.options import setup_logging
 from dfl_node.cli.node_cmds import partition, start, status
+from dfl_node.cli.plot import plot
 from dfl_node.cli.simulate import simulate
 from dfl_node.cli.testbed import testbed
 
@@ -19,7 +20,7 @@ def cli(log_level: str) -> None:
     setup_logging(log_level)
 
 
-for command in (simulate, testbed, start, partition, status):
+for command in (simulate, testbed, start, partition, status, plot):
     cli.add_command(command)
 
 

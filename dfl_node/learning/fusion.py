@@ -79,7 +79,8 @@ def weighted_average(local: StateDict, remote: StateDict, n_local: int, n_remote
         theirs = remote[name]
         if theirs.shape != mine.shape:
             raise ValueError(f"shape mismatch for {name}: {tuple(theirs.shape)} vs {tuple(mine.shape)}")
-        out[name] = mine + w_remote * (theirs - mine) if mine.is_floating_point() else mine.clone()
+        # lerp = mine + w·(theirs − mine) in one pass, without temporaries (models can be 100s of MB)
+        out[name] = torch.lerp(mine, theirs.to(mine.dtype), w_remote) if mine.is_floating_point() else mine.clone()
     return out
 
 

@@ -39,10 +39,10 @@ def parts_from_state(state: StateDict) -> tuple[TensorPart, ...]:
 
 
 def state_from_parts(parts: tuple[TensorPart, ...]) -> StateDict:
-    """Inverse of :func:`parts_from_state`; every part must be a whole tensor."""
+    """Inverse of :func:`parts_from_state`; every part must be a whole tensor. Views, not copies."""
     state: StateDict = {}
     for p in parts:
         if not p.is_whole:
             raise ValueError(f"part {p.name!r} is a slice, not a whole tensor")
-        state[p.name] = p.values.reshape(p.shape).clone()
+        state[p.name] = p.values.reshape(p.shape)  # a view: callers copy (load_state_dict) or compute anew
     return state

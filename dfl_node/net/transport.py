@@ -55,8 +55,9 @@ class NodeHandler(Protocol):
     wire: WireIdentity
 
     def hello(self, request: pb.HelloRequest, peer: str) -> pb.HelloReply: ...
-    def admit(self, header: pb.TransferHeader) -> None: ...  # raise TransferRejected (e.g. "busy"); takes the role
-    def release(self, header: pb.TransferHeader) -> None: ...  # give the role back after admit()
+    async def admit(self, header: pb.TransferHeader) -> None: ...  # raise TransferRejected (e.g. "busy"); takes the role
+    def release(self, header: pb.TransferHeader) -> None: ...  # give the role back after admit() if receive() failed
+    # fuse; from here on the node owns the role and gives it back once the fusion is settled (checkpoint)
     async def receive(self, header: pb.TransferHeader, message: ModelMessage) -> ModelMessage | None: ...
     def on_rejected(self, reason: str, detail: str, sender: str) -> None: ...
     def on_transferred(self, sent: int, received: int) -> None: ...  # byte counters
@@ -86,11 +87,12 @@ class DflServicer(pb_grpc.DflNodeServicer):
             if first is None:
                 raise TransferRejected("truncated", "empty stream")
             assembler.feed(first)  # the header: swarm, fingerprint, manifest, sizes checked here
-            self.node.admit(assembler.header)
+            await self.node.admit(assembler.header)
             admitted = assembler.header
             header, message = await assemble(request_iterator, assembler)
             self.node.on_transferred(0, _wire_bytes(header))
             reply = await self.node.receive(header, message)
+            admitted = None  # the node settles the fusion (checkpoint) and frees the role itself
         except TransferRejected as exc:
             sender = assembler.header.sender if assembler.header is not None else "?"
             self.node.on_rejected(exc.reason, exc.detail, sender)

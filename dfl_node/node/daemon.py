@@ -66,6 +66,7 @@ class Node:
         self.accuracy: tuple[float | None, float | None] = (None, None)
         self.clients: dict[str, PeerClient] = {}
         self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up
+        self._settling: asyncio.Task | None = None
         self.peers = PeerTable(config.id, self._probe, heartbeat=config.heartbeat, timeout=config.peer_timeout,
                                static=config.peers, on_join=lambda peer_id: self.scheduler.on_join(peer_id))
         self._restore()
@@ -90,8 +91,8 @@ class Node:
                 "history": [h.model_dump(mode="json") for h in self.history]}
 
     async def save(self) -> None:
-        state, model_state = self._state(), {k: v.clone() for k, v in self.ctx.model.state_dict().items()}
-        await asyncio.to_thread(self.checkpoint.save, model_state, self.fingerprint, state)
+        """Checkpoint without copying the model: callers hold the learning role, so nothing changes it meanwhile."""
+        await asyncio.to_thread(self.checkpoint.save, self.ctx.model.state_dict(), self.fingerprint, self._state())
 
     # ----- learning roles ----------------------------------------------------------------
     def take_role(self, role: str) -> None:
@@ -122,6 +123,8 @@ class Node:
 
     async def send(self, round_: int, epoch: int, targets: list[tuple[str, str]]) -> str | None:
         """Sender role: train, then push to the first target (id, address) that accepts; returns its id."""
+        if self.config.mode == "round":
+            await self.settled()  # the plan chose us: the last fusion's checkpoint first, then this round
         self.take_role("sender")
         try:
             message = await asyncio.to_thread(self.algorithm.sender_step, self.ctx, round_)
@@ -192,9 +195,11 @@ class Node:
             return None
         return reply
 
-    def admit(self, header: pb.TransferHeader) -> None:
-        if self.config.mode == "round" and header.epoch < self.epoch:
-            raise TransferRejected("stale_epoch", f"epoch {header.epoch} < {self.epoch}")
+    async def admit(self, header: pb.TransferHeader) -> None:
+        if self.config.mode == "round":
+            if header.epoch < self.epoch:
+                raise TransferRejected("stale_epoch", f"epoch {header.epoch} < {self.epoch}")
+            await self.settled()  # the round plan chose us: finish checkpointing the last fusion, don't refuse
         self.take_role("receiver")
 
     def release(self, header: pb.TransferHeader) -> None:
@@ -211,8 +216,20 @@ class Node:
         finally:
             self.fusing -= 1
         self.counters["fusions"] += 1
-        await self.model_changed("fusion", message.round + 1, message.sender)
+        self._settling = asyncio.get_running_loop().create_task(self._settle(message.round + 1, message.sender))
         return reply
+
+    async def _settle(self, round_: int, sender: str) -> None:
+        """Evaluate and checkpoint a fusion after the sender got its answer; the role is held until done."""
+        try:
+            await self.model_changed("fusion", round_, sender)
+        finally:
+            self.release_role()
+
+    async def settled(self) -> None:
+        """Until the last fusion is evaluated and checkpointed."""
+        if self._settling is not None:
+            await asyncio.shield(self._settling)
 
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:
         self.rejected[reason] += 1

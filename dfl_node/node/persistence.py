@@ -44,7 +44,7 @@ class Checkpoint:
 
     def save(self, model_state: dict[str, torch.Tensor], fingerprint: str, state: dict[str, Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().contiguous().clone() for k, v in model_state.items()}
+        tensors = {k: v.detach().contiguous() for k, v in model_state.items()}
         _atomic_write(self.model_path, lambda p: save_file(tensors, str(p), metadata={"fingerprint": fingerprint}))
         _atomic_write(self.directory / STATE_FILE, lambda p: p.write_text(json.dumps(state)))
 

@@ -95,4 +95,5 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
         await grpc_server.stop(grace=1.0)
         for client in node.clients.values():
             await client.close()
+        await node.settled()
         await node.save()

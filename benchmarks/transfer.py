@@ -1,0 +1,187 @@
+"""Model transfer throughput: a ~100 MB model pushed to a real receiving daemon, against two baselines.
+
+* ``stream``: the daemon's own client (:class:`PeerClient.push`) → a real ``dfl-node start`` process
+  over loopback: 1 MiB chunks with a validated header, sha256 on both sides, then the receiver's
+  fusion (FullAvg's weighted average). The receiver checkpoints after answering.
+* ``raw_tcp``: the same bytes through a plain socket to a process that only ``recv_into``s them.
+* ``unary_grpc``: the same bytes as one unary gRPC message (how most DFL frameworks send models).
+
+Also the receiving daemon's peak-RSS increase during the pushes (VmHWM, reset before measuring).
+Prints one JSON object; ratios come from the same run. Linux only (``/proc``); run as root to reset
+the receiver's VmHWM (otherwise the peak includes its start-up).
+
+    python benchmarks/transfer.py [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+
+from dfl_node.algorithms.messages import ModelMessage, parts_from_state
+from dfl_node.config import ExperimentConfig
+from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.learning.models import build_model, fingerprint
+from dfl_node.net.codec import Limits, manifest_of
+from dfl_node.net.transport import PeerClient, WireIdentity
+from dfl_node.testbed.launcher import free_port
+
+HIDDEN = [5000, 4950]  # an MLP on 8x8 digits with ~25.1 M float32 parameters ≈ 100.5 MB
+
+RAW_TCP_SINK = textwrap.dedent("""
+    import socket, sys
+    size, port = int(sys.argv[1]), int(sys.argv[2])
+    srv = socket.create_server(("127.0.0.1", port)); print("ready", flush=True)
+    buf = bytearray(size); view = memoryview(buf)
+    while True:
+        conn, _ = srv.accept()
+        got = 0
+        while got < size:
+            got += conn.recv_into(view[got:], size - got)
+        conn.sendall(b"k"); conn.close()
+""")
+
+UNARY_SINK = textwrap.dedent("""
+    import sys, grpc
+    from concurrent import futures
+    port = int(sys.argv[1])
+    handler = grpc.method_handlers_generic_handler("bench.Sink", {
+        "Put": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok")})
+    server = grpc.server(futures.ThreadPoolExecutor(2), options=[("grpc.max_receive_message_length", 1 << 30)])
+    server.add_generic_rpc_handlers((handler,)); server.add_insecure_port(f"127.0.0.1:{port}"); server.start()
+    print("ready", flush=True); server.wait_for_termination()
+""")
+
+
+def _sink(script: str, *args: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _vm(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def measure_raw_tcp(payload: bytes, repeat: int) -> list[float]:
+    port = free_port()
+    proc = _sink(RAW_TCP_SINK, str(len(payload)), str(port))
+    try:
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(payload)
+                assert s.recv(1) == b"k"
+            times.append(time.perf_counter() - start)
+        return times
+    finally:
+        proc.kill()
+
+
+def measure_unary(payload: bytes, repeat: int) -> list[float]:
+    port = free_port()
+    proc = _sink(UNARY_SINK, str(port))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 1 << 30)]) as ch:
+            put = ch.unary_unary("/bench.Sink/Put")
+            times = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                assert put(payload, timeout=120) == b"ok"
+                times.append(time.perf_counter() - start)
+            return times
+    finally:
+        proc.kill()
+
+
+async def measure_stream(message: ModelMessage, wire: WireIdentity, address: str, status_url: str,
+                         pid: int, repeat: int) -> tuple[list[float], int, int]:
+    client = PeerClient(address, wire)
+    async with httpx.AsyncClient(trust_env=False) as http:
+        async def idle() -> None:  # the receiver settles (checkpoints) each fusion before the next push
+            while (await http.get(status_url)).json()["role"] != "idle":
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(client.channel.channel_ready(), 120)  # the daemon is up (it has no peers: it only receives)
+        rss_before = _vm(pid, "VmRSS")
+        try:
+            Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset the receiver's peak to its current RSS
+        except OSError:
+            pass
+        times = []
+        for _ in range(repeat):
+            await idle()
+            start = time.perf_counter()
+            await client.push(message, epoch=0, timeout=300)
+            times.append(time.perf_counter() - start)
+        await idle()
+    await client.close()
+    return times, rss_before, _vm(pid, "VmHWM")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="dfl-bench-"))
+    config = ExperimentConfig(nodes=2, hidden=HIDDEN, seed=0)
+    fleet = provision(config)
+    write_fleet(fleet, work / "shards")
+    model = build_model("mlp", fleet.input_shape, fleet.num_classes, hidden=HIDDEN, seed=1)
+    state = model.state_dict()
+    wire = WireIdentity("bench", fingerprint("mlp", state), manifest_of(state), Limits())
+    message = ModelMessage(sender="bench-sender", round=0, purpose="fullavg.model", num_samples=100,
+                           parts=parts_from_state(state))
+    payload = b"".join(p.values.numpy().tobytes() for p in message.parts)
+    size_mb = len(payload) / 1e6
+
+    grpc_port, http_port = free_port(), free_port()
+    env = {**os.environ, "DFL_HIDDEN": ",".join(map(str, HIDDEN)), "DFL_SEED": "0"}
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "dfl_node", "--log-level", "WARNING", "start", "--id", "node-1",
+         "--data", str(work / "shards" / "node-1"), "--algorithm", "fullavg", "--swarm", "bench", "--no-mdns",
+         "--no-evaluate", "--grpc-port", str(grpc_port), "--http-port", str(http_port),
+         "--state-dir", str(work / "state")], env=env)
+    try:
+        stream, rss_before, peak = asyncio.run(measure_stream(
+            message, wire, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}/status", receiver.pid, args.repeat))
+    finally:
+        receiver.terminate()
+        receiver.wait(30)
+    raw = measure_raw_tcp(payload, args.repeat)
+    unary = measure_unary(payload, args.repeat)
+
+    def mbps(times: list[float]) -> float:
+        return round(size_mb / statistics.median(times), 1)
+
+    report = {
+        "benchmark": "transfer", "model_mb": round(size_mb, 1), "repeat": args.repeat,
+        "stream_mb_s": mbps(stream), "raw_tcp_mb_s": mbps(raw), "unary_grpc_mb_s": mbps(unary),
+        "stream_vs_raw_tcp": round(mbps(stream) / mbps(raw), 2), "stream_vs_unary": round(mbps(stream) / mbps(unary), 2),
+        "receiver_rss_before_mb": round(rss_before / 1e6, 1), "receiver_peak_rss_mb": round(peak / 1e6, 1),
+        "receiver_peak_increase_x_model": round((peak - rss_before) / len(payload), 2),
+        "times_s": {"stream": [round(t, 3) for t in stream], "raw_tcp": [round(t, 3) for t in raw],
+                    "unary_grpc": [round(t, 3) for t in unary]},
+    }
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

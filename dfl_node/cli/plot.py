@@ -1,0 +1,43 @@
+"""`dfl-node plot`: accuracy-versus-rounds curves of several runs on one figure (like 000's Figs. 4–6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dfl_node.results import read_results
+
+
+@click.command()
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Figure (.png, .pdf, .svg).")
+@click.option("--title", default=None, help="Figure title (default: from the first run's config).")
+def plot(results: tuple[Path, ...], output: Path, title: str | None) -> None:
+    """Plot averaged global (left) and local (right) accuracy against rounds for RESULTS… (<algorithm>.json files)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [read_results(path) for path in results]
+    fig, (ax_global, ax_local) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for run in runs:
+        rounds = [r.round for r in run.history]
+        label = f"{run.algorithm} ({run.driver})" if len({r.driver for r in runs}) > 1 else run.algorithm
+        ax_global.plot(rounds, [r.global_accuracy for r in run.history], label=label)
+        ax_local.plot(rounds, [r.local_accuracy for r in run.history], label=label)
+    for ax, name in ((ax_global, "averaged global accuracy"), (ax_local, "averaged local accuracy")):
+        ax.set_xlabel("round")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    ax_global.set_ylabel("accuracy")
+    ax_global.legend(loc="lower right")
+    config = runs[0].config
+    fig.suptitle(title or f"{config.get('dataset')} {config.get('model')}, {config.get('partition')}"
+                 + (f" ζ={config.get('zeta')}" if config.get("partition") in ("shards", "classes") else "")
+                 + f", K={config.get('nodes')}")
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=120)
+    click.echo(f"wrote {output}")
