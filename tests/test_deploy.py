@@ -24,7 +24,8 @@ import yaml
 
 from dfl_node.config import load_config
 from dfl_node.node.config import NodeConfig
-from dfl_node.testbed.netns import PER_NODE_KEYS, NetnsHost, node_environment, node_id, read_env_file
+from dfl_node.learning.fleet import fleet_ids
+from dfl_node.testbed.netns import PER_NODE_KEYS, NetnsHost, node_environment, read_env_file
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -152,7 +153,7 @@ def test_compose_nodes_share_the_node_command_line(compose: dict, monkeypatch: p
         host_ports.append(published)
         config = node_config({**SHARED, **env}, monkeypatch)
         assert (config.id, config.host, config.mdns) == (nid, "0.0.0.0", True)
-    assert sorted(ids) == [node_id(i, count) for i in range(count)]  # dfl-node partition's folder names
+    assert sorted(ids) == fleet_ids(count)  # dfl-node partition's folder names
     assert len(set(host_ports)) == len(host_ports)
 
 
@@ -220,7 +221,7 @@ def test_kubernetes_env_is_node_env(monkeypatch: pytest.MonkeyPatch) -> None:
         pod_name = f"{sts['metadata']['name']}-{index}"
         env = expand(node["env"], {"POD_NAME": pod_name, "POD_INDEX": str(index)})
         config = node_config({**SHARED, **{k: v for k, v in env.items() if k.startswith("DFL_")}}, monkeypatch)
-        assert config.id == node_id(index, replicas) and config.advertise == f"{pod_name}.{service}"
+        assert config.id == fleet_ids(replicas)[index] and config.advertise == f"{pod_name}.{service}"
         assert not config.mdns
         assert config.peers == [f"{sts['metadata']['name']}-{i}.{service}:{config.grpc_port}" for i in range(replicas)]
     assert replicas == int(SHARED["DFL_MIN_PEERS"]) + 1
@@ -309,6 +310,6 @@ def test_netns_testbed_uses_node_env(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         env = node_environment(SHARED, index, count, host, tmp_path / "shards", tmp_path / "state")
         assert {k: v for k, v in env.items() if k in SHARED} == SHARED and set(env) - set(SHARED) == set(PER_NODE_KEYS)
         config = node_config(env, monkeypatch)
-        assert config.id == node_id(index, count) and config.advertised_host == host.address
+        assert config.id == fleet_ids(count)[index] and config.advertised_host == host.address
     script = (DEPLOY / "netns" / "testbed.sh").read_text()
     assert "-m dfl_node.testbed.netns" in script and "docker" not in script

@@ -10,22 +10,21 @@ from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_f
 from dfl_node.learning.fusion import mutual_knowledge_transfer
 
 
-def send_trained_model(algorithm: Algorithm, ctx: NodeContext, round_: int) -> ModelMessage:
+class SendsTrainedModel(Algorithm):
     """The sender side shared by Def-KT and FullAvg: train a copy, keep it if the variant says so, send it."""
-    trained = ctx.trained_copy(round_)
-    if algorithm.sender_keeps_trained:
-        ctx.model.load_state_dict(trained.state_dict())
-    return ModelMessage(
-        sender=ctx.node_id, round=round_, purpose=f"{algorithm.name}.model",
-        num_samples=ctx.num_samples, parts=parts_from_state(trained.state_dict()),
-    )
-
-
-class DefKT(Algorithm):
-    name = "defkt"
 
     def sender_step(self, ctx: NodeContext, round_: int) -> ModelMessage:
-        return send_trained_model(self, ctx, round_)
+        trained = ctx.trained_copy(round_)
+        if self.sender_keeps_trained:
+            ctx.model.load_state_dict(trained.state_dict())
+        return ModelMessage(
+            sender=ctx.node_id, round=round_, purpose=f"{self.name}.model",
+            num_samples=ctx.num_samples, parts=parts_from_state(trained.state_dict()),
+        )
+
+
+class DefKT(SendsTrainedModel):
+    name = "defkt"
 
     def receiver_step(self, ctx: NodeContext, message: ModelMessage) -> None:
         self.check_purpose(message, "defkt.model")

@@ -45,11 +45,11 @@ class Counters(BaseModel):
     busy_refusals: int = 0
 
 
-_COUNTER_FIELDS = tuple(Counters.model_fields)
+COUNTER_FIELDS = tuple(Counters.model_fields)
 
 
-class NodeStatus(BaseModel):
-    """Snapshot of one node, as served by ``GET /status``."""
+class NodeStatus(Counters):
+    """Snapshot of one node, as served by ``GET /status`` (the counters are inherited: top-level keys)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -62,15 +62,6 @@ class NodeStatus(BaseModel):
     peers: list[PeerInfo] = Field(default_factory=list)
     local_accuracy: float | None = None
     global_accuracy: float | None = None
-
-    # Counters, flattened (see module docstring).
-    models_sent: int = 0
-    models_received: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    fusions: int = 0
-    rounds_completed: int = 0
-    busy_refusals: int = 0
 
     rejected: dict[str, int] = Field(default_factory=dict, description="rejected transfers/hellos by reason")
     version: str = __version__
@@ -87,7 +78,7 @@ class NodeStatus(BaseModel):
     @property
     def counters(self) -> Counters:
         """The flattened counter fields, grouped again."""
-        return Counters(**{name: getattr(self, name) for name in _COUNTER_FIELDS})
+        return Counters(**{name: getattr(self, name) for name in COUNTER_FIELDS})
 
 
 class HistoryEntry(BaseModel):

@@ -20,7 +20,7 @@ import grpc
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.algorithms import AlgorithmError, NodeContext, make_algorithm
 from dfl_node.algorithms.messages import ModelMessage
-from dfl_node.api.schemas import HistoryEntry, NodeStatus
+from dfl_node.api.schemas import COUNTER_FIELDS, HistoryEntry, NodeStatus
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.fleet import read_node_data
 from dfl_node.learning.models import build_model, fingerprint, param_digest
@@ -35,7 +35,6 @@ from dfl_node.node.persistence import Checkpoint
 from dfl_node.node.rounds import RoundScheduler
 
 log = logging.getLogger(__name__)
-COUNTERS = ("models_sent", "models_received", "bytes_sent", "bytes_received", "fusions", "rounds_completed", "busy_refusals")
 
 
 class Node:
@@ -251,7 +250,7 @@ class Node:
         return NodeStatus(
             id=self.config.id, swarm=self.config.swarm, algorithm=self.config.algorithm, mode=self.config.mode,
             round=self.round, role=role, peers=self.peers.infos(), local_accuracy=local, global_accuracy=global_,
-            **{name: self.counters[name] for name in COUNTERS}, rejected=dict(self.rejected),
+            **{name: self.counters[name] for name in COUNTER_FIELDS}, rejected=dict(self.rejected),
             boot_id=self.boot_id, uptime_s=time.time() - self.started, grpc_address=self.grpc_address,
             http_port=self.config.http_port, param_sha256=self.digest, fusing=self.fusing > 0,
             max_concurrent_fusions=self.max_fusing, epoch=self.epoch, done=self.done,

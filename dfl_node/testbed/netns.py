@@ -30,6 +30,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from dfl_node.learning.fleet import fleet_ids
+from dfl_node.testbed.launcher import NodeProcess
+
 __all__ = ["PER_NODE_KEYS", "NetnsHost", "NetnsTopology", "cleanup_stale", "delete_namespace", "list_namespaces",
            "main", "node_environment", "node_id", "read_env_file"]
 
@@ -42,7 +45,6 @@ _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9_.]+$")
 _STALE = re.compile(r"^(?P<prefix>.+)-(?P<pid>\d+)-[0-9a-f]{6}-(?:sw|h\d+)$")
 # Runs the dfl-node CLI with this interpreter (no PATH lookup: sudo often resets PATH).
-_CLI = "import sys; from dfl_node.cli import main; sys.argv[0] = 'dfl-node'; sys.exit(main())"
 
 
 # --------------------------------------------------------------------------- env files
@@ -215,16 +217,11 @@ class NetnsTopology:
 
 
 # --------------------------------------------------------------------------- the testbed
-def node_id(index: int, count: int) -> str:
-    """``dfl-node partition``'s names: node-0 … node-{N-1}, zero-padded to the width of N-1."""
-    return f"node-{index:0{len(str(count - 1))}d}"
-
-
 def node_environment(
     shared: dict[str, str], index: int, count: int, host: NetnsHost, shards: Path, state: Path
 ) -> dict[str, str]:
     """The shared settings plus the per-node values (:data:`PER_NODE_KEYS`) of node ``index``."""
-    nid = node_id(index, count)
+    nid = fleet_ids(count)[index]
     per_node = {
         "DFL_ID": nid,
         "DFL_DATA": str(shards / nid),
@@ -233,18 +230,6 @@ def node_environment(
         "DFL_STATE_DIR": str(state / nid),
     }
     return {**shared, **per_node}
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=KILL_GRACE_S)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -286,29 +271,31 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         print(f"removed stale namespaces: {' '.join(stale)}", flush=True)
 
-    partition = [sys.executable, "-c", _CLI, "partition", "--dataset", args.dataset, "--nodes", str(args.nodes),
+    partition = [sys.executable, "-m", "dfl_node", "partition", "--dataset", args.dataset, "--nodes", str(args.nodes),
                  "--partition", args.partition, "--zeta", str(args.zeta), "--beta", str(args.beta),
                  "--seed", str(args.seed), "--out", str(work / "shards")]
     if args.data_dir:
         partition += ["--data-dir", str(args.data_dir)]
 
-    procs: list[subprocess.Popen[bytes]] = []
+    nodes: list[NodeProcess] = []
     try:
         subprocess.run(partition, check=True)
         with NetnsTopology(args.nodes, args.prefix, args.subnet) as topo:
             try:
                 for i, host in enumerate(topo.hosts):
                     env = node_environment(shared, i, args.nodes, host, work / "shards", work / "state")
-                    with open(work / "logs" / f"{env['DFL_ID']}.log", "wb") as log:
-                        procs.append(subprocess.Popen(host.wrap([sys.executable, "-c", _CLI, "start"]),
-                                                      env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT))
-                    url = f"http://{host.address}:{env.get('DFL_HTTP_PORT', '8080')}"
-                    print(f"{env['DFL_ID']}: ip netns exec {host.name} dfl-node status {url}", flush=True)
+                    node = NodeProcess(env["DFL_ID"], host.address, int(env.get("DFL_GRPC_PORT", "50051")),
+                                       int(env.get("DFL_HTTP_PORT", "8080")), Path(env["DFL_STATE_DIR"]),
+                                       work / "logs" / f"{env['DFL_ID']}.log", env, host.wrap)
+                    node.start()
+                    nodes.append(node)
+                    print(f"{node.id}: ip netns exec {host.name} dfl-node status {node.url}", flush=True)
                 print("running (nodes keep serving after their last round); Ctrl-C stops them and removes the namespaces",
                       flush=True)
-                codes = [p.wait() for p in procs]
+                codes = [n.process.wait() for n in nodes]
             finally:
-                _stop(procs)  # gracefully first; the teardown then kills anything left, by pid
+                for node in nodes:  # gracefully first; the teardown then kills anything left, by pid
+                    node.stop(timeout=KILL_GRACE_S)
     except KeyboardInterrupt:
         print("interrupted: nodes stopped, namespaces removed", flush=True)
         return 130
