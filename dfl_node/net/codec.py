@@ -13,6 +13,7 @@ allocates anything, then copies chunks into one preallocated buffer, hashing as 
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import Future, ThreadPoolExecutor
 import sys
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
@@ -92,17 +93,46 @@ def _raw(part: TensorPart) -> memoryview:
     return memoryview(values.view(torch.uint8).numpy())
 
 
-def encode_message(
-    msg: ModelMessage, *, swarm: str, fingerprint: str, epoch: int = 0, chunk_size: int = CHUNK_SIZE
-) -> Iterator[pb.Frame]:
-    """Yield the header frame, then chunk frames of at most ``chunk_size`` bytes (payload streamed lazily).
+@dataclass(frozen=True)
+class Outgoing:
+    """A message ready to stream: its validated-by-the-peer header (with the payload's sha256) and its bytes.
 
-    The header needs one hashing pass over the parts; the chunks are cut from them afterwards, so the
-    parts must not change while the generator runs (``parts_from_state`` already hands out copies).
+    Preparing costs one hashing pass over the payload; do it once per message (in a worker thread),
+    then stream it to as many peers as needed with :meth:`frames`.
     """
-    if chunk_size <= 0:
-        raise ValueError("chunk_size must be positive")
-    raws = [_raw(p) for p in msg.parts]
+
+    header: pb.TransferHeader
+    raws: tuple[memoryview, ...]
+
+    def frames(self, chunk_size: int = CHUNK_SIZE) -> Iterator[pb.Frame]:
+        """The header frame, then chunk frames of at most ``chunk_size`` bytes, cut lazily from the parts."""
+        if chunk_size <= 0:
+            raise ValueError("chunk_size must be positive")
+        yield pb.Frame(header=self.header)
+        pending = bytearray()  # small parts are packed together so that every chunk but the last is full
+        for raw in self.raws:
+            pos = 0
+            while pos < raw.nbytes:
+                if not pending and raw.nbytes - pos >= chunk_size:
+                    yield pb.Frame(chunk=pb.Chunk(data=raw[pos : pos + chunk_size].tobytes()))
+                    pos += chunk_size
+                    continue
+                take = min(chunk_size - len(pending), raw.nbytes - pos)
+                pending += raw[pos : pos + take]
+                pos += take
+                if len(pending) == chunk_size:
+                    yield pb.Frame(chunk=pb.Chunk(data=bytes(pending)))
+                    pending = bytearray()
+        if pending:
+            yield pb.Frame(chunk=pb.Chunk(data=bytes(pending)))
+
+
+def prepare(msg: ModelMessage, *, swarm: str, fingerprint: str, epoch: int = 0) -> Outgoing:
+    """Build the header (manifest with byte offsets, total size, sha256 of the payload) for ``msg``.
+
+    The parts must not change afterwards (``parts_from_state`` already hands out copies).
+    """
+    raws = tuple(_raw(p) for p in msg.parts)
     digest = hashlib.sha256()
     header = pb.TransferHeader(
         sender=msg.sender, swarm=swarm, protocol_version=dfl_node.PROTOCOL_VERSION, round=msg.round,
@@ -122,24 +152,17 @@ def encode_message(
         offset += raw.nbytes
     header.total_size = offset
     header.sha256 = digest.digest()
-    yield pb.Frame(header=header)
+    return Outgoing(header, raws)
 
-    pending = bytearray()  # small parts are packed together so that every chunk but the last is full
-    for raw in raws:
-        pos = 0
-        while pos < raw.nbytes:
-            if not pending and raw.nbytes - pos >= chunk_size:
-                yield pb.Frame(chunk=pb.Chunk(data=raw[pos : pos + chunk_size].tobytes()))
-                pos += chunk_size
-                continue
-            take = min(chunk_size - len(pending), raw.nbytes - pos)
-            pending += raw[pos : pos + take]
-            pos += take
-            if len(pending) == chunk_size:
-                yield pb.Frame(chunk=pb.Chunk(data=bytes(pending)))
-                pending = bytearray()
-    if pending:
-        yield pb.Frame(chunk=pb.Chunk(data=bytes(pending)))
+
+def encode_message(
+    msg: ModelMessage, *, swarm: str, fingerprint: str, epoch: int = 0, chunk_size: int = CHUNK_SIZE
+) -> Iterator[pb.Frame]:
+    """:func:`prepare` then :meth:`Outgoing.frames`: the whole stream of one message."""
+    return prepare(msg, swarm=swarm, fingerprint=fingerprint, epoch=epoch).frames(chunk_size)
+
+
+_HASHER = ThreadPoolExecutor(1, thread_name_prefix="sha256")  # one thread: chunks are hashed in order
 
 
 class MessageAssembler:
@@ -161,6 +184,7 @@ class MessageAssembler:
         self._buf: bytearray | None = None
         self._received = 0
         self._digest = hashlib.sha256()
+        self._hashed: Future[None] | None = None  # the last chunk handed to the hashing thread
         self._failed: TransferRejected | None = None
 
     @property
@@ -195,8 +219,10 @@ class MessageAssembler:
         end = self._received + len(data)
         if end > self._header.total_size:
             raise self._reject("trailing_data", f"{end} bytes received, header said {self._header.total_size}")
-        memoryview(self._buf)[self._received : end] = data
-        self._digest.update(data)
+        view = memoryview(self._buf)[self._received : end]
+        view[:] = data
+        # sha256 runs in a worker thread (hashlib releases the GIL), overlapping with receiving the next chunk
+        self._hashed = _HASHER.submit(self._digest.update, view)
         self._received = end
 
     def _check_header(self, h: pb.TransferHeader) -> None:
@@ -250,6 +276,8 @@ class MessageAssembler:
             raise self._reject("truncated", "the stream ended before a header")
         if self._received != h.total_size:
             raise self._reject("truncated", f"{self._received} of {h.total_size} bytes received")
+        if self._hashed is not None:
+            self._hashed.result()  # one thread, in submission order: the last one done means all are
         if self._digest.digest() != h.sha256:
             raise self._reject("bad_sha256", "payload does not match the header's sha256")
         parts = tuple(

@@ -20,7 +20,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dfl_node.algorithms.messages import ModelMessage
-from dfl_node.net.codec import Limits, Manifest, MessageAssembler, TransferRejected, assemble, encode_message
+from dfl_node.net.codec import (
+    Limits, Manifest, MessageAssembler, Outgoing, TransferRejected, assemble, encode_message,
+)
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 
@@ -203,13 +205,12 @@ class PeerClient:
     async def pass_token(self, request: pb.RoundToken, timeout: float) -> pb.Ack:
         return await self.stub.PassToken(request, timeout=timeout)
 
-    async def push(self, message: ModelMessage, *, epoch: int, timeout: float) -> tuple[ModelMessage | None, int, int]:
-        """Stream ``message`` to the peer; returns (its reply model or None, bytes sent, bytes received).
+    async def push(self, outgoing: Outgoing, *, timeout: float) -> tuple[ModelMessage | None, int, int]:
+        """Stream a message prepared by :func:`~dfl_node.net.codec.prepare` to the peer; returns (its reply model or None, bytes sent, bytes received).
 
         Raises :class:`TransferRefused` when the peer refuses, ``grpc.aio.AioRpcError`` when it is unreachable.
         """
-        frames = encode_message(message, swarm=self.wire.swarm, fingerprint=self.wire.fingerprint, epoch=epoch)
-        result, call, sent = await open_transfer(self.stub, frames, timeout)
+        result, call, sent = await open_transfer(self.stub, outgoing.frames(), timeout)
         try:
             if not result.accepted:
                 raise TransferRefused(result.reason, result.detail)

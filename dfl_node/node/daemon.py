@@ -25,7 +25,7 @@ from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.fleet import read_node_data
 from dfl_node.learning.models import build_model, fingerprint, param_digest
 from dfl_node.learning.training import evaluate
-from dfl_node.net.codec import Limits, TransferRejected, manifest_of
+from dfl_node.net.codec import Limits, TransferRejected, manifest_of, prepare
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.transport import PeerClient, TransferRefused, WireIdentity
 from dfl_node.node.async_mode import AsyncScheduler
@@ -127,10 +127,11 @@ class Node:
         self.take_role("sender")
         try:
             message = await asyncio.to_thread(self.algorithm.sender_step, self.ctx, round_)
+            outgoing = await asyncio.to_thread(prepare, message, swarm=self.config.swarm, fingerprint=self.fingerprint,
+                                               epoch=epoch)  # hashed once, whatever the number of attempts
             for peer_id, address in targets:
                 try:
-                    reply, sent, received = await self.client(address).push(
-                        message, epoch=epoch, timeout=self.config.round_timeout)
+                    reply, sent, received = await self.client(address).push(outgoing, timeout=self.config.round_timeout)
                 except (TransferRefused, grpc.aio.AioRpcError) as exc:
                     reason = exc.reason if isinstance(exc, TransferRefused) else exc.code().name
                     log.info("%s → %s refused or failed: %s", self.config.id, peer_id, reason)
