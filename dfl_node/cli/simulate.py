@@ -28,6 +28,18 @@ def summary_table(results: list[RunResult], title: str) -> Table:
     return table
 
 
+def node_table(results: list[RunResult]) -> Table:
+    """Each node's final global / local accuracy under each algorithm."""
+    table = Table(title="per node: global / local accuracy")
+    table.add_column("node")
+    for r in results:
+        table.add_column(r.algorithm, justify="right")
+    for i, node in enumerate(results[0].nodes):
+        cells = [f"{r.nodes[i].global_accuracy:.3f} / {r.nodes[i].local_accuracy:.3f}" for r in results]
+        table.add_row(node.id, *cells)
+    return table
+
+
 @click.command()
 @experiment_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Folder for <algorithm>.json/.csv.")
@@ -55,8 +67,4 @@ def simulate(out: Path | None, quiet: bool, config_path: Path | None, **flags: o
         if out:
             write_results(result, out)
     Console().print(summary_table(results, f"{config.name}: {config.dataset}, K={config.nodes}, {config.partition}"))
-    Console().print("Per node (final):")
-    for r in results:
-        Console().print(
-            f"  {r.algorithm}: " + ", ".join(f"{n.id} g={n.global_accuracy:.3f} l={n.local_accuracy:.3f}" for n in r.nodes)
-        )
+    Console().print(node_table(results))

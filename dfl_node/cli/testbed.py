@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 from dfl_node.cli.options import DEMO_DEFAULTS, experiment_config, experiment_options
-from dfl_node.cli.simulate import summary_table
+from dfl_node.cli.simulate import node_table, summary_table
 from dfl_node.learning.fleet import provision, write_fleet
 from dfl_node.results import RunResult, write_results
 from dfl_node.testbed.launcher import Placement, all_done, collect, plan_fleet, wait_until
@@ -97,3 +97,4 @@ def testbed(out: Path | None, mode: str, netns: bool, mdns: bool, static_peers: 
             elif out:
                 write_results(result, out)
     console.print(summary_table(results, f"testbed: {config.nodes} daemons, {config.dataset}, {config.partition}, {mode} mode"))
+    console.print(node_table(results))

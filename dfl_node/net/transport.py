@@ -31,10 +31,15 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DflNode"].full_name
 
 
 def channel_options(limits: Limits) -> list[tuple[str, int]]:
-    """Explicit message limits: gRPC's 4 MiB default fails with a misleading INTERNAL error (networking notes)."""
+    """Explicit message limits (gRPC's 4 MiB default fails with a misleading INTERNAL error) and fast reconnects."""
     return [
         ("grpc.max_receive_message_length", limits.max_message_bytes),
         ("grpc.max_send_message_length", limits.max_message_bytes),
+        # A peer that restarts must be reachable again within a heartbeat or two, not after gRPC's
+        # default exponential reconnect backoff (up to 120 s) on the channel we keep to it.
+        ("grpc.initial_reconnect_backoff_ms", 250),
+        ("grpc.min_reconnect_backoff_ms", 250),
+        ("grpc.max_reconnect_backoff_ms", 1000),
     ]
 
 

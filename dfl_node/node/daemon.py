@@ -62,7 +62,7 @@ class Node:
         self.holding = False
         self.fusing = 0
         self.max_fusing = 0
-        self.accuracy: tuple[float | None, float | None] = (None, None)
+        self.accuracy: tuple[float | None, float | None] = (None, None)  # (local, global) of the current model
         self.clients: dict[str, PeerClient] = {}
         self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up
         self._settling: asyncio.Task | None = None
@@ -83,6 +83,8 @@ class Node:
         self.done = state.get("done", False)
         self.counters.update(state.get("counters", {}))
         self.history = [HistoryEntry.model_validate(h) for h in state.get("history", [])]
+        if self.history:
+            self.accuracy = (self.history[-1].local_accuracy, self.history[-1].global_accuracy)
         log.info("%s resumed from %s at round %d", self.config.id, self.checkpoint.directory, self.round)
 
     def _state(self) -> dict:

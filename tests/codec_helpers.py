@@ -1,0 +1,56 @@
+"""Shared helpers of the codec tests (test_codec.py and test_codec_rejections.py).
+
+A fixed model state with every supported kind of tensor, messages carrying it,
+the encoder and an assembler preset to one swarm and fingerprint, and feeding a
+whole frame list. Kept in one place so both files build transfers the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dfl_node.algorithms.messages import ModelMessage, parts_from_state
+from dfl_node.net.codec import MessageAssembler, encode_message, manifest_of
+from dfl_node.net.proto import dfl_pb2 as pb
+
+SWARM, FP = "swarm-a", "fp-123"
+
+
+def make_state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "conv.weight": torch.randn(8, 3, 5, 5, generator=g),
+        "conv.bias": torch.randn(8, generator=g),
+        "bn.num_batches_tracked": torch.tensor(17, dtype=torch.int64),  # 0-d
+        "half": torch.randn(3, 7, generator=g).to(torch.bfloat16),
+        "f16": torch.randn(5, generator=g).to(torch.float16),
+        "f64": torch.randn(2, 2, generator=g, dtype=torch.float64),
+        "i32": torch.arange(-3, 4, dtype=torch.int32),
+        "u8": torch.arange(250, 256, dtype=torch.uint8),
+        "mask": torch.tensor([[True, False, True]]),
+        "fc.weight": torch.randn(10, 33, generator=g),
+    }
+
+
+def make_msg(state: dict[str, torch.Tensor] | None = None, **kw) -> ModelMessage:
+    fields = dict(sender="node-1", round=42, purpose="mkt", num_samples=600, metadata={"alpha": "0.5"})
+    fields.update(kw)
+    return ModelMessage(parts=parts_from_state(state if state is not None else make_state()), **fields)
+
+
+def assembler(state: dict[str, torch.Tensor] | None = None, **kw) -> MessageAssembler:
+    kw.setdefault("swarm", SWARM)
+    kw.setdefault("fingerprint", FP)
+    return MessageAssembler(manifest=manifest_of(state if state is not None else make_state()), **kw)
+
+
+def frames_of(msg: ModelMessage, **kw) -> list[pb.Frame]:
+    kw.setdefault("swarm", SWARM)
+    kw.setdefault("fingerprint", FP)
+    return list(encode_message(msg, **kw))
+
+
+def feed_all(asm: MessageAssembler, frames: list[pb.Frame]) -> tuple[pb.TransferHeader, ModelMessage]:
+    for f in frames:
+        asm.feed(f)
+    return asm.finish()
