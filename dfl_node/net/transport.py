@@ -98,8 +98,8 @@ class DflServicer(pb_grpc.DflNodeServicer):
             admitted = assembler.header
             header, message = await assemble(request_iterator, assembler)
             self.node.on_transferred(0, _wire_bytes(header))
+            admitted = None  # from here the node owns the role and frees it itself (even if this RPC is cancelled)
             reply = await self.node.receive(header, message)
-            admitted = None  # the node settles the fusion (checkpoint) and frees the role itself
         except TransferRejected as exc:
             sender = assembler.header.sender if assembler.header is not None else "?"
             self.node.on_rejected(exc.reason, exc.detail, sender)
@@ -208,7 +208,8 @@ class PeerClient:
         return await self.stub.Assign(request, timeout=timeout)
 
     async def pass_token(self, request: pb.RoundToken, timeout: float) -> pb.Ack:
-        return await self.stub.PassToken(request, timeout=timeout)
+        # wait_for_ready: a peer that just came back may still be behind our channel's reconnect backoff
+        return await self.stub.PassToken(request, timeout=timeout, wait_for_ready=True)
 
     async def push(self, outgoing: Outgoing, *, timeout: float) -> tuple[ModelMessage | None, int, int]:
         """Stream a message prepared by :func:`~dfl_node.net.codec.prepare` to the peer; returns (its reply model or None, bytes sent, bytes received).

@@ -49,7 +49,7 @@ class AsyncScheduler:
         await node.save()
         self.finished.set()
 
-    def on_join(self, peer_id: str) -> None:
+    def on_join(self, peer_id: str, restarted: bool) -> None:
         """Nothing to tell a newcomer: there is no shared round state in async mode."""
 
     async def assign(self, request: pb.RoundAssignment) -> pb.Ack:

@@ -67,7 +67,7 @@ class Node:
         self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up
         self._settling: asyncio.Task | None = None
         self.peers = PeerTable(config.id, self._probe, heartbeat=config.heartbeat, timeout=config.peer_timeout,
-                               static=config.peers, on_join=lambda peer_id: self.scheduler.on_join(peer_id))
+                               static=config.peers, on_join=lambda *joined: self.scheduler.on_join(*joined))
         self._restore()
         self.digest = param_digest(self.ctx.model.state_dict())
         self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
@@ -123,10 +123,17 @@ class Node:
         return local, global_
 
     async def send(self, round_: int, epoch: int, targets: list[tuple[str, str]]) -> str | None:
-        """Sender role: train, then push to the first target (id, address) that accepts; returns its id."""
+        """Sender role: train, then push to the first target (id, address) that accepts; returns its id.
+
+        The work runs as its own task, shielded: if our caller is cancelled (an RPC deadline), the
+        worker thread still runs on, so the role stays taken until it has really finished.
+        """
         if self.config.mode == "round":
             await self.settled()  # the plan chose us: the last fusion's checkpoint first, then this round
         self.take_role("sender")
+        return await asyncio.shield(asyncio.get_running_loop().create_task(self._send(round_, epoch, targets)))
+
+    async def _send(self, round_: int, epoch: int, targets: list[tuple[str, str]]) -> str | None:
         try:
             message = await asyncio.to_thread(self.algorithm.sender_step, self.ctx, round_)
             outgoing = await asyncio.to_thread(prepare, message, swarm=self.config.swarm, fingerprint=self.fingerprint,
@@ -208,13 +215,21 @@ class Node:
         self.release_role()
 
     async def receive(self, header: pb.TransferHeader, message: ModelMessage) -> ModelMessage | None:
+        """Fuse a validated message. From here the node owns the receiver role and frees it itself: after the
+        fusion is settled, or at once on failure — never while the worker thread may still touch the model."""
         self.counters["models_received"] += 1
+        return await asyncio.shield(asyncio.get_running_loop().create_task(self._fuse(message)))
+
+    async def _fuse(self, message: ModelMessage) -> ModelMessage | None:
         self.fusing += 1
         self.max_fusing = max(self.max_fusing, self.fusing)
         try:
             reply = await asyncio.to_thread(self.algorithm.receiver_step, self.ctx, message)
-        except AlgorithmError as exc:
-            raise TransferRejected("algorithm", str(exc)) from exc
+        except BaseException as exc:
+            self.release_role()
+            if isinstance(exc, AlgorithmError):
+                raise TransferRejected("algorithm", str(exc)) from exc
+            raise
         finally:
             self.fusing -= 1
         self.counters["fusions"] += 1

@@ -40,7 +40,7 @@ class Peer:
 
 class PeerTable:
     def __init__(self, self_id: str, hello: HelloFn, *, heartbeat: float, timeout: float, static: list[str],
-                 on_join: Callable[[str], None] = lambda peer_id: None) -> None:
+                 on_join: Callable[[str, bool], None] = lambda peer_id, restarted: None) -> None:
         self.self_id = self_id
         self.on_join = on_join
         self.hello = hello
@@ -72,7 +72,8 @@ class PeerTable:
             return
         now = time.time()
         peer = self.peers.get(reply.node_id)
-        rejoined = peer is None or not peer.alive or peer.boot_id != reply.boot_id
+        restarted = peer is not None and peer.boot_id != reply.boot_id
+        rejoined = peer is None or not peer.alive or restarted
         if peer is None:
             peer = self.peers[reply.node_id] = Peer(reply.node_id, reply.grpc_address, reply.http_port,
                                                     reply.boot_id, reply.algorithm, now)
@@ -81,7 +82,7 @@ class PeerTable:
         if rejoined:
             log.info("peer %s at %s is alive", peer.id, peer.address)
             asyncio.get_running_loop().create_task(self._notify())
-            self.on_join(peer.id)
+            self.on_join(peer.id, restarted)
 
     def lost(self, peer_id: str) -> None:
         """mDNS said goodbye (or the peer stopped answering)."""

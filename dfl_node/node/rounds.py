@@ -144,9 +144,13 @@ class RoundScheduler:
         log.info("%s: done after %d rounds", node.config.id, round_)
         self.finished.set()
 
-    def on_join(self, peer_id: str) -> None:
-        """A peer (re)joined. If the fleet already finished, tell it so: it missed the final announcement."""
+    def on_join(self, peer_id: str, restarted: bool) -> None:
+        """A peer (re)joined. If it restarted while holding the token, the token died with it; if the
+        fleet already finished, tell it so: it missed the final announcement."""
         node = self.node
+        if restarted and peer_id == self.holder:
+            log.warning("%s: holder %s restarted; its token is lost", node.config.id, peer_id)
+            self.holder = None  # the watchdog regenerates it (epoch + 1) after token_timeout of silence
         if not node.done:
             return  # it learns the round from the next announcement
         token = pb.RoundToken(round=node.round, epoch=node.epoch, holder=node.config.id, seed=node.config.seed,
