@@ -190,3 +190,20 @@ async def test_transfer_while_busy_is_refused(target: Target) -> None:
     finally:
         target.node.release_role()
     await assert_still_serving(target)
+
+
+async def test_standard_grpc_health_and_reflection_answer(target: Target) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{target.node.config.grpc_port}")
+    try:
+        health = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="dfl.v1.DflNode"), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        stream = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+        services = {s.name async for r in stream for s in r.list_services_response.service}
+        assert {"dfl.v1.DflNode", "grpc.health.v1.Health"} <= services
+    finally:
+        await channel.close()
