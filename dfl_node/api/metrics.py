@@ -67,6 +67,18 @@ class _Writer:
         return "\n".join(self.lines) + "\n"
 
 
+
+# One counter family per Counters field, named dfl_<field>_total.
+COUNTER_HELP = {
+    "models_sent": "Models (or model segments) sent to peers.",
+    "models_received": "Models (or model segments) received from peers.",
+    "bytes_sent": "Model payload bytes sent to peers.",
+    "bytes_received": "Model payload bytes received from peers.",
+    "fusions": "Fusions performed by this node.",
+    "rounds_completed": "Rounds this node completed.",
+    "busy_refusals": "Transfers refused because a node was busy.",
+}
+
 def render_metrics(status: NodeStatus) -> str:
     """The node's metrics in Prometheus text format 0.0.4 (ends with a newline)."""
     node = {"node": status.id}
@@ -90,32 +102,8 @@ def render_metrics(status: NodeStatus) -> str:
         ],
     )
     w.family("dfl_round", "gauge", "Current round of the node.", [(node, status.round)])
-    w.family(
-        "dfl_models_sent_total", "counter", "Models (or model segments) sent to peers.", [(node, status.models_sent)]
-    )
-    w.family(
-        "dfl_models_received_total",
-        "counter",
-        "Models (or model segments) received from peers.",
-        [(node, status.models_received)],
-    )
-    w.family("dfl_bytes_sent_total", "counter", "Model payload bytes sent to peers.", [(node, status.bytes_sent)])
-    w.family(
-        "dfl_bytes_received_total",
-        "counter",
-        "Model payload bytes received from peers.",
-        [(node, status.bytes_received)],
-    )
-    w.family("dfl_fusions_total", "counter", "Fusions performed by this node.", [(node, status.fusions)])
-    w.family(
-        "dfl_rounds_completed_total", "counter", "Rounds this node completed.", [(node, status.rounds_completed)]
-    )
-    w.family(
-        "dfl_busy_refusals_total",
-        "counter",
-        "Transfers refused because a node was busy.",
-        [(node, status.busy_refusals)],
-    )
+    for field, help_text in COUNTER_HELP.items():
+        w.family(f"dfl_{field}_total", "counter", help_text, [(node, getattr(status, field))])
     w.family(
         "dfl_rejected_total",
         "counter",
