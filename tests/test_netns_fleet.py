@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dfl_node.learning.fleet import provision, write_fleet
-from dfl_node.testbed.launcher import NodeProcess, all_done, poll_status, wait_until
+from dfl_node.testbed.launcher import NodeProcess, all_done, wait_until
 from dfl_node.testbed.netns import NetnsTopology, list_namespaces, node_environment, read_env_file
 from tests.conftest import FLEET
 

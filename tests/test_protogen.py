@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-import pytest
-
 import grpc_tools  # noqa: F401  (dev extra: the generator must be installed to check its output)
 
 from dfl_node.net import protogen  # noqa: E402

@@ -34,7 +34,7 @@ from dfl_node.learning.fleet import fleet_ids
 from dfl_node.testbed.launcher import NodeProcess
 
 __all__ = ["PER_NODE_KEYS", "NetnsHost", "NetnsTopology", "cleanup_stale", "delete_namespace", "list_namespaces",
-           "main", "node_environment", "node_id", "read_env_file"]
+           "main", "node_environment", "read_env_file"]
 
 IP_TIMEOUT_S = 10.0
 KILL_GRACE_S = 3.0
