@@ -106,16 +106,21 @@ class Node:
         self.role = "idle"
 
     async def model_changed(self, event: str, round_: int, peer: str | None) -> None:
-        """After every fusion: evaluate, checkpoint, record (design §4)."""
-        if self.config.evaluate:
-            self.accuracy = await asyncio.to_thread(self._evaluate)
-        self.digest = param_digest(self.ctx.model.state_dict())
+        """After every fusion: evaluate, fingerprint the values, checkpoint, record (design §4).
+
+        Evaluation and the sha256 of a possibly large model run in the worker thread, off the event loop.
+        """
+        self.accuracy, self.digest = await asyncio.to_thread(self._measure)
         if event in ("send", "fusion"):
             self.counters["rounds_completed"] += 1
         local, global_ = self.accuracy
         self.history.append(HistoryEntry(round=round_, time=time.time(), event=event, role=self.role, peer=peer,
                                          local_accuracy=local, global_accuracy=global_))
         await self.save()
+
+    def _measure(self) -> tuple[tuple[float | None, float | None], str]:
+        accuracy = self._evaluate() if self.config.evaluate else self.accuracy
+        return accuracy, param_digest(self.ctx.model.state_dict())
 
     def _evaluate(self) -> tuple[float | None, float | None]:
         local = evaluate(self.ctx.model, self.ctx.val).accuracy if len(self.ctx.val) else None
@@ -183,7 +188,7 @@ class Node:
         self.peers.seen(request)
         return self.hello_message(pb.HelloReply, accepted=True)
 
-    def rejected_hello(self, reason: str, other: pb.HelloRequest | pb.HelloReply, where: str) -> None:
+    def rejected_hello(self, reason: str, other: pb.HelloRequest, where: str) -> None:
         self.rejected[reason] += 1
         log.warning("refused %s (%s) at hello: %s (theirs swarm=%r fingerprint=%s…, ours swarm=%r fingerprint=%s…)",
                     other.node_id, where, reason, other.swarm, other.fingerprint[:12], self.config.swarm,
@@ -198,9 +203,8 @@ class Node:
         if reply.node_id == self.config.id:
             return None
         reason = reply.reason if not reply.accepted else self.incompatibility(reply)
-        if reason:
-            if not reply.accepted or reason not in self.rejected:
-                self.rejected_hello(reason, reply, address)
+        if reason:  # the peer counts its refusal of us; we just leave it out of the table
+            log.debug("%s at %s is incompatible: %s", reply.node_id, address, reason)
             return None
         return reply
 

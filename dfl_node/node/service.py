@@ -64,12 +64,12 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
     grpc_server, port = await start_server(node, config.host, config.grpc_port)
     log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s",
              config.id, config.host, port, node.grpc_address, config.swarm, config.algorithm, config.mode)
-    background: list[asyncio.Task] = []
-    http = None
+    workers: list[asyncio.Task] = []
+    http, http_task = None, None
     if config.http_port:
         http = _EmbeddedUvicorn(uvicorn.Config(create_app(node.status, node.get_history), log_level="warning",
                                                lifespan="off"))
-        background.append(loop.create_task(http.serve(sockets=[_listen(config.host, config.http_port)])))
+        http_task = loop.create_task(http.serve(sockets=[_listen(config.host, config.http_port)]))
     discovery = None
     if config.mdns:
         discovery = MdnsDiscovery(announcement(node), bind_host=config.host,
@@ -80,18 +80,18 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
             await discovery.start()
         if config.evaluate and not node.history:
             await node.model_changed("eval", node.round, None)  # the w0 point of the accuracy curve
-        background += [loop.create_task(node.peers.run()), loop.create_task(node.scheduler.run())]
+        workers = [loop.create_task(node.peers.run()), loop.create_task(node.scheduler.run())]
         node.ready.set()
         await stop.wait()
     finally:
         log.info("%s stopping", config.id)
         if discovery:
             await discovery.stop()
-        for task in background[1 if http else 0:]:
+        for task in workers:
             task.cancel()
         if http:
-            http.should_exit = True
-        await asyncio.gather(*background, return_exceptions=True)
+            http.should_exit = True  # uvicorn finishes its open requests, then its task ends
+        await asyncio.gather(*workers, *([http_task] if http_task else []), return_exceptions=True)
         await grpc_server.stop(grace=1.0)
         for client in node.clients.values():
             await client.close()

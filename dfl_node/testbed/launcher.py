@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dfl_node.config import ExperimentConfig, LearningConfig
-from dfl_node.learning.fleet import TEST_FILE, Fleet
+from dfl_node.learning.fleet import TEST_FILE, Fleet, fleet_ids
 from dfl_node.results import EvalRecord, NodeResult, RunResult
 from dfl_node.testbed.fetch import fetch_all
 
@@ -88,9 +88,8 @@ def plan_fleet(
     config: ExperimentConfig, algorithm: str, shards: Path, workdir: Path, placements: list[Placement], *,
     swarm: str, mode: str = "round", mdns: bool = True, static_peers: bool = False, extra: dict | None = None,
 ) -> list[NodeProcess]:
-    ids = sorted(p.name for p in shards.iterdir() if p.is_dir())
     nodes = []
-    for node_id, place in zip(ids, placements):
+    for node_id, place in zip(fleet_ids(config.nodes), placements):
         grpc_port = free_port() if place.host.startswith("127.") else 50051
         http_port = free_port() if place.host.startswith("127.") else 8080
         nodes.append(NodeProcess(node_id, place.host, grpc_port, http_port, workdir / "state" / node_id,
