@@ -1,18 +1,21 @@
 """Model transfer throughput: a ~100 MB model pushed to a real receiving daemon, against two baselines.
 
 * ``stream``: the daemon's own client (:class:`PeerClient.push`) → a real ``dfl-node start`` process
-  over loopback: 1 MiB chunks with a validated header, the receiver's sha256 check, then its fusion
-  (FullAvg's weighted average). The receiver checkpoints after answering. The sender's sha256 pass
-  (``prepare``) is timed apart, as the daemon does it once per message in its worker thread;
-  ``stream_with_prepare`` includes it.
+  over loopback: 1 MiB chunks after a validated header, copied into a (reused) receive buffer and
+  sha256-checked by the receiver, which answers once the model is validated and handed to its
+  fusion (FullAvg's in-place average); it fuses and checkpoints after answering, and the next push
+  waits until it is idle again. The sender's sha256 pass (``prepare``) is timed apart, as the
+  daemon does it once per message in its worker thread; ``stream_with_prepare`` includes it.
 * ``raw_tcp``: the same bytes through a plain socket to a process that only ``recv_into``s them.
 * ``unary_grpc``: the same bytes as one unary gRPC message (how most DFL frameworks send models).
+
+Both ends of every path share this machine's cores, as loopback tests must.
 
 Also the receiving daemon's peak-RSS increase during the pushes (VmHWM, reset before measuring).
 Prints one JSON object; ratios come from the same run. Linux only (``/proc``); run as root to reset
 the receiver's VmHWM (otherwise the peak includes its start-up).
 
-    python benchmarks/transfer.py [--repeat 3]
+    python benchmarks/transfer.py [--repeat 7]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import provision, write_fleet
 from dfl_node.learning.models import build_model, fingerprint
+from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.codec import Limits, manifest_of, prepare
 from dfl_node.net.transport import PeerClient, WireIdentity
 from dfl_node.testbed.launcher import free_port
@@ -114,7 +118,7 @@ def measure_unary(payload: bytes, repeat: int) -> list[float]:
 
 
 async def measure_stream(message: ModelMessage, wire: WireIdentity, address: str, status_url: str,
-                         pid: int, repeat: int) -> tuple[list[float], int, int]:
+                         pid: int, repeat: int) -> tuple[list[float], list[float], int, int]:
     client = PeerClient(address, wire)
     async with httpx.AsyncClient(trust_env=False) as http:
         async def idle() -> None:  # the receiver settles (checkpoints) each fusion before the next push
@@ -143,8 +147,9 @@ async def measure_stream(message: ModelMessage, wire: WireIdentity, address: str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
+    tune_for_streaming()  # the sending side is this process: set it up as `dfl-node start` does
     work = Path(tempfile.mkdtemp(prefix="dfl-bench-"))
     config = ExperimentConfig(nodes=2, hidden=HIDDEN, seed=0)
     fleet = provision(config)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
-from dfl_node.net.codec import MessageAssembler, encode_message, manifest_of
+from dfl_node.net.codec import MessageAssembler, manifest_of, prepare
+from dfl_node.net.frames import ReadFrame, decode_frame, encode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
 
 SWARM, FP = "swarm-a", "fp-123"
@@ -44,13 +45,26 @@ def assembler(state: dict[str, torch.Tensor] | None = None, **kw) -> MessageAsse
     return MessageAssembler(manifest=manifest_of(state if state is not None else make_state()), **kw)
 
 
-def frames_of(msg: ModelMessage, **kw) -> list[pb.Frame]:
+def frames_of(msg: ModelMessage, chunk_size: int | None = None, **kw) -> list[pb.Frame]:
+    """The frames a sender writes for ``msg``, as protobuf reads them (editable, and proof that the
+    hand-encoded chunk frames are valid protobuf)."""
+    return [pb.Frame.FromString(raw) for raw in encoded_frames(msg, chunk_size, **kw)]
+
+
+def read_frames_of(msg: ModelMessage, chunk_size: int | None = None, **kw) -> list[ReadFrame]:
+    """The same frames as a node's server reads them: chunks through the fast decoder."""
+    return [decode_frame(raw) for raw in encoded_frames(msg, chunk_size, **kw)]
+
+
+def encoded_frames(msg: ModelMessage, chunk_size: int | None = None, **kw) -> list[bytes]:
     kw.setdefault("swarm", SWARM)
     kw.setdefault("fingerprint", FP)
-    return list(encode_message(msg, **kw))
+    outgoing = prepare(msg, **kw)
+    frames = outgoing.frames() if chunk_size is None else outgoing.frames(chunk_size)
+    return [encode_frame(f) for f in frames]
 
 
-def feed_all(asm: MessageAssembler, frames: list[pb.Frame]) -> tuple[pb.TransferHeader, ModelMessage]:
+def feed_all(asm: MessageAssembler, frames: list[ReadFrame]) -> tuple[pb.TransferHeader, ModelMessage]:
     for f in frames:
         asm.feed(f)
     return asm.finish()

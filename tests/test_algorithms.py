@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -112,3 +113,21 @@ def test_receiver_refuses_another_algorithms_message(config: LearningConfig, pai
     message = make_algorithm("fullavg", config).sender_step(sender, 0)
     with pytest.raises(AlgorithmError):
         make_algorithm("defkt", config).receiver_step(receiver, message)
+
+
+@pytest.mark.parametrize("name", ["defkt", "fullavg"])
+def test_whole_model_algorithms_refuse_a_partial_model_before_touching_anything(
+    config: LearningConfig, pair, name: str
+) -> None:
+    sender, receiver = pair
+    algo = make_algorithm(name, config)
+    message = algo.sender_step(sender, 0)
+    algo.check_message(receiver, message)  # the genuine message passes
+    before = _flat(receiver).clone()
+    for parts in (message.parts[1:], (replace(message.parts[0], start=1, values=message.parts[0].values[1:]),)):
+        forged = replace(message, parts=parts)
+        with pytest.raises(AlgorithmError, match="whole model"):
+            algo.check_message(receiver, forged)
+        with pytest.raises(AlgorithmError):
+            algo.receiver_step(receiver, forged)
+    assert torch.equal(_flat(receiver), before)

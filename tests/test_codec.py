@@ -16,10 +16,11 @@ import torch
 import dfl_node
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.net import codec
-from dfl_node.net.codec import Limits, TransferRejected, encode_message
+from dfl_node.net.codec import Limits, TransferRejected, prepare
+from dfl_node.net.frames import decode_frame, encode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
 
-from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state
+from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state, read_frames_of
 
 
 def assert_same_parts(got: tuple[TensorPart, ...], want: tuple[TensorPart, ...]) -> None:
@@ -32,9 +33,10 @@ def assert_same_parts(got: tuple[TensorPart, ...], want: tuple[TensorPart, ...])
 # --- round trips -------------------------------------------------------------------------------------
 
 
-def test_full_model_round_trip_is_exact_and_keeps_header_fields() -> None:
+@pytest.mark.parametrize("decoded", [frames_of, read_frames_of], ids=["protobuf", "fast"])
+def test_full_model_round_trip_is_exact_and_keeps_header_fields(decoded) -> None:
     msg = make_msg(segment=None)
-    header, got = feed_all(assembler(), frames_of(msg, epoch=7, chunk_size=256))
+    header, got = feed_all(assembler(), decoded(msg, epoch=7, chunk_size=256))
     assert_same_parts(got.parts, msg.parts)
     assert (got.sender, got.round, got.purpose, got.num_samples) == ("node-1", 42, "mkt", 600)
     assert got.segment is None and got.metadata == {"alpha": "0.5"}
@@ -130,7 +132,7 @@ def test_encoder_streams_lazily() -> None:
     msg = make_msg(state)
     tracemalloc.start()
     try:
-        gen = encode_message(msg, swarm=SWARM, fingerprint=FP)
+        gen = prepare(msg, swarm=SWARM, fingerprint=FP).frames()
         next(gen)  # the header needs a hashing pass, not a copy of the payload
         _, after_header = tracemalloc.get_traced_memory()
         n = sum(1 for _ in gen)
@@ -150,13 +152,13 @@ def test_receiver_peak_memory_is_bounded() -> None:
     """100 MB model: the receiver's extra peak RSS stays ≤ 3× the model size (Linux peak-RSS counter)."""
     state = {"a": torch.arange(20_000_000, dtype=torch.float32), "b": torch.full((5_000_000,), 0.25)}  # 100 MB
     msg = make_msg(state)
-    frames = encode_message(msg, swarm=SWARM, fingerprint=FP)
+    frames = prepare(msg, swarm=SWARM, fingerprint=FP).frames()
     with open("/proc/self/clear_refs", "w") as f:  # Linux: reset VmHWM to the current RSS
         f.write("5")
     base = _rss_kib("VmHWM")
     asm = assembler(state)
     for f in frames:
-        asm.feed(f)
+        asm.feed(decode_frame(encode_frame(f)))  # as a node's server reads them
     _, got = asm.finish()
     ratio = (_rss_kib("VmHWM") - base) * 1024 / msg.nbytes
     assert_same_parts(got.parts, msg.parts)
@@ -223,7 +225,7 @@ async def test_transfer_over_real_grpc_on_loopback() -> None:
                 for p in got.parts
             )
             reply = ModelMessage("server", got.round, "reply", 1, doubled)
-            for f in encode_message(reply, swarm=SWARM, fingerprint=FP):
+            for f in frames_of(reply):
                 yield f
 
     server = grpc.aio.server(options=opts)
@@ -245,3 +247,36 @@ async def test_transfer_over_real_grpc_on_loopback() -> None:
             assert len(frames) == 1 and frames[0].result.reason == "swarm_mismatch"
     finally:
         await server.stop(None)
+
+
+# --- receive buffers -----------------------------------------------------------------------------------
+
+
+def test_buffer_pool_reuses_a_buffer_only_once_nothing_refers_to_it() -> None:
+    pool = codec.BufferPool(keep=2)
+    first = pool.take(64)
+    first_id = id(first)
+    view = torch.frombuffer(first, dtype=torch.float32)  # a received tensor still in use
+    del first
+    second = pool.take(64)
+    assert id(second) != first_id
+    del view
+    assert id(pool.take(64)) == first_id  # free again: reused, not reallocated
+    assert len(pool.take(32)) == 32  # another size: a new buffer, the pool stays bounded
+    assert len(pool._buffers) == 2
+
+
+def test_pooled_assembly_never_overwrites_a_message_still_in_use() -> None:
+    pool = codec.BufferPool()
+    state = make_state()
+    first_msg, second_msg = make_msg(state), make_msg({k: v + 1 if v.is_floating_point() else v for k, v in state.items()})
+    _, first = feed_all(assembler(state, buffers=pool), read_frames_of(first_msg))
+    _, second = feed_all(assembler(state, buffers=pool), read_frames_of(second_msg))
+    assert_same_parts(first.parts, first_msg.parts)  # untouched by the second transfer
+    assert_same_parts(second.parts, second_msg.parts)
+    pooled = [id(b) for b in pool._buffers]
+    del first
+    _, third = feed_all(assembler(state, buffers=pool), read_frames_of(first_msg))
+    assert [id(b) for b in pool._buffers] == pooled  # the first transfer's buffer, reused
+    assert_same_parts(third.parts, first_msg.parts)
+    assert_same_parts(second.parts, second_msg.parts)

@@ -8,13 +8,14 @@ import torch
 from torch import nn
 
 from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.tensors import TensorPart
 from dfl_node.learning.fusion import (
-    average_parts,
+    average_parts_,
     mkt_losses,
     mutual_knowledge_transfer,
     segment_parts,
     segment_ranges,
-    weighted_average,
+    weighted_average_,
 )
 from dfl_node.learning.training import SgdParams
 
@@ -22,18 +23,29 @@ from dfl_node.learning.training import SgdParams
 def test_eq9_weighted_average_by_hand() -> None:
     local = {"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "b": torch.tensor([0.0, 10.0]), "n": torch.tensor(7)}
     remote = {"w": torch.tensor([[5.0, 6.0], [7.0, 8.0]]), "b": torch.tensor([4.0, 2.0]), "n": torch.tensor(99)}
-    fused = weighted_average(local, remote, n_local=300, n_remote=100)  # weights 3/4 local, 1/4 remote
-    assert torch.allclose(fused["w"], torch.tensor([[2.0, 3.0], [4.0, 5.0]]))
-    assert torch.allclose(fused["b"], torch.tensor([1.0, 8.0]))
-    assert int(fused["n"]) == 7  # integer buffers are never averaged
-    assert torch.equal(local["w"], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))  # inputs untouched
+    weighted_average_(local, remote, n_local=300, n_remote=100)  # weights 3/4 local, 1/4 remote
+    assert torch.allclose(local["w"], torch.tensor([[2.0, 3.0], [4.0, 5.0]]))
+    assert torch.allclose(local["b"], torch.tensor([1.0, 8.0]))
+    assert int(local["n"]) == 7  # integer buffers are never averaged
+    assert torch.equal(remote["w"], torch.tensor([[5.0, 6.0], [7.0, 8.0]]))  # the remote model untouched
+
+
+def test_weighted_average_updates_a_models_parameters_in_place() -> None:
+    model = nn.Linear(3, 2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    remote = {k: torch.ones_like(v) for k, v in before.items()}
+    weighted_average_(model.state_dict(), remote, n_local=1, n_remote=1)
+    for name, param in model.named_parameters():
+        assert torch.allclose(param, (before[name] + 1) / 2) and param.requires_grad
 
 
 def test_weighted_average_rejects_mismatched_models() -> None:
     with pytest.raises(ValueError):
-        weighted_average({"w": torch.zeros(2)}, {"v": torch.zeros(2)}, 1, 1)
+        weighted_average_({"w": torch.zeros(2)}, {"v": torch.zeros(2)}, 1, 1)
+    local = {"a": torch.zeros(2), "w": torch.zeros(2)}
     with pytest.raises(ValueError):
-        weighted_average({"w": torch.zeros(2)}, {"w": torch.zeros(3)}, 1, 1)
+        weighted_average_(local, {"a": torch.ones(2), "w": torch.zeros(3)}, 1, 1)
+    assert torch.equal(local["a"], torch.zeros(2))  # checked before anything changed
 
 
 def test_segments_cover_the_flat_vector_once_and_evenly() -> None:
@@ -52,10 +64,19 @@ def test_average_parts_moves_exactly_the_declared_segment() -> None:
     remote = {"a": torch.full((2, 3), 100.0), "b": torch.full((4,), 100.0)}
     parts = segment_parts(remote, [1], 2)  # second half of the 10 elements: a[5], b[0:4]
     assert [(p.name, p.start, p.values.numel()) for p in parts] == [("a", 5, 1), ("b", 0, 4)]
-    fused = average_parts(local, parts, n_local=1, n_remote=1)
-    assert torch.equal(fused["a"].view(-1)[:5], local["a"].view(-1)[:5])  # first segment untouched
-    assert fused["a"].view(-1)[5] == (5.0 + 100.0) / 2
-    assert torch.equal(fused["b"], (torch.arange(4.0) + 100.0) / 2)
+    average_parts_(local, parts, n_local=1, n_remote=1)
+    assert torch.equal(local["a"].view(-1)[:5], torch.arange(5.0))  # first segment untouched
+    assert local["a"].view(-1)[5] == (5.0 + 100.0) / 2
+    assert torch.equal(local["b"], (torch.arange(4.0) + 100.0) / 2)
+
+
+def test_average_parts_checks_every_part_before_changing_anything() -> None:
+    local = {"a": torch.zeros(4), "b": torch.zeros(2)}
+    parts = segment_parts({"a": torch.ones(4), "b": torch.ones(2)}, [0, 1], 2)
+    too_long = parts[:-1] + (TensorPart("b", (2,), 1, torch.ones(2)),)
+    with pytest.raises(ValueError, match="overruns"):
+        average_parts_(local, too_long, n_local=1, n_remote=1)
+    assert torch.equal(local["a"], torch.zeros(4))
 
 
 class TinyLinear(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -17,7 +18,6 @@ import pytest
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
-from dfl_node.net.codec import encode_message
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.node.config import NodeConfig
@@ -26,6 +26,7 @@ from dfl_node.net.transport import open_transfer
 from dfl_node.node.service import run_node
 from dfl_node.testbed.launcher import free_port
 from tests.conftest import FLEET
+from tests.codec_helpers import frames_of
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Target:
 
     async def transfer(self, frames: Iterable[pb.Frame]) -> pb.TransferResult:
         """Send raw frames with the node's own client path and return the receiver's verdict."""
-        result, call, _ = await open_transfer(self.stub, frames, timeout=10)
+        result, call, _ = await open_transfer(self.stub.Transfer, frames, timeout=10)
         call.cancel()
         return result
 
@@ -51,8 +52,7 @@ class Target:
                             parts=parts_from_state(model.state_dict()))
 
     def frames(self, chunk_size: int = 4096) -> list[pb.Frame]:
-        return list(encode_message(self.message(), swarm=self.node.config.swarm,
-                                   fingerprint=self.node.fingerprint, chunk_size=chunk_size))
+        return frames_of(self.message(), chunk_size, swarm=self.node.config.swarm, fingerprint=self.node.fingerprint)
 
 
 @pytest.fixture
@@ -79,8 +79,8 @@ async def assert_still_serving(t: Target) -> None:
     before = t.node.counters["fusions"]
     verdict = await t.transfer(t.frames())
     assert verdict.accepted, verdict
+    await t.node.settled()  # the verdict comes once the model is validated; fusing follows
     assert t.node.counters["fusions"] == before + 1
-    await t.node.settled()
     assert t.node.role == "idle" and t.node.history[-1].event == "fusion"
 
 
@@ -167,8 +167,7 @@ async def test_bad_transfer_is_rejected_and_node_keeps_serving(target: Target, t
 
 async def test_oversized_chunk_is_rejected(target: Target) -> None:
     big = target.message()
-    frames = list(encode_message(big, swarm=target.node.config.swarm, fingerprint=target.node.fingerprint,
-                                 chunk_size=1 << 30))  # the whole ~10 KB model in one chunk is fine…
+    frames = frames_of(big, 1 << 30, swarm=target.node.config.swarm, fingerprint=target.node.fingerprint)  # the whole ~10 KB model in one chunk is fine…
     assert (await target.transfer(frames)).accepted
     await target.node.settled()
     header = pb.TransferHeader()
@@ -207,3 +206,24 @@ async def test_standard_grpc_health_and_reflection_answer(target: Target) -> Non
         assert {"dfl.v1.DflNode", "grpc.health.v1.Health"} <= services
     finally:
         await channel.close()
+
+
+async def test_sender_is_answered_once_the_model_is_validated_not_after_fusion(target: Target, monkeypatch) -> None:
+    """Def-KT's fusion (E epochs of MKT) can take long: the sender is told "accepted" as soon as the
+    payload is validated, and the receiver keeps its role until the fusion is settled."""
+    release = threading.Event()
+    fuse = target.node.algorithm.receiver_step
+
+    def slow_fusion(ctx, message):
+        assert release.wait(30)
+        return fuse(ctx, message)
+
+    monkeypatch.setattr(target.node.algorithm, "receiver_step", slow_fusion)
+    digest, fusions = target.node.digest, target.node.counters["fusions"]
+    verdict = await target.transfer(target.frames())
+    assert verdict.accepted
+    assert target.node.role == "receiver" and target.node.fusing == 1 and target.node.counters["fusions"] == fusions
+    release.set()
+    await target.node.settled()
+    assert target.node.counters["fusions"] == fusions + 1 and target.node.digest != digest
+    assert target.node.role == "idle"

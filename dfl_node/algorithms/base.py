@@ -96,6 +96,7 @@ class Algorithm(ABC):
 
     name: ClassVar[str]
     sender_keeps_trained_default: ClassVar[bool] = False
+    replies: ClassVar[bool] = False  # whether receiver_step returns a message for the sender (Combo)
 
     def __init__(self, config: LearningConfig) -> None:
         self.config = config
@@ -117,6 +118,14 @@ class Algorithm(ABC):
     @abstractmethod
     def sender_step(self, ctx: NodeContext, round_: int) -> ModelMessage:
         """Train (as the algorithm says) and return what to transmit."""
+
+    @abstractmethod
+    def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:
+        """Raise :class:`AlgorithmError` unless :meth:`receiver_step` can fuse ``message``.
+
+        A node calls it before it accepts a transfer, so a sender is told "no" rather than told
+        "yes" for a model that is then dropped; ``receiver_step`` calls it too.
+        """
 
     @abstractmethod
     def receiver_step(self, ctx: NodeContext, message: ModelMessage) -> ModelMessage | None:

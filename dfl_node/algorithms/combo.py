@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext
 from dfl_node.algorithms.messages import ModelMessage
-from dfl_node.learning.fusion import average_parts, expected_ranges, segment_parts
+from dfl_node.learning.fusion import average_parts_, expected_ranges, segment_parts
 
 
 class Combo(Algorithm):
     name = "combo"
+    replies = True
 
     @property
     def sender_segments(self) -> list[int]:
@@ -31,26 +32,32 @@ class Combo(Algorithm):
             metadata={"segments": ",".join(map(str, indices)), "segment_count": str(self.config.segments)},
         )
 
-    def _fuse(self, ctx: NodeContext, message: ModelMessage, indices: list[int]) -> None:
-        state = ctx.model.state_dict()
+    def _check(self, ctx: NodeContext, message: ModelMessage, purpose: str, indices: list[int]) -> None:
+        self.check_purpose(message, purpose)
         carried = [(p.name, p.start, p.start + p.values.numel()) for p in message.parts]
-        if carried != expected_ranges(state, indices, self.config.segments):
+        if carried != expected_ranges(ctx.model.state_dict(), indices, self.config.segments):
             raise AlgorithmError(f"{message.purpose} from {message.sender} does not carry segments {indices}")
-        ctx.model.load_state_dict(average_parts(state, message.parts, ctx.num_samples, message.num_samples))
+
+    def _average(self, ctx: NodeContext, message: ModelMessage) -> None:
+        # in place: state_dict() tensors share the parameters' storage
+        average_parts_(ctx.model.state_dict(), message.parts, ctx.num_samples, message.num_samples)
 
     def sender_step(self, ctx: NodeContext, round_: int) -> ModelMessage:
         # Alg. 3 always stores the trained (then partly averaged) model: ``sender_keeps_trained`` does not apply.
         ctx.model.load_state_dict(ctx.trained_copy(round_).state_dict())
         return self._message(ctx, round_, "combo.segment", self.sender_segments)
 
+    def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:
+        self._check(ctx, message, "combo.segment", self.sender_segments)
+
     def receiver_step(self, ctx: NodeContext, message: ModelMessage) -> ModelMessage:
-        self.check_purpose(message, "combo.segment")
+        self.check_message(ctx, message)
         reply = self._message(ctx, message.round, "combo.reply", self.receiver_segments)
-        self._fuse(ctx, message, self.sender_segments)
+        self._average(ctx, message)
         return reply
 
     def sender_finish(self, ctx: NodeContext, reply: ModelMessage | None) -> None:
         if reply is None:
             raise AlgorithmError("Combo's sender needs the receiver's segment back")
-        self.check_purpose(reply, "combo.reply")
-        self._fuse(ctx, reply, self.receiver_segments)
+        self._check(ctx, reply, "combo.reply", self.receiver_segments)
+        self._average(ctx, reply)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from dfl_node.algorithms.base import Algorithm, NodeContext, generator_for
+from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext, generator_for
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.learning.fusion import mutual_knowledge_transfer
 
@@ -22,12 +22,17 @@ class SendsTrainedModel(Algorithm):
             num_samples=ctx.num_samples, parts=parts_from_state(trained.state_dict()),
         )
 
+    def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:
+        self.check_purpose(message, f"{self.name}.model")
+        if [(p.name, p.is_whole) for p in message.parts] != [(name, True) for name in ctx.model.state_dict()]:
+            raise AlgorithmError(f"{message.purpose} from {message.sender} does not carry the whole model")
+
 
 class DefKT(SendsTrainedModel):
     name = "defkt"
 
     def receiver_step(self, ctx: NodeContext, message: ModelMessage) -> None:
-        self.check_purpose(message, "defkt.model")
+        self.check_message(ctx, message)
         received = copy.deepcopy(ctx.model)
         received.load_state_dict(state_from_parts(message.parts))
         params = ctx.mkt_params()

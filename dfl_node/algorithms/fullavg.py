@@ -5,16 +5,14 @@ from __future__ import annotations
 from dfl_node.algorithms.base import NodeContext
 from dfl_node.algorithms.defkt import SendsTrainedModel
 from dfl_node.algorithms.messages import ModelMessage, state_from_parts
-from dfl_node.learning.fusion import weighted_average
+from dfl_node.learning.fusion import weighted_average_
 
 
 class FullAvg(SendsTrainedModel):
     name = "fullavg"
 
     def receiver_step(self, ctx: NodeContext, message: ModelMessage) -> None:
-        self.check_purpose(message, "fullavg.model")
-        fused = weighted_average(
-            ctx.model.state_dict(), state_from_parts(message.parts), ctx.num_samples, message.num_samples
-        )
-        ctx.model.load_state_dict(fused)
+        self.check_message(ctx, message)
+        # state_dict() tensors share the parameters' storage: the model is averaged in place
+        weighted_average_(ctx.model.state_dict(), state_from_parts(message.parts), ctx.num_samples, message.num_samples)
         return None

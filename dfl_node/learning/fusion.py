@@ -1,8 +1,8 @@
-"""The papers' fusion formulas as pure functions over models, state dicts and batches.
+"""The papers' fusion formulas as functions over models, state dicts and batches (the averages work in place).
 
 * :func:`mutual_knowledge_transfer` — 000 eqs. 2–8 (MKT of Def-KT).
-* :func:`weighted_average` — 000 eq. 9 (FullAvg), sample-count weights.
-* :func:`segment_ranges`, :func:`segment_parts`, :func:`average_parts` — Combo's segment averaging.
+* :func:`weighted_average_` — 000 eq. 9 (FullAvg), sample-count weights, in place.
+* :func:`segment_ranges`, :func:`segment_parts`, :func:`average_parts_` — Combo's segment averaging.
 
 Readings of the ambiguous parts (``shared/notes/papers-clarified.md``) are made here, once:
 
@@ -69,19 +69,20 @@ def mutual_knowledge_transfer(
             opt_local.step()
 
 
-def weighted_average(local: StateDict, remote: StateDict, n_local: int, n_remote: int) -> StateDict:
-    """000 eq. 9: ``(N_r·w_r + N_l·w_l) / (N_r + N_l)`` for floating entries; integer buffers stay local."""
+def weighted_average_(local: StateDict, remote: StateDict, n_local: int, n_remote: int) -> None:
+    """000 eq. 9, in place on ``local``: ``(N_r·w_r + N_l·w_l) / (N_r + N_l)`` for floating entries;
+    integer buffers stay local. In place because models can be 100s of MB: a new state would cost an
+    allocation (and page faults) the size of the model on every fusion."""
     if local.keys() != remote.keys():
         raise ValueError("cannot average models with different parameter names")
-    w_remote = n_remote / (n_local + n_remote)
-    out: StateDict = {}
     for name, mine in local.items():
-        theirs = remote[name]
-        if theirs.shape != mine.shape:
-            raise ValueError(f"shape mismatch for {name}: {tuple(theirs.shape)} vs {tuple(mine.shape)}")
-        # lerp = mine + w·(theirs − mine) in one pass, without temporaries (models can be 100s of MB)
-        out[name] = torch.lerp(mine, theirs.to(mine.dtype), w_remote) if mine.is_floating_point() else mine.clone()
-    return out
+        if remote[name].shape != mine.shape:
+            raise ValueError(f"shape mismatch for {name}: {tuple(remote[name].shape)} vs {tuple(mine.shape)}")
+    w_remote = n_remote / (n_local + n_remote)
+    with torch.no_grad():
+        for name, mine in local.items():
+            if mine.is_floating_point():
+                mine.lerp_(remote[name].to(mine.dtype), w_remote)  # mine + w·(theirs − mine), one pass
 
 
 def segment_ranges(state: Mapping[str, torch.Tensor], count: int) -> list[list[SegmentRange]]:
@@ -119,19 +120,17 @@ def expected_ranges(state: Mapping[str, torch.Tensor], indices: Sequence[int], c
     return [r for i in indices for r in ranges[i]]
 
 
-def average_parts(
-    local: StateDict, parts: Sequence[TensorPart], n_local: int, n_remote: int
-) -> StateDict:
-    """Eq. 9 applied only to the elements the parts carry; every other element keeps its local value."""
-    w_remote = n_remote / (n_local + n_remote)
-    out = {name: t.clone() for name, t in local.items()}
+def average_parts_(local: StateDict, parts: Sequence[TensorPart], n_local: int, n_remote: int) -> None:
+    """Eq. 9 in place on ``local``, applied only to the elements the parts carry; every other element
+    keeps its local value. All parts are checked before anything is changed."""
     for part in parts:
-        target = out[part.name]
-        if tuple(target.shape) != part.shape or not target.is_floating_point():
+        target = local.get(part.name)
+        if target is None or tuple(target.shape) != part.shape or not target.is_floating_point():
             raise ValueError(f"part {part.name!r} does not fit the local model")
-        flat = target.view(-1)
-        stop = part.start + part.values.numel()
-        if stop > flat.numel():
+        if part.start + part.values.numel() > target.numel():
             raise ValueError(f"part {part.name!r} overruns the tensor")
-        flat[part.start : stop] += w_remote * (part.values.to(flat.dtype) - flat[part.start : stop])
-    return out
+    w_remote = n_remote / (n_local + n_remote)
+    with torch.no_grad():
+        for part in parts:
+            flat = local[part.name].view(-1)
+            flat[part.start : part.start + part.values.numel()].lerp_(part.values.to(flat.dtype), w_remote)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
@@ -21,8 +21,9 @@ from grpc_reflection.v1alpha import reflection
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.codec import (
-    Limits, Manifest, MessageAssembler, Outgoing, TransferRejected, assemble, encode_message,
+    BufferPool, Limits, Manifest, MessageAssembler, Outgoing, TransferRejected, assemble, prepare,
 )
+from dfl_node.net.frames import ReadFrame, WireFrame, decode_frame, encode_frame, wire_size
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 
@@ -51,9 +52,13 @@ class WireIdentity:
     fingerprint: str
     manifest: Manifest
     limits: Limits
+    buffers: BufferPool = field(default_factory=BufferPool, compare=False)  # receive buffers, reused across transfers
 
     def assembler(self) -> MessageAssembler:
-        return MessageAssembler(swarm=self.swarm, fingerprint=self.fingerprint, manifest=self.manifest, limits=self.limits)
+        return MessageAssembler(
+            swarm=self.swarm, fingerprint=self.fingerprint, manifest=self.manifest, limits=self.limits,
+            buffers=self.buffers,
+        )  # fmt: skip
 
 
 class NodeHandler(Protocol):
@@ -64,8 +69,9 @@ class NodeHandler(Protocol):
     def hello(self, request: pb.HelloRequest, peer: str) -> pb.HelloReply: ...
     async def admit(self, header: pb.TransferHeader) -> None: ...  # raise TransferRejected (e.g. "busy"); takes the role
     def release(self, header: pb.TransferHeader) -> None: ...  # give the role back after admit() if receive() failed
-    # fuse; from here on the node owns the role and gives it back once the fusion is settled (checkpoint)
-    async def receive(self, header: pb.TransferHeader, message: ModelMessage) -> ModelMessage | None: ...
+    # check for the algorithm (raise TransferRejected) and start fusing; from here on the node owns the role
+    # and gives it back once the fusion is settled. Returns a future of the reply when the algorithm replies.
+    def receive(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None: ...
     def on_rejected(self, reason: str, detail: str, sender: str) -> None: ...
     def on_transferred(self, sent: int, received: int) -> None: ...  # byte counters
     async def assign(self, request: pb.RoundAssignment) -> pb.Ack: ...
@@ -84,8 +90,8 @@ class DflServicer(pb_grpc.DflNodeServicer):
         return self.node.hello(request, context.peer())
 
     async def Transfer(
-        self, request_iterator: AsyncIterator[pb.Frame], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.Frame]:
+        self, request_iterator: AsyncIterator[ReadFrame], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[WireFrame]:
         wire = self.node.wire
         assembler = wire.assembler()
         admitted: pb.TransferHeader | None = None
@@ -98,8 +104,8 @@ class DflServicer(pb_grpc.DflNodeServicer):
             admitted = assembler.header
             header, message = await assemble(request_iterator, assembler)
             self.node.on_transferred(0, _wire_bytes(header))
+            pending_reply = self.node.receive(message)
             admitted = None  # from here the node owns the role and frees it itself (even if this RPC is cancelled)
-            reply = await self.node.receive(header, message)
         except TransferRejected as exc:
             sender = assembler.header.sender if assembler.header is not None else "?"
             self.node.on_rejected(exc.reason, exc.detail, sender)
@@ -108,11 +114,13 @@ class DflServicer(pb_grpc.DflNodeServicer):
         finally:
             if admitted is not None:
                 self.node.release(admitted)
-        yield pb.Frame(result=pb.TransferResult(accepted=True))
+        yield pb.Frame(result=pb.TransferResult(accepted=True))  # validated and being fused
+        reply = await pending_reply if pending_reply is not None else None
         if reply is not None:
+            outgoing = await asyncio.to_thread(prepare, reply, swarm=wire.swarm, fingerprint=wire.fingerprint)
             sent = 0
-            for frame in encode_message(reply, swarm=wire.swarm, fingerprint=wire.fingerprint):
-                sent += frame.ByteSize()
+            for frame in outgoing.frames():
+                sent += wire_size(frame)
                 yield frame
             self.node.on_transferred(sent, 0)
 
@@ -123,10 +131,39 @@ class DflServicer(pb_grpc.DflNodeServicer):
         return await self.node.token(request)
 
 
+_HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _method_handlers(servicer: DflServicer) -> dict[str, grpc.RpcMethodHandler]:
+    """What the generated ``add_DflNodeServicer_to_server`` registers, from the same descriptor, except
+    that ``Frame`` streams use :mod:`~dfl_node.net.frames` (chunks without protobuf copies)."""
+    def codec(message: object) -> tuple[Callable, Callable]:
+        if message is pb.Frame.DESCRIPTOR:
+            return decode_frame, encode_frame
+        cls = getattr(pb, message.name)
+        return cls.FromString, cls.SerializeToString
+
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["DflNode"].methods:
+        kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = kind(
+            getattr(servicer, method.name), request_deserializer=codec(method.input_type)[0],
+            response_serializer=codec(method.output_type)[1],
+        )  # fmt: skip
+    return handlers
+
+
 async def start_server(node: NodeHandler, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Serve the node (plus health and reflection) on ``host:port``; returns the server and the bound port."""
     server = grpc.aio.server(options=channel_options(node.wire.limits))
-    pb_grpc.add_DflNodeServicer_to_server(DflServicer(node), server)
+    handlers = _method_handlers(DflServicer(node))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -148,7 +185,7 @@ class TransferRefused(Exception):
 
 
 async def open_transfer(
-    stub: pb_grpc.DflNodeStub, frames: Iterable[pb.Frame], timeout: float
+    transfer: grpc.aio.StreamStreamMultiCallable, frames: Iterable[WireFrame], timeout: float
 ) -> tuple[pb.TransferResult, grpc.aio.StreamStreamCall, int]:
     """Write ``frames`` while reading the peer's verdict; returns (verdict, call, bytes written).
 
@@ -156,13 +193,13 @@ async def open_transfer(
     fingerprint…) and close the stream while we are still writing: the verdict must still reach us
     rather than a write error. After an acceptance every frame has been written.
     """
-    call = stub.Transfer(timeout=timeout)
+    call = transfer(timeout=timeout)
     sent = 0
 
     async def write_all() -> None:
         nonlocal sent
         for frame in frames:
-            sent += frame.ByteSize()
+            sent += wire_size(frame)
             await call.write(frame)
         await call.done_writing()
 
@@ -173,7 +210,7 @@ async def open_transfer(
         if writer.done() and not writer.cancelled() and writer.exception():
             raise writer.exception() from None
         raise
-    if first is grpc.aio.EOF or first.WhichOneof("kind") != "result":
+    if not isinstance(first, pb.Frame) or first.WhichOneof("kind") != "result":
         writer.cancel()
         call.cancel()
         raise TransferRefused("protocol", "peer sent no result frame")
@@ -186,7 +223,7 @@ async def open_transfer(
     return first.result, call, sent
 
 
-async def _remaining(call: grpc.aio.StreamStreamCall) -> AsyncIterator[pb.Frame]:
+async def _remaining(call: grpc.aio.StreamStreamCall) -> AsyncIterator[ReadFrame]:
     """The rest of a response stream; ``read()`` and ``async for`` must not be mixed on one call."""
     while (frame := await call.read()) is not grpc.aio.EOF:
         yield frame
@@ -200,6 +237,9 @@ class PeerClient:
         self.wire = wire
         self.channel = grpc.aio.insecure_channel(address, options=channel_options(wire.limits))
         self.stub = pb_grpc.DflNodeStub(self.channel)
+        self.transfer = self.channel.stream_stream(
+            f"/{SERVICE_NAME}/Transfer", request_serializer=encode_frame, response_deserializer=decode_frame
+        )  # Frames through the fast chunk codec rather than the stub's protobuf serializers
 
     async def hello(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
         return await self.stub.Hello(request, timeout=timeout)
@@ -216,7 +256,7 @@ class PeerClient:
 
         Raises :class:`TransferRefused` when the peer refuses, ``grpc.aio.AioRpcError`` when it is unreachable.
         """
-        result, call, sent = await open_transfer(self.stub, outgoing.frames(), timeout)
+        result, call, sent = await open_transfer(self.transfer, outgoing.frames(), timeout)
         try:
             if not result.accepted:
                 raise TransferRefused(result.reason, result.detail)

@@ -218,37 +218,45 @@ class Node:
     def release(self, header: pb.TransferHeader) -> None:
         self.release_role()
 
-    async def receive(self, header: pb.TransferHeader, message: ModelMessage) -> ModelMessage | None:
-        """Fuse a validated message. From here the node owns the receiver role and frees it itself: after the
-        fusion is settled, or at once on failure — never while the worker thread may still touch the model."""
-        self.counters["models_received"] += 1
-        return await asyncio.shield(asyncio.get_running_loop().create_task(self._fuse(message)))
+    def receive(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None:
+        """Take a message the codec validated: check it against the algorithm, then fuse it in the background.
 
-    async def _fuse(self, message: ModelMessage) -> ModelMessage | None:
+        Raises :class:`TransferRejected` when the algorithm cannot fuse it. Otherwise, from here the
+        node owns the receiver role and frees it itself once the fusion is settled (evaluated and
+        checkpointed), never while the worker thread may still touch the model. Returns a future of
+        the reply for an algorithm that replies (Combo), None for the others: their sender is answered
+        at once, without waiting for the fusion.
+        """
+        try:
+            self.algorithm.check_message(self.ctx, message)
+        except AlgorithmError as exc:
+            raise TransferRejected("algorithm", str(exc)) from exc
+        self.counters["models_received"] += 1
+        reply: asyncio.Future[ModelMessage | None] = asyncio.get_running_loop().create_future()
+        self._settling = asyncio.get_running_loop().create_task(self._fuse(message, reply))
+        return reply if self.algorithm.replies else None
+
+    async def _fuse(self, message: ModelMessage, reply: asyncio.Future[ModelMessage | None]) -> None:
         self.fusing += 1
         self.max_fusing = max(self.max_fusing, self.fusing)
         try:
-            reply = await asyncio.to_thread(self.algorithm.receiver_step, self.ctx, message)
-        except BaseException as exc:
-            self.release_role()
-            if isinstance(exc, AlgorithmError):
-                raise TransferRejected("algorithm", str(exc)) from exc
-            raise
-        finally:
-            self.fusing -= 1
-        self.counters["fusions"] += 1
-        self._settling = asyncio.get_running_loop().create_task(self._settle(message.round + 1, message.sender))
-        return reply
-
-    async def _settle(self, round_: int, sender: str) -> None:
-        """Evaluate and checkpoint a fusion after the sender got its answer; the role is held until done."""
-        try:
-            await self.model_changed("fusion", round_, sender)
+            try:
+                result = await asyncio.to_thread(self.algorithm.receiver_step, self.ctx, message)
+            finally:
+                self.fusing -= 1
+            self.counters["fusions"] += 1
+            if not reply.done():  # done: the RPC that waited for it was cancelled
+                reply.set_result(result)
+            await self.model_changed("fusion", message.round + 1, message.sender)
+        except Exception:  # a bug (check_message passed): keep serving, the sender gets no reply
+            log.exception("%s: fusing the model from %s failed", self.config.id, message.sender)
+            if not reply.done():
+                reply.set_result(None)
         finally:
             self.release_role()
 
     async def settled(self) -> None:
-        """Until the last fusion is evaluated and checkpointed."""
+        """Until the last received model is fused, evaluated and checkpointed."""
         if self._settling is not None:
             await asyncio.shield(self._settling)
 
@@ -275,7 +283,7 @@ class Node:
             **{name: self.counters[name] for name in COUNTER_FIELDS}, rejected=dict(self.rejected),
             boot_id=self.boot_id, uptime_s=time.time() - self.started, grpc_address=self.grpc_address,
             http_port=self.config.http_port, param_sha256=self.digest, fusing=self.fusing > 0,
-            max_concurrent_fusions=self.max_fusing, epoch=self.epoch, done=self.done,
+            max_concurrent_fusions=self.max_fusing, epoch=self.epoch, done=self.done and self.role == "idle",
         )
 
     def get_history(self) -> list[HistoryEntry]:

@@ -137,6 +137,7 @@ class RoundScheduler:
 
     async def finish(self, round_: int) -> None:
         node = self.node
+        await node.settled()  # the last round's receiver may still be fusing: its model is the final one
         node.round, node.done = round_, True
         if node.config.evaluate and node.accuracy == (None, None):
             node.accuracy = await asyncio.to_thread(node._evaluate)

@@ -17,6 +17,7 @@ import uvicorn
 
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.api.app import create_app
+from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.discovery import Announcement, MdnsDiscovery
 from dfl_node.net.transport import start_server
 from dfl_node.node.config import NodeConfig
@@ -49,6 +50,7 @@ def _listen(host: str, port: int) -> socket.socket:
 async def serve(config: NodeConfig, stop: asyncio.Event | None = None) -> Node:
     """Build the node and run it until ``stop`` is set (or SIGINT/SIGTERM); returns it for inspection."""
     torch.set_num_threads(config.threads)
+    tune_for_streaming()  # process-wide, so here rather than in run_node (which tests run in their own process)
     node = Node(config)
     await run_node(node, stop or asyncio.Event())
     return node
