@@ -7,7 +7,8 @@ back to back in manifest order, with no padding and **no pickle**: received byte
 tensors through ``torch.frombuffer`` with a dtype from :data:`ALLOWED_DTYPES`.
 
 The receiver (:class:`MessageAssembler`) checks the whole header against its own model before it
-allocates anything, then copies chunks into one preallocated buffer, hashing as they arrive.
+allocates anything, then copies chunks into one buffer (reused across transfers, :class:`BufferPool`),
+hashing as they arrive. How frames become bytes is :mod:`dfl_node.net.frames`.
 """
 
 from __future__ import annotations
