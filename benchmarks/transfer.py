@@ -8,6 +8,9 @@
   daemon does it once per message in its worker thread; ``stream_with_prepare`` includes it.
 * ``raw_tcp``: the same bytes through a plain socket to a process that only ``recv_into``s them.
 * ``unary_grpc``: the same bytes as one unary gRPC message (how most DFL frameworks send models).
+* ``bare_grpc_stream`` and ``bare_grpc_stream_sha256``: the ceiling of any asyncio gRPC stream here:
+  the same bytes as 1 MiB messages to a process that only counts them, or that also sha256-hashes
+  them in a worker thread as a node must before it accepts a model. No header, no copy, no checks.
 
 Both ends of every path share this machine's cores, as loopback tests must.
 
@@ -41,7 +44,7 @@ from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import provision, write_fleet
 from dfl_node.learning.models import build_model, fingerprint
 from dfl_node.net.allocator import tune_for_streaming
-from dfl_node.net.codec import Limits, manifest_of, prepare
+from dfl_node.net.codec import CHUNK_SIZE, Limits, manifest_of, prepare
 from dfl_node.net.transport import PeerClient, WireIdentity
 from dfl_node.testbed.launcher import free_port
 
@@ -69,6 +72,36 @@ UNARY_SINK = textwrap.dedent("""
     server = grpc.server(futures.ThreadPoolExecutor(2), options=[("grpc.max_receive_message_length", 1 << 30)])
     server.add_generic_rpc_handlers((handler,)); server.add_insecure_port(f"127.0.0.1:{port}"); server.start()
     print("ready", flush=True); server.wait_for_termination()
+""")
+
+
+BARE_STREAM_SINK = textwrap.dedent("""
+    import asyncio, hashlib, sys, grpc
+    from concurrent.futures import ThreadPoolExecutor
+    from dfl_node.net.allocator import tune_for_streaming
+    port, hashing = int(sys.argv[1]), sys.argv[2] == "sha256"
+    tune_for_streaming()  # as the daemon does
+    hasher = ThreadPoolExecutor(1)
+
+    async def put(requests, context):
+        digest, last = hashlib.sha256(), None
+        async for chunk in requests:
+            if hashing:
+                last = hasher.submit(digest.update, chunk)
+        if last is not None:
+            last.result()
+        return b"ok"
+
+    async def main():
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2 << 20)])
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Sink", {
+            "Put": grpc.stream_unary_rpc_method_handler(put)}),))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        print("ready", flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(main())
 """)
 
 
@@ -111,6 +144,26 @@ def measure_unary(payload: bytes, repeat: int) -> list[float]:
             for _ in range(repeat):
                 start = time.perf_counter()
                 assert put(payload, timeout=120) == b"ok"
+                times.append(time.perf_counter() - start)
+            return times
+    finally:
+        proc.kill()
+
+
+async def measure_bare_stream(payload: bytes, repeat: int, hashing: bool) -> list[float]:
+    port = free_port()
+    proc = _sink(BARE_STREAM_SINK, str(port), "sha256" if hashing else "count")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            put = channel.stream_unary("/bench.Sink/Put")
+            times = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                call = put(timeout=120)
+                for offset in range(0, len(payload), CHUNK_SIZE):
+                    await call.write(payload[offset : offset + CHUNK_SIZE])
+                await call.done_writing()
+                assert await call == b"ok"
                 times.append(time.perf_counter() - start)
             return times
     finally:
@@ -177,6 +230,8 @@ def main() -> None:
         receiver.wait(30)
     raw = measure_raw_tcp(payload, args.repeat)
     unary = measure_unary(payload, args.repeat)
+    bare = asyncio.run(measure_bare_stream(payload, args.repeat, hashing=False))
+    bare_sha256 = asyncio.run(measure_bare_stream(payload, args.repeat, hashing=True))
 
     def mbps(times: list[float]) -> float:
         return round(size_mb / statistics.median(times), 1)
@@ -187,10 +242,13 @@ def main() -> None:
         "prepare_sha256_s": round(statistics.median(prepare_times), 3),
         "stream_with_prepare_mb_s": mbps([a + b for a, b in zip(stream, prepare_times)]),
         "stream_vs_raw_tcp": round(mbps(stream) / mbps(raw), 2), "stream_vs_unary": round(mbps(stream) / mbps(unary), 2),
+        "bare_grpc_stream_mb_s": mbps(bare), "bare_grpc_stream_sha256_mb_s": mbps(bare_sha256),
+        "bare_sha256_vs_unary": round(mbps(bare_sha256) / mbps(unary), 2),
         "receiver_rss_before_mb": round(rss_before / 1e6, 1), "receiver_peak_rss_mb": round(peak / 1e6, 1),
         "receiver_peak_increase_x_model": round((peak - rss_before) / len(payload), 2),
         "times_s": {"stream": [round(t, 3) for t in stream], "prepare": [round(t, 3) for t in prepare_times], "raw_tcp": [round(t, 3) for t in raw],
-                    "unary_grpc": [round(t, 3) for t in unary]},
+                    "unary_grpc": [round(t, 3) for t in unary], "bare_grpc_stream": [round(t, 3) for t in bare],
+                    "bare_grpc_stream_sha256": [round(t, 3) for t in bare_sha256]},
     }
     print(json.dumps(report, indent=1))
 
