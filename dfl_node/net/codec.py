@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import AsyncIterator, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch

@@ -19,8 +19,8 @@ from google.protobuf.message import DecodeError
 
 from dfl_node.net.proto import dfl_pb2 as pb
 
-_FRAME_CHUNK_TAG = 0x12  # Frame field 2 (chunk), wire type 2 (length-delimited)
-_CHUNK_DATA_TAG = 0x0A  # Chunk field 1 (data), wire type 2
+_FRAME_CHUNK_TAG = b"\x12"  # Frame field 2 (chunk), wire type 2 (length-delimited)
+_CHUNK_DATA_TAG = b"\x0a"  # Chunk field 1 (data), wire type 2
 
 Payload = bytes | bytearray | memoryview  # of unsigned bytes
 WireFrame = pb.Frame | bytes  # what a sender writes: a protobuf frame, or a chunk frame already encoded
@@ -50,8 +50,8 @@ def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
 def chunk_frame(pieces: Sequence[Payload]) -> bytes:
     """The encoded chunk frame whose data is ``pieces`` back to back (one copy of the payload)."""
     size = sum(memoryview(p).nbytes for p in pieces)
-    inner = bytes([_CHUNK_DATA_TAG]) + _varint(size)
-    return b"".join([bytes([_FRAME_CHUNK_TAG]), _varint(len(inner) + size), inner, *pieces])
+    inner = _CHUNK_DATA_TAG + _varint(size)
+    return b"".join([_FRAME_CHUNK_TAG, _varint(len(inner) + size), inner, *pieces])
 
 
 def encode_frame(frame: WireFrame) -> bytes:
@@ -70,9 +70,9 @@ def decode_frame(raw: bytes) -> ReadFrame:
     Never raises: bytes that are not a Frame decode to an empty ``Frame``, which the assembler
     rejects with a reason like any other unexpected frame.
     """
-    if raw[:1] == bytes([_FRAME_CHUNK_TAG]):
+    if raw[:1] == _FRAME_CHUNK_TAG:
         outer, pos = _read_varint(raw, 1)
-        if pos + outer == len(raw) and raw[pos : pos + 1] == bytes([_CHUNK_DATA_TAG]):
+        if pos + outer == len(raw) and raw[pos : pos + 1] == _CHUNK_DATA_TAG:
             size, start = _read_varint(raw, pos + 1)
             if start + size == len(raw):
                 return memoryview(raw)[start:]
