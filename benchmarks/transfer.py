@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -52,7 +54,7 @@ HIDDEN = [5000, 4950]  # an MLP on 8x8 digits with ~25.1 M float32 parameters â‰
 
 RAW_TCP_SINK = textwrap.dedent("""
     import socket, sys
-    size, port = int(sys.argv[1]), int(sys.argv[2])
+    port, size = int(sys.argv[1]), int(sys.argv[2])
     srv = socket.create_server(("127.0.0.1", port)); print("ready", flush=True)
     buf = bytearray(size); view = memoryview(buf)
     while True:
@@ -105,10 +107,17 @@ BARE_STREAM_SINK = textwrap.dedent("""
 """)
 
 
-def _sink(script: str, *args: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+@contextlib.contextmanager
+def _sink(script: str, *args: str) -> Iterator[int]:
+    """Run a receiving script (``argv[1]`` is its port, then ``args``) until the block ends; yields the port."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", script, str(port), *args], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _vm(pid: int, key: str) -> int:
@@ -119,9 +128,7 @@ def _vm(pid: int, key: str) -> int:
 
 
 def measure_raw_tcp(payload: bytes, repeat: int) -> list[float]:
-    port = free_port()
-    proc = _sink(RAW_TCP_SINK, str(len(payload)), str(port))
-    try:
+    with _sink(RAW_TCP_SINK, str(len(payload))) as port:
         times = []
         for _ in range(repeat):
             start = time.perf_counter()
@@ -130,30 +137,23 @@ def measure_raw_tcp(payload: bytes, repeat: int) -> list[float]:
                 assert s.recv(1) == b"k"
             times.append(time.perf_counter() - start)
         return times
-    finally:
-        proc.kill()
 
 
 def measure_unary(payload: bytes, repeat: int) -> list[float]:
-    port = free_port()
-    proc = _sink(UNARY_SINK, str(port))
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 1 << 30)]) as ch:
-            put = ch.unary_unary("/bench.Sink/Put")
-            times = []
-            for _ in range(repeat):
-                start = time.perf_counter()
-                assert put(payload, timeout=120) == b"ok"
-                times.append(time.perf_counter() - start)
-            return times
-    finally:
-        proc.kill()
+    with _sink(UNARY_SINK) as port, grpc.insecure_channel(
+        f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 1 << 30)]
+    ) as channel:
+        put = channel.unary_unary("/bench.Sink/Put")
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            assert put(payload, timeout=120) == b"ok"
+            times.append(time.perf_counter() - start)
+        return times
 
 
 async def measure_bare_stream(payload: bytes, repeat: int, hashing: bool) -> list[float]:
-    port = free_port()
-    proc = _sink(BARE_STREAM_SINK, str(port), "sha256" if hashing else "count")
-    try:
+    with _sink(BARE_STREAM_SINK, "sha256" if hashing else "count") as port:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             put = channel.stream_unary("/bench.Sink/Put")
             times = []
@@ -166,8 +166,6 @@ async def measure_bare_stream(payload: bytes, repeat: int, hashing: bool) -> lis
                 assert await call == b"ok"
                 times.append(time.perf_counter() - start)
             return times
-    finally:
-        proc.kill()
 
 
 async def measure_stream(message: ModelMessage, wire: WireIdentity, address: str, status_url: str,
