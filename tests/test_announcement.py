@@ -9,6 +9,8 @@ live zeroconf tests are in ``test_discovery.py``.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import socket
 
 import pytest
 from zeroconf import InterfaceChoice
@@ -118,3 +120,13 @@ def test_from_service_info_rejects_garbage(info: AsyncServiceInfo) -> None:
 def test_from_service_info_accepts_minimal() -> None:
     got = Announcement.from_service_info(_info(GOOD, addrs=("127.0.0.1", "10.0.0.9")))
     assert got is not None and got.host == "10.0.0.9" and got.grpc_port == 5 and got.http_port == 0
+
+
+def test_an_advertised_host_name_is_announced_as_its_ipv4_addresses() -> None:
+    """compose and Kubernetes advertise host names (DFL_ADVERTISE=node-0); mDNS carries addresses."""
+    from dfl_node.net.discovery import _announced_addresses
+
+    addresses = _announced_addresses(socket.gethostname())
+    assert addresses and all(ipaddress.ip_address(a).version == 4 for a in addresses)
+    with pytest.raises(ValueError, match="cannot resolve the advertised host 'no-such-node.invalid'"):
+        _announced_addresses("no-such-node.invalid")

@@ -138,7 +138,7 @@ def test_compose_nodes_share_the_node_command_line(compose: dict, monkeypatch: p
     for name, svc in nodes.items():
         assert [(COMPOSE.parent / f).resolve() for f in svc["env_file"]] == [NODE_ENV]
         env = svc["environment"]
-        assert set(env) == set(PER_NODE_KEYS), "nodes set only per-node values; the rest is deploy/node.env"
+        assert set(env) == {*PER_NODE_KEYS, "DFL_STATUS_URL"}, "nodes set only per-node values; the rest is deploy/node.env"
         nid = env["DFL_ID"]
         ids.append(nid)
         assert env["DFL_DATA"] == f"{out}/{nid}" and env["DFL_TEST_DATA"] == f"{out}/test.safetensors"
@@ -151,6 +151,7 @@ def test_compose_nodes_share_the_node_command_line(compose: dict, monkeypatch: p
         host_ip, published, target = port.split(":")
         assert (host_ip, target) == ("127.0.0.1", SHARED["DFL_HTTP_PORT"])
         host_ports.append(published)
+        assert env["DFL_STATUS_URL"] == f"http://127.0.0.1:{published}"  # what `dfl-node status --all` dials from the host
         config = node_config({**SHARED, **env}, monkeypatch)
         assert (config.id, config.host, config.mdns) == (nid, "0.0.0.0", True)
     assert sorted(ids) == fleet_ids(count)  # dfl-node partition's folder names

@@ -178,4 +178,6 @@ def test_peer_url() -> None:
     assert peer_url({"address": "[fe80::1]:50051", "http_port": 8080}, "http://x:1") == "http://[fe80::1]:8080"
     assert peer_url({"address": "0.0.0.0:50051", "http_port": 9}, "http://node.lan:1") == "http://node.lan:9"
     assert peer_url({"address": "10.0.0.2:50051", "http_port": None}, "http://x:1") is None
+    announced = {"address": "node-1:50051", "http_port": 8080, "status_url": "http://127.0.0.1:8081/"}
+    assert peer_url(announced, "http://127.0.0.1:8080") == "http://127.0.0.1:8081"  # compose: the published port
     assert normalize_url("host:8080/status/") == "http://host:8080"

@@ -28,6 +28,7 @@ class PeerInfo(BaseModel):
     id: str
     address: str = Field(description="gRPC address of the peer, host:port")
     http_port: int | None = Field(default=None, description="the peer's REST status port, if it announced one")
+    status_url: str | None = Field(default=None, description="where the peer says operators reach its REST API")
     last_seen: float = Field(description="unix time the peer was last heard from")
     alive: bool
     algorithm: str | None = None

@@ -60,10 +60,13 @@ def _split_host(address: str) -> str:
 
 
 def peer_url(peer: dict[str, Any], base_url: str) -> str | None:
-    """Status base URL of a peer (``http://{peer host}:{http_port}``), or None if it has no HTTP port.
+    """Status base URL of a peer, or None if it has no HTTP port.
 
-    A peer announcing a wildcard host is assumed to live on the host of ``base_url``.
+    The URL the peer announced (``--status-url``, e.g. a published port of a container) wins;
+    else ``http://{peer host}:{http_port}``, where a wildcard host is taken to be ``base_url``'s.
     """
+    if peer.get("status_url"):
+        return str(peer["status_url"]).rstrip("/")
     port = peer.get("http_port")
     if port is None:
         return None

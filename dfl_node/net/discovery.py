@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import socket
 from collections.abc import Callable
 
 from zeroconf import DNSQuestionType, IPVersion, ServiceStateChange, Zeroconf
@@ -62,10 +63,18 @@ the cache when the announcement carried all records, which is the usual case).""
 
 
 def _announced_addresses(host: str) -> list[str]:
+    """The IPv4 addresses to announce for ``host``: an address as is, a host name resolved once.
+
+    A host name is what compose and Kubernetes give a node (``DFL_ADVERTISE=node-0``); mDNS carries
+    addresses, so it is resolved here, at start-up, and an unresolvable name stops the start.
+    """
     host = host.strip()
     if host.lower() == "localhost":
         return ["127.0.0.1"]
-    ip = ipaddress.ip_address(host)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return _resolve_ipv4(host)
     if ip.version != 4:
         raise ValueError(f"the announced host must be an IPv4 address, got {host!r}")
     if not ip.is_unspecified:
@@ -74,6 +83,14 @@ def _announced_addresses(host: str) -> list[str]:
 
     addrs = [a for a in get_all_addresses() if not ipaddress.IPv4Address(a).is_loopback]
     return addrs or ["127.0.0.1"]
+
+
+def _resolve_ipv4(name: str) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot resolve the advertised host {name!r} to an IPv4 address ({exc.strerror})") from None
+    return sorted({info[4][0] for info in infos})
 
 
 # --------------------------------------------------------------------------- #

@@ -26,6 +26,10 @@ class NodeConfig(LearningConfig):
     advertise: str | None = Field(None, description="address peers should dial (default: host; required with 0.0.0.0)")
     grpc_port: int = Field(50051, ge=1, le=65535)
     http_port: int = Field(8080, ge=0, le=65535, description="REST status port (0 disables the REST server)")
+    status_url: str | None = Field(None, max_length=200, pattern=r"^https?://[^\s/]+(/\S*)?$",
+                                   description="URL operators reach this node's REST API at, told to peers for "
+                                               "`dfl-node status --all` (default: http://ADVERTISE:HTTP_PORT); "
+                                               "set it where the port is published elsewhere (compose, port-forward)")
     peers: list[str] = Field(default_factory=list, description="static peers HOST:PORT (networks without multicast)")
     mdns: bool = Field(True, description="discover peers by mDNS on the serving interface")
     swarm: str = Field("default", min_length=1, max_length=32, description="only peers of the same swarm talk")

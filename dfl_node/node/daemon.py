@@ -167,7 +167,8 @@ class Node:
     def hello_message(self, cls: type = pb.HelloRequest, **extra: object):  # noqa: ANN201
         return cls(protocol_version=PROTOCOL_VERSION, swarm=self.config.swarm, node_id=self.config.id,
                    fingerprint=self.fingerprint, algorithm=self.config.algorithm, boot_id=self.boot_id,
-                   grpc_address=self.grpc_address, http_port=self.config.http_port, **extra)
+                   grpc_address=self.grpc_address, http_port=self.config.http_port,
+                   status_url=self.config.status_url or "", **extra)
 
     def incompatibility(self, other: pb.HelloRequest | pb.HelloReply) -> str | None:
         if other.protocol_version != PROTOCOL_VERSION:

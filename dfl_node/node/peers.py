@@ -31,11 +31,13 @@ class Peer:
     boot_id: str
     algorithm: str
     last_seen: float
+    status_url: str = ""
     alive: bool = True
 
     def info(self) -> PeerInfo:
         return PeerInfo(id=self.id, address=self.address, http_port=self.http_port or None,
-                        last_seen=self.last_seen, alive=self.alive, algorithm=self.algorithm)
+                        status_url=self.status_url or None, last_seen=self.last_seen, alive=self.alive,
+                        algorithm=self.algorithm)
 
 
 class PeerTable:
@@ -78,6 +80,7 @@ class PeerTable:
             peer = self.peers[reply.node_id] = Peer(reply.node_id, reply.grpc_address, reply.http_port,
                                                     reply.boot_id, reply.algorithm, now)
         peer.address, peer.http_port, peer.boot_id = reply.grpc_address, reply.http_port, reply.boot_id
+        peer.status_url = reply.status_url
         peer.last_seen, peer.alive = now, True
         if rejoined:
             log.info("peer %s at %s is alive", peer.id, peer.address)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x66l_node/net/proto/dfl.proto\x12\x06\x64\x66l.v1\"\xd4\x01\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\r\n\x05swarm\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x04 \x01(\t\x12\x11\n\talgorithm\x18\x05 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x12\x0f\n\x07\x62oot_id\x18\x07 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x08 \x01(\t\x12\x11\n\thttp_port\x18\t \x01(\r\x12\x12\n\nauth_token\x18\n \x01(\t\"\xe0\x01\n\nHelloReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\r\n\x05swarm\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x04 \x01(\t\x12\x11\n\talgorithm\x18\x05 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x12\x0f\n\x07\x62oot_id\x18\x07 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x08 \x01(\t\x12\x11\n\thttp_port\x18\t \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\n \x01(\x08\x12\x0e\n\x06reason\x18\x0b \x01(\t\"w\n\x0bTensorEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05start\x18\x04 \x01(\x04\x12\r\n\x05\x63ount\x18\x05 \x01(\x04\x12\x0e\n\x06offset\x18\x06 \x01(\x04\x12\x0e\n\x06nbytes\x18\x07 \x01(\x04\"\x84\x03\n\x0eTransferHeader\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05swarm\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12\r\n\x05round\x18\x04 \x01(\x04\x12\x0f\n\x07purpose\x18\x05 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\x12%\n\x08manifest\x18\x07 \x03(\x0b\x32\x13.dfl.v1.TensorEntry\x12\x12\n\ntotal_size\x18\x08 \x01(\x04\x12\x0e\n\x06sha256\x18\t \x01(\x0c\x12\x13\n\x0bnum_samples\x18\n \x01(\x04\x12\x15\n\rsegment_index\x18\x0b \x01(\r\x12\x15\n\rsegment_count\x18\x0c \x01(\r\x12\x36\n\x08metadata\x18\r \x03(\x0b\x32$.dfl.v1.TransferHeader.MetadataEntry\x12\r\n\x05\x65poch\x18\x0e \x01(\x04\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x15\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"B\n\x0eTransferResult\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\x83\x01\n\x05\x46rame\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.dfl.v1.TransferHeaderH\x00\x12\x1e\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\r.dfl.v1.ChunkH\x00\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.dfl.v1.TransferResultH\x00\x42\x06\n\x04kind\"\xb5\x01\n\nRoundToken\x12\r\n\x05round\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12,\n\x05state\x18\x05 \x03(\x0b\x32\x1d.dfl.v1.RoundToken.StateEntry\x12\x0f\n\x07members\x18\x06 \x03(\t\x1a,\n\nStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd8\x01\n\x0fRoundAssignment\x12\r\n\x05round\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0f\n\x07peer_id\x18\x05 \x01(\t\x12\x14\n\x0cpeer_address\x18\x06 \x01(\t\x12\x33\n\x06params\x18\x07 \x03(\x0b\x32#.dfl.v1.RoundAssignment.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"!\n\x03\x41\x63k\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t2\xc8\x01\n\x07\x44\x66lNode\x12\x31\n\x05Hello\x12\x14.dfl.v1.HelloRequest\x1a\x12.dfl.v1.HelloReply\x12,\n\x08Transfer\x12\r.dfl.v1.Frame\x1a\r.dfl.v1.Frame(\x01\x30\x01\x12.\n\x06\x41ssign\x12\x17.dfl.v1.RoundAssignment\x1a\x0b.dfl.v1.Ack\x12,\n\tPassToken\x12\x12.dfl.v1.RoundToken\x1a\x0b.dfl.v1.Ackb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x66l_node/net/proto/dfl.proto\x12\x06\x64\x66l.v1\"\xe8\x01\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\r\n\x05swarm\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x04 \x01(\t\x12\x11\n\talgorithm\x18\x05 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x12\x0f\n\x07\x62oot_id\x18\x07 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x08 \x01(\t\x12\x11\n\thttp_port\x18\t \x01(\r\x12\x12\n\nauth_token\x18\n \x01(\t\x12\x12\n\nstatus_url\x18\x0c \x01(\t\"\xf4\x01\n\nHelloReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\r\n\x05swarm\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x04 \x01(\t\x12\x11\n\talgorithm\x18\x05 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x12\x0f\n\x07\x62oot_id\x18\x07 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x08 \x01(\t\x12\x11\n\thttp_port\x18\t \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\n \x01(\x08\x12\x0e\n\x06reason\x18\x0b \x01(\t\x12\x12\n\nstatus_url\x18\x0c \x01(\t\"w\n\x0bTensorEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05start\x18\x04 \x01(\x04\x12\r\n\x05\x63ount\x18\x05 \x01(\x04\x12\x0e\n\x06offset\x18\x06 \x01(\x04\x12\x0e\n\x06nbytes\x18\x07 \x01(\x04\"\x84\x03\n\x0eTransferHeader\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05swarm\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12\r\n\x05round\x18\x04 \x01(\x04\x12\x0f\n\x07purpose\x18\x05 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\x12%\n\x08manifest\x18\x07 \x03(\x0b\x32\x13.dfl.v1.TensorEntry\x12\x12\n\ntotal_size\x18\x08 \x01(\x04\x12\x0e\n\x06sha256\x18\t \x01(\x0c\x12\x13\n\x0bnum_samples\x18\n \x01(\x04\x12\x15\n\rsegment_index\x18\x0b \x01(\r\x12\x15\n\rsegment_count\x18\x0c \x01(\r\x12\x36\n\x08metadata\x18\r \x03(\x0b\x32$.dfl.v1.TransferHeader.MetadataEntry\x12\r\n\x05\x65poch\x18\x0e \x01(\x04\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x15\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"B\n\x0eTransferResult\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\x83\x01\n\x05\x46rame\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.dfl.v1.TransferHeaderH\x00\x12\x1e\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\r.dfl.v1.ChunkH\x00\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.dfl.v1.TransferResultH\x00\x42\x06\n\x04kind\"\xb5\x01\n\nRoundToken\x12\r\n\x05round\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12,\n\x05state\x18\x05 \x03(\x0b\x32\x1d.dfl.v1.RoundToken.StateEntry\x12\x0f\n\x07members\x18\x06 \x03(\t\x1a,\n\nStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd8\x01\n\x0fRoundAssignment\x12\r\n\x05round\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0f\n\x07peer_id\x18\x05 \x01(\t\x12\x14\n\x0cpeer_address\x18\x06 \x01(\t\x12\x33\n\x06params\x18\x07 \x03(\x0b\x32#.dfl.v1.RoundAssignment.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"!\n\x03\x41\x63k\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t2\xc8\x01\n\x07\x44\x66lNode\x12\x31\n\x05Hello\x12\x14.dfl.v1.HelloRequest\x1a\x12.dfl.v1.HelloReply\x12,\n\x08Transfer\x12\r.dfl.v1.Frame\x1a\r.dfl.v1.Frame(\x01\x30\x01\x12.\n\x06\x41ssign\x12\x17.dfl.v1.RoundAssignment\x1a\x0b.dfl.v1.Ack\x12,\n\tPassToken\x12\x12.dfl.v1.RoundToken\x1a\x0b.dfl.v1.Ackb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,31 +38,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUNDASSIGNMENT_PARAMSENTRY']._loaded_options = None
   _globals['_ROUNDASSIGNMENT_PARAMSENTRY']._serialized_options = b'8\001'
   _globals['_HELLOREQUEST']._serialized_start=41
-  _globals['_HELLOREQUEST']._serialized_end=253
-  _globals['_HELLOREPLY']._serialized_start=256
-  _globals['_HELLOREPLY']._serialized_end=480
-  _globals['_TENSORENTRY']._serialized_start=482
-  _globals['_TENSORENTRY']._serialized_end=601
-  _globals['_TRANSFERHEADER']._serialized_start=604
-  _globals['_TRANSFERHEADER']._serialized_end=992
-  _globals['_TRANSFERHEADER_METADATAENTRY']._serialized_start=945
-  _globals['_TRANSFERHEADER_METADATAENTRY']._serialized_end=992
-  _globals['_CHUNK']._serialized_start=994
-  _globals['_CHUNK']._serialized_end=1015
-  _globals['_TRANSFERRESULT']._serialized_start=1017
-  _globals['_TRANSFERRESULT']._serialized_end=1083
-  _globals['_FRAME']._serialized_start=1086
-  _globals['_FRAME']._serialized_end=1217
-  _globals['_ROUNDTOKEN']._serialized_start=1220
-  _globals['_ROUNDTOKEN']._serialized_end=1401
-  _globals['_ROUNDTOKEN_STATEENTRY']._serialized_start=1357
-  _globals['_ROUNDTOKEN_STATEENTRY']._serialized_end=1401
-  _globals['_ROUNDASSIGNMENT']._serialized_start=1404
-  _globals['_ROUNDASSIGNMENT']._serialized_end=1620
-  _globals['_ROUNDASSIGNMENT_PARAMSENTRY']._serialized_start=1575
-  _globals['_ROUNDASSIGNMENT_PARAMSENTRY']._serialized_end=1620
-  _globals['_ACK']._serialized_start=1622
-  _globals['_ACK']._serialized_end=1655
-  _globals['_DFLNODE']._serialized_start=1658
-  _globals['_DFLNODE']._serialized_end=1858
+  _globals['_HELLOREQUEST']._serialized_end=273
+  _globals['_HELLOREPLY']._serialized_start=276
+  _globals['_HELLOREPLY']._serialized_end=520
+  _globals['_TENSORENTRY']._serialized_start=522
+  _globals['_TENSORENTRY']._serialized_end=641
+  _globals['_TRANSFERHEADER']._serialized_start=644
+  _globals['_TRANSFERHEADER']._serialized_end=1032
+  _globals['_TRANSFERHEADER_METADATAENTRY']._serialized_start=985
+  _globals['_TRANSFERHEADER_METADATAENTRY']._serialized_end=1032
+  _globals['_CHUNK']._serialized_start=1034
+  _globals['_CHUNK']._serialized_end=1055
+  _globals['_TRANSFERRESULT']._serialized_start=1057
+  _globals['_TRANSFERRESULT']._serialized_end=1123
+  _globals['_FRAME']._serialized_start=1126
+  _globals['_FRAME']._serialized_end=1257
+  _globals['_ROUNDTOKEN']._serialized_start=1260
+  _globals['_ROUNDTOKEN']._serialized_end=1441
+  _globals['_ROUNDTOKEN_STATEENTRY']._serialized_start=1397
+  _globals['_ROUNDTOKEN_STATEENTRY']._serialized_end=1441
+  _globals['_ROUNDASSIGNMENT']._serialized_start=1444
+  _globals['_ROUNDASSIGNMENT']._serialized_end=1660
+  _globals['_ROUNDASSIGNMENT_PARAMSENTRY']._serialized_start=1615
+  _globals['_ROUNDASSIGNMENT_PARAMSENTRY']._serialized_end=1660
+  _globals['_ACK']._serialized_start=1662
+  _globals['_ACK']._serialized_end=1695
+  _globals['_DFLNODE']._serialized_start=1698
+  _globals['_DFLNODE']._serialized_end=1898
 # @@protoc_insertion_point(module_scope)
