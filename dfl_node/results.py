@@ -39,8 +39,9 @@ class NodeResult(BaseModel):
 class RunResult(BaseModel):
     driver: str = Field(description="simulate or testbed")
     algorithm: str
+    mode: str = Field("round", description="round (simulate, testbed) or async (testbed)")
     config: dict
-    rounds: int
+    rounds: int = Field(description="what the run did: rounds reached, or in async mode completed exchanges (fusions)")
     history: list[EvalRecord]
     nodes: list[NodeResult]
     bytes_transmitted: int

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
+import signal
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from types import FrameType
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +21,71 @@ from rich.table import Table
 
 from dfl_node.cli.options import DEMO_DEFAULTS, experiment_config, experiment_options
 from dfl_node.cli.simulate import node_table, summary_table
-from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.config import ExperimentConfig
+from dfl_node.learning.fleet import Fleet, provision, write_fleet
 from dfl_node.results import RunResult, write_results
-from dfl_node.testbed.launcher import Placement, all_done, collect, plan_fleet, wait_until
+from dfl_node.testbed.launcher import Placement, all_done, collect, plan_fleet, stop_all, wait_until
 
 TESTBED_DEFAULTS = {**DEMO_DEFAULTS, "name": "digits-testbed", "nodes": 4, "rounds": 20, "eval_every": 5,
                     "algorithms": ["defkt"]}
+TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+ROUNDS_MEANING = {"round": "rounds: the round every node reached",
+                  "async": "rounds: completed exchanges, i.e. fusions summed over the fleet"}
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: unwinds like KeyboardInterrupt, so every ``finally`` tears the fleet down."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def signals_tear_down() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`Interrupted` while the fleet runs.
+
+    Python's default SIGTERM ends the process on the spot, skipping every ``finally``: the daemons,
+    their namespaces and the temp folder would outlive the testbed. The first signal ignores the
+    next ones, so a second signal cannot cut the (bounded) teardown short.
+    """
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        for sig in TEARDOWN_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in TEARDOWN_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def work_folder(workdir: Path | None) -> Iterator[Path]:
+    """The run's folder for shards, state and logs: ``workdir``, or a temp folder.
+
+    A temp folder is removed after a run that succeeded or was interrupted (the user stopped it:
+    nothing to examine). After any failure it is kept and its path added to the error, since the
+    logs in it are what tells why.
+    """
+    root = workdir or Path(tempfile.mkdtemp(prefix="dfl-testbed-"))
+    try:
+        yield root
+    except Interrupted:
+        if workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    except BaseException as exc:
+        note = f"work folder kept: {root} (shards, state, logs)"
+        if isinstance(exc, click.ClickException):
+            exc.message = f"{exc.message}\n{note}"
+        else:
+            click.echo(note, err=True)
+        raise
+    if workdir is None:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def fleet_table(statuses: dict[str, dict | None]) -> Table:
@@ -51,50 +114,76 @@ def placements(count: int, netns: bool) -> Iterator[list[Placement]]:
         yield [Placement(h.address, h.wrap) for h in topology.hosts]
 
 
+def run_algorithm(config: ExperimentConfig, algorithm: str, fleet: Fleet, root: Path, *, mode: str, duration: float,
+                  netns: bool, mdns: bool, static_peers: bool, timeout: float, console: Console) -> RunResult:
+    """Launch one fleet for ``algorithm``, watch it until every node is done, collect, and always stop it."""
+    run_dir = root / algorithm
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with placements(config.nodes, netns) as places:
+        nodes = plan_fleet(config, algorithm, root / "shards", run_dir, places, swarm=f"tb-{uuid.uuid4().hex[:8]}",
+                           mode=mode, mdns=mdns, static_peers=static_peers,
+                           extra={"duration": duration} if mode == "async" else None)
+        started = time.time()
+        try:
+            for node in nodes:
+                node.start()
+            with Live(console=console, refresh_per_second=2) as live:
+                wait_until(nodes, all_done, timeout, on_poll=lambda s: live.update(fleet_table(s)))
+            return collect(nodes, config, algorithm, fleet, started)
+        except (TimeoutError, RuntimeError) as exc:
+            raise click.ClickException(f"{algorithm}: {exc}") from exc
+        finally:
+            stop_all(nodes)
+
+
+def save(result: RunResult, out: Path | None) -> None:
+    """``--out``: one RESULTS.json, or ``<algorithm>.json/.csv`` in a folder."""
+    if out and out.suffix == ".json":
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(result.model_dump_json(indent=1))
+    elif out:
+        write_results(result, out)
+
+
 @click.command()
 @experiment_options
 @click.option("--out", type=click.Path(path_type=Path), help="RESULTS.json (one algorithm) or a folder.")
 @click.option("--mode", type=click.Choice(["round", "async"]), default="round", show_default=True)
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              metavar="SECONDS", help="Async mode: each node volunteers this long once it sees its peers; "
+                                      "rounds reported = completed exchanges (fusions).")
 @click.option("--netns", is_flag=True, help="One network namespace per node on a bridge (needs root).")
 @click.option("--mdns/--no-mdns", default=True, show_default=True, help="Discover by mDNS.")
 @click.option("--static-peers", is_flag=True, help="Also give every node the others' addresses.")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Give up after this many seconds.")
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), help="Keep shards, state and logs here.")
-def testbed(out: Path | None, mode: str, netns: bool, mdns: bool, static_peers: bool, timeout: float,
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Give up after this many seconds (per algorithm); the work folder is kept.")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep shards, state and logs here (default: a temp folder, kept only if the run fails).")
+def testbed(out: Path | None, mode: str, duration: float, netns: bool, mdns: bool, static_peers: bool, timeout: float,
             workdir: Path | None, config_path: Path | None, **flags: Any) -> None:
-    """Run a fleet of real daemons on this machine and collect results in the simulator's schema."""
+    """Run a fleet of real daemons on this machine and collect results in the simulator's schema.
+
+    SIGINT and SIGTERM stop every daemon (and namespace) before the testbed exits.
+    """
     config = experiment_config(config_path, TESTBED_DEFAULTS, **flags)
     if out and out.suffix == ".json" and len(config.algorithms) > 1:
         raise click.UsageError("several algorithms need --out FOLDER")
     console = Console()
     fleet = provision(config)
     results: list[RunResult] = []
-    with contextlib.ExitStack() as stack:
-        root = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dfl-testbed-")))
-        write_fleet(fleet, root / "shards")
-        for algorithm in config.algorithms:
-            run_dir = root / algorithm
-            run_dir.mkdir(parents=True, exist_ok=True)
-            with placements(config.nodes, netns) as places:
-                nodes = plan_fleet(config, algorithm, root / "shards", run_dir, places, swarm=f"tb-{uuid.uuid4().hex[:8]}",
-                                   mode=mode, mdns=mdns, static_peers=static_peers)
-                started = time.perf_counter()
-                try:
-                    for node in nodes:
-                        node.start()
-                    with Live(console=console, refresh_per_second=2) as live:
-                        wait_until(nodes, all_done, timeout, on_poll=lambda s: live.update(fleet_table(s)))
-                    result = collect(nodes, config, algorithm, fleet, time.perf_counter() - started)
-                except (TimeoutError, RuntimeError) as exc:
-                    raise click.ClickException(f"{exc}\nlogs: {run_dir}") from exc
-                finally:
-                    for node in nodes:
-                        node.stop()
-            results.append(result)
-            if out and out.suffix == ".json":
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(result.model_dump_json(indent=1))
-            elif out:
-                write_results(result, out)
-    console.print(summary_table(results, f"testbed: {config.nodes} daemons, {config.dataset}, {config.partition}, {mode} mode"))
+    with signals_tear_down():
+        try:
+            with work_folder(workdir) as root:
+                write_fleet(fleet, root / "shards")
+                for algorithm in config.algorithms:
+                    results.append(run_algorithm(config, algorithm, fleet, root, mode=mode, duration=duration,
+                                                 netns=netns, mdns=mdns, static_peers=static_peers, timeout=timeout,
+                                                 console=console))
+                    save(results[-1], out)
+        except Interrupted as exc:
+            kept = f"work folder kept: {workdir}" if workdir else "work folder removed"
+            click.echo(f"testbed stopped by {exc}: every daemon stopped, {kept}", err=True)
+            sys.exit(128 + exc.signum)
+    console.print(summary_table(results, f"testbed: {config.nodes} daemons, {config.dataset}, {config.partition}, "
+                                         f"{mode} mode ({ROUNDS_MEANING[mode]})"))
     console.print(node_table(results))

@@ -62,15 +62,34 @@ class NodeProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(argv, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        """Ask the daemon to stop (it checkpoints and leaves the swarm on SIGTERM); a no-op once it has exited."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def reap(self, deadline: float) -> None:
+        """Wait for the daemon until ``deadline`` (time.monotonic), then SIGKILL it: it never outlives us."""
+        if self.process is None:
             return
-        self.process.send_signal(sig)
         try:
-            self.process.wait(timeout)
+            self.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        """One daemon: ``sig``, then SIGKILL after ``timeout`` (a fleet: :func:`stop_all`)."""
+        self.terminate(sig)
+        self.reap(time.monotonic() + timeout)
+
+
+def stop_all(nodes: list[NodeProcess], grace: float = 10.0) -> None:
+    """Signal every daemon first, then reap them against one deadline: teardown takes one grace, not N."""
+    for node in nodes:
+        node.terminate()
+    deadline = time.monotonic() + grace
+    for node in nodes:
+        node.reap(deadline)
 
 
 def node_env(config: LearningConfig, **settings: object) -> dict[str, str]:
@@ -120,9 +139,30 @@ def poll_status(nodes: list[NodeProcess], timeout: float = 2.0) -> dict[str, dic
     return fetch_json(nodes, "/status", timeout)  # type: ignore[return-value]
 
 
+def node_line(node_id: str, status: dict | None) -> str:
+    """One short line for an operator: where a node stands, never its whole status."""
+    if status is None:
+        return f"{node_id}: not answering"
+    alive = sum(p["alive"] for p in status["peers"])
+    line = f"{node_id}: round {status['round']}, role {status['role']}, {alive} peer(s) alive"
+    return line + (", done" if status["done"] else "")
+
+
+def stuck_report(statuses: dict[str, dict | None], limit: int = 10) -> str:
+    """The nodes that are not done (all nodes if every one is), one line each, at most ``limit`` lines."""
+    pending = {i: s for i, s in statuses.items() if s is None or not s["done"]} or statuses
+    lines = [node_line(i, s) for i, s in list(pending.items())[:limit]]
+    if len(pending) > limit:
+        lines.append(f"… and {len(pending) - limit} more")
+    return "\n".join(f"  {line}" for line in lines)
+
+
 def wait_until(nodes: list[NodeProcess], predicate: Callable[[dict[str, dict | None]], bool], timeout: float,
                on_poll: Callable[[dict[str, dict | None]], None] | None = None, every: float = 0.5) -> dict:
-    """Poll every node's /status until ``predicate`` holds; raises TimeoutError (or RuntimeError if a node died)."""
+    """Poll every node's /status until ``predicate`` holds; raises TimeoutError (or RuntimeError if a node died).
+
+    The errors are short enough to show a user as they are: a line per node that is not done.
+    """
     deadline = time.monotonic() + timeout
     while True:
         statuses = poll_status(nodes)
@@ -134,7 +174,7 @@ def wait_until(nodes: list[NodeProcess], predicate: Callable[[dict[str, dict | N
         if dead:
             raise RuntimeError(f"node(s) {', '.join(dead)} exited; see their logs in {nodes[0].log_path.parent}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"fleet did not get there in {timeout:.0f} s: {statuses}")
+            raise TimeoutError(f"fleet did not get there in {timeout:.0f} s:\n{stuck_report(statuses)}")
         time.sleep(every)
 
 
@@ -142,10 +182,67 @@ def all_done(statuses: dict[str, dict | None]) -> bool:
     return all(s is not None and s["done"] for s in statuses.values())
 
 
-def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, fleet: Fleet, wall: float) -> RunResult:
-    """The fleet's final state in the simulator's schema; the curve is rebuilt from each node's history."""
+def fleet_rounds(statuses: dict[str, dict]) -> tuple[str, int]:
+    """The fleet's mode and what it really did (never the configured T).
+
+    Round mode: the round every node reached. Async mode has no rounds: the completed exchanges,
+    counted as fusions (a model received and fused), summed over the fleet.
+    """
+    mode = next(iter(statuses.values()))["mode"]
+    if mode == "async":
+        return mode, sum(s["fusions"] for s in statuses.values())
+    return mode, min(s["round"] for s in statuses.values())
+
+
+def fleet_positions(histories: dict[str, list[dict]], mode: str) -> dict[str, list[tuple[int, dict]]]:
+    """Each node's history entries, tagged with how far the fleet had come, in the unit of :func:`fleet_rounds`.
+
+    In round mode an entry's round is a fleet-wide clock. Async mode has none: an entry's position is
+    the number of fusions anywhere in the fleet up to its time (the nodes share this machine's clock).
+    """
+    if mode != "async":
+        return {node_id: [(h["round"], h) for h in entries] for node_id, entries in histories.items()}
+    tagged: dict[str, list[tuple[int, dict]]] = {node_id: [] for node_id in histories}
+    fusions = 0
+    for node_id, h in sorted(((i, h) for i, entries in histories.items() for h in entries), key=lambda e: e[1]["time"]):
+        fusions += h["event"] == "fusion"
+        tagged[node_id].append((fusions, h))
+    return tagged
+
+
+def accuracy_curve(positions: dict[str, list[tuple[int, dict]]], points: list[int], started: float) -> list[EvalRecord]:
+    """Averaged accuracies at each point, from each node's last evaluation at or before it.
+
+    A point is left out until every node has been evaluated; its wall time is when the last entry
+    counted at that point happened, relative to ``started`` (unix time).
+    """
+    history = []
+    for point in points:
+        reached = {i: [h for x, h in entries if x <= point] for i, entries in positions.items()}
+        known = {i: [h for h in hs if h["global_accuracy"] is not None] for i, hs in reached.items()}
+        if not all(known.values()):
+            continue
+        per_global = {i: hs[-1]["global_accuracy"] for i, hs in known.items()}
+        per_local = {i: hs[-1]["local_accuracy"] for i, hs in known.items()}
+        last = max(h["time"] for hs in reached.values() for h in hs)
+        history.append(EvalRecord(round=point, global_accuracy=sum(per_global.values()) / len(per_global),
+                                  local_accuracy=sum(per_local.values()) / len(per_local), per_node_global=per_global,
+                                  per_node_local=per_local, bytes_transmitted=0, wall_time_s=max(0.0, last - started)))
+    return history
+
+
+def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, fleet: Fleet, started: float) -> RunResult:
+    """The fleet's final state in the simulator's schema, as it happened; ``started``: unix time of the launch.
+
+    ``rounds`` and the curve's points count what the fleet did (see :func:`fleet_rounds`), so an
+    async run, or a round run that stopped early, is never reported as the configured T rounds.
+    """
     statuses = poll_status(nodes)
     histories: dict = fetch_json(nodes, "/history", timeout=5.0)
+    silent = [n.id for n in nodes if statuses[n.id] is None or histories[n.id] is None]
+    if silent:
+        raise RuntimeError(f"node(s) {', '.join(silent)} stopped answering before their results were collected")
+    mode, rounds = fleet_rounds(statuses)
     train_sizes = {c.node_id: len(c.train) for c in fleet.clients}
     results = [
         NodeResult(id=n.id, global_accuracy=statuses[n.id]["global_accuracy"], local_accuracy=statuses[n.id]["local_accuracy"],
@@ -153,20 +250,10 @@ def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, 
                    models_sent=statuses[n.id]["models_sent"], models_received=statuses[n.id]["models_received"])
         for n in nodes
     ]
-    history = []
-    eval_rounds = sorted({*range(config.eval_every, config.rounds + 1, config.eval_every), config.rounds})
-    for r in eval_rounds:
-        per_global, per_local = {}, {}
-        for n in nodes:
-            known = [h for h in histories[n.id] if h["round"] <= r and h["global_accuracy"] is not None]
-            if known:
-                per_global[n.id], per_local[n.id] = known[-1]["global_accuracy"], known[-1]["local_accuracy"]
-        if len(per_global) == len(nodes):
-            history.append(EvalRecord(round=r, global_accuracy=sum(per_global.values()) / len(nodes),
-                                      local_accuracy=sum(per_local.values()) / len(nodes), per_node_global=per_global,
-                                      per_node_local=per_local, bytes_transmitted=0, wall_time_s=wall))
+    points = sorted({*range(config.eval_every, rounds + 1, config.eval_every), rounds})
     return RunResult(
-        driver="testbed", algorithm=algorithm, config=config.model_dump(mode="json"), rounds=config.rounds,
-        history=history, nodes=results, bytes_transmitted=sum(s["bytes_sent"] for s in statuses.values()),
-        models_transmitted=sum(s["models_sent"] for s in statuses.values()), wall_time_s=wall,
+        driver="testbed", algorithm=algorithm, mode=mode, config=config.model_dump(mode="json"), rounds=rounds,
+        history=accuracy_curve(fleet_positions(histories, mode), points, started), nodes=results,
+        bytes_transmitted=sum(s["bytes_sent"] for s in statuses.values()),
+        models_transmitted=sum(s["models_sent"] for s in statuses.values()), wall_time_s=time.time() - started,
     )
