@@ -30,7 +30,7 @@ TESTBED_DEFAULTS = {**DEMO_DEFAULTS, "name": "digits-testbed", "nodes": 4, "roun
                     "algorithms": ["defkt"]}
 TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 ROUNDS_MEANING = {"round": "rounds: the round every node reached",
-                  "async": "rounds: completed exchanges, i.e. fusions summed over the fleet"}
+                  "async": "rounds: completed exchanges (fusions, summed over the fleet)"}
 
 
 class Interrupted(BaseException):
@@ -105,6 +105,7 @@ def fleet_table(statuses: dict[str, dict | None]) -> Table:
 
 @contextlib.contextmanager
 def placements(count: int, netns: bool) -> Iterator[list[Placement]]:
+    """Loopback addresses, or one namespace per node that is removed however the run ends."""
     if not netns:
         yield [Placement("127.0.0.1") for _ in range(count)]
         return
@@ -129,6 +130,8 @@ def run_algorithm(config: ExperimentConfig, algorithm: str, fleet: Fleet, root: 
                 node.start()
             with Live(console=console, refresh_per_second=2) as live:
                 wait_until(nodes, all_done, timeout, on_poll=lambda s: live.update(fleet_table(s)))
+            if not console.is_terminal:
+                console.line()  # rich ends a piped Live's last frame without a newline
             return collect(nodes, config, algorithm, fleet, started)
         except (TimeoutError, RuntimeError) as exc:
             raise click.ClickException(f"{algorithm}: {exc}") from exc
@@ -185,5 +188,5 @@ def testbed(out: Path | None, mode: str, duration: float, netns: bool, mdns: boo
             click.echo(f"testbed stopped by {exc}: every daemon stopped, {kept}", err=True)
             sys.exit(128 + exc.signum)
     console.print(summary_table(results, f"testbed: {config.nodes} daemons, {config.dataset}, {config.partition}, "
-                                         f"{mode} mode ({ROUNDS_MEANING[mode]})"))
+                                         f"{mode} mode\n{ROUNDS_MEANING[mode]}"))
     console.print(node_table(results))
