@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from dfl_node import __version__
-from dfl_node.cli.options import setup_logging
 from dfl_node.cli.node_cmds import partition, start, status
+from dfl_node.cli.options import setup_logging
 from dfl_node.cli.plot import plot
 from dfl_node.cli.simulate import simulate
 from dfl_node.cli.testbed import testbed
+from dfl_node.config import OperatorError
+from dfl_node.learning.datasets import DatasetNotFoundError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OperatorErrors(click.Group):
+    """Every verb reports an operator's mistake the same way: ``error: …`` on stderr, exit 1, no traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (OperatorError, DatasetNotFoundError) as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=OperatorErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dfl-node")
 @click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR.")
 def cli(log_level: str) -> None:

@@ -16,9 +16,8 @@ import click
 from pydantic.fields import FieldInfo
 
 from dfl_node.api.status_cli import show_status
-from dfl_node.cli.options import experiment_config, experiment_options
-from dfl_node.config import load_config
-from dfl_node.learning.datasets import DatasetNotFoundError
+from dfl_node.cli.options import experiment_config, experiment_options, load_settings
+from dfl_node.config import OperatorError
 from dfl_node.learning.fleet import provision, write_fleet
 from dfl_node.node.config import NodeConfig
 
@@ -59,16 +58,15 @@ def start(config_path: Path | None, **flags: Any) -> None:
     from dfl_node.node.service import serve  # grpc/zeroconf/uvicorn only for this verb
 
     flags = {k: (list(v) or None) if isinstance(v, tuple) else v for k, v in flags.items()}
+    config = load_settings(NodeConfig, config_path, flags)
     try:
-        config = load_config(NodeConfig, config_path, flags)
         config.advertised_host  # noqa: B018 - validates --host/--advertise early
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
         asyncio.run(serve(config))
-    except (FileNotFoundError, DatasetNotFoundError, OSError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+    except OSError as exc:  # the node's own files: shards, test set, checkpoint folder
+        raise OperatorError(str(exc)) from exc
 
 
 @click.command()

@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from pydantic import BaseModel
 
 from dfl_node.algorithms import ALGORITHMS
-from dfl_node.config import ExperimentConfig, load_config
+from dfl_node.config import ConfigError, ExperimentConfig, load_config
 from dfl_node.learning.datasets import DATASETS
 from dfl_node.learning.partitions import PARTITIONS
 
 F = TypeVar("F", bound=Callable[..., Any])
+M = TypeVar("M", bound=BaseModel)
 
 EXPERIMENT_OPTIONS = [
     click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -55,13 +57,29 @@ def experiment_options(func: F) -> F:
     return func
 
 
+class SettingsError(click.UsageError):
+    """Unusable settings, exit 2: click's ``Error:`` in front of each problem, so each is one line of its own."""
+
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__("\nError: ".join(error.problems))
+
+
+def load_settings(model: type[M], config_path: Path | None, flags: dict[str, Any],
+                  preset: dict[str, Any] | None = None) -> M:
+    """:func:`~dfl_node.config.load_config` for the running verb: its flags named as the operator typed
+    them (``--peer``, ``--algorithm``), any unusable setting a :class:`SettingsError`."""
+    params = click.get_current_context().command.params
+    flag_names = {p.name: p.opts[0] for p in params if isinstance(p, click.Option) and p.name}
+    try:
+        return load_config(model, config_path, flags, preset=preset, flag_names=flag_names)
+    except ConfigError as exc:
+        raise SettingsError(exc) from None
+
+
 def experiment_config(config_path: Path | None, demo: dict[str, Any], **flags: Any) -> ExperimentConfig:
     """Build the config: demo preset (only without a file) < file < env < flags."""
     flags["algorithms"] = list(flags.get("algorithms") or []) or None
-    try:
-        return load_config(ExperimentConfig, config_path, flags, preset=demo if config_path is None else None)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
+    return load_settings(ExperimentConfig, config_path, flags, preset=demo if config_path is None else None)
 
 
 def setup_logging(level: str = "INFO") -> None:

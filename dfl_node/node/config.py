@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from dfl_node.config import AlgorithmName, LearningConfig
+from dfl_node.net.announcement import parse_peer
 
 
 class NodeConfig(LearningConfig):
@@ -49,6 +50,14 @@ class NodeConfig(LearningConfig):
     @classmethod
     def _split(cls, value: object) -> object:
         return [p for p in value.split(",") if p] if isinstance(value, str) else value
+
+    @field_validator("peers")
+    @classmethod
+    def _host_port(cls, peers: list[str]) -> list[str]:
+        """A static peer is dialled as HOST:PORT: a typo must stop the start, not become a silent dead peer."""
+        for peer in peers:
+            parse_peer(peer)
+        return peers
 
     @property
     def state_path(self) -> Path:
