@@ -159,8 +159,12 @@ def _method_handlers(servicer: DflServicer) -> dict[str, grpc.RpcMethodHandler]:
 
 
 async def start_server(node: NodeHandler, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """Serve the node (plus health and reflection) on ``host:port``; returns the server and the bound port."""
-    server = grpc.aio.server(options=channel_options(node.wire.limits))
+    """Serve the node (plus health and reflection) on ``host:port``; returns the server and the bound port.
+
+    SO_REUSEPORT is off (gRPC turns it on by default): with it, a second node on a port in use
+    would bind too, and the kernel would split the connections between the two.
+    """
+    server = grpc.aio.server(options=[*channel_options(node.wire.limits), ("grpc.so_reuseport", 0)])
     handlers = _method_handlers(DflServicer(node))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

@@ -65,6 +65,9 @@ class Node:
         self.accuracy: tuple[float | None, float | None] = (None, None)  # (local, global) of the current model
         self.clients: dict[str, PeerClient] = {}
         self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up
+        self.starting = True  # until start-up has passed its checks: a duplicate id then aborts it
+        self.duplicate: str | None = None  # why start-up must stop: another live node has our id
+        self._impostors: set[str] = set()  # boot ids of live nodes with our id, each reported once
         self._settling: asyncio.Task | None = None
         self.peers = PeerTable(config.id, self._probe, heartbeat=config.heartbeat, timeout=config.peer_timeout,
                                static=config.peers, on_join=lambda *joined: self.scheduler.on_join(*joined))
@@ -80,12 +83,20 @@ class Node:
         model_state, state = saved
         self.ctx.model.load_state_dict(model_state)
         self.round, self.epoch = state.get("round", 0), state.get("epoch", 0)
-        self.done = state.get("done", False)
+        self.done = self._done_at(self.round)
         self.counters.update(state.get("counters", {}))
         self.history = [HistoryEntry.model_validate(h) for h in state.get("history", [])]
         if self.history:
             self.accuracy = (self.history[-1].local_accuracy, self.history[-1].global_accuracy)
-        log.info("%s resumed from %s at round %d", self.config.id, self.checkpoint.directory, self.round)
+        limit = f" of {self.config.rounds}" if self.config.mode == "round" and self.config.rounds else ""
+        log.info("%s resuming at round %d%s%s (checkpoint in %s)", self.config.id, self.round, limit,
+                 ", already done" if self.done else "", self.checkpoint.directory)
+
+    def _done_at(self, round_: int) -> bool:
+        """Whether a checkpoint at ``round_`` is finished under the settings given *now*, not those saved:
+        a node restarted with more ``--rounds`` goes on; in async mode a restarted node volunteers again."""
+        rounds = self.config.rounds
+        return self.config.mode == "round" and rounds > 0 and round_ >= rounds
 
     def _state(self) -> dict:
         return {"round": self.round, "epoch": self.epoch, "done": self.done, "counters": dict(self.counters),
@@ -186,6 +197,9 @@ class Node:
         if reason:
             self.rejected_hello(reason, request, peer)
             return self.hello_message(pb.HelloReply, accepted=False, reason=reason)
+        if self.is_duplicate(request):
+            self.on_duplicate(request.boot_id, request.grpc_address or peer)
+            return self.hello_message(pb.HelloReply, accepted=False, reason="duplicate_id")
         self.peers.seen(request)
         return self.hello_message(pb.HelloReply, accepted=True)
 
@@ -201,13 +215,32 @@ class Node:
             reply = await self.client(address).hello(self.hello_message(), timeout=min(self.config.heartbeat, 2.0))
         except grpc.aio.AioRpcError:
             return None
-        if reply.node_id == self.config.id:
+        if reply.node_id == self.config.id:  # ourselves (our own address in a static list), or a duplicate
+            if self.is_duplicate(reply):
+                self.on_duplicate(reply.boot_id, address)
             return None
         reason = reply.reason if not reply.accepted else self.incompatibility(reply)
         if reason:  # the peer counts its refusal of us; we just leave it out of the table
             log.debug("%s at %s is incompatible: %s", reply.node_id, address, reason)
             return None
         return reply
+
+    def is_duplicate(self, other: pb.HelloRequest | pb.HelloReply) -> bool:
+        """Another live node of our swarm with our id: same id and swarm, another boot."""
+        return other.node_id == self.config.id and other.swarm == self.config.swarm and other.boot_id != self.boot_id
+
+    def on_duplicate(self, boot_id: str, address: str) -> None:
+        """While starting, a duplicate id stops the start (service checks ``duplicate``); a running node
+        keeps serving, but says so loudly, once per impostor, and counts it in ``rejected``."""
+        problem = (f"node id {self.config.id!r} is already used by another running node at {address}; "
+                   "give every node its own --id")
+        if self.starting:
+            self.duplicate = self.duplicate or problem
+            return
+        if boot_id not in self._impostors:
+            self._impostors.add(boot_id)
+            self.rejected["duplicate_id"] += 1
+            log.error("%s", problem)
 
     async def admit(self, header: pb.TransferHeader) -> None:
         if self.config.mode == "round":

@@ -1,5 +1,10 @@
 """Running a node: gRPC server, REST server, mDNS, heartbeats and the scheduler, started and stopped in order.
 
+Start-up is all-or-nothing: the state dir is locked, every socket bound and every check passed
+(a duplicate id among the static peers) *before* the node announces itself on mDNS or logs that it
+serves. Any failure releases what was taken and raises :class:`~dfl_node.config.OperatorError`
+with one line that says what to change, so a half-started node never joins a swarm.
+
 Signal handlers are installed *before* the mDNS announcement, so a SIGTERM at any moment still
 sends the goodbye (networking notes), and the final checkpoint is written on the way out.
 """
@@ -8,15 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import socket
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import grpc
 import torch
 import uvicorn
+from zeroconf import NonUniqueNameException
 
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.api.app import create_app
+from dfl_node.config import OperatorError
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.discovery import Announcement, MdnsDiscovery
 from dfl_node.net.transport import start_server
@@ -47,6 +58,108 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _bind_failure(what: str, flag: str, host: str, port: int, exc: OSError) -> OperatorError:
+    """Why ``host:port`` cannot be bound, in the operator's terms (the errno alone says little)."""
+    where = f"{host}:{port}"
+    if isinstance(exc, socket.gaierror):  # its errno is a resolver code, not an errno
+        return OperatorError(f"cannot bind {where}: --host {host!r} does not resolve to an address ({exc.strerror})")
+    if exc.errno == errno.EADDRINUSE:
+        return OperatorError(f"{what} port {where} is already in use (another node? choose {flag})")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return OperatorError(f"cannot bind {where}: that address is not on this machine "
+                             "(--host must be one of its addresses, or 0.0.0.0 with --advertise)")
+    if exc.errno == errno.EACCES:
+        return OperatorError(f"cannot bind {where}: permission denied (ports below 1024 need privileges; choose {flag})")
+    return OperatorError(f"cannot bind {what} to {where}: {exc.strerror or exc}")
+
+
+async def _serve_grpc(node: Node) -> grpc.aio.Server:
+    """The gRPC server, bound and serving; a port in use or a foreign --host is one line.
+
+    A plain socket tries the address first: gRPC's own bind error carries no errno and writes a log
+    line of its C core to stderr, so it is only the fallback (for a port taken in between).
+    """
+    host, port = node.config.host, node.config.grpc_port
+    try:
+        _listen(host, port).close()
+        server, _ = await start_server(node, host, port)
+    except OSError as exc:
+        raise _bind_failure("gRPC", "--grpc-port", host, port, exc) from None
+    except RuntimeError as exc:  # grpc: "Failed to bind to address …"
+        raise OperatorError(f"cannot bind gRPC to {host}:{port}: {exc}") from None
+    return server
+
+
+def _bind_http(config: NodeConfig) -> socket.socket | None:
+    if not config.http_port:
+        return None
+    try:
+        return _listen(config.host, config.http_port)
+    except OSError as exc:
+        raise _bind_failure("HTTP", "--http-port", config.host, config.http_port, exc) from None
+
+
+async def _check_static_peers(node: Node) -> None:
+    """One Hello to each static peer before we serve: a live node with our id among them stops the start."""
+    await asyncio.gather(*(node.peers.probe(address) for address in node.config.peers))
+    if node.duplicate:
+        raise OperatorError(node.duplicate)
+
+
+async def _announce_on_mdns(node: Node, on_found: Callable[[Announcement], object]) -> MdnsDiscovery:
+    """Register on mDNS (after every other check passed); zeroconf's probe may also catch a duplicate id."""
+    config = node.config
+    try:
+        discovery = MdnsDiscovery(announcement(node), bind_host=config.host, on_found=on_found,
+                                  on_lost=node.peers.lost)
+        await discovery.start()
+    except NonUniqueNameException:
+        raise OperatorError(f"node id {config.id!r} is already announced on mDNS by another node; "
+                            "give every node its own --id") from None
+    except ValueError as exc:  # an --advertise name that does not resolve, an interface that is not there
+        raise OperatorError(f"mDNS: {exc}") from None
+    return discovery
+
+
+async def _close_clients(node: Node) -> None:
+    for client in node.clients.values():
+        await client.close()
+
+
+@dataclass
+class Bound:
+    """What a started node holds, released in reverse order when it stops."""
+
+    grpc: grpc.aio.Server
+    http_socket: socket.socket | None
+    discovery: MdnsDiscovery | None
+
+
+async def start_up(node: Node) -> Bound:
+    """Lock, bind, check, announce: all or nothing. On any failure what was taken is given back and
+    :class:`OperatorError` says why; nothing was announced and no checkpoint was written."""
+    config, loop = node.config, asyncio.get_running_loop()
+    async with contextlib.AsyncExitStack() as undo:
+        node.checkpoint.lock.acquire()
+        undo.callback(node.checkpoint.lock.release)
+        grpc_server = await _serve_grpc(node)
+        undo.push_async_callback(grpc_server.stop, None)
+        http_socket = _bind_http(config)
+        if http_socket:
+            undo.callback(http_socket.close)
+        undo.push_async_callback(_close_clients, node)
+        await _check_static_peers(node)
+        discovery = None
+        if config.mdns:
+            discovery = await _announce_on_mdns(node, lambda a: loop.create_task(node.peers.probe(a.grpc_address)))
+            undo.push_async_callback(discovery.stop)
+        if node.duplicate:  # a Hello with our id arrived while we were starting
+            raise OperatorError(node.duplicate)
+        node.starting = False
+        undo.pop_all()
+    return Bound(grpc_server, http_socket, discovery)
+
+
 async def serve(config: NodeConfig, stop: asyncio.Event | None = None) -> Node:
     """Build the node and run it until ``stop`` is set (or SIGINT/SIGTERM); returns it for inspection."""
     torch.set_num_threads(config.threads)
@@ -57,29 +170,22 @@ async def serve(config: NodeConfig, stop: asyncio.Event | None = None) -> Node:
 
 
 async def run_node(node: Node, stop: asyncio.Event) -> None:
-    """Start everything in order, set ``node.ready``, wait for ``stop``, stop everything in reverse order."""
+    """Start everything (:func:`start_up`), set ``node.ready``, wait for ``stop``, stop everything in reverse order."""
     config = node.config
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
-    grpc_server, port = await start_server(node, config.host, config.grpc_port)
+    bound = await start_up(node)
     log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s",
-             config.id, config.host, port, node.grpc_address, config.swarm, config.algorithm, config.mode)
+             config.id, config.host, config.grpc_port, node.grpc_address, config.swarm, config.algorithm, config.mode)
     workers: list[asyncio.Task] = []
     http, http_task = None, None
-    if config.http_port:
+    if bound.http_socket:
         http = _EmbeddedUvicorn(uvicorn.Config(create_app(node.status, node.get_history), log_level="warning",
                                                lifespan="off"))
-        http_task = loop.create_task(http.serve(sockets=[_listen(config.host, config.http_port)]))
-    discovery = None
-    if config.mdns:
-        discovery = MdnsDiscovery(announcement(node), bind_host=config.host,
-                                  on_found=lambda a: loop.create_task(node.peers.probe(a.grpc_address)),
-                                  on_lost=node.peers.lost)
+        http_task = loop.create_task(http.serve(sockets=[bound.http_socket]))
     try:
-        if discovery:
-            await discovery.start()
         if config.evaluate and not node.history:
             await node.model_changed("eval", node.round, None)  # the w0 point of the accuracy curve
         workers = [loop.create_task(node.peers.run()), loop.create_task(node.scheduler.run())]
@@ -87,15 +193,19 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
         await stop.wait()
     finally:
         log.info("%s stopping", config.id)
-        if discovery:
-            await discovery.stop()
+        if bound.discovery:
+            await bound.discovery.stop()
         for task in workers:
             task.cancel()
         if http:
             http.should_exit = True  # uvicorn finishes its open requests, then its task ends
         await asyncio.gather(*workers, *([http_task] if http_task else []), return_exceptions=True)
-        await grpc_server.stop(grace=1.0)
-        for client in node.clients.values():
-            await client.close()
-        await node.settled()
-        await node.save()
+        if bound.http_socket:
+            bound.http_socket.close()
+        await bound.grpc.stop(grace=1.0)
+        await _close_clients(node)
+        try:
+            await node.settled()
+            await node.save()
+        finally:
+            node.checkpoint.lock.release()

@@ -1,0 +1,257 @@
+"""Start-up is all-or-nothing (issue 8): every operator mistake at ``dfl-node start`` is one line on
+stderr and exit 1, and a failed start leaves nothing bound, announced, locked or written. A second
+node with the same ``--id`` is caught by the Hello handshake; a restarted node resumes against the
+rounds it is configured with now.
+
+The first node of a test runs in this process (its event loop keeps answering while the second,
+a real ``dfl-node start``, is awaited as a subprocess).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import socket
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import zeroconf
+
+from dfl_node.config import LearningConfig, OperatorError
+from dfl_node.net.discovery import MdnsDiscovery
+from dfl_node.node.config import NodeConfig
+from dfl_node.node.daemon import Node
+from dfl_node.node.service import run_node
+from dfl_node.testbed.launcher import free_port, node_env
+from tests.conftest import FLEET
+
+SWARM = f"startup-{uuid.uuid4().hex[:6]}"
+LOG_RECORD = re.compile(r"^\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) +\S+: ")
+EXIT_TIMEOUT = 40.0  # a node that should have refused to start is still running after this: it started
+NOT_HERE = "192.0.2.20"  # TEST-NET-1 (RFC 5737): never an address of this machine
+
+
+def node_config(shards: Path, state: Path, **changes: object) -> NodeConfig:
+    """A quiet node of the test fleet: no mDNS, no REST, no evaluation unless a test asks for them."""
+    settings = dict(FLEET.model_dump(include=set(NodeConfig.model_fields)), id="node-0", data=shards / "node-0",
+                    grpc_port=free_port(), http_port=0, mdns=False, swarm=SWARM, state_dir=state, evaluate=False,
+                    heartbeat=0.2, token_timeout=0.5)
+    return NodeConfig(**{**settings, **changes})
+
+
+@contextlib.asynccontextmanager
+async def running(config: NodeConfig) -> AsyncIterator[Node]:
+    """A node in this process, ready (or its start-up error raised), stopped on the way out."""
+    node, stop = Node(config), asyncio.Event()
+    task = asyncio.create_task(run_node(node, stop))
+    ready = asyncio.create_task(node.ready.wait())
+    try:
+        await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()
+        yield node
+    finally:
+        ready.cancel()
+        stop.set()
+        await task
+
+
+async def start_cli(config: NodeConfig) -> tuple[int, list[str], str]:
+    """``dfl-node start`` with the config as DFL_* variables: its exit status, the stderr lines that are
+    not log records, and all of stderr."""
+    node_settings = config.model_dump(exclude=set(LearningConfig.model_fields), exclude_none=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")} | node_env(config, **node_settings)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "dfl_node", "start", env=env,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), EXIT_TIMEOUT)
+    except TimeoutError:
+        pytest.fail(f"dfl-node start still runs after {EXIT_TIMEOUT} s: it started despite the mistake")
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = err.decode()
+    return proc.returncode, [line for line in text.splitlines() if not LOG_RECORD.match(line)], text
+
+
+# ----------------------------------------------------------------------------- one line, exit 1
+
+
+async def test_a_grpc_port_in_use_is_refused(fleet_shards: Path, tmp_path: Path) -> None:
+    occupier = grpc.aio.server()  # gRPC's defaults, SO_REUSEPORT included: what another node holds
+    port = occupier.add_insecure_port("127.0.0.1:0")
+    await occupier.start()
+    try:
+        status, lines, text = await start_cli(node_config(fleet_shards, tmp_path / "state", grpc_port=port))
+    finally:
+        await occupier.stop(None)
+    assert status == 1 and "serving" not in text
+    assert lines == [f"error: gRPC port 127.0.0.1:{port} is already in use (another node? choose --grpc-port)"]
+
+
+async def test_an_http_port_in_use_is_refused_before_anything_serves(fleet_shards: Path, tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as occupier:
+        port = occupier.getsockname()[1]
+        config = node_config(fleet_shards, tmp_path / "state", http_port=port, mdns=True)
+        status, lines, text = await start_cli(config)
+    assert status == 1 and "serving" not in text and "mDNS" not in text
+    assert lines == [f"error: HTTP port 127.0.0.1:{port} is already in use (another node? choose --http-port)"]
+
+
+async def test_a_host_that_is_not_on_this_machine_is_refused(fleet_shards: Path, tmp_path: Path) -> None:
+    config = node_config(fleet_shards, tmp_path / "state", host=NOT_HERE)
+    status, lines, _ = await start_cli(config)
+    assert status == 1
+    assert lines == [f"error: cannot bind {NOT_HERE}:{config.grpc_port}: that address is not on this machine "
+                     "(--host must be one of its addresses, or 0.0.0.0 with --advertise)"]
+
+
+async def test_missing_shards_are_one_line(fleet_shards: Path, tmp_path: Path) -> None:
+    status, lines, _ = await start_cli(node_config(fleet_shards, tmp_path / "state", data=tmp_path / "none"))
+    assert status == 1
+    assert lines == [f"error: {tmp_path / 'none'} must hold train.safetensors and val.safetensors; "
+                     "create them with `dfl-node partition`"]
+
+
+async def test_a_state_dir_holds_one_node(fleet_shards: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    async with running(node_config(fleet_shards, state)):
+        second = node_config(fleet_shards, state, id="node-1", data=fleet_shards / "node-1")
+        status, lines, _ = await start_cli(second)
+    assert status == 1
+    assert lines == [f"error: state dir {state} is in use by another running node (pid {os.getpid()}); "
+                     "give each node its own --state-dir"]
+    async with running(node_config(fleet_shards, state)) as again:  # released when the first node stopped
+        assert again.ready.is_set()
+
+
+# ----------------------------------------------------------------------------- duplicate ids
+
+
+async def test_a_second_node_with_the_same_id_does_not_start(fleet_shards: Path, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    async with running(node_config(fleet_shards, tmp_path / "first")) as first:
+        with caplog.at_level(logging.ERROR):
+            status, lines, text = await start_cli(node_config(fleet_shards, tmp_path / "second", mdns=True,
+                                                              peers=[first.grpc_address]))
+        assert first.rejected == {"duplicate_id": 1}  # the running node reports the impostor's Hello…
+        assert [r.levelno for r in caplog.records if "node-0" in r.getMessage()] == [logging.ERROR]
+    assert status == 1 and "mDNS" not in text  # …and the impostor stops before it announces itself
+    assert lines == [f"error: node id 'node-0' is already used by another running node at {first.grpc_address}; "
+                     "give every node its own --id"]
+
+
+async def test_a_duplicate_met_after_start_up_is_reported_once(fleet_shards: Path, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    async with running(node_config(fleet_shards, tmp_path / "a")) as a, \
+            running(node_config(fleet_shards, tmp_path / "b")) as b:
+        probes, enough, hello = 0, asyncio.Event(), a.peers.hello
+
+        async def counted(address: str):  # noqa: ANN202
+            nonlocal probes
+            reply = await hello(address)
+            probes += address == b.grpc_address
+            if probes >= 5:
+                enough.set()
+            return reply
+
+        a.peers.hello = counted
+        with caplog.at_level(logging.ERROR):
+            a.peers.static.append(b.grpc_address)  # a meets b only now, by heartbeats
+            await asyncio.wait_for(enough.wait(), 20)
+    assert a.rejected == b.rejected == {"duplicate_id": 1}
+    assert not a.peers.peers and not b.peers.peers
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR and "node-0" in r.getMessage()]) == 2
+
+
+# ----------------------------------------------------------------------------- all or nothing
+
+
+def _mdns_name_taken(monkeypatch: pytest.MonkeyPatch) -> socket.socket | None:
+    async def taken(self: MdnsDiscovery) -> None:
+        raise zeroconf.NonUniqueNameException
+
+    monkeypatch.setattr(MdnsDiscovery, "start", taken)
+    return None
+
+
+def _http_port_taken(monkeypatch: pytest.MonkeyPatch) -> socket.socket | None:
+    return socket.create_server(("127.0.0.1", 0))
+
+
+@pytest.mark.parametrize(("occupy", "problem"), [
+    (_http_port_taken, r"HTTP port 127\.0\.0\.1:\d+ is already in use"),
+    (_mdns_name_taken, r"^node id 'node-0' is already announced on mDNS by another node; give every node its own --id$"),
+])
+async def test_a_failed_start_up_leaves_nothing_behind(fleet_shards: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture, occupy, problem: str) -> None:
+    occupier = occupy(monkeypatch)
+    http_port = occupier.getsockname()[1] if occupier else free_port()
+    config = node_config(fleet_shards, tmp_path / "state", http_port=http_port, mdns=True, evaluate=True)
+    try:
+        with caplog.at_level(logging.INFO), pytest.raises(OperatorError, match=problem):
+            async with running(config):
+                pass
+    finally:
+        if occupier:
+            occupier.close()
+    assert not [r.getMessage() for r in caplog.records if "serving" in r.getMessage()]
+    assert not (tmp_path / "state" / "model.safetensors").exists()  # no checkpoint written
+    with socket.create_server(("127.0.0.1", config.grpc_port)):
+        pass  # the gRPC port is free again
+
+
+# ----------------------------------------------------------------------------- resuming
+
+
+@pytest.mark.parametrize(("mode", "rounds", "done"), [
+    ("round", 100, False), ("round", 10, True), ("round", 5, True), ("round", 0, False), ("async", 0, False),
+])
+async def test_done_is_recomputed_from_the_rounds_configured_now(fleet_shards: Path, tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture,
+                                                                 mode: str, rounds: int, done: bool) -> None:
+    finished = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=10))
+    finished.round, finished.done = 10, True
+    await finished.save()
+    with caplog.at_level(logging.INFO):
+        again = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=rounds))
+    assert again.round == 10 and again.done is done
+    if mode == "round" and rounds:
+        assert f"resuming at round 10 of {rounds}" in caplog.text
+
+
+async def run_until_finished(nodes: list[Node]) -> None:
+    stops = [asyncio.Event() for _ in nodes]
+    tasks = [asyncio.create_task(run_node(node, stop)) for node, stop in zip(nodes, stops)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(n.scheduler.finished.wait() for n in nodes)), 60)
+    finally:
+        for stop in stops:
+            stop.set()
+        await asyncio.gather(*tasks)
+
+
+async def test_a_finished_fleet_resumes_when_given_more_rounds(fleet_shards: Path, tmp_path: Path) -> None:
+    ports = [free_port(), free_port()]
+
+    def fleet(rounds: int) -> list[Node]:
+        return [Node(node_config(fleet_shards, tmp_path / f"node-{i}", id=f"node-{i}", data=fleet_shards / f"node-{i}",
+                                 grpc_port=port, peers=[f"127.0.0.1:{p}" for p in ports if p != port], rounds=rounds))
+                for i, port in enumerate(ports)]
+
+    await run_until_finished(first := fleet(2))
+    assert [(n.round, n.done) for n in first] == [(2, True)] * 2
+    resumed = fleet(4)
+    assert [(n.round, n.done) for n in resumed] == [(2, False)] * 2
+    await run_until_finished(resumed)
+    assert [(n.round, n.done) for n in resumed] == [(4, True)] * 2
+    assert sum(n.counters["models_sent"] for n in resumed) == 4  # two rounds before the restart, two after
