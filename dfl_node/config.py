@@ -77,8 +77,6 @@ class ExperimentConfig(LearningConfig):
     eval_every: int = Field(10, ge=1, description="evaluate every n rounds (and after the last)")
 
 
-
-
 Model = TypeVar("Model", bound=BaseModel)
 
 
@@ -126,7 +124,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def _kind(value: object) -> str:
-    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(value), type(value).__name__)
+    names = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _lower_first(text: str) -> str:
@@ -179,8 +178,7 @@ def load_config(
         (preset or {}, lambda key: f"{key} (preset)"),
         (_relative_to_file(model, read_config_file(path), path) if path else {}, lambda key: f"{key} (in {path})"),
         (env_overrides(model), lambda key: f"DFL_{key.upper()}"),
-        ({k: v for k, v in (overrides or {}).items() if v is not None},
-         lambda key: (flag_names or {}).get(key, "--" + key.replace("_", "-"))),
+        ({k: v for k, v in (overrides or {}).items() if v is not None}, lambda key: _flag(key, flag_names or {})),
     ]
     data: dict[str, Any] = {}
     origin: dict[str, str] = {}
@@ -198,9 +196,11 @@ _PROBLEMS: dict[str, str] = {
     "greater_than_equal": "must be ≥ {ge}", "greater_than": "must be > {gt}",
     "less_than_equal": "must be ≤ {le}", "less_than": "must be < {lt}",
     "literal_error": "must be {expected}", "enum": "must be {expected}",
-    "string_too_short": "must be at least {min_length} character{s}", "string_too_long": "must be at most {max_length} character{s}",
+    "string_too_short": "must be at least {min_length} character{s}",
+    "string_too_long": "must be at most {max_length} character{s}",
     "string_pattern_mismatch": "must match {pattern}",
-    "int_parsing": "must be a whole number", "int_type": "must be a whole number", "int_from_float": "must be a whole number",
+    "int_parsing": "must be a whole number", "int_type": "must be a whole number",
+    "int_from_float": "must be a whole number",
     "float_parsing": "must be a number", "float_type": "must be a number",
     "bool_parsing": "must be true or false", "bool_type": "must be true or false",
     "list_type": "must be a list", "string_type": "must be text", "path_type": "must be a path",
@@ -216,8 +216,7 @@ def describe_problem(error: ErrorDetails, origin: Mapping[str, str], model: type
     key = str(error["loc"][0]) if error["loc"] else ""
     kind, ctx = error["type"], error.get("ctx") or {}
     if kind == "missing":
-        flag = flag_names.get(key, "--" + key.replace("_", "-"))
-        return f"{key}: missing (give {flag}, DFL_{key.upper()} or {key} in the --config file)"
+        return f"{key}: missing (give {_flag(key, flag_names)}, DFL_{key.upper()} or {key} in the --config file)"
     where = origin.get(key, key)
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(key, list(model.model_fields), n=1)
@@ -225,13 +224,18 @@ def describe_problem(error: ErrorDetails, origin: Mapping[str, str], model: type
     if kind == "value_error":  # our validators' own words, which already quote the value
         problem = str(ctx.get("error", error["msg"]))
     else:
-        ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in ctx.items()}  # ≤ 1, not ≤ 1.0
+        ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in ctx.items()}  # "≤ 1", not 1.0
         count = ctx.get("min_length", ctx.get("max_length"))
         template = _PROBLEMS.get(kind)
         problem = template.format(**ctx, s="" if count == 1 else "s") if template else _lower_first(error["msg"])
         problem += f" (got {_shown(error['input'])})"
     items = [f"item {part + 1}" for part in error["loc"][1:] if isinstance(part, int)]
     return f"{where}: " + " ".join([*items, problem]) if where else problem
+
+
+def _flag(key: str, flag_names: Mapping[str, str]) -> str:
+    """The option a field is set by on this verb's command line (``--peer`` for ``peers``), else ``--field-name``."""
+    return flag_names.get(key, "--" + key.replace("_", "-"))
 
 
 def _shown(value: object) -> str:

@@ -116,7 +116,8 @@ def test_experiment_verbs_share_the_same_messages(tmp_path: Path, monkeypatch: p
     write(tmp_path / "x.yaml", "algorithms: [defkt, fedavg]\n")
     result = invoke("partition", "--config", "x.yaml", "--out", "shards")
     assert result.exit_code == 2
-    assert error_lines(result) == ["Error: algorithms (in x.yaml): item 2 must be 'defkt', 'fullavg' or 'combo' (got fedavg)"]
+    assert error_lines(result) == [
+        "Error: algorithms (in x.yaml): item 2 must be 'defkt', 'fullavg' or 'combo' (got fedavg)"]
 
 
 @pytest.mark.parametrize(("peer", "problem"), [

@@ -189,7 +189,8 @@ def _http_port_taken(monkeypatch: pytest.MonkeyPatch) -> socket.socket | None:
 
 @pytest.mark.parametrize(("occupy", "problem"), [
     (_http_port_taken, r"HTTP port 127\.0\.0\.1:\d+ is already in use"),
-    (_mdns_name_taken, r"^node id 'node-0' is already announced on mDNS by another node; give every node its own --id$"),
+    (_mdns_name_taken, r"^node id 'node-0' is already announced on mDNS by another node; "
+                       r"give every node its own --id$"),
 ])
 async def test_a_failed_start_up_leaves_nothing_behind(fleet_shards: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch,

@@ -69,7 +69,8 @@ def _bind_failure(what: str, flag: str, host: str, port: int, exc: OSError) -> O
         return OperatorError(f"cannot bind {where}: that address is not on this machine "
                              "(--host must be one of its addresses, or 0.0.0.0 with --advertise)")
     if exc.errno == errno.EACCES:
-        return OperatorError(f"cannot bind {where}: permission denied (ports below 1024 need privileges; choose {flag})")
+        return OperatorError(f"cannot bind {where}: permission denied (ports below 1024 need privileges; "
+                             f"choose {flag})")
     return OperatorError(f"cannot bind {what} to {where}: {exc.strerror or exc}")
 
 
