@@ -28,9 +28,7 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "experiments" / "mnist_mlp_zeta4.yaml")
     parser.add_argument("--rounds", type=int, default=50)
     args = parser.parse_args()
-    config = load_config(ExperimentConfig, args.config)
-    if config.data_dir and not config.data_dir.is_absolute():
-        config = config.model_copy(update={"data_dir": ROOT / config.data_dir})
+    config = load_config(ExperimentConfig, args.config)  # its relative data_dir is read from its folder
     torch.set_num_threads(config.threads)
     fleet = provision(config)
     report: dict = {"benchmark": "sim_speed", "config": args.config.name, "rounds": args.rounds,
