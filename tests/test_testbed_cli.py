@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from dfl_node.testbed.launcher import all_done, done_twice
 
 NODES = 3
 # the tiny digits preset, one algorithm, 3 daemons with 1 torch thread each: seconds, not minutes
@@ -110,6 +110,12 @@ def testbed(tmp_path: Path) -> Iterator[CliRuns]:
         bed.close()
 
 
+def log_tails(folder: Path, lines: int = 15) -> str:
+    """The end of every node log under ``folder``: what an assertion message needs to explain a failed run."""
+    return "\n".join(f"--- {log.name} ---\n" + "\n".join(log.read_text().splitlines()[-lines:])
+                     for log in sorted(folder.glob("**/node-*.log")))
+
+
 def summary_rounds(stdout: str) -> int:
     """The "rounds" cell of the summary table's testbed row (algorithm | driver | rounds | …)."""
     rows = [line for line in stdout.splitlines() if re.search(r"defkt\s*│\s*testbed", line)]
@@ -117,26 +123,43 @@ def summary_rounds(stdout: str) -> int:
     return int(rows[0].split("│")[3])
 
 
+def status(role: str, done: bool, fusions: int) -> dict:
+    return {"role": role, "done": done, "fusions": fusions}
+
+
+def test_fleet_is_done_only_when_two_polls_in_a_row_say_so() -> None:
+    """node-0 read idle before node-1's last push reached it, node-1 read done after: one poll is not enough."""
+    stale = {"node-0": status("idle", True, 3), "node-1": status("idle", True, 2)}
+    fusing = {"node-0": status("receiver", False, 3), "node-1": status("idle", True, 2)}
+    final = {"node-0": status("idle", True, 4), "node-1": status("idle", True, 2)}
+    assert all_done(stale)  # the race a single poll falls for
+    settled = done_twice()
+    assert [settled(s) for s in (stale, fusing, final, final)] == [False, False, False, True]
+
+
+@pytest.mark.slow
 def test_async_run_stops_after_duration_and_reports_the_exchanges_it_made(testbed: CliRuns, tmp_path: Path) -> None:
     out, work = tmp_path / "result.json", tmp_path / "work"
     # --rounds is deliberately absurd: async mode must report what happened, not the config
     process = testbed.start("--mode", "async", "--duration", "8", "--rounds", "999", "--timeout", "60",
                             "--out", str(out), "--workdir", str(work))
     stdout, stderr = process.communicate(timeout=80)
-    assert process.returncode == 0, stderr
+    assert process.returncode == 0, f"{stdout}\n{stderr}\n{log_tails(work)}"
     reported = summary_rounds(stdout)
     result = json.loads(out.read_text())
     states = [json.loads((work / "defkt" / "state" / f"node-{i}" / "state.json").read_text()) for i in range(NODES)]
-    fusions = sum(s["counters"]["fusions"] for s in states)  # each node's own checkpointed count
-    assert reported == result["rounds"] == fusions > 0
+    counters = [s["counters"] for s in states]  # each node's own checkpointed counts
+    fusions = sum(c["fusions"] for c in counters)
+    assert reported == result["rounds"] == fusions > 0, (counters, log_tails(work))
     assert result["mode"] == "async"
-    assert result["models_transmitted"] == fusions  # every model sent was fused by its receiver
+    assert result["models_transmitted"] == fusions, (counters, log_tails(work))  # every model sent was fused
     assert result["history"], "an async run has an accuracy curve too"
     assert [r["round"] for r in result["history"]][-1] == fusions
     assert all(r["round"] <= fusions for r in result["history"])
     assert "completed exchanges" in stdout  # the summary says what its rounds count
 
 
+@pytest.mark.slow
 def test_timeout_is_a_short_error_and_keeps_the_work_folder(testbed: CliRuns) -> None:
     process = testbed.start("--rounds", "200", "--timeout", "2")
     _, stderr = process.communicate(timeout=60)
@@ -153,6 +176,7 @@ def test_timeout_is_a_short_error_and_keeps_the_work_folder(testbed: CliRuns) ->
     assert (kept[0] / "shards").is_dir()
 
 
+@pytest.mark.slow
 def test_sigterm_stops_every_daemon_and_removes_the_temp_folder(testbed: CliRuns) -> None:
     process = testbed.start("--rounds", "200", "--timeout", "120")
 
@@ -165,8 +189,8 @@ def test_sigterm_stops_every_daemon_and_removes_the_temp_folder(testbed: CliRuns
     daemons = testbed.remember_daemons(process)
     assert len(daemons) == NODES
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=40)
-    assert process.returncode in (1, 128 + signal.SIGTERM), stderr
+    stdout, stderr = process.communicate(timeout=40)
+    assert process.returncode in (1, 128 + signal.SIGTERM), f"{stdout}\n{stderr}"
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert testbed.alive_daemons() == []
     assert testbed.temp_folders() == []

@@ -24,7 +24,7 @@ from dfl_node.cli.simulate import node_table, summary_table
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import Fleet, provision, write_fleet
 from dfl_node.results import RunResult, write_results
-from dfl_node.testbed.launcher import Placement, all_done, collect, plan_fleet, stop_all, wait_until
+from dfl_node.testbed.launcher import Placement, collect, done_twice, plan_fleet, stop_all, wait_until
 
 TESTBED_DEFAULTS = {**DEMO_DEFAULTS, "name": "digits-testbed", "nodes": 4, "rounds": 20, "eval_every": 5,
                     "algorithms": ["defkt"]}
@@ -129,7 +129,7 @@ def run_algorithm(config: ExperimentConfig, algorithm: str, fleet: Fleet, root: 
             for node in nodes:
                 node.start()
             with Live(console=console, refresh_per_second=2) as live:
-                wait_until(nodes, all_done, timeout, on_poll=lambda s: live.update(fleet_table(s)))
+                wait_until(nodes, done_twice(), timeout, on_poll=lambda s: live.update(fleet_table(s)))
             if not console.is_terminal:
                 console.line()  # rich ends a piped Live's last frame without a newline
             return collect(nodes, config, algorithm, fleet, started)

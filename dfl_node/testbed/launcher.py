@@ -182,6 +182,25 @@ def all_done(statuses: dict[str, dict | None]) -> bool:
     return all(s is not None and s["done"] for s in statuses.values())
 
 
+def done_twice() -> Callable[[dict[str, dict | None]], bool]:
+    """A :func:`wait_until` predicate: :func:`all_done` in two polls in a row, so the counters are final.
+
+    A poll reads the nodes one after the other, not at one instant: a receiver read just before a
+    sender's last push looks done (idle) although that fusion is still to come, and the sender, read
+    after it, is done too. A push is admitted before its sender is done, so in the next poll that
+    receiver is either still busy (not done) or finished, with its fusion counted.
+    """
+    previous = False
+
+    def check(statuses: dict[str, dict | None]) -> bool:
+        nonlocal previous
+        now = all_done(statuses)
+        settled, previous = previous and now, now
+        return settled
+
+    return check
+
+
 def fleet_rounds(statuses: dict[str, dict]) -> tuple[str, int]:
     """The fleet's mode and what it really did (never the configured T).
 
