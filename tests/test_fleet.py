@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from dfl_node.learning.fleet import provision
 from dfl_node.sim import Simulation
-from dfl_node.testbed.launcher import NodeProcess, Placement, all_done, plan_fleet, wait_until
+from dfl_node.testbed.launcher import NodeProcess, Placement, all_done, done_twice, plan_fleet, wait_until
 from tests.conftest import FLEET
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm:
 def test_async_mode_every_node_fuses_and_never_two_at_once(fleet_shards: Path, tmp_path: Path) -> None:
     with fleet(fleet_shards, tmp_path, "defkt", mode="async", mdns=True,
                extra={"duration": 120, "interval": 1.0, "participation": 0.8}) as nodes:
-        statuses = wait_until(nodes, all_done, timeout=240, every=2.0)
+        statuses = wait_until(nodes, done_twice(), timeout=240, every=2.0)
         assert all(n.process.poll() is None for n in nodes)  # still serving after the budget
     for s in statuses.values():
         assert s["fusions"] >= 1, s
