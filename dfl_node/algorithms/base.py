@@ -78,14 +78,6 @@ class RoundPlan:
     round: int
     pairings: tuple[Pairing, ...]
 
-    def role_of(self, node_id: str) -> tuple[str, Pairing] | None:
-        for p in self.pairings:
-            if p.sender == node_id:
-                return "sender", p
-            if p.receiver == node_id:
-                return "receiver", p
-        return None
-
 
 class AlgorithmError(ValueError):
     """A message an algorithm cannot fuse (wrong purpose, wrong segments, wrong shapes)."""
