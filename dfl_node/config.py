@@ -11,17 +11,91 @@ import os
 import re
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import ErrorDetails
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, ErrorDetails, core_schema
 
-AlgorithmName = Literal["defkt", "fullavg", "combo"]
-PartitionName = Literal["iid", "shards", "classes", "dirichlet", "unbalanced"]
-DatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10"]
+
+@dataclass(frozen=True)
+class Registered:
+    """Marks a ``str`` setting that must name an entry of one of the package's registries.
+
+    The registry is the one declaration of the names: it is read whenever a value is checked, a JSON
+    schema is drawn or a verb's ``--help`` lists the choices, so registering an algorithm (a dataset, a
+    partition, a model) is all it takes for every verb, ``DFL_*`` variable and config file to accept it.
+    ``lookup`` imports the registry only when called, since the registries' packages import this
+    module (every algorithm takes a :class:`LearningConfig`).
+    """
+
+    kind: str
+    lookup: Callable[[], Iterable[str]]
+
+    def names(self) -> list[str]:
+        return sorted(self.lookup())
+
+    def check(self, value: str) -> str:
+        """The value, if registered; else the one-line problem that :func:`describe_problem` reports."""
+        names = self.names()
+        if value not in names:
+            raise ValueError(f"unknown {self.kind} {value!r}; available: {', '.join(names)}")
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {**handler(schema), "enum": self.names()}
+
+
+def _algorithms() -> Iterable[str]:
+    from dfl_node.algorithms import ALGORITHMS  # noqa: PLC0415 - it imports this module
+
+    return ALGORITHMS
+
+
+def _datasets() -> Iterable[str]:
+    from dfl_node.learning.datasets import DATASETS  # noqa: PLC0415 - keeps torch out of reading settings
+
+    return DATASETS
+
+
+def _partitions() -> Iterable[str]:
+    from dfl_node.learning.partitions import PARTITIONS  # noqa: PLC0415 - keeps numpy out of reading settings
+
+    return PARTITIONS
+
+
+def _models() -> Iterable[str]:
+    from dfl_node.learning.models import available_models  # noqa: PLC0415 - keeps torch out of reading settings
+
+    return available_models()
+
+
+AlgorithmName = Annotated[str, Registered("algorithm", _algorithms)]
+DatasetName = Annotated[str, Registered("dataset", _datasets)]
+PartitionName = Annotated[str, Registered("partition", _partitions)]
+ModelName = Annotated[str, Registered("model", _models)]
+
+
+def registry_of(field: FieldInfo) -> Registered | None:
+    """The registry a field's values come from (for ``list[AlgorithmName]``, its items'), if any: the CLI
+    offers its names as the flag's choices."""
+    return _find_registered([*field.metadata, field.annotation])
+
+
+def _find_registered(items: Iterable[object]) -> Registered | None:
+    for item in items:
+        found = item if isinstance(item, Registered) else _find_registered(typing.get_args(item))
+        if found:
+            return found
+    return None
 
 
 class ConfigError(ValueError):
@@ -43,7 +117,7 @@ class LearningConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field("mlp", description="architecture from the model registry (mlp, cnn)")
+    model: ModelName = Field("mlp", description="architecture from the model registry")
     hidden: list[int] | None = Field(None, description="layer widths overriding the architecture's default")
     seed: int = Field(0, description="seed of w0, the round plans and every minibatch order")
     pairs: int = Field(1, ge=1, description="Q: sender/receiver pairs per round")
@@ -64,14 +138,15 @@ class LearningConfig(BaseModel):
 class ExperimentConfig(LearningConfig):
     """A simulated (or testbed) experiment: data, fleet size, algorithms and schedule."""
 
-    name: str = "experiment"
-    dataset: DatasetName = "digits"
+    name: str = Field("experiment", description="title of the run in tables and results files")
+    dataset: DatasetName = Field("digits", description="dataset (digits is embedded; the others are read from data_dir)")
     data_dir: Path | None = Field(None, description="folder with dataset files (else $DFL_DATA_DIR)")
-    partition: PartitionName = "iid"
+    partition: PartitionName = Field("iid", description="how the training data is split across the nodes")
     zeta: int = Field(2, ge=1, description="ζ: segments (shards) or classes per client")
     beta: float = Field(0.5, gt=0, description="β of the Dirichlet partition")
     val_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's data held out for local validation")
-    algorithms: list[AlgorithmName] = Field(default_factory=lambda: ["defkt", "fullavg", "combo"])
+    algorithms: list[AlgorithmName] = Field(default_factory=lambda: ["defkt", "fullavg", "combo"],
+                                            description="algorithms to run, one after the other on the same data")
     nodes: int = Field(10, ge=2, description="K: number of clients")
     rounds: int = Field(100, ge=1, description="T: rounds")
     eval_every: int = Field(10, ge=1, description="evaluate every n rounds (and after the last)")
@@ -221,14 +296,14 @@ def describe_problem(error: ErrorDetails, origin: Mapping[str, str], model: type
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(key, list(model.model_fields), n=1)
         return f"{where}: unknown setting" + (f" (did you mean {close[0]}?)" if close else "")
-    if kind == "value_error":  # our validators' own words, which already quote the value
+    if kind == "value_error":  # our validators' own words, which quote the value: no "item n" needed
         problem = str(ctx.get("error", error["msg"]))
-    else:
-        ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in ctx.items()}  # "≤ 1", not 1.0
-        count = ctx.get("min_length", ctx.get("max_length"))
-        template = _PROBLEMS.get(kind)
-        problem = template.format(**ctx, s="" if count == 1 else "s") if template else _lower_first(error["msg"])
-        problem += f" (got {_shown(error['input'])})"
+        return f"{where}: {problem}" if where else problem
+    ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in ctx.items()}  # "≤ 1", not 1.0
+    count = ctx.get("min_length", ctx.get("max_length"))
+    template = _PROBLEMS.get(kind)
+    problem = template.format(**ctx, s="" if count == 1 else "s") if template else _lower_first(error["msg"])
+    problem += f" (got {_shown(error['input'])})"
     items = [f"item {part + 1}" for part in error["loc"][1:] if isinstance(part, int)]
     return f"{where}: " + " ".join([*items, problem]) if where else problem
 

@@ -113,11 +113,11 @@ def test_experiment_verbs_share_the_same_messages(tmp_path: Path, monkeypatch: p
     monkeypatch.chdir(tmp_path)
     result = invoke("simulate", "--nodes", "1", "--quiet")
     assert result.exit_code == 2 and error_lines(result) == ["Error: --nodes: must be ≥ 2 (got 1)"]
-    write(tmp_path / "x.yaml", "algorithms: [defkt, fedavg]\n")
+    write(tmp_path / "x.yaml", "algorithms: [defkt, nonesuch]\n")
     result = invoke("partition", "--config", "x.yaml", "--out", "shards")
     assert result.exit_code == 2
     assert error_lines(result) == [
-        "Error: algorithms (in x.yaml): item 2 must be 'defkt', 'fullavg' or 'combo' (got fedavg)"]
+        "Error: algorithms (in x.yaml): unknown algorithm 'nonesuch'; available: combo, defkt, fullavg"]
 
 
 @pytest.mark.parametrize(("peer", "problem"), [
