@@ -139,7 +139,7 @@ class ExperimentConfig(LearningConfig):
     """A simulated (or testbed) experiment: data, fleet size, algorithms and schedule."""
 
     name: str = Field("experiment", description="title of the run in tables and results files")
-    dataset: DatasetName = Field("digits", description="dataset (digits is embedded; the others are read from data_dir)")
+    dataset: DatasetName = Field("digits", description="dataset (digits is embedded, the others read from data_dir)")
     data_dir: Path | None = Field(None, description="folder with dataset files (else $DFL_DATA_DIR)")
     partition: PartitionName = Field("iid", description="how the training data is split across the nodes")
     zeta: int = Field(2, ge=1, description="ζ: segments (shards) or classes per client")

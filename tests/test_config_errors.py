@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 
+from dfl_node.algorithms import ALGORITHMS
 from dfl_node.cli import cli
 from dfl_node.config import ExperimentConfig, load_config
 from dfl_node.node.config import NodeConfig
@@ -117,7 +118,7 @@ def test_experiment_verbs_share_the_same_messages(tmp_path: Path, monkeypatch: p
     result = invoke("partition", "--config", "x.yaml", "--out", "shards")
     assert result.exit_code == 2
     assert error_lines(result) == [
-        "Error: algorithms (in x.yaml): unknown algorithm 'nonesuch'; available: combo, defkt, fullavg"]
+        f"Error: algorithms (in x.yaml): unknown algorithm 'nonesuch'; available: {', '.join(sorted(ALGORITHMS))}"]
 
 
 @pytest.mark.parametrize(("peer", "problem"), [

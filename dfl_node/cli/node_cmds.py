@@ -1,63 +1,34 @@
 """`dfl-node start | partition | status`: the verbs of a device and of its operator.
 
-`start`'s flags are generated from :class:`~dfl_node.node.config.NodeConfig`, so a flag, its
-``DFL_*`` variable and its config-file key can never drift apart.
+`start`'s flags are generated from :class:`~dfl_node.node.config.NodeConfig` and `partition`'s from
+:class:`~dfl_node.config.ExperimentConfig` (:mod:`dfl_node.cli.options`), so a flag, its ``DFL_*``
+variable and its config-file key can never drift apart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
 import click
-from pydantic.fields import FieldInfo
 
 from dfl_node.api.status_cli import show_status
-from dfl_node.cli.options import experiment_config, experiment_options, load_settings
+from dfl_node.cli.options import experiment_config, experiment_options, load_settings, model_options
 from dfl_node.config import OperatorError
 from dfl_node.learning.fleet import provision, write_fleet
 from dfl_node.node.config import NodeConfig
 
 
-def _click_type(field: FieldInfo) -> Any:
-    ann = field.annotation
-    args = [a for a in typing.get_args(ann) if a is not type(None)] or [ann]
-    base = args[0]
-    if typing.get_origin(base) is typing.Literal:
-        return click.Choice(typing.get_args(base))
-    if typing.get_origin(base) is list:
-        return typing.get_args(base)[0]
-    return {Path: click.Path(path_type=Path), bool: bool, int: int, float: float}.get(base, str)
-
-
-def node_options(func: Any) -> Any:
-    """One click option per NodeConfig field: ``--grpc-port`` for ``grpc_port``, ``--peer`` (repeatable) for ``peers``."""
-    for name, field in reversed(NodeConfig.model_fields.items()):
-        flag = name.replace("_", "-")
-        help_text = (field.description or "") + f"  [env: DFL_{name.upper()}]"
-        if field.annotation is bool:
-            func = click.option(f"--{flag}/--no-{flag}", name, default=None, help=help_text)(func)
-        elif name == "peers":
-            func = click.option("--peer", name, multiple=True, help=help_text)(func)
-        elif name == "hidden":
-            func = click.option("--hidden", name, type=int, multiple=True, help=help_text)(func)
-        else:
-            func = click.option(f"--{flag}", name, type=_click_type(field), default=None, help=help_text)(func)
-    return func
-
-
 @click.command()
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML or TOML node config (env DFL_* and flags override it).")
-@node_options
+@model_options(NodeConfig)
 def start(config_path: Path | None, **flags: Any) -> None:
     """Run this device's node: serve gRPC + REST, discover peers, learn with them until stopped."""
     from dfl_node.node.service import serve  # grpc/zeroconf/uvicorn only for this verb
 
-    flags = {k: (list(v) or None) if isinstance(v, tuple) else v for k, v in flags.items()}
     config = load_settings(NodeConfig, config_path, flags)
     try:
         config.advertised_host  # noqa: B018 - validates --host/--advertise early

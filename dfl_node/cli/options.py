@@ -1,60 +1,107 @@
-"""Command-line options shared by several verbs, declared once.
+"""Command-line options generated from the config models, so a verb can never miss a setting.
 
-``simulate``, ``testbed`` and ``partition`` take the same experiment options; each maps onto a
-field of :class:`~dfl_node.config.ExperimentConfig`, so a flag, a ``DFL_<FIELD>`` variable and a
-config-file key always mean the same thing.
+Every field of :class:`~dfl_node.config.ExperimentConfig` is an option of ``simulate``, ``testbed``
+and ``partition``, every field of :class:`~dfl_node.node.config.NodeConfig` one of ``start``: a flag,
+a ``DFL_<FIELD>`` variable and a config-file key always mean the same thing, with the same description.
 """
 
 from __future__ import annotations
 
 import logging
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
-from dfl_node.algorithms import ALGORITHMS
-from dfl_node.config import ConfigError, ExperimentConfig, load_config
-from dfl_node.learning.datasets import DATASETS
-from dfl_node.learning.partitions import PARTITIONS
+from dfl_node.config import ConfigError, ExperimentConfig, Registered, load_config, registry_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 M = TypeVar("M", bound=BaseModel)
 
-EXPERIMENT_OPTIONS = [
-    click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                 help="YAML or TOML experiment file (flags override it)."),
-    click.option("--dataset", type=click.Choice(DATASETS), help="Dataset (default: digits, embedded)."),
-    click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-                 help="Folder with dataset files (default: $DFL_DATA_DIR)."),
-    click.option("--algorithm", "algorithms", multiple=True, type=click.Choice(sorted(ALGORITHMS)),
-                 help="Algorithm to run; repeat for several (default: all)."),
-    click.option("--nodes", type=int, help="K: number of nodes."),
-    click.option("--rounds", type=int, help="T: number of rounds."),
-    click.option("--seed", type=int, help="Seed of the partition, w0 and every random choice."),
-    click.option("--partition", type=click.Choice(PARTITIONS), help="How data is split across nodes."),
-    click.option("--zeta", type=int, help="ζ for the shards/classes partitions."),
-    click.option("--beta", type=float, help="β for the Dirichlet partition."),
-    click.option("--model", help="Architecture from the model registry (mlp, cnn)."),
-    click.option("--lr", type=float, help="Learning rate."),
-    click.option("--batch-size", type=int, help="B1: local batch size."),
-    click.option("--local-epochs", type=int, help="M: local epochs per round."),
-    click.option("--eval-every", type=int, help="Evaluate every n rounds."),
-]
+# List fields whose repeatable option is spelled as one item (``--peer A --peer B`` fills ``peers``).
+ITEM_FLAGS = {"algorithms": "algorithm", "peers": "peer"}
+
+
+class RegistryChoice(click.Choice):
+    """A registry's names as an option's choices (``--help``, shell completion), read when shown, so a
+    name registered after the command was built is offered too.
+
+    The value is not checked here but by the config model: an unknown name is then the same one line
+    whether it came from a flag, a ``DFL_*`` variable or a config file.
+    """
+
+    def __init__(self, registry: Registered) -> None:  # no super().__init__: the choices are read live
+        self.registry = registry
+        self.case_sensitive = True
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self.registry.names())
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return value
+
+
+def model_options(model: type[BaseModel]) -> Callable[[F], F]:
+    """One click option per field of ``model``, in field order: ``--grpc-port`` for ``grpc_port``,
+    ``--x/--no-x`` for a bool, a repeatable option for a list; the help is the field's description."""
+    def decorate(func: F) -> F:
+        for name, field in reversed(model.model_fields.items()):
+            func = field_option(name, field)(func)
+        return func
+
+    return decorate
+
+
+def field_option(name: str, field: FieldInfo) -> Callable[[F], F]:
+    """The option that sets one field; unset, it is ``None`` (or ``()``), so lower layers decide."""
+    flag = "--" + ITEM_FLAGS.get(name, name).replace("_", "-")
+    help_text = f"{field.description or ''}  [env: DFL_{name.upper()}]"
+    value_type = _value_type(field.annotation)
+    if value_type is bool:
+        return click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=help_text)
+    if typing.get_origin(value_type) is list:
+        [item_type] = typing.get_args(value_type)
+        return click.option(flag, name, type=_click_type(field, item_type), multiple=True, help=help_text)
+    return click.option(flag, name, type=_click_type(field, value_type), default=None, help=help_text)
+
+
+def _value_type(annotation: Any) -> Any:
+    """``X`` for ``X | None``: an optional setting's flag takes what the setting holds."""
+    args = typing.get_args(annotation)
+    if type(None) not in args:
+        return annotation
+    [value_type] = [arg for arg in args if arg is not type(None)]
+    return value_type
+
+
+def _click_type(field: FieldInfo, value_type: Any) -> Any:
+    registry = registry_of(field)
+    if registry:
+        return RegistryChoice(registry)
+    if typing.get_origin(value_type) is typing.Literal:
+        return click.Choice(typing.get_args(value_type))
+    return {Path: click.Path(path_type=Path), int: int, float: float}.get(value_type, str)
+
+
+CONFIG_OPTION = click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                             help="YAML or TOML experiment file (flags override it).")
+
+
+def experiment_options(func: F) -> F:
+    """``--config`` and one option per :class:`~dfl_node.config.ExperimentConfig` field."""
+    return CONFIG_OPTION(model_options(ExperimentConfig)(func))
+
 
 # Preset used when `dfl-node simulate` / `testbed` get no config file: a quick, meaningful demo on digits.
 DEMO_DEFAULTS: dict[str, Any] = {
     "name": "digits-demo", "dataset": "digits", "partition": "shards", "zeta": 4, "nodes": 10,
     "rounds": 200, "eval_every": 20, "batch_size": 20, "mkt_batch_size": 20, "lr": 0.05,
 }
-
-
-def experiment_options(func: F) -> F:
-    for option in reversed(EXPERIMENT_OPTIONS):
-        func = option(func)
-    return func
 
 
 class SettingsError(click.UsageError):
@@ -67,18 +114,19 @@ class SettingsError(click.UsageError):
 def load_settings(model: type[M], config_path: Path | None, flags: dict[str, Any],
                   preset: dict[str, Any] | None = None) -> M:
     """:func:`~dfl_node.config.load_config` for the running verb: its flags named as the operator typed
-    them (``--peer``, ``--algorithm``), any unusable setting a :class:`SettingsError`."""
+    them (``--peer``, ``--algorithm``), a repeatable option not given left to the lower layers, any
+    unusable setting a :class:`SettingsError`."""
     params = click.get_current_context().command.params
     flag_names = {p.name: p.opts[0] for p in params if isinstance(p, click.Option) and p.name}
+    given = {name: (list(value) or None) if isinstance(value, tuple) else value for name, value in flags.items()}
     try:
-        return load_config(model, config_path, flags, preset=preset, flag_names=flag_names)
+        return load_config(model, config_path, given, preset=preset, flag_names=flag_names)
     except ConfigError as exc:
         raise SettingsError(exc) from None
 
 
 def experiment_config(config_path: Path | None, demo: dict[str, Any], **flags: Any) -> ExperimentConfig:
     """Build the config: demo preset (only without a file) < file < env < flags."""
-    flags["algorithms"] = list(flags.get("algorithms") or []) or None
     return load_settings(ExperimentConfig, config_path, flags, preset=demo if config_path is None else None)
 
 

@@ -21,11 +21,11 @@ class NodeConfig(LearningConfig):
                     description="node id, unique in the swarm")
     data: Path = Field(..., description="folder with this node's train.safetensors and val.safetensors (dfl-node partition)")
     test_data: Path | None = Field(None, description="global test set (test.safetensors) for global accuracy")
-    algorithm: AlgorithmName = "defkt"
+    algorithm: AlgorithmName = Field("defkt", description="algorithm this node runs, the same on every node")
     mode: Literal["round", "async"] = Field("round", description="round: token-scheduled, reproducible; async: deployment")
     host: str = Field("127.0.0.1", description="address to serve on; loopback unless told otherwise")
     advertise: str | None = Field(None, description="address peers should dial (default: host; required with 0.0.0.0)")
-    grpc_port: int = Field(50051, ge=1, le=65535)
+    grpc_port: int = Field(50051, ge=1, le=65535, description="port peers stream models to (gRPC)")
     http_port: int = Field(8080, ge=0, le=65535, description="REST status port (0 disables the REST server)")
     status_url: str | None = Field(None, max_length=200, pattern=r"^https?://[^\s/]+(/\S*)?$",
                                    description="URL operators reach this node's REST API at, told to peers for "
