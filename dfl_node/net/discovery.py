@@ -15,7 +15,10 @@ an update that peers report through ``on_found`` again.
 Safety: zeroconf is bound only to the interface of the address the node serves
 on (:func:`mdns_interfaces`); loopback for the default ``127.0.0.1``. All
 interfaces are used only when the operator explicitly binds ``0.0.0.0``
-(containers). See ``/work/shared/notes/networking.md`` for the traps.
+(containers): mDNS multicast out of a machine's real interface is traffic
+leaving it, so zeroconf's default (every interface) is never used. zeroconf's
+register, update and unregister calls return a second awaitable that must be
+awaited too, or no announcement (or goodbye) is sent.
 
 This module holds only the live part (zeroconf registering and browsing). The
 record itself and the pure helpers — :class:`Announcement`, names, interface

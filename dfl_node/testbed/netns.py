@@ -1,9 +1,12 @@
 """A multi-host testbed without Docker: N Linux network namespaces on a bridge, one daemon in each.
 
-Layout (the recipe measured in ``shared/notes/networking.md``)::
+Layout::
 
     <tag>-sw    br0 (bridge, mcast_snooping 0) with ports p1..pN     the "switch"
     <tag>-h<i>  lo + veth0 = <subnet>.<i>/24, route 224.0.0.0/4 dev veth0
+
+Multicast snooping is off so the bridge floods mDNS to every port, and the multicast route lets
+mDNS leave a host namespace that has no default route.
 
 Nothing is created in the root namespace and no namespace has a default route, so no traffic can
 leave the machine. ``<tag>`` is ``<prefix>-<pid>-<random>``: parallel runs never clash, and
