@@ -1,8 +1,8 @@
 """Datasets held in memory as normalized tensors, read only from local files.
 
 Nodes run on machines without internet access, so nothing here ever downloads:
-``digits`` ships inside scikit-learn, MNIST / Fashion-MNIST come from an ``.npz``
-(see ``shared/datasets``) or the official IDX files, and CIFAR-10 from the official
+``digits`` ships inside scikit-learn, MNIST / Fashion-MNIST come from an ``.npz`` (arrays
+``x_train y_train x_test y_test``) or the official IDX files, and CIFAR-10 from the official
 ``cifar-10-batches-py`` / ``cifar-10-batches-bin`` folders. A node's private data
 travels as a safetensors shard (no pickle), validated on load.
 """
@@ -21,7 +21,7 @@ import torch
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10")
 
-# Training-set statistics (verified on the real data, see shared/datasets/README.md).
+# Per-channel mean and std of each training set (checked against the real data).
 _STATS = {
     "mnist": ((0.1307,), (0.3081,)),
     "fashion_mnist": ((0.2860,), (0.3530,)),
