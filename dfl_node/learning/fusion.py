@@ -4,7 +4,7 @@
 * :func:`weighted_average_` — 000 eq. 9 (FullAvg), sample-count weights, in place.
 * :func:`segment_ranges`, :func:`segment_parts`, :func:`average_parts_` — Combo's segment averaging.
 
-Readings of the ambiguous parts (``shared/notes/papers-clarified.md``) are made here, once:
+Where the papers leave a detail open, it is decided here, once:
 
 * MKT losses: ``Loss1 = CE(P1, Y) + KL(P2 ‖ P1)`` and ``Loss2 = CE(P2, Y) + KL(P1 ‖ P2)``, the other
   model's prediction a constant target, KL averaged over the batch (``batchmean``) like CE.
