@@ -5,8 +5,10 @@ Start-up is all-or-nothing: the state dir is locked, every socket bound and ever
 serves. Any failure releases what was taken and raises :class:`~dfl_node.config.OperatorError`
 with one line that says what to change, so a half-started node never joins a swarm.
 
-Signal handlers are installed *before* the mDNS announcement, so a SIGTERM at any moment still
-sends the goodbye (networking notes), and the final checkpoint is written on the way out.
+Signal handlers are installed *before* the mDNS announcement: a SIGTERM that arrives while the
+announcement is under way would otherwise end the process with no goodbye, and peers would keep a
+dead node's record for many minutes. So a SIGTERM at any moment still sends the goodbye, and the
+final checkpoint is written on the way out.
 """
 
 from __future__ import annotations
