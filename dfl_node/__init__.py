@@ -1,6 +1,6 @@
 """dfl-node: decentralized federated learning for IoT fleets, with no central server.
 
-Layers (dependencies point down only, see design §1):
+Layers (dependencies point down only):
 ``cli`` → ``sim`` | ``node`` (+ ``api``, ``net``) → ``algorithms`` → ``learning``.
 """
 

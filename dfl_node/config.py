@@ -1,6 +1,6 @@
 """Configuration as pydantic models, shared by the simulator, the testbed and the daemon.
 
-Precedence (design §4): CLI flags > environment variables (``DFL_<FIELD>``) > config file
+Precedence: CLI flags > environment variables (``DFL_<FIELD>``) > config file
 (YAML or TOML) > the documented defaults below. :func:`load_config` applies it for any model.
 """
 

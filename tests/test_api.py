@@ -1,4 +1,4 @@
-"""REST status API (design §4): endpoints, JSON shape, Prometheus exposition, read-only-ness."""
+"""REST status API: endpoints, JSON shape, Prometheus exposition, read-only-ness."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Real daemons as separate processes on loopback: real gRPC, real zeroconf, real REST.
 
-The equivalence test is the strongest check we have (design §1): a fleet of daemons in round mode
+The equivalence test is the strongest check we have: a fleet of daemons in round mode
 and the simulator, with the same config and seed, end with the same models.
 """
 

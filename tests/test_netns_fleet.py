@@ -1,4 +1,4 @@
-"""System test (design §6): 4 daemons in 4 network namespaces on a bridge — the docker-compose
+"""System test: 4 daemons in 4 network namespaces on a bridge — the docker-compose
 topology without Docker. They find each other by mDNS only, run Def-KT in round mode, answer
 REST through their namespaces, and a node killed with SIGKILL rejoins from its checkpoint."""
 

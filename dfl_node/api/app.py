@@ -1,4 +1,4 @@
-"""The node's read-only REST API (design §4): health, status, history, Prometheus metrics, dashboard.
+"""The node's read-only REST API: health, status, history, Prometheus metrics, dashboard.
 
 The app knows nothing about the daemon: it is given two callables that build a fresh snapshot on
 every request. Endpoints are ``async def`` on purpose, so the callables run on the event loop that

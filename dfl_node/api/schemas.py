@@ -1,4 +1,4 @@
-"""What a node reports over REST (design §4): pydantic models the daemon fills.
+"""What a node reports over REST: pydantic models the daemon fills.
 
 The daemon builds a :class:`NodeStatus` on demand (``GET /status``) and keeps a list of
 :class:`HistoryEntry` (``GET /history``). Both are plain data: nothing here touches the node.

@@ -1,4 +1,4 @@
-"""The `dfl-node` command line: one verb per job (design §1)."""
+"""The `dfl-node` command line: one verb per job."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The DNS-SD record of a node, and the pure helpers around it (design §3).
+"""The DNS-SD record of a node, and the pure helpers around it.
 
 What a node announces (keys ``id swarm grpc http algo fp proto boot`` in the
 TXT record of a ``_dfl._tcp.local.`` service), how a received record is parsed

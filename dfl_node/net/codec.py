@@ -1,4 +1,4 @@
-"""Where model bytes cross the wire: :class:`ModelMessage` ⇄ a stream of ``dfl.v1.Frame`` (design §3).
+"""Where model bytes cross the wire: :class:`ModelMessage` ⇄ a stream of ``dfl.v1.Frame``.
 
 A transfer is one ``header`` frame (sender, swarm, version, fingerprint, a manifest of
 :class:`TensorEntry` ranges with byte offsets, total size, sha256) followed by ``chunk`` frames of

@@ -1,4 +1,4 @@
-"""mDNS / DNS-SD discovery of the peers of a swarm (design §3).
+"""mDNS / DNS-SD discovery of the peers of a swarm.
 
 Each node registers one service of type ``_dfl._tcp.local.`` whose TXT record
 says who it is and how to reach it (keys ``id swarm grpc http algo fp proto

@@ -1,4 +1,4 @@
-"""Async mode (design §2): no global clock, as a real IoT fleet runs.
+"""Async mode: no global clock, as a real IoT fleet runs.
 
 Each tick (``interval`` seconds, jittered) a node volunteers with probability ``participation``
 ("only plugged-in devices volunteer"); a volunteer trains, then pushes to live peers in a random

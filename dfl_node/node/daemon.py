@@ -1,4 +1,4 @@
-"""The node: one asyncio process that serves its peers, learns, and reports (design §4).
+"""The node: one asyncio process that serves its peers, learns, and reports.
 
 It owns the node's model (through a :class:`NodeContext`), its peer table and its counters, and
 implements the RPC side of :mod:`dfl_node.net.transport`. Training and fusion run in a worker
@@ -117,7 +117,7 @@ class Node:
         self.role = "idle"
 
     async def model_changed(self, event: str, round_: int, peer: str | None) -> None:
-        """After every fusion: evaluate, fingerprint the values, checkpoint, record (design §4).
+        """After every fusion: evaluate, fingerprint the values, checkpoint, record.
 
         Evaluation and the sha256 of a possibly large model run in the worker thread, off the event loop.
         """

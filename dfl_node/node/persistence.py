@@ -1,4 +1,4 @@
-"""Durable node state (design §4): the model and the node's counters, checkpointed atomically.
+"""Durable node state: the model and the node's counters, checkpointed atomically.
 
 Each file is written to a temporary name, fsynced, renamed over the old one and the directory
 fsynced, so a crash (even ``kill -9`` mid-write) leaves either the old or the new checkpoint,

@@ -1,4 +1,4 @@
-"""Round mode (design §2): a token carries round t from node to node; its holder plans the round.
+"""Round mode: a token carries round t from node to node; its holder plans the round.
 
 * **Start.** Once it sees ``min_peers`` peers, the node with the lowest id creates the token for
   round 0 (epoch 1) — or for the round its checkpoint says, after a restart.
