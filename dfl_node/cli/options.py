@@ -80,6 +80,8 @@ def _value_type(annotation: Any) -> Any:
 
 
 def _click_type(field: FieldInfo, value_type: Any) -> Any:
+    """What click parses a value as: a registry's live names, a ``Literal``'s fixed ones, a path or a number;
+    anything else stays text for the config model to check."""
     registry = registry_of(field)
     if registry:
         return RegistryChoice(registry)
