@@ -11,6 +11,7 @@ from dfl_node.cli.node_cmds import partition, start, status
 from dfl_node.cli.options import setup_logging
 from dfl_node.cli.plot import plot
 from dfl_node.cli.simulate import simulate
+from dfl_node.cli.sweep import sweep
 from dfl_node.cli.testbed import testbed
 from dfl_node.config import OperatorError
 from dfl_node.learning.datasets import DatasetNotFoundError
@@ -35,7 +36,7 @@ def cli(log_level: str) -> None:
     setup_logging(log_level)
 
 
-for command in (simulate, testbed, start, partition, status, plot):
+for command in (simulate, testbed, start, partition, status, plot, sweep):
     cli.add_command(command)
 
 
