@@ -54,7 +54,8 @@ def main() -> None:
         "loop_s_per_model": round(loop_timed_s / timed, 3),
         "loop_s_for_all": round(loop_s, 2) if timed == args.models else f"{loop_s:.2f} (scaled from {timed} models)",
         "speedup": round(loop_s / batched_s, 2),
-        "max_accuracy_diff_samples": max(round(abs(a.accuracy - b.accuracy) * len(test)) for a, b in zip(batched, loop)),
+        "max_accuracy_diff_samples": max(round(abs(a.accuracy - b.accuracy) * len(test))
+                                         for a, b in zip(batched, loop)),
         "max_loss_rel_diff": max(abs(a.loss - b.loss) / abs(b.loss) for a, b in zip(batched, loop)),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),

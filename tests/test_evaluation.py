@@ -62,7 +62,8 @@ def test_paper_cnn_on_fashion_mnist_shapes_matches_the_loop() -> None:
 
 
 def test_mixed_architectures_come_back_in_input_order(digits: ArrayDataset) -> None:
-    mlps, cnns = models_of("mlp", digits.input_shape, range(3), [32, 32]), models_of("cnn", digits.input_shape, range(3))
+    mlps = models_of("mlp", digits.input_shape, range(3), [32, 32])
+    cnns = models_of("cnn", digits.input_shape, range(3))
     mixed = [m for pair in zip(mlps, cnns) for m in pair]  # mlp, cnn, mlp, cnn, …
     assert list(group_by_architecture(mixed).values()) == [[0, 2, 4], [1, 3, 5]]
     assert_same(evaluate_many(mixed, digits), [evaluate(m, digits) for m in mixed])

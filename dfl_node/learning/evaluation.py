@@ -68,7 +68,8 @@ def architecture_key(model: nn.Module) -> Hashable:
     """What must be equal for two models to run as one: each submodule's name, class and
     configuration (``extra_repr``: kernel sizes, strides, paddings…) and each tensor's name, shape
     and dtype. Parameter values may differ."""
-    modules = tuple((name, type(m).__module__, type(m).__qualname__, m.extra_repr()) for name, m in model.named_modules())
+    modules = tuple((name, type(m).__module__, type(m).__qualname__, m.extra_repr())
+                    for name, m in model.named_modules())
     tensors = tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in model.state_dict().items())
     return modules, tensors
 

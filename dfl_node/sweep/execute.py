@@ -42,6 +42,6 @@ def attempt(task: RunTask) -> Outcome:
     """:func:`execute`, with a failure reported as this run's outcome rather than ending the sweep."""
     try:
         return Outcome(task, payload=execute(task))
-    except Exception as exc:  # noqa: BLE001 - any failure of one run is that run's outcome
+    except Exception as exc:  # any failure of one run is that run's outcome, not the sweep's
         last = traceback.extract_tb(exc.__traceback__)[-1]
         return Outcome(task, error=f"{type(exc).__name__}: {exc} ({last.filename}:{last.lineno})")

@@ -33,7 +33,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from dfl_node.config import ConfigError, ExperimentConfig, _relative_to_file, describe_problem, load_config, read_config_file
+from dfl_node.config import (
+    ConfigError,
+    ExperimentConfig,
+    _relative_to_file,
+    describe_problem,
+    load_config,
+    read_config_file,
+)
 
 
 class GridFile(BaseModel):
@@ -114,7 +121,9 @@ def expand(path: Path) -> list[RunTask]:
     return tasks
 
 
-def _point_config(path: Path, base: Path | None, grid: GridFile, point: dict[str, Any], seed: int | None) -> ExperimentConfig:
+def _point_config(
+    path: Path, base: Path | None, grid: GridFile, point: dict[str, Any], seed: int | None
+) -> ExperimentConfig:
     settings = {"threads": 1, **grid.settings, **point, **({"seed": seed} if seed is not None else {})}
     where = {key: f"{key} (in {path} settings)" for key in grid.settings}
     where |= {key: f"{key} = {value} (in {path} grid)" for key, value in point.items()}

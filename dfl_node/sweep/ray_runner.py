@@ -63,7 +63,7 @@ def run_ray(tasks: Sequence[RunTask], address: str, on_outcome: Callable[[Outcom
                 task = pending.pop(ref)
                 try:
                     outcome = ray.get(ref)
-                except Exception as exc:  # noqa: BLE001 - the worker died (OOM, node lost): this run failed
+                except Exception as exc:  # the worker died (out of memory, node lost): this run failed
                     outcome = Outcome(task, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
                 on_outcome(outcome)
     except BaseException:

@@ -63,8 +63,9 @@ def write_csv(rows: list[SummaryRow], path: Path) -> None:
         writer.writerow([*settings, "algorithm", "seeds", "rounds", "global_accuracy_mean", "global_accuracy_std",
                          "local_accuracy_mean", "local_accuracy_std"])
         for r in rows:
+            stats = (r.global_mean, r.global_std, r.local_mean, r.local_std)
             writer.writerow([*(r.point.get(k, "") for k in settings), r.algorithm, len(r.seeds), r.rounds,
-                             f"{r.global_mean:.6f}", f"{r.global_std:.6f}", f"{r.local_mean:.6f}", f"{r.local_std:.6f}"])
+                             *(f"{value:.6f}" for value in stats)])
 
 
 def summary_table(rows: list[SummaryRow], title: str) -> Table:
