@@ -41,7 +41,7 @@ def init_ray(address: str, num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     if address == "local":
-        ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                  configure_logging=False, log_to_driver=False)
     else:
         ray.init(address=address, configure_logging=False)
