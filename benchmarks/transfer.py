@@ -44,7 +44,7 @@ import httpx
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import provision, write_fleet
-from dfl_node.learning.models import build_model, fingerprint
+from dfl_node.learning.models import ModelSpec, build_model, fingerprint
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.codec import CHUNK_SIZE, Limits, manifest_of, prepare
 from dfl_node.net.transport import PeerClient, WireIdentity
@@ -207,9 +207,10 @@ def main() -> None:
     write_fleet(fleet, work / "shards")
     model = build_model("mlp", fleet.input_shape, fleet.num_classes, hidden=HIDDEN, seed=1)
     state = model.state_dict()
-    wire = WireIdentity("bench", fingerprint("mlp", state), manifest_of(state), Limits())
+    spec = str(ModelSpec("mlp", tuple(HIDDEN)))
+    wire = WireIdentity("bench", spec, fingerprint("mlp", state), manifest_of(state), Limits())
     message = ModelMessage(sender="bench-sender", round=0, purpose="fullavg.model", num_samples=100,
-                           parts=parts_from_state(state))
+                           parts=parts_from_state(state), model=spec)
     payload = b"".join(p.values.numpy().tobytes() for p in message.parts)
     size_mb = len(payload) / 1e6
 

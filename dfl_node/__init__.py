@@ -5,4 +5,4 @@ Layers (dependencies point down only):
 """
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2

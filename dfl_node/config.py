@@ -133,6 +133,9 @@ class LearningConfig(BaseModel):
         None, description="sender stores its trained model (001's variant); default per algorithm: Combo yes, else no"
     )
     threads: int = Field(1, ge=1, description="torch threads (1 per node process keeps testbeds fast)")
+    senders: float = Field(0.5, gt=0, le=1, description="group algorithms (fedavg, fedprox): share of the fleet "
+                           "that sends to each round's aggregator (003: 50 %)")
+    prox_mu: float = Field(0.01, ge=0, description="μ of FedProx's proximal term μ/2·‖w − w_start‖²")
 
 
 class ExperimentConfig(LearningConfig):
@@ -150,6 +153,9 @@ class ExperimentConfig(LearningConfig):
     nodes: int = Field(10, ge=2, description="K: number of clients")
     rounds: int = Field(100, ge=1, description="T: rounds")
     eval_every: int = Field(10, ge=1, description="evaluate every n rounds (and after the last)")
+    architectures: list[str] = Field(default_factory=list, description="per-node architectures as registry specs "
+                                     "NAME[:W1,W2,...] (e.g. cnn-ln:32,64), spread evenly: node i runs entry i mod A; "
+                                     "empty: every node runs model/hidden")
 
 
 Model = TypeVar("Model", bound=BaseModel)

@@ -35,11 +35,11 @@ def assert_same_parts(got: tuple[TensorPart, ...], want: tuple[TensorPart, ...])
 
 @pytest.mark.parametrize("decoded", [frames_of, read_frames_of], ids=["protobuf", "fast"])
 def test_full_model_round_trip_is_exact_and_keeps_header_fields(decoded) -> None:
-    msg = make_msg(segment=None)
+    msg = make_msg()
     header, got = feed_all(assembler(), decoded(msg, epoch=7, chunk_size=256))
     assert_same_parts(got.parts, msg.parts)
     assert (got.sender, got.round, got.purpose, got.num_samples) == ("node-1", 42, "mkt", 600)
-    assert got.segment is None and got.metadata == {"alpha": "0.5"}
+    assert got.metadata == {"alpha": "0.5"} and got.model == ""
     assert header.epoch == 7 and header.swarm == SWARM and header.fingerprint == FP
     assert header.protocol_version == dfl_node.PROTOCOL_VERSION
     assert header.total_size == msg.nbytes and len(header.sha256) == 32
@@ -58,10 +58,9 @@ def test_segment_round_trip_with_slices_of_tensors() -> None:
         TensorPart("fc.weight", (10, 33), 17, flat_fc[17:300].clone()),
         TensorPart("half", (3, 7), 20, state["half"].reshape(-1)[20:].clone()),
     )
-    msg = ModelMessage("node-2", 9, "combo", 123, parts, segment=(1, 4), metadata={"k": "v", "e": ""})
+    msg = ModelMessage("node-2", 9, "combo", 123, parts, metadata={"k": "v", "e": ""})
     header, got = feed_all(assembler(state), frames_of(msg, chunk_size=1000))
     assert_same_parts(got.parts, parts)
-    assert got.segment == (1, 4) and (header.segment_index, header.segment_count) == (1, 4)
     assert (got.sender, got.round, got.purpose, got.num_samples) == ("node-2", 9, "combo", 123)
     assert got.metadata == {"k": "v", "e": ""}
     assert [e.start for e in header.manifest] == [100, 0, 0, 17, 20]
@@ -189,11 +188,11 @@ async def test_assemble_reads_a_client_stream_until_half_close() -> None:
 
 
 async def test_assemble_reply_stops_at_total_size_without_waiting() -> None:
-    msg = make_msg(purpose="combo-reply", segment=(0, 2))
+    msg = make_msg(purpose="combo-reply")
     frames = frames_of(msg, chunk_size=300)
     reading = codec.assemble(_aiter(frames, then_hang=True), assembler(), until_eof=False)
     header, got = await asyncio.wait_for(reading, 5)
-    assert header.purpose == "combo-reply" and got.segment == (0, 2)
+    assert header.purpose == "combo-reply"
     assert_same_parts(got.parts, msg.parts)
     with pytest.raises(TransferRejected, match="truncated"):  # reply stream closed early
         await codec.assemble(_aiter(frames[:-1]), assembler(), until_eof=False)

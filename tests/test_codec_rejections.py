@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+import dfl_node
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.codec import Limits, MessageAssembler, TransferRejected
 from dfl_node.net.proto import dfl_pb2 as pb
@@ -43,7 +44,7 @@ def forged(mutate: Callable[[pb.TransferHeader], object], msg: ModelMessage | No
 def test_wrong_swarm_fingerprint_and_version_are_refused_at_the_header() -> None:
     assert reject(assembler(swarm="other"), frames_of(make_msg())) == ("swarm_mismatch", 0)
     assert reject(assembler(fingerprint="fp-999"), frames_of(make_msg())) == ("fingerprint_mismatch", 0)
-    assert reject(assembler(protocol_version=2), frames_of(make_msg())) == ("protocol_version", 0)
+    assert reject(assembler(protocol_version=dfl_node.PROTOCOL_VERSION + 1), frames_of(make_msg())) == ("protocol_version", 0)
     frames = forged(lambda h: setattr(h, "protocol_version", 99))
     assert reject(assembler(), frames) == ("protocol_version", 0)
 
@@ -132,11 +133,7 @@ def _overlap(h: pb.TransferHeader) -> None:
     h.total_size += 4
 
 
-def _bad_segment(h: pb.TransferHeader) -> None:
-    h.segment_index, h.segment_count = 4, 4
-
-
-@pytest.mark.parametrize("mutate", [_shift_offset, _wrong_nbytes, _past_the_end, _short_total, _overlap, _bad_segment])
+@pytest.mark.parametrize("mutate", [_shift_offset, _wrong_nbytes, _past_the_end, _short_total, _overlap])
 def test_inconsistent_manifest_is_refused(mutate: Callable[[pb.TransferHeader], None]) -> None:
     assert reject(assembler(), forged(mutate)) == ("bad_manifest", 0)
 
@@ -208,3 +205,22 @@ def test_rejection_carries_a_result_frame() -> None:
         assembler(swarm="other").feed(frames_of(make_msg())[0])
     res = info.value.result()
     assert not res.accepted and res.reason == "swarm_mismatch" and "other" in res.detail
+
+
+def test_another_architecture_passes_only_through_the_resolver_with_its_own_fingerprint() -> None:
+    """Mixed fleets: a header naming another spec is checked against the layout our registry builds for it."""
+    theirs = make_msg(model="other:1")
+    layout = {name: (t.dtype, tuple(t.shape)) for name, t in make_state().items()}
+    fits = {"other:1": ("fp-other", layout)}
+
+    def resolve(spec: str) -> tuple[str, dict]:
+        if spec not in fits:
+            raise ValueError(f"{spec} cannot be fused here")
+        return fits[spec]
+
+    asm = lambda: MessageAssembler(swarm=SWARM, fingerprint=FP, manifest=layout, model="own:1", resolve=resolve)  # noqa: E731
+    header, got = feed_all(asm(), frames_of(theirs, fingerprint="fp-other"))
+    assert got.model == "other:1" and header.fingerprint == "fp-other"
+    assert reject(asm(), frames_of(theirs, fingerprint=FP)) == ("fingerprint_mismatch", 0)
+    assert reject(asm(), frames_of(make_msg(model="alien:9"), fingerprint="x")) == ("model_not_fusable", 0)
+    assert reject(assembler(), frames_of(theirs, fingerprint=FP)) == ("fingerprint_mismatch", 0)  # no resolver: own only

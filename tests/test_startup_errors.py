@@ -142,7 +142,7 @@ async def test_a_second_node_with_the_same_id_does_not_start(fleet_shards: Path,
         with caplog.at_level(logging.ERROR):
             status, lines, text = await start_cli(node_config(fleet_shards, tmp_path / "second", mdns=True,
                                                               peers=[first.grpc_address]))
-        assert first.rejected == {"duplicate_id": 1}  # the running node reports the impostor's Hello…
+        assert first.state.rejected == {"duplicate_id": 1}  # the running node reports the impostor's Hello…
         assert [r.levelno for r in caplog.records if "node-0" in r.getMessage()] == [logging.ERROR]
     assert status == 1 and "mDNS" not in text  # …and the impostor stops before it announces itself
     assert lines == [f"error: node id 'node-0' is already used by another running node at {first.grpc_address}; "
@@ -167,7 +167,7 @@ async def test_a_duplicate_met_after_start_up_is_reported_once(fleet_shards: Pat
         with caplog.at_level(logging.ERROR):
             a.peers.static.append(b.grpc_address)  # a meets b only now, by heartbeats
             await asyncio.wait_for(enough.wait(), 20)
-    assert a.rejected == b.rejected == {"duplicate_id": 1}
+    assert a.state.rejected == b.state.rejected == {"duplicate_id": 1}
     assert not a.peers.peers and not b.peers.peers
     assert len([r for r in caplog.records if r.levelno == logging.ERROR and "node-0" in r.getMessage()]) == 2
 
@@ -221,11 +221,11 @@ async def test_done_is_recomputed_from_the_rounds_configured_now(fleet_shards: P
                                                                  caplog: pytest.LogCaptureFixture,
                                                                  mode: str, rounds: int, done: bool) -> None:
     finished = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=10))
-    finished.round, finished.done = 10, True
+    finished.state.round, finished.state.done = 10, True
     await finished.save()
     with caplog.at_level(logging.INFO):
         again = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=rounds))
-    assert again.round == 10 and again.done is done
+    assert again.state.round == 10 and again.state.done is done
     if mode == "round" and rounds:
         assert f"resuming at round 10 of {rounds}" in caplog.text
 
@@ -250,9 +250,9 @@ async def test_a_finished_fleet_resumes_when_given_more_rounds(fleet_shards: Pat
                 for i, port in enumerate(ports)]
 
     await run_until_finished(first := fleet(2))
-    assert [(n.round, n.done) for n in first] == [(2, True)] * 2
+    assert [(n.state.round, n.state.done) for n in first] == [(2, True)] * 2
     resumed = fleet(4)
-    assert [(n.round, n.done) for n in resumed] == [(2, False)] * 2
+    assert [(n.state.round, n.state.done) for n in resumed] == [(2, False)] * 2
     await run_until_finished(resumed)
-    assert [(n.round, n.done) for n in resumed] == [(4, True)] * 2
-    assert sum(n.counters["models_sent"] for n in resumed) == 4  # two rounds before the restart, two after
+    assert [(n.state.round, n.state.done) for n in resumed] == [(4, True)] * 2
+    assert sum(n.state.counters["models_sent"] for n in resumed) == 4  # two rounds before the restart, two after

@@ -45,9 +45,9 @@ async def test_holder_lost_with_the_token_is_replaced_by_a_new_epoch(fleet_shard
         for stop in stops:
             stop.set()
         await asyncio.gather(*tasks)
-    assert took_token.is_set() and victim.round == 2 and not victim.done
+    assert took_token.is_set() and victim.state.round == 2 and not victim.state.done
     for node in survivors:
-        assert node.done and node.round == ROUNDS, node.config.id
-        assert node.epoch == 2, node.config.id  # one regeneration, fenced by a new epoch
-    assert sum(n.counters["models_sent"] for n in nodes) == ROUNDS  # no round lost, none run twice
-    assert sum(n.counters["fusions"] for n in nodes) == ROUNDS
+        assert node.state.done and node.state.round == ROUNDS, node.config.id
+        assert node.state.epoch == 2, node.config.id  # one regeneration, fenced by a new epoch
+    assert sum(n.state.counters["models_sent"] for n in nodes) == ROUNDS  # no round lost, none run twice
+    assert sum(n.state.counters["fusions"] for n in nodes) == ROUNDS

@@ -1,13 +1,15 @@
-"""Algorithms as transport-agnostic protocols of roles (design §1): plan a round, what a sender
-transmits, what a receiver does with it, and what goes back. No I/O in this package."""
+"""Algorithms as transport-agnostic protocols of roles (design §1): plan a round's groups, what a
+sender transmits, how an aggregator fuses a group's messages, and what goes back. No I/O here."""
 
-from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext, Pairing, RoundPlan
+from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext
 from dfl_node.algorithms.combo import Combo
 from dfl_node.algorithms.defkt import DefKT
+from dfl_node.algorithms.fedavg import FedAvg, FedProx
 from dfl_node.algorithms.fullavg import FullAvg
+from dfl_node.algorithms.plan import Group, NodeProfile, Role, RoundPlan, Step
 from dfl_node.config import LearningConfig
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (DefKT, FullAvg, Combo)}
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (DefKT, FullAvg, Combo, FedAvg, FedProx)}
 
 
 def make_algorithm(name: str, config: LearningConfig) -> Algorithm:
@@ -18,4 +20,5 @@ def make_algorithm(name: str, config: LearningConfig) -> Algorithm:
         raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(ALGORITHMS)}") from None
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmError", "NodeContext", "Pairing", "RoundPlan", "make_algorithm"]
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmError", "Group", "NodeContext", "NodeProfile", "Role", "RoundPlan",
+           "Step", "make_algorithm"]

@@ -1,11 +1,13 @@
-"""The algorithm protocol: roles and messages, no I/O (design §1).
+"""The algorithm protocol, v2: roles in groups and messages, no I/O (design §1).
 
-A round of every algorithm of this family is: the planner picks pairings (sender → receiver);
-each sender runs :meth:`Algorithm.sender_step` and transmits the message it returns; the
-receiver runs :meth:`Algorithm.receiver_step`, which may return a reply (Combo's other segment);
-the sender then runs :meth:`Algorithm.sender_finish` on that reply. The simulator calls these
-with an in-memory hand-over, the daemon with gRPC streams; because every random choice is drawn
-from :func:`derive_seed` of (seed, round, node, purpose), both drivers produce the same models.
+A round is a :class:`~dfl_node.algorithms.plan.RoundPlan` of groups (senders → one aggregator).
+In each group every sender runs :meth:`Algorithm.transmit` and its message goes to the aggregator
+(pushed, or pulled by the aggregator for ``pulls`` algorithms); the aggregator runs
+:meth:`Algorithm.local_step`, then :meth:`Algorithm.aggregate` over *all* the group's messages at
+once — sorted by sender, so arrival order never matters — and may answer each sender, who runs
+:meth:`Algorithm.finish` on its reply. :mod:`dfl_node.algorithms.runner` plays this sequence over a
+transport: in memory for the simulator, gRPC for the daemon. Every random choice is drawn from
+:func:`derive_seed` of (seed, round, node, purpose), so both drivers produce the same models.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ import copy
 import hashlib
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
-from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.algorithms.messages import ModelMessage, TensorPart
+from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
 from dfl_node.config import LearningConfig
 from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.training import SgdParams, local_sgd
 
 
@@ -39,10 +43,11 @@ def generator_for(*keys: object) -> torch.Generator:
 
 @dataclass
 class NodeContext:
-    """What an algorithm may read and change on one node: its model and its private data."""
+    """What an algorithm may read and change on one node: its model, its architecture and its private data."""
 
     node_id: str
     model: nn.Module
+    spec: ModelSpec
     train: ArrayDataset
     val: ArrayDataset
     config: LearningConfig
@@ -52,6 +57,9 @@ class NodeContext:
         """N_k of eq. 9: the number of *training* samples (after the 80/20 split)."""
         return len(self.train)
 
+    def profile(self) -> NodeProfile:
+        return NodeProfile(self.node_id, str(self.spec), self.num_samples)
+
     def local_params(self) -> SgdParams:
         c = self.config
         return SgdParams(lr=c.lr, momentum=c.momentum, batch_size=c.batch_size, epochs=c.local_epochs)
@@ -60,74 +68,120 @@ class NodeContext:
         c = self.config
         return SgdParams(lr=c.mkt_lr or c.lr, momentum=c.momentum, batch_size=c.mkt_batch_size, epochs=c.mkt_epochs)
 
+    def local_generator(self, round_: int) -> torch.Generator:
+        """Minibatch order of this node's local training in ``round_``."""
+        return generator_for(self.config.seed, round_, self.node_id, "local")
+
     def trained_copy(self, round_: int) -> nn.Module:
         """SGD_{B1,M}(w, D) of 000 eq. 1 on a copy; minibatch order from (seed, round, node)."""
         model = copy.deepcopy(self.model)
-        local_sgd(model, self.train, self.local_params(), generator_for(self.config.seed, round_, self.node_id, "local"))
+        local_sgd(model, self.train, self.local_params(), self.local_generator(round_))
         return model
 
-
-@dataclass(frozen=True)
-class Pairing:
-    sender: str
-    receiver: str
-
-
-@dataclass(frozen=True)
-class RoundPlan:
-    round: int
-    pairings: tuple[Pairing, ...]
+    def message(self, round_: int, purpose: str, parts: tuple[TensorPart, ...], **metadata: str) -> ModelMessage:
+        """A message from this node (its id, sample count and architecture filled in)."""
+        return ModelMessage(sender=self.node_id, round=round_, purpose=purpose, num_samples=self.num_samples,
+                            model=str(self.spec), parts=parts, metadata=dict(metadata))
 
 
 class AlgorithmError(ValueError):
     """A message an algorithm cannot fuse (wrong purpose, wrong segments, wrong shapes)."""
 
 
+def sample_pairs(seed: int, round_: int, members: Sequence[str], pairs: int) -> tuple[Group, ...]:
+    """000 Alg. 1: disjoint random sets I_A (senders) and I_B (receivers) of size Q; receiver i fuses sender i."""
+    members = sorted(members)
+    if len(members) < 2 * pairs:
+        raise ValueError(f"round {round_} needs {2 * pairs} nodes for Q={pairs}, only {len(members)} available")
+    chosen = random.Random(derive_seed(seed, round_, "plan")).sample(members, 2 * pairs)
+    return tuple(Group(aggregator=r, senders=(s,)) for s, r in zip(chosen[:pairs], chosen[pairs:]))
+
+
+def senders_for(fleet_size: int, share: float) -> int:
+    """How many of a fleet send to a round's aggregator: ``share`` of it (003: 50 %), at least 1, at most all others."""
+    return max(1, min(fleet_size - 1, round(share * fleet_size)))
+
+
+def sample_gather(seed: int, round_: int, members: Sequence[str], share: float) -> Group:
+    """003 Alg. 1/2: one random aggregator and a random set of senders (``share`` of the fleet) around it."""
+    members = sorted(members)
+    if len(members) < 2:
+        raise ValueError(f"round {round_} needs 2 nodes, only {len(members)} available")
+    chosen = random.Random(derive_seed(seed, round_, "plan")).sample(members, 1 + senders_for(len(members), share))
+    return Group(aggregator=chosen[0], senders=tuple(sorted(chosen[1:])))
+
+
 class Algorithm(ABC):
-    """One decentralized algorithm as a protocol of roles. Subclasses hold no per-node state."""
+    """One decentralized algorithm as a protocol of roles. Subclasses hold no per-node state.
+
+    ``architectures`` declares which peers' models it can fuse: ``identical`` ones only
+    (Def-KT, FullAvg, Combo), or ``any`` registry model for the same data (it clusters them, as
+    decentralized FedAvg does, or distils across them). ``replies``: whether ``aggregate`` answers
+    the senders. ``pulls``: whether its aggregator fetches the messages rather than being sent them.
+    """
 
     name: ClassVar[str]
-    sender_keeps_trained_default: ClassVar[bool] = False
-    replies: ClassVar[bool] = False  # whether receiver_step returns a message for the sender (Combo)
+    architectures: ClassVar[Literal["identical", "any"]] = "identical"
+    replies: ClassVar[bool] = False
+    pulls: ClassVar[bool] = False
 
     def __init__(self, config: LearningConfig) -> None:
         self.config = config
 
-    @property
-    def sender_keeps_trained(self) -> bool:
-        keep = self.config.sender_keeps_trained
-        return self.sender_keeps_trained_default if keep is None else keep
+    def fuses(self, mine: str, theirs: str) -> bool:
+        """Whether a node running architecture ``mine`` can take part with a peer running ``theirs``."""
+        return self.architectures == "any" or mine == theirs
 
-    def plan_round(self, round_: int, peers: Sequence[str]) -> RoundPlan:
-        """000 Alg. 1: disjoint random sets I_A (senders) and I_B (receivers) of size Q from the live peers."""
-        q = self.config.pairs
-        members = sorted(peers)
-        if len(members) < 2 * q:
-            raise ValueError(f"round {round_} needs {2 * q} nodes for Q={q}, only {len(members)} available")
-        chosen = random.Random(derive_seed(self.config.seed, round_, "plan")).sample(members, 2 * q)
-        return RoundPlan(round_, tuple(Pairing(s, r) for s, r in zip(chosen[:q], chosen[q:])))
+    # ----- planning ----------------------------------------------------------------------
+    @abstractmethod
+    def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
+        """Round ``round_`` over the live members (their profiles, any order); ``state`` is the last plan's."""
+
+    def invitations(self, candidates: int) -> int:
+        """Async mode: how many of ``candidates`` live peers a volunteering aggregator asks to send to it."""
+        return 1
+
+    # ----- the roles ---------------------------------------------------------------------
+    def local_step(self, ctx: NodeContext, step: Step) -> None:
+        """The aggregator's own work before it fuses (e.g. local training in 003); none by default."""
 
     @abstractmethod
-    def sender_step(self, ctx: NodeContext, round_: int) -> ModelMessage:
-        """Train (as the algorithm says) and return what to transmit."""
+    def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
+        """Sender (or pulled source): train as the algorithm says and return what to transmit."""
 
     @abstractmethod
     def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:
-        """Raise :class:`AlgorithmError` unless :meth:`receiver_step` can fuse ``message``.
+        """Raise :class:`AlgorithmError` unless :meth:`aggregate` can fuse ``message`` on this node.
 
         A node calls it before it accepts a transfer, so a sender is told "no" rather than told
-        "yes" for a model that is then dropped; ``receiver_step`` calls it too.
+        "yes" for a model that is then dropped; ``aggregate`` implementations call it too.
         """
 
     @abstractmethod
-    def receiver_step(self, ctx: NodeContext, message: ModelMessage) -> ModelMessage | None:
-        """Fuse the received message into ``ctx.model``; return a reply, if the algorithm sends one back."""
+    def aggregate(self, ctx: NodeContext, step: Step, messages: Sequence[ModelMessage]) -> dict[str, ModelMessage]:
+        """Fuse all ``messages`` (sorted by sender) into ``ctx.model``; return the replies by sender id."""
 
-    def sender_finish(self, ctx: NodeContext, reply: ModelMessage | None) -> None:
-        """Use the receiver's reply (only Combo has one)."""
+    def finish(self, ctx: NodeContext, step: Step, reply: ModelMessage | None) -> None:
+        """Sender: use the aggregator's reply, if the algorithm sends one."""
         if reply is not None:
             raise AlgorithmError(f"{self.name} expects no reply, got {reply.purpose!r}")
 
+    # ----- helpers -----------------------------------------------------------------------
     def check_purpose(self, message: ModelMessage, expected: str) -> None:
         if message.purpose != expected:
             raise AlgorithmError(f"{self.name} cannot fuse a {message.purpose!r} message (expects {expected!r})")
+
+    def check_whole(self, ctx: NodeContext, message: ModelMessage, purpose: str) -> None:
+        """``message`` carries a whole model of ``ctx``'s architecture, under ``purpose``."""
+        self.check_purpose(message, purpose)
+        if message.model != str(ctx.spec) or (
+            [(p.name, p.is_whole) for p in message.parts] != [(name, True) for name in ctx.model.state_dict()]
+        ):
+            raise AlgorithmError(f"{message.purpose} from {message.sender} does not carry a whole {ctx.spec} model")
+
+
+class PairAlgorithm(Algorithm):
+    """000's round shape: Q disjoint pairs, each a group of one sender and its receiver."""
+
+    def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
+        return RoundPlan(round_, sample_pairs(self.config.seed, round_, [p.node_id for p in profiles], self.config.pairs))

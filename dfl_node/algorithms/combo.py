@@ -8,12 +8,15 @@ second segment, the receiver its first. Segments are cut by :func:`segment_range
 
 from __future__ import annotations
 
-from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext
+from collections.abc import Sequence
+
+from dfl_node.algorithms.base import AlgorithmError, NodeContext, PairAlgorithm
 from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.algorithms.plan import Step
 from dfl_node.learning.fusion import average_parts_, expected_ranges, segment_parts
 
 
-class Combo(Algorithm):
+class Combo(PairAlgorithm):
     name = "combo"
     replies = True
 
@@ -27,13 +30,13 @@ class Combo(Algorithm):
 
     def _message(self, ctx: NodeContext, round_: int, purpose: str, indices: list[int]) -> ModelMessage:
         parts = segment_parts(ctx.model.state_dict(), indices, self.config.segments)
-        return ModelMessage(
-            sender=ctx.node_id, round=round_, purpose=purpose, num_samples=ctx.num_samples, parts=parts,
-            metadata={"segments": ",".join(map(str, indices)), "segment_count": str(self.config.segments)},
-        )
+        return ctx.message(round_, purpose, parts, segments=",".join(map(str, indices)),
+                           segment_count=str(self.config.segments))
 
     def _check(self, ctx: NodeContext, message: ModelMessage, purpose: str, indices: list[int]) -> None:
         self.check_purpose(message, purpose)
+        if message.model != str(ctx.spec):
+            raise AlgorithmError(f"{message.purpose} from {message.sender} is from a {message.model} model, not {ctx.spec}")
         carried = [(p.name, p.start, p.start + p.values.numel()) for p in message.parts]
         if carried != expected_ranges(ctx.model.state_dict(), indices, self.config.segments):
             raise AlgorithmError(f"{message.purpose} from {message.sender} does not carry segments {indices}")
@@ -42,21 +45,23 @@ class Combo(Algorithm):
         # in place: state_dict() tensors share the parameters' storage
         average_parts_(ctx.model.state_dict(), message.parts, ctx.num_samples, message.num_samples)
 
-    def sender_step(self, ctx: NodeContext, round_: int) -> ModelMessage:
+    def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
         # Alg. 3 always stores the trained (then partly averaged) model: ``sender_keeps_trained`` does not apply.
-        ctx.model.load_state_dict(ctx.trained_copy(round_).state_dict())
-        return self._message(ctx, round_, "combo.segment", self.sender_segments)
+        ctx.model.load_state_dict(ctx.trained_copy(step.round).state_dict())
+        return self._message(ctx, step.round, "combo.segment", self.sender_segments)
 
     def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:
         self._check(ctx, message, "combo.segment", self.sender_segments)
 
-    def receiver_step(self, ctx: NodeContext, message: ModelMessage) -> ModelMessage:
-        self.check_message(ctx, message)
-        reply = self._message(ctx, message.round, "combo.reply", self.receiver_segments)
-        self._average(ctx, message)
-        return reply
+    def aggregate(self, ctx: NodeContext, step: Step, messages: Sequence[ModelMessage]) -> dict[str, ModelMessage]:
+        replies = {}
+        for message in messages:  # one per group in 000
+            self.check_message(ctx, message)
+            replies[message.sender] = self._message(ctx, message.round, "combo.reply", self.receiver_segments)
+            self._average(ctx, message)
+        return replies
 
-    def sender_finish(self, ctx: NodeContext, reply: ModelMessage | None) -> None:
+    def finish(self, ctx: NodeContext, step: Step, reply: ModelMessage | None) -> None:
         if reply is None:
             raise AlgorithmError("Combo's sender needs the receiver's segment back")
         self._check(ctx, reply, "combo.reply", self.receiver_segments)

@@ -4,39 +4,45 @@ own by mutual knowledge transfer and keeps the *received* model as its new local
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
+from typing import ClassVar
 
-from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext, generator_for
+from dfl_node.algorithms.base import NodeContext, PairAlgorithm, generator_for
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
+from dfl_node.algorithms.plan import Step
 from dfl_node.learning.fusion import mutual_knowledge_transfer
 
 
-class SendsTrainedModel(Algorithm):
+class SendsTrainedModel(PairAlgorithm):
     """The sender side shared by Def-KT and FullAvg: train a copy, keep it if the variant says so, send it."""
 
-    def sender_step(self, ctx: NodeContext, round_: int) -> ModelMessage:
-        trained = ctx.trained_copy(round_)
+    sender_keeps_trained_default: ClassVar[bool] = False
+
+    @property
+    def sender_keeps_trained(self) -> bool:
+        keep = self.config.sender_keeps_trained
+        return self.sender_keeps_trained_default if keep is None else keep
+
+    def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
+        trained = ctx.trained_copy(step.round)
         if self.sender_keeps_trained:
             ctx.model.load_state_dict(trained.state_dict())
-        return ModelMessage(
-            sender=ctx.node_id, round=round_, purpose=f"{self.name}.model",
-            num_samples=ctx.num_samples, parts=parts_from_state(trained.state_dict()),
-        )
+        return ctx.message(step.round, f"{self.name}.model", parts_from_state(trained.state_dict()))
 
     def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:
-        self.check_purpose(message, f"{self.name}.model")
-        if [(p.name, p.is_whole) for p in message.parts] != [(name, True) for name in ctx.model.state_dict()]:
-            raise AlgorithmError(f"{message.purpose} from {message.sender} does not carry the whole model")
+        self.check_whole(ctx, message, f"{self.name}.model")
 
 
 class DefKT(SendsTrainedModel):
     name = "defkt"
 
-    def receiver_step(self, ctx: NodeContext, message: ModelMessage) -> None:
-        self.check_message(ctx, message)
-        received = copy.deepcopy(ctx.model)
-        received.load_state_dict(state_from_parts(message.parts))
-        params = ctx.mkt_params()
-        generator = generator_for(self.config.seed, message.round, ctx.node_id, "mkt")
-        mutual_knowledge_transfer(received, ctx.model, ctx.train, params, params, generator)
-        ctx.model.load_state_dict(received.state_dict())
-        return None
+    def aggregate(self, ctx: NodeContext, step: Step, messages: Sequence[ModelMessage]) -> dict[str, ModelMessage]:
+        for message in messages:  # one per group in 000; several are fused one after another, in sender order
+            self.check_message(ctx, message)
+            received = copy.deepcopy(ctx.model)
+            received.load_state_dict(state_from_parts(message.parts))
+            params = ctx.mkt_params()
+            generator = generator_for(self.config.seed, message.round, ctx.node_id, "mkt")
+            mutual_knowledge_transfer(received, ctx.model, ctx.train, params, params, generator)
+            ctx.model.load_state_dict(received.state_dict())
+        return {}

@@ -3,7 +3,7 @@
 A message is transport-agnostic: the simulator hands it over in memory, the daemon streams it
 through ``dfl_node.net.codec``. Every payload is a list of :class:`TensorPart` — a contiguous
 range of one tensor's flattened elements — so a full model, a Combo segment of the flattened
-parameter vector, or (later) a width slice all travel in the same shape.
+parameter vector, or a width slice all travel in the same shape.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class ModelMessage:
     purpose: str
     num_samples: int
     parts: tuple[TensorPart, ...]
-    segment: tuple[int, int] | None = None  # (index, count) for segment exchanges
+    model: str = ""  # the sender's architecture as a registry spec (ModelSpec), e.g. "cnn-ln:32,64"
     metadata: dict[str, str] = field(default_factory=dict)
 
     @property

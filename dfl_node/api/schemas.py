@@ -32,6 +32,7 @@ class PeerInfo(BaseModel):
     last_seen: float = Field(description="unix time the peer was last heard from")
     alive: bool
     algorithm: str | None = None
+    model: str | None = Field(default=None, description="the peer's architecture, a registry spec")
 
 
 class Counters(BaseModel):
@@ -44,6 +45,7 @@ class Counters(BaseModel):
     fusions: int = 0
     rounds_completed: int = 0
     busy_refusals: int = 0
+    senders_abandoned: int = 0  # senders an aggregator left out: their transfer never came (in time)
 
 
 COUNTER_FIELDS = tuple(Counters.model_fields)
@@ -58,8 +60,9 @@ class NodeStatus(Counters):
     swarm: str
     algorithm: str
     mode: Literal["round", "async"]
+    model: str = Field(default="", description="this node's architecture, a registry spec (e.g. cnn-ln:32,64)")
     round: int
-    role: str = Field(description='current role: "idle", "sender", "receiver", "holder", …')
+    role: str = Field(description='current role: "idle", "sender", "aggregator", "source" or "holder"')
     peers: list[PeerInfo] = Field(default_factory=list)
     local_accuracy: float | None = None
     global_accuracy: float | None = None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.datasets import ArrayDataset, load_dataset, load_shard, save_shard
+from dfl_node.learning.models import ModelSpec, spread
 from dfl_node.learning.partitions import client_splits
 
 TRAIN_FILE, VAL_FILE, TEST_FILE = "train.safetensors", "val.safetensors", "test.safetensors"
@@ -42,6 +43,13 @@ class Fleet:
     @property
     def num_classes(self) -> int:
         return self.test.num_classes
+
+
+def architectures(config: ExperimentConfig) -> dict[str, ModelSpec]:
+    """Each node's architecture: ``config.architectures`` spread evenly over the fleet (003), else
+    ``model``/``hidden`` on every node. The testbed gives each daemon its own; the simulator builds them."""
+    specs = config.architectures or [str(ModelSpec(config.model, tuple(config.hidden) if config.hidden else None))]
+    return {node_id: ModelSpec.parse(spec) for node_id, spec in spread(specs, fleet_ids(config.nodes)).items()}
 
 
 def provision(config: ExperimentConfig) -> Fleet:

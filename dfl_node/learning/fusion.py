@@ -2,6 +2,7 @@
 
 * :func:`mutual_knowledge_transfer` — 000 eqs. 2–8 (MKT of Def-KT).
 * :func:`weighted_average_` — 000 eq. 9 (FullAvg), sample-count weights, in place.
+* :func:`average_states` — 003 eq. 5 (decentralized FedAvg/FedProx): the weighted mean of many models.
 * :func:`segment_ranges`, :func:`segment_parts`, :func:`average_parts_` — Combo's segment averaging.
 
 Where the papers leave a detail open, it is decided here, once:
@@ -83,6 +84,30 @@ def weighted_average_(local: StateDict, remote: StateDict, n_local: int, n_remot
         for name, mine in local.items():
             if mine.is_floating_point():
                 mine.lerp_(remote[name].to(mine.dtype), w_remote)  # mine + w·(theirs − mine), one pass
+
+
+def average_states(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> StateDict:
+    """003 eq. 5: ``Σ d_n·W_n / Σ d_n`` over same-architecture states, summed in the order given (callers
+    sort by node id, so every driver rounds the same way). Integer buffers are taken from the first state."""
+    if not states or len(states) != len(weights):
+        raise ValueError("need one weight per state, and at least one state")
+    names = list(states[0])
+    for other in states[1:]:
+        if list(other) != names or any(other[k].shape != states[0][k].shape for k in names):
+            raise ValueError("cannot average models of different architectures")
+    total = float(sum(weights))
+    averaged: StateDict = {}
+    with torch.no_grad():
+        for name in names:
+            first = states[0][name]
+            if not first.is_floating_point():
+                averaged[name] = first.detach().clone()
+                continue
+            acc = first.detach().to(torch.float64 if first.dtype == torch.float64 else torch.float32) * (weights[0] / total)
+            for state, weight in zip(states[1:], weights[1:]):
+                acc.add_(state[name].detach(), alpha=weight / total)
+            averaged[name] = acc.to(first.dtype)
+    return averaged
 
 
 def segment_ranges(state: Mapping[str, torch.Tensor], count: int) -> list[list[SegmentRange]]:

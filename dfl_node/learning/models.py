@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -58,8 +60,63 @@ def _cnn(input_shape: InputShape, num_classes: int, hidden: Sequence[int] | None
     )
 
 
+@register("cnn-ln", "003's CNN family (Table 10): per width a 5x5 conv (padding 2) + ReLU + 2x2 max-pool + "
+                    "LayerNorm, then a linear classifier; widths [32, 64] unless given")
+def _cnn_ln(input_shape: InputShape, num_classes: int, hidden: Sequence[int] | None) -> nn.Module:
+    channels, height, width = input_shape
+    layers: list[nn.Module] = []
+    for out in hidden or (32, 64):
+        height, width = height // 2, width // 2
+        if not height or not width:
+            raise ValueError(f"cnn-ln: {len(hidden or ())} layers pool a {input_shape[1]}x{input_shape[2]} input away")
+        layers += [nn.Conv2d(channels, out, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                   nn.LayerNorm([out, height, width])]
+        channels = out
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(channels * height * width, num_classes))
+
+
+_SPEC = re.compile(r"^([a-z][a-z0-9-]*)(?::([0-9]+(?:,[0-9]+)*))?$")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """An architecture as a registry name plus its layer widths: ``mlp``, ``mlp:32,32``, ``cnn-ln:32,64,128``.
+
+    This string is all that travels about a peer's model (Hello, transfer headers): a node builds a
+    peer's model only from its own registry with this spec, never from code or pickles off the wire.
+    """
+
+    name: str
+    widths: tuple[int, ...] | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSpec:
+        match = _SPEC.match(text.strip())
+        if not match or match.group(1) not in _REGISTRY:
+            raise ValueError(f"unknown model spec {text!r}: expected NAME[:W1,W2,...] with NAME one of "
+                             f"{', '.join(available_models())}")
+        widths = tuple(int(w) for w in match.group(2).split(",")) if match.group(2) else None
+        if widths is not None and not all(widths):
+            raise ValueError(f"model spec {text!r}: widths must be positive")
+        return cls(match.group(1), widths)
+
+    def __str__(self) -> str:
+        return self.name if self.widths is None else f"{self.name}:{','.join(map(str, self.widths))}"
+
+    def build(self, input_shape: Sequence[int], num_classes: int, *, seed: int = 0,
+              device: torch.device | str | None = None) -> nn.Module:
+        """The model with ``w0`` from ``seed``; on the ``meta`` device it has shapes but no memory."""
+        with torch.device(device or "cpu"):
+            return build_model(self.name, input_shape, num_classes, hidden=self.widths, seed=seed)
+
+
+def spread(architectures: Sequence[str], node_ids: Sequence[str]) -> dict[str, str]:
+    """003's even assignment of architectures to nodes: node i runs ``architectures[i mod A]``."""
+    return {node_id: architectures[i % len(architectures)] for i, node_id in enumerate(node_ids)}
+
+
 def build_model(
-    name: str, input_shape: InputShape, num_classes: int, *, hidden: Sequence[int] | None = None, seed: int = 0
+    name: str, input_shape: Sequence[int], num_classes: int, *, hidden: Sequence[int] | None = None, seed: int = 0
 ) -> nn.Module:
     """Build a registered architecture with parameters drawn from ``seed`` (same seed → same ``w0``)."""
     if name not in _REGISTRY:

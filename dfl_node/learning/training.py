@@ -44,16 +44,26 @@ def sgd(model: nn.Module, params: SgdParams) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=params.lr, momentum=params.momentum)
 
 
-def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator: torch.Generator) -> float:
-    """Train ``model`` in place for ``params.epochs`` passes with cross-entropy; returns the mean batch loss."""
+def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator: torch.Generator,
+              proximal_mu: float = 0.0) -> float:
+    """Train ``model`` in place for ``params.epochs`` passes with cross-entropy; returns the mean batch loss.
+
+    ``proximal_mu`` > 0 adds FedProx's term μ/2·‖w − w_start‖² (003 Alg. 2), ``w_start`` being the
+    model as this update began (decentralized FedProx treats it as the global model): its gradient
+    μ·(w − w_start) is added to each step's gradient, and its value is left out of the returned loss.
+    """
     model.train()
     optimizer = sgd(model, params)
+    anchors = [p.detach().clone() for p in model.parameters()] if proximal_mu else []
     total, steps = 0.0, 0
     for _ in range(params.epochs):
         for idx in minibatches(len(data), params.batch_size, generator):
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(data.x[idx]), data.y[idx])
             loss.backward()
+            for param, anchor in zip(model.parameters(), anchors):
+                if param.grad is not None:
+                    param.grad.add_(param.detach() - anchor, alpha=proximal_mu)
             optimizer.step()
             total += loss.item()
             steps += 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -43,6 +43,7 @@ ALLOWED_DTYPES: dict[str, torch.dtype] = {
 _DTYPE_NAMES = {dt: name for name, dt in ALLOWED_DTYPES.items()}
 
 Manifest = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
+Resolver = Callable[[str], tuple[str, Manifest]]  # another architecture's spec -> (its fingerprint, its manifest)
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,7 @@ def prepare(msg: ModelMessage, *, swarm: str, fingerprint: str, epoch: int = 0) 
     header = pb.TransferHeader(
         sender=msg.sender, swarm=swarm, protocol_version=dfl_node.PROTOCOL_VERSION, round=msg.round,
         purpose=msg.purpose, fingerprint=fingerprint, num_samples=msg.num_samples, metadata=msg.metadata,
-        epoch=epoch, segment_index=msg.segment[0] if msg.segment else 0,
-        segment_count=msg.segment[1] if msg.segment else 0,
+        epoch=epoch, model=msg.model,
     )  # fmt: skip
     offset = 0
     for part, raw in zip(msg.parts, raws):
@@ -198,15 +198,21 @@ class MessageAssembler:
     """Consumes frames one at a time, validating as early as possible (the header before any allocation).
 
     After the first rejection every further :meth:`feed` / :meth:`finish` raises the same rejection.
+    A header naming the receiver's own architecture (``model``) must carry its ``fingerprint`` and
+    fit its ``manifest``; another architecture is accepted only through ``resolve``, which builds its
+    layout from the receiver's own registry (and raises ``ValueError`` for one it cannot fuse).
     """
 
     def __init__(
         self, *, swarm: str, fingerprint: str, manifest: Manifest, limits: Limits = Limits(),
         protocol_version: int = dfl_node.PROTOCOL_VERSION, buffers: BufferPool | None = None,
+        model: str = "", resolve: Resolver | None = None,
     ) -> None:  # fmt: skip
         self._swarm = swarm
         self._fingerprint = fingerprint
         self._manifest = manifest
+        self._model = model
+        self._resolve = resolve
         self._limits = limits
         self._version = protocol_version
         self._buffers = buffers
@@ -265,22 +271,19 @@ class MessageAssembler:
             raise self._reject("protocol_version", f"peer speaks {h.protocol_version}, we speak {self._version}")
         if h.swarm != self._swarm:
             raise self._reject("swarm_mismatch", f"peer swarm {h.swarm!r}, ours {self._swarm!r}")
-        if h.fingerprint != self._fingerprint:
-            raise self._reject("fingerprint_mismatch", f"peer model {h.fingerprint!r}, ours {self._fingerprint!r}")
+        manifest = self._layout(h)
         if h.total_size > lim.max_total_bytes:
             raise self._reject("too_large", f"{h.total_size} bytes > {lim.max_total_bytes}")
         if len(h.manifest) > lim.max_tensors:
             raise self._reject("bad_manifest", f"{len(h.manifest)} entries > {lim.max_tensors}")
         if len(h.sha256) != 32:
             raise self._reject("bad_sha256", f"sha256 must be 32 bytes, got {len(h.sha256)}")
-        if h.segment_count and h.segment_index >= h.segment_count:
-            raise self._reject("bad_manifest", f"segment {h.segment_index} of {h.segment_count}")
         offset = 0
         ranges: dict[str, list[tuple[int, int]]] = {}
         for e in h.manifest:
-            if e.name not in self._manifest:
-                raise self._reject("unknown_tensor", f"{e.name!r} is not in our model")
-            want_dtype, want_shape = self._manifest[e.name]
+            if e.name not in manifest:
+                raise self._reject("unknown_tensor", f"{e.name!r} is not in a {h.model or 'our'} model")
+            want_dtype, want_shape = manifest[e.name]
             dtype = ALLOWED_DTYPES.get(e.dtype)
             if dtype is None or dtype != want_dtype:
                 raise self._reject("dtype_not_allowed", f"{e.name!r}: dtype {e.dtype!r}, expected {want_dtype}")
@@ -299,6 +302,21 @@ class MessageAssembler:
             if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
                 raise self._reject("bad_manifest", f"{name!r}: overlapping ranges")
 
+    def _layout(self, h: pb.TransferHeader) -> Manifest:
+        """The manifest the payload must fit: ours, or that of the (fusable) architecture the header names."""
+        if h.model == self._model or self._resolve is None:
+            if h.model != self._model or h.fingerprint != self._fingerprint:
+                raise self._reject("fingerprint_mismatch", f"peer model {h.model!r} {h.fingerprint!r}, "
+                                   f"ours {self._model!r} {self._fingerprint!r}")
+            return self._manifest
+        try:
+            fingerprint, manifest = self._resolve(h.model)
+        except ValueError as exc:
+            raise self._reject("model_not_fusable", str(exc)) from None
+        if h.fingerprint != fingerprint:
+            raise self._reject("fingerprint_mismatch", f"{h.model} is {fingerprint!r} here, the peer says {h.fingerprint!r}")
+        return manifest
+
     def finish(self) -> tuple[pb.TransferHeader, ModelMessage]:
         """Check completeness and sha256, then build the message (tensors are views of, or copies from, the buffer)."""
         if self._failed is not None:
@@ -316,8 +334,8 @@ class MessageAssembler:
             TensorPart(e.name, tuple(e.shape), e.start, self._tensor(e)) for e in h.manifest
         )
         msg = ModelMessage(
-            sender=h.sender, round=h.round, purpose=h.purpose, num_samples=h.num_samples, parts=parts,
-            segment=(h.segment_index, h.segment_count) if h.segment_count else None, metadata=dict(h.metadata),
+            sender=h.sender, round=h.round, purpose=h.purpose, num_samples=h.num_samples, parts=parts, model=h.model,
+            metadata=dict(h.metadata),
         )  # fmt: skip
         return h, msg
 

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.codec import (
-    BufferPool, Limits, Manifest, MessageAssembler, Outgoing, TransferRejected, assemble, prepare,
+    BufferPool, Limits, Manifest, MessageAssembler, Outgoing, Resolver, TransferRejected, assemble, prepare,
 )
 from dfl_node.net.frames import ReadFrame, WireFrame, decode_frame, encode_frame, wire_size
 from dfl_node.net.proto import dfl_pb2 as pb
@@ -46,32 +46,55 @@ def channel_options(limits: Limits) -> list[tuple[str, int]]:
 
 @dataclass(frozen=True)
 class WireIdentity:
-    """What both ends of a transfer must agree on before a model is accepted."""
+    """What a received model must agree with: our swarm, and our architecture (``model``, its fingerprint
+    and manifest) or another one that ``resolve`` builds from our registry for an algorithm that fuses it."""
 
     swarm: str
+    model: str
     fingerprint: str
     manifest: Manifest
     limits: Limits
+    resolve: Resolver | None = field(default=None, compare=False)
     buffers: BufferPool = field(default_factory=BufferPool, compare=False)  # receive buffers, reused across transfers
 
     def assembler(self) -> MessageAssembler:
         return MessageAssembler(
             swarm=self.swarm, fingerprint=self.fingerprint, manifest=self.manifest, limits=self.limits,
-            buffers=self.buffers,
+            buffers=self.buffers, model=self.model, resolve=self.resolve,
         )  # fmt: skip
+
+    def fingerprint_of(self, model: str) -> str:
+        """The fingerprint a ``model`` model has here (a FedAvg reply may be of another architecture);
+        ``ValueError`` for an architecture this node cannot fuse."""
+        if model == self.model:
+            return self.fingerprint
+        if self.resolve is None:
+            raise ValueError(f"{model!r} is not our architecture ({self.model})")
+        return self.resolve(model)[0]
+
+    def prepare(self, message: ModelMessage, epoch: int = 0) -> Outgoing:
+        return prepare(message, swarm=self.swarm, fingerprint=self.fingerprint_of(message.model), epoch=epoch)
+
+
+class Intake(Protocol):
+    """One admitted transfer: the node takes its message (or learns that it never came)."""
+
+    def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None: ...
+    def abandon(self) -> None: ...
 
 
 class NodeHandler(Protocol):
     """The daemon side of the RPCs; every method runs on the event loop."""
 
     wire: WireIdentity
+    idle_timeout: float  # a Transfer stream silent this long is dropped: it never holds a role or a buffer
 
     def hello(self, request: pb.HelloRequest, peer: str) -> pb.HelloReply: ...
-    async def admit(self, header: pb.TransferHeader) -> None: ...  # raise TransferRejected (e.g. "busy"); takes the role
-    def release(self, header: pb.TransferHeader) -> None: ...  # give the role back after admit() if receive() failed
-    # check for the algorithm (raise TransferRejected) and start fusing; from here on the node owns the role
-    # and gives it back once the fusion is settled. Returns a future of the reply when the algorithm replies.
-    def receive(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None: ...
+    # Whether this transfer is wanted (raise TransferRejected, e.g. "not_expected"). Its Intake's deliver()
+    # checks the message for the algorithm (raise TransferRejected) and returns a future of the reply when
+    # the algorithm replies; abandon() is called instead when the stream fails after admission.
+    async def admit(self, header: pb.TransferHeader) -> Intake: ...
+    async def pull(self, request: pb.PullRequest) -> ModelMessage: ...  # raise TransferRejected (e.g. "busy")
     def on_rejected(self, reason: str, detail: str, sender: str) -> None: ...
     def on_transferred(self, sent: int, received: int) -> None: ...  # byte counters
     async def assign(self, request: pb.RoundAssignment) -> pb.Ack: ...
@@ -94,35 +117,51 @@ class DflServicer(pb_grpc.DflNodeServicer):
     ) -> AsyncIterator[WireFrame]:
         wire = self.node.wire
         assembler = wire.assembler()
-        admitted: pb.TransferHeader | None = None
+        frames = _idle_limited(request_iterator, self.node.idle_timeout)
+        intake: Intake | None = None
         try:
-            first = await anext(aiter(request_iterator), None)
+            first = await anext(frames, None)
             if first is None:
                 raise TransferRejected("truncated", "empty stream")
             assembler.feed(first)  # the header: swarm, fingerprint, manifest, sizes checked here
-            await self.node.admit(assembler.header)
-            admitted = assembler.header
-            header, message = await assemble(request_iterator, assembler)
+            intake = await self.node.admit(assembler.header)
+            header, message = await assemble(frames, assembler)
             self.node.on_transferred(0, _wire_bytes(header))
-            pending_reply = self.node.receive(message)
-            admitted = None  # from here the node owns the role and frees it itself (even if this RPC is cancelled)
+            pending_reply = intake.deliver(message)
+            intake = None  # delivered: from here the aggregator owns the message, even if this RPC is cancelled
         except TransferRejected as exc:
             sender = assembler.header.sender if assembler.header is not None else "?"
             self.node.on_rejected(exc.reason, exc.detail, sender)
             yield pb.Frame(result=exc.result())
             return
+        except Exception:  # a bug, not the peer's fault: say where (gRPC would only answer UNKNOWN), keep serving
+            log.exception("Transfer from %s failed", assembler.header.sender if assembler.header else "?")
+            raise
         finally:
-            if admitted is not None:
-                self.node.release(admitted)
-        yield pb.Frame(result=pb.TransferResult(accepted=True))  # validated and being fused
+            if intake is not None:
+                intake.abandon()
+        yield pb.Frame(result=pb.TransferResult(accepted=True))  # validated and taken for aggregation
         reply = await pending_reply if pending_reply is not None else None
         if reply is not None:
-            outgoing = await asyncio.to_thread(prepare, reply, swarm=wire.swarm, fingerprint=wire.fingerprint)
-            sent = 0
-            for frame in outgoing.frames():
-                sent += wire_size(frame)
+            async for frame in self._stream(reply):
                 yield frame
-            self.node.on_transferred(sent, 0)
+
+    async def _stream(self, message: ModelMessage) -> AsyncIterator[WireFrame]:
+        outgoing = await asyncio.to_thread(self.node.wire.prepare, message)
+        sent = 0
+        for frame in outgoing.frames():
+            sent += wire_size(frame)
+            yield frame
+        self.node.on_transferred(sent, 0)
+
+    async def Pull(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[WireFrame]:
+        try:
+            message = await self.node.pull(request)
+        except TransferRejected as exc:
+            yield pb.Frame(result=exc.result())
+            return
+        async for frame in self._stream(message):
+            yield frame
 
     async def Assign(self, request: pb.RoundAssignment, context: grpc.aio.ServicerContext) -> pb.Ack:
         return await self.node.assign(request)
@@ -178,6 +217,20 @@ async def start_server(node: NodeHandler, host: str, port: int) -> tuple[grpc.ai
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     return server, bound
+
+
+async def _idle_limited(frames: AsyncIterator[ReadFrame], timeout: float) -> AsyncIterator[ReadFrame]:
+    """``frames``, but a peer that sends nothing for ``timeout`` seconds is refused (``idle_timeout``):
+    a half-open stream must not hold an aggregator's role, its memory reservation or a buffer."""
+    iterator = aiter(frames)
+    while True:
+        try:
+            frame = await asyncio.wait_for(anext(iterator), timeout)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise TransferRejected("idle_timeout", f"no frame for {timeout:g} s") from None
+        yield frame
 
 
 class TransferRefused(Exception):
@@ -244,6 +297,10 @@ class PeerClient:
         self.transfer = self.channel.stream_stream(
             f"/{SERVICE_NAME}/Transfer", request_serializer=encode_frame, response_deserializer=decode_frame
         )  # Frames through the fast chunk codec rather than the stub's protobuf serializers
+        self.pull_call = self.channel.unary_stream(
+            f"/{SERVICE_NAME}/Pull", request_serializer=pb.PullRequest.SerializeToString,
+            response_deserializer=decode_frame,
+        )  # fmt: skip
 
     async def hello(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
         return await self.stub.Hello(request, timeout=timeout)
@@ -255,7 +312,8 @@ class PeerClient:
         # wait_for_ready: a peer that just came back may still be behind our channel's reconnect backoff
         return await self.stub.PassToken(request, timeout=timeout, wait_for_ready=True)
 
-    async def push(self, outgoing: Outgoing, *, timeout: float) -> tuple[ModelMessage | None, int, int]:
+    async def push(self, outgoing: Outgoing, *, timeout: float,
+                   on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:
         """Stream a message prepared by :func:`~dfl_node.net.codec.prepare` to the peer; returns (its reply model or None, bytes sent, bytes received).
 
         Raises :class:`TransferRefused` when the peer refuses, ``grpc.aio.AioRpcError`` when it is unreachable.
@@ -264,6 +322,8 @@ class PeerClient:
         try:
             if not result.accepted:
                 raise TransferRefused(result.reason, result.detail)
+            if on_accepted is not None:
+                on_accepted()  # the aggregator has the message; its reply (if any) comes after its aggregation
             following = await call.read()
             if following is grpc.aio.EOF:
                 return None, sent, 0  # no reply model: the normal case for Def-KT and FullAvg
@@ -275,6 +335,28 @@ class PeerClient:
         finally:
             call.cancel()
         return reply, sent, _wire_bytes(header)
+
+    async def pull(self, request: pb.PullRequest, *, timeout: float) -> tuple[ModelMessage, int]:
+        """Fetch the peer's model for a pull group; returns (message, bytes received).
+
+        Raises :class:`TransferRefused` when the peer refuses or sends something invalid,
+        ``grpc.aio.AioRpcError`` when it is unreachable or dies mid-stream.
+        """
+        call = self.pull_call(request, timeout=timeout)
+        try:
+            first = await call.read()
+            if first is grpc.aio.EOF:
+                raise TransferRefused("protocol", "the source sent nothing")
+            if isinstance(first, pb.Frame) and first.WhichOneof("kind") == "result":
+                raise TransferRefused(first.result.reason, first.result.detail)
+            assembler = self.wire.assembler()
+            assembler.feed(first)
+            header, message = await assemble(_remaining(call), assembler, until_eof=False)
+        except TransferRejected as exc:
+            raise TransferRefused(exc.reason, f"pulled from {self.address}: {exc.detail}") from exc
+        finally:
+            call.cancel()
+        return message, _wire_bytes(header)
 
     async def close(self) -> None:
         await self.channel.close()

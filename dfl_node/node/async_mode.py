@@ -1,8 +1,11 @@
 """Async mode: no global clock, as a real IoT fleet runs.
 
 Each tick (``interval`` seconds, jittered) a node volunteers with probability ``participation``
-("only plugged-in devices volunteer"); a volunteer trains, then pushes to live peers in a random
-order until one accepts — a busy receiver refuses at the header and the sender tries the next.
+("only plugged-in devices volunteer"). A volunteer becomes the aggregator of a group of its own:
+it invites live peers, in a random order, to send to it — as many as its algorithm wants per
+group (one for Def-KT, FullAvg and Combo; a share of the fleet for FedAvg) — and aggregates what
+the peers that answer within the window send (at least one). A busy peer refuses the invitation
+and the next is asked. Pull algorithms pull from the chosen peers instead of inviting them.
 """
 
 from __future__ import annotations
@@ -11,23 +14,20 @@ import asyncio
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
 
 from dfl_node.algorithms.base import derive_seed
-from dfl_node.net.codec import TransferRejected
+from dfl_node.algorithms.plan import Role
 from dfl_node.net.proto import dfl_pb2 as pb
-
-if TYPE_CHECKING:
-    from dfl_node.node.daemon import Node
+from dfl_node.node.ports import SchedulerPort
 
 log = logging.getLogger(__name__)
 
 
 class AsyncScheduler:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: SchedulerPort) -> None:
         self.node = node
         self.finished = asyncio.Event()
-        self.rng = random.Random(derive_seed(node.config.seed, node.config.id, "async"))
+        self.rng = random.Random(derive_seed(node.config.seed, node.node_id, "async"))
 
     async def run(self) -> None:
         node, cfg = self.node, self.node.config
@@ -35,25 +35,23 @@ class AsyncScheduler:
         deadline = time.monotonic() + cfg.duration if cfg.duration else None
         while deadline is None or time.monotonic() < deadline:
             await asyncio.sleep(cfg.interval * self.rng.uniform(0.5, 1.5))
-            if self.rng.random() >= cfg.participation or node.role != "idle":
+            if self.rng.random() >= cfg.participation or node.state.role is not Role.IDLE:
                 continue
             peers = node.peers.alive_ids()
             self.rng.shuffle(peers)
-            targets = [(p, node.peers.address_of(p)) for p in peers]
-            try:
-                if await node.send(node.round, 0, targets) is not None:
-                    node.round += 1
-            except TransferRejected:
-                continue  # a transfer to us took the role first
-        node.done = True
-        await node.save()
+            if peers:
+                await node.lead(node.state.round, peers, node.algorithm.invitations(len(peers)))
+        await node.stop_volunteering()
         self.finished.set()
 
     def on_join(self, peer_id: str, restarted: bool) -> None:
         """Nothing to tell a newcomer: there is no shared round state in async mode."""
 
     async def assign(self, request: pb.RoundAssignment) -> pb.Ack:
-        return pb.Ack(ok=False, reason="async_mode")
+        """An invitation from a volunteering aggregator (epoch 0): taken if this node is free."""
+        if request.epoch != 0:
+            return pb.Ack(ok=False, reason="async_mode")
+        return await self.node.play(request)
 
     async def token(self, request: pb.RoundToken) -> pb.Ack:
         return pb.Ack(ok=False, reason="async_mode")

@@ -44,6 +44,10 @@ class NodeConfig(LearningConfig):
     peer_timeout: float = Field(4.0, gt=0, description="a peer silent this long leaves the table")
     round_timeout: float = Field(120.0, gt=0, description="round mode: longest wait for one pairing")
     token_timeout: float = Field(10.0, gt=0, description="round mode: silence after which a lost token is regenerated")
+    stream_timeout: float = Field(30.0, gt=0, description="an incoming model stream silent this long is dropped "
+                                  "(it never holds a role or a buffer)")
+    max_buffered_mb: float = Field(2048.0, gt=0, description="an aggregator buffers at most this many MB of received "
+                                   "models at once; further senders are refused (over_memory)")
     evaluate: bool = Field(True, description="evaluate local/global accuracy after every model change")
 
     @field_validator("peers", mode="before")

@@ -1,10 +1,13 @@
 """The node: one asyncio process that serves its peers, learns, and reports.
 
-It owns the node's model (through a :class:`NodeContext`), its peer table and its counters, and
-implements the RPC side of :mod:`dfl_node.net.transport`. Training and fusion run in a worker
-thread (``asyncio.to_thread``) so Hello, status and transfers stay responsive; a node holds at
-most one learning role at a time (sender or receiver), so a model being fused is never touched by
-a concurrent transfer. Scheduling lives in :mod:`.rounds` (token rounds) and :mod:`.async_mode`.
+It owns the node's model (through a :class:`NodeContext`), its :class:`NodeState`, its peer table,
+and implements the RPC side of :mod:`dfl_node.net.transport`. A node plays at most one role at a
+time (:class:`Role`: sender, aggregator or pulled source), through the round runner of
+:mod:`dfl_node.algorithms.runner` over :class:`GrpcTransport`; training and fusion run in worker
+threads, so Hello, status and transfers stay responsive, and a role is held until its work is
+evaluated and checkpointed, so a model being fused is never touched by a concurrent transfer.
+*When* and *with whom* a node plays is decided by its scheduler (:mod:`.rounds` for token rounds,
+:mod:`.async_mode`), which sees the node only through :class:`~dfl_node.node.ports.SchedulerPort`.
 """
 
 from __future__ import annotations
@@ -13,28 +16,50 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import Counter
 
 import grpc
 
-from dfl_node import PROTOCOL_VERSION
-from dfl_node.algorithms import AlgorithmError, NodeContext, make_algorithm
+from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile, Role, Step, make_algorithm
 from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.algorithms.runner import play_aggregator, play_sender
 from dfl_node.api.schemas import COUNTER_FIELDS, HistoryEntry, NodeStatus
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.fleet import read_node_data
-from dfl_node.learning.models import build_model, fingerprint, param_digest
+from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.training import evaluate
-from dfl_node.net.codec import Limits, TransferRejected, manifest_of, prepare
+from dfl_node.net.codec import Limits, Manifest, TransferRejected, manifest_of
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.transport import PeerClient, TransferRefused, WireIdentity
 from dfl_node.node.async_mode import AsyncScheduler
+from dfl_node.node.collector import Collector
 from dfl_node.node.config import NodeConfig
+from dfl_node.node.exchange import GrpcTransport, TransferFailed
+from dfl_node.node.handshake import Handshake
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.persistence import Checkpoint
 from dfl_node.node.rounds import RoundScheduler
+from dfl_node.node.state import NodeState
 
 log = logging.getLogger(__name__)
+
+
+class Intake:
+    """One transfer admitted into an aggregator's collector (:class:`dfl_node.net.transport.Intake`)."""
+
+    def __init__(self, node: Node, collector: Collector, sender: str) -> None:
+        self.node, self.collector, self.sender = node, collector, sender
+
+    def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None:
+        try:
+            self.node.algorithm.check_message(self.node.ctx, message)
+        except AlgorithmError as exc:
+            raise TransferRejected("algorithm", str(exc)) from exc
+        self.node.state.counters["models_received"] += 1
+        reply = self.collector.deliver(message)
+        return reply if self.node.algorithm.replies else None
+
+    def abandon(self) -> None:
+        self.collector.abandon(self.sender)
 
 
 class Node:
@@ -44,53 +69,67 @@ class Node:
         self.boot_id = uuid.uuid4().hex
         train, val = read_node_data(config.data)
         self.test = load_shard(config.test_data) if config.test_data else None
-        model = build_model(config.model, train.input_shape, train.num_classes, hidden=config.hidden, seed=config.seed)
-        self.ctx = NodeContext(config.id, model, train, val, config)
+        spec = ModelSpec(config.model, tuple(config.hidden) if config.hidden else None)
+        model = spec.build(train.input_shape, train.num_classes, seed=config.seed)
+        self.ctx = NodeContext(config.id, model, spec, train, val, config)
         self.algorithm = make_algorithm(config.algorithm, config)
-        state = model.state_dict()
-        self.fingerprint = fingerprint(config.model, state)
-        self.wire = WireIdentity(config.swarm, self.fingerprint, manifest_of(state), Limits())
+        layout = model.state_dict()
+        self.fingerprint = fingerprint(config.model, layout)
+        self._layouts: dict[str, tuple[str, Manifest]] = {}
+        resolve = self._layout_of if self.algorithm.architectures == "any" else None
+        self.wire = WireIdentity(config.swarm, str(spec), self.fingerprint, manifest_of(layout), Limits(), resolve)
+        self.idle_timeout = config.stream_timeout
         self.grpc_address = f"{config.advertised_host}:{config.grpc_port}"
         self.checkpoint = Checkpoint(config.state_path)
-        self.counters: Counter[str] = Counter()
-        self.rejected: Counter[str] = Counter()
-        self.history: list[HistoryEntry] = []
-        self.round = 0  # rounds completed (round mode) or sends started (async mode)
-        self.epoch = 0
-        self.done = False
-        self.role = "idle"
-        self.holding = False
-        self.fusing = 0
-        self.max_fusing = 0
-        self.accuracy: tuple[float | None, float | None] = (None, None)  # (local, global) of the current model
+        self.state = NodeState()
+        self.collector: Collector | None = None  # the group this node aggregates now
         self.clients: dict[str, PeerClient] = {}
         self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up
-        self.starting = True  # until start-up has passed its checks: a duplicate id then aborts it
-        self.duplicate: str | None = None  # why start-up must stop: another live node has our id
-        self._impostors: set[str] = set()  # boot ids of live nodes with our id, each reported once
         self._settling: asyncio.Task | None = None
-        self.peers = PeerTable(config.id, self._probe, heartbeat=config.heartbeat, timeout=config.peer_timeout,
-                               static=config.peers, on_join=lambda *joined: self.scheduler.on_join(*joined))
+        self.handshake = Handshake(self)
+        self.peers = PeerTable(config.id, self.handshake.probe, heartbeat=config.heartbeat,
+                               timeout=config.peer_timeout, static=config.peers,
+                               on_join=lambda *joined: self.scheduler.on_join(*joined))
         self._restore()
-        self.digest = param_digest(self.ctx.model.state_dict())
+        self.state.digest = param_digest(self.ctx.model.state_dict())
         self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
+
+    @property
+    def node_id(self) -> str:
+        return self.config.id
+
+    def _layout_of(self, model: str) -> tuple[str, Manifest]:
+        """Another architecture's fingerprint and manifest, built from our registry for our data (shapes
+        only, on the meta device: a hostile spec of huge widths allocates nothing, and fails the size check)."""
+        if model not in self._layouts:
+            if not self.algorithm.fuses(str(self.ctx.spec), model):
+                raise ValueError(f"{self.config.algorithm} does not fuse {model} with {self.ctx.spec}")
+            spec = ModelSpec.parse(model)
+            layout = spec.build(self.ctx.train.input_shape, self.ctx.train.num_classes, device="meta").state_dict()
+            if len(self._layouts) >= 64:  # a bound: peers cannot grow this table without limit
+                self._layouts.clear()
+            self._layouts[model] = fingerprint(spec.name, layout), manifest_of(layout)
+        return self._layouts[model]
+
+    def address_of(self, node_id: str) -> str | None:
+        return self.grpc_address if node_id == self.config.id else self.peers.address_of(node_id)
+
+    def profiles(self) -> list[NodeProfile]:
+        """This node and its live peers, as round plans see them."""
+        return [self.ctx.profile(), *self.peers.profiles()]
 
     # ----- persistence -------------------------------------------------------------------
     def _restore(self) -> None:
         saved = self.checkpoint.load(self.fingerprint)
         if saved is None:
             return
-        model_state, state = saved
+        model_state, durable = saved
         self.ctx.model.load_state_dict(model_state)
-        self.round, self.epoch = state.get("round", 0), state.get("epoch", 0)
-        self.done = self._done_at(self.round)
-        self.counters.update(state.get("counters", {}))
-        self.history = [HistoryEntry.model_validate(h) for h in state.get("history", [])]
-        if self.history:
-            self.accuracy = (self.history[-1].local_accuracy, self.history[-1].global_accuracy)
+        self.state.restore(durable)
+        self.state.done = self._done_at(self.state.round)
         limit = f" of {self.config.rounds}" if self.config.mode == "round" and self.config.rounds else ""
-        log.info("%s resuming at round %d%s%s (checkpoint in %s)", self.config.id, self.round, limit,
-                 ", already done" if self.done else "", self.checkpoint.directory)
+        log.info("%s resuming at round %d%s%s (checkpoint in %s)", self.config.id, self.state.round, limit,
+                 ", already done" if self.state.done else "", self.checkpoint.directory)
 
     def _done_at(self, round_: int) -> bool:
         """Whether a checkpoint at ``round_`` is finished under the settings given *now*, not those saved:
@@ -98,76 +137,213 @@ class Node:
         rounds = self.config.rounds
         return self.config.mode == "round" and rounds > 0 and round_ >= rounds
 
-    def _state(self) -> dict:
-        return {"round": self.round, "epoch": self.epoch, "done": self.done, "counters": dict(self.counters),
-                "history": [h.model_dump(mode="json") for h in self.history]}
-
     async def save(self) -> None:
         """Checkpoint without copying the model: callers hold the learning role, so nothing changes it meanwhile."""
-        await asyncio.to_thread(self.checkpoint.save, self.ctx.model.state_dict(), self.fingerprint, self._state())
+        await asyncio.to_thread(self.checkpoint.save, self.ctx.model.state_dict(), self.fingerprint,
+                                self.state.durable())
 
-    # ----- learning roles ----------------------------------------------------------------
-    def take_role(self, role: str) -> None:
-        if self.role != "idle":
-            self.counters["busy_refusals"] += 1
-            raise TransferRejected("busy", f"{self.config.id} is {self.role}")
-        self.role = role
+    # ----- roles -------------------------------------------------------------------------
+    def take_role(self, role: Role) -> None:
+        if self.state.role is not Role.IDLE:
+            self.state.counters["busy_refusals"] += 1
+            raise TransferRejected("busy", f"{self.config.id} is {self.state.role.value}")
+        self.state.role = role
 
     def release_role(self) -> None:
-        self.role = "idle"
+        self.state.role = Role.IDLE
 
+    async def settled(self) -> None:
+        """Until this node's last role (its fusion, replies, evaluation and checkpoint) is over."""
+        if self._settling is not None:
+            await asyncio.shield(self._settling)
+
+    def fusion_started(self) -> None:
+        self.state.fusing += 1
+        self.state.max_fusing = max(self.state.max_fusing, self.state.fusing)
+
+    async def play(self, assignment: pb.RoundAssignment) -> pb.Ack:
+        """Take a group role (from the Assign RPC or from this node's own scheduler); see the proto's Assign."""
+        try:
+            role = Role(assignment.role)
+        except ValueError:
+            return pb.Ack(ok=False, reason="unknown_role")
+        if role not in (Role.SENDER, Role.AGGREGATOR):
+            return pb.Ack(ok=False, reason="unknown_role")
+        group = Group(assignment.aggregator, tuple(assignment.senders), assignment.pull)
+        step = Step(assignment.round, group, dict(assignment.state))
+        if self.config.mode == "round":
+            await self.settled()  # the plan chose us: the last role's checkpoint first, then this one
+        try:
+            self.take_role(role)
+        except TransferRejected as exc:
+            return pb.Ack(ok=False, reason=exc.reason)
+        loop = asyncio.get_running_loop()
+        if role is Role.SENDER:
+            accepted: asyncio.Future[bool] = loop.create_future()
+            transport = GrpcTransport(self, assignment.epoch, aggregator_address=assignment.aggregator_address,
+                                      accepted=accepted)
+            self._settling = loop.create_task(self._play_sender(step, transport))
+            ok = await asyncio.shield(accepted)
+            return pb.Ack(ok=ok, reason="" if ok else "transfer_failed")
+        collector = self.collector = Collector(step, assignment.epoch, max_bytes=self.max_buffered_bytes,
+                                               deadline_s=assignment.deadline_s or self.config.round_timeout)
+        self._settling = loop.create_task(self._play_aggregator(step, GrpcTransport(self, assignment.epoch,
+                                                                                    collector=collector)))
+        if group.pull:
+            await asyncio.shield(collector.gathered.wait())
+        return pb.Ack(ok=True)
+
+    @property
+    def max_buffered_bytes(self) -> int:
+        return int(self.config.max_buffered_mb * 1e6)
+
+    async def lead(self, round_: int, candidates: list[str], wanted: int) -> bool:
+        """Async mode: volunteer as an aggregator and invite ``wanted`` of ``candidates`` (in order) to send.
+
+        The collector exists before any invitation goes out, so a fast sender's transfer is never
+        refused; invitations go out in batches until ``wanted`` accepted or the candidates run out.
+        Returns whether anybody came.
+        """
+        if self.algorithm.pulls:  # nobody to invite: pull from the first ``wanted`` candidates
+            pull = pb.RoundAssignment(round=round_, role=Role.AGGREGATOR.value, aggregator=self.config.id,
+                                      senders=candidates[:wanted], pull=True)
+            return (await self.play(pull)).ok
+        try:
+            self.take_role(Role.AGGREGATOR)
+        except TransferRejected:
+            return False
+        collector = self.collector = Collector(Step(round_, Group(self.config.id, ())), 0, expected=(),
+                                               max_bytes=self.max_buffered_bytes, deadline_s=self.config.round_timeout)
+        came: list[str] = []
+        remaining = list(candidates)
+        while remaining and len(came) < wanted:
+            batch, remaining = remaining[: wanted - len(came)], remaining[wanted - len(came) :]
+            collector.expected.update(batch)
+            acks = await asyncio.gather(*(self.assign_to(peer, self._invitation(round_, peer)) for peer in batch))
+            for peer, ack in zip(batch, acks):
+                if ack.ok:
+                    came.append(peer)
+                else:
+                    collector.withdraw(peer)
+        if not came:
+            collector.close()
+            self.collector = None
+            self.release_role()
+            return False
+        step = Step(round_, Group(self.config.id, tuple(sorted(came))))
+        collector.step = step
+        self._settling = asyncio.get_running_loop().create_task(
+            self._play_aggregator(step, GrpcTransport(self, 0, collector=collector)))
+        return True
+
+    def _invitation(self, round_: int, peer: str) -> pb.RoundAssignment:
+        return pb.RoundAssignment(round=round_, epoch=0, holder=self.config.id, role=Role.SENDER.value,
+                                  aggregator=self.config.id, aggregator_address=self.grpc_address, senders=[peer])
+
+    async def assign_to(self, node_id: str, assignment: pb.RoundAssignment) -> pb.Ack:
+        """A role for ``node_id``: played here if it is us, else sent as an Assign RPC (failures become an Ack)."""
+        if node_id == self.config.id:
+            return await self.play(assignment)
+        address = self.address_of(node_id)
+        if address is None:
+            return pb.Ack(ok=False, reason="unreachable")
+        try:
+            return await self.client(address).assign(assignment, timeout=self.config.round_timeout)
+        except grpc.aio.AioRpcError as exc:
+            return pb.Ack(ok=False, reason=exc.code().name.lower())
+
+    async def _play_sender(self, step: Step, transport: GrpcTransport) -> None:
+        try:
+            await play_sender(self.algorithm, self.ctx, step, transport)
+            self._exchanged()
+            await self.model_changed("send", step.round + 1, step.group.aggregator)
+        except TransferFailed as exc:
+            log.info("%s: round %d: %s", self.config.id, step.round, exc)
+        except Exception:  # a bug must not kill the node: the role is given back, the round goes on
+            log.exception("%s: round %d: the sender role failed", self.config.id, step.round)
+        finally:
+            transport._verdict(False)
+            self.release_role()
+
+    async def _play_aggregator(self, step: Step, transport: GrpcTransport) -> None:
+        assert transport.collector is not None
+        try:
+            if await play_aggregator(self.algorithm, self.ctx, step, transport):
+                self.state.counters["fusions"] += 1
+                self._exchanged()
+                await self.model_changed("fusion", step.round + 1, ",".join(step.group.senders))
+        except Exception:  # a bug (check_message passed): keep serving, the senders get no reply
+            log.exception("%s: round %d: aggregating failed", self.config.id, step.round)
+        finally:
+            self.state.fusing = 0
+            transport.collector.close()
+            self.collector = None
+            self.release_role()
+
+    def _exchanged(self) -> None:
+        if self.config.mode == "async":  # round mode counts rounds by the token
+            self.state.round += 1
+
+    # ----- evaluation --------------------------------------------------------------------
     async def model_changed(self, event: str, round_: int, peer: str | None) -> None:
-        """After every fusion: evaluate, fingerprint the values, checkpoint, record.
+        """After every change of the model: evaluate, fingerprint the values, checkpoint, record.
 
         Evaluation and the sha256 of a possibly large model run in the worker thread, off the event loop.
         """
-        self.accuracy, self.digest = await asyncio.to_thread(self._measure)
+        state = self.state
+        state.accuracy, state.digest = await asyncio.to_thread(self._measure)
         if event in ("send", "fusion"):
-            self.counters["rounds_completed"] += 1
-        local, global_ = self.accuracy
-        self.history.append(HistoryEntry(round=round_, time=time.time(), event=event, role=self.role, peer=peer,
-                                         local_accuracy=local, global_accuracy=global_))
+            state.counters["rounds_completed"] += 1
+        local, global_ = state.accuracy
+        state.history.append(HistoryEntry(round=round_, time=time.time(), event=event, role=state.role.value,
+                                          peer=peer, local_accuracy=local, global_accuracy=global_))
         await self.save()
 
     def _measure(self) -> tuple[tuple[float | None, float | None], str]:
-        accuracy = self._evaluate() if self.config.evaluate else self.accuracy
+        accuracy = self.evaluate() if self.config.evaluate else self.state.accuracy
         return accuracy, param_digest(self.ctx.model.state_dict())
 
-    def _evaluate(self) -> tuple[float | None, float | None]:
+    def evaluate(self) -> tuple[float | None, float | None]:
+        """(local, global) accuracy of the current model: on its validation split and the global test set."""
         local = evaluate(self.ctx.model, self.ctx.val).accuracy if len(self.ctx.val) else None
         global_ = evaluate(self.ctx.model, self.test).accuracy if self.test is not None else None
         return local, global_
 
-    async def send(self, round_: int, epoch: int, targets: list[tuple[str, str]]) -> str | None:
-        """Sender role: train, then push to the first target (id, address) that accepts; returns its id.
+    async def finish(self, round_: int) -> None:
+        """The fleet is done at ``round_``: settle the last role, make sure there is an accuracy, checkpoint."""
+        await self.settled()  # the last round's aggregator may still be fusing: its model is the final one
+        self.state.round, self.state.done = round_, True
+        if self.config.evaluate and self.state.accuracy == (None, None):
+            self.state.accuracy = await asyncio.to_thread(self.evaluate)
+        await self.save()
+        log.info("%s: done after %d rounds", self.config.id, round_)
 
-        The work runs as its own task, shielded: if our caller is cancelled (an RPC deadline), the
-        worker thread still runs on, so the role stays taken until it has really finished.
-        """
-        if self.config.mode == "round":
-            await self.settled()  # the plan chose us: the last fusion's checkpoint first, then this round
-        self.take_role("sender")
-        return await asyncio.shield(asyncio.get_running_loop().create_task(self._send(round_, epoch, targets)))
+    # ----- the scheduler port (dfl_node.node.ports.SchedulerPort) ------------------------
+    def enter_epoch(self, epoch: int) -> bool:
+        if epoch < self.state.epoch:
+            return False
+        self.state.epoch = epoch
+        return True
 
-    async def _send(self, round_: int, epoch: int, targets: list[tuple[str, str]]) -> str | None:
-        try:
-            message = await asyncio.to_thread(self.algorithm.sender_step, self.ctx, round_)
-            outgoing = await asyncio.to_thread(prepare, message, swarm=self.config.swarm, fingerprint=self.fingerprint,
-                                               epoch=epoch)  # hashed once, whatever the number of attempts
-            for peer_id, address in targets:
-                try:
-                    reply, sent, received = await self.client(address).push(outgoing, timeout=self.config.round_timeout)
-                except (TransferRefused, grpc.aio.AioRpcError) as exc:
-                    reason = exc.reason if isinstance(exc, TransferRefused) else exc.code().name
-                    log.info("%s → %s refused or failed: %s", self.config.id, peer_id, reason)
-                    continue
-                self.counters.update(models_sent=1, bytes_sent=sent, bytes_received=received)
-                await asyncio.to_thread(self.algorithm.sender_finish, self.ctx, reply)
-                await self.model_changed("send", round_ + 1, peer_id)
-                return peer_id
+    def set_round(self, round_: int, token_state: dict[str, str]) -> None:
+        self.state.round, self.state.token_state = round_, dict(token_state)
+
+    def set_holding(self, holding: bool) -> None:
+        self.state.holding = holding
+
+    async def pass_token(self, node_id: str, token: pb.RoundToken) -> pb.Ack | None:
+        address = self.peers.address_of(node_id)
+        if address is None:
             return None
-        finally:
-            self.release_role()
+        try:
+            return await self.client(address).pass_token(token, timeout=5.0)
+        except grpc.aio.AioRpcError:
+            return None
+
+    async def stop_volunteering(self) -> None:
+        await self.settled()
+        self.state.done = True
+        await self.save()
 
     def client(self, address: str) -> PeerClient:
         if address not in self.clients:
@@ -175,131 +351,44 @@ class Node:
         return self.clients[address]
 
     # ----- RPC handlers (dfl_node.net.transport.NodeHandler) -------------------------------
-    def hello_message(self, cls: type = pb.HelloRequest, **extra: object):  # noqa: ANN201
-        return cls(protocol_version=PROTOCOL_VERSION, swarm=self.config.swarm, node_id=self.config.id,
-                   fingerprint=self.fingerprint, algorithm=self.config.algorithm, boot_id=self.boot_id,
-                   grpc_address=self.grpc_address, http_port=self.config.http_port,
-                   status_url=self.config.status_url or "", **extra)
-
-    def incompatibility(self, other: pb.HelloRequest | pb.HelloReply) -> str | None:
-        if other.protocol_version != PROTOCOL_VERSION:
-            return "protocol_version"
-        if other.swarm != self.config.swarm:
-            return "swarm_mismatch"
-        if other.fingerprint != self.fingerprint:
-            return "fingerprint_mismatch"
-        if other.algorithm != self.config.algorithm:
-            return "algorithm_mismatch"
-        return None
-
     def hello(self, request: pb.HelloRequest, peer: str) -> pb.HelloReply:
-        reason = self.incompatibility(request)
-        if reason:
-            self.rejected_hello(reason, request, peer)
-            return self.hello_message(pb.HelloReply, accepted=False, reason=reason)
-        if self.is_duplicate(request):
-            self.on_duplicate(request.boot_id, request.grpc_address or peer)
-            return self.hello_message(pb.HelloReply, accepted=False, reason="duplicate_id")
-        self.peers.seen(request)
-        return self.hello_message(pb.HelloReply, accepted=True)
+        return self.handshake.answer(request, peer)
 
-    def rejected_hello(self, reason: str, other: pb.HelloRequest, where: str) -> None:
-        self.rejected[reason] += 1
-        log.warning("refused %s (%s) at hello: %s (theirs swarm=%r fingerprint=%s…, ours swarm=%r fingerprint=%s…)",
-                    other.node_id, where, reason, other.swarm, other.fingerprint[:12], self.config.swarm,
-                    self.fingerprint[:12])
+    async def admit(self, header: pb.TransferHeader) -> Intake:
+        """A transfer is wanted only by an aggregator whose group names its sender, for that round and epoch."""
+        if self.config.mode == "round" and header.epoch < self.state.epoch:
+            raise TransferRejected("stale_epoch", f"epoch {header.epoch} < {self.state.epoch}")
+        collector = self.collector
+        if collector is None or not collector.matches(header):
+            raise TransferRejected("not_expected", f"{self.config.id} aggregates no group of round {header.round} "
+                                                   f"(epoch {header.epoch}) now")
+        collector.admit(header)
+        return Intake(self, collector, header.sender)
 
-    async def _probe(self, address: str) -> pb.HelloReply | None:
-        """Heartbeat: our Hello to ``address``; only compatible peers count as alive."""
-        try:
-            reply = await self.client(address).hello(self.hello_message(), timeout=min(self.config.heartbeat, 2.0))
-        except grpc.aio.AioRpcError:
-            return None
-        if reply.node_id == self.config.id:  # ourselves (our own address in a static list), or a duplicate
-            if self.is_duplicate(reply):
-                self.on_duplicate(reply.boot_id, address)
-            return None
-        reason = reply.reason if not reply.accepted else self.incompatibility(reply)
-        if reason:  # the peer counts its refusal of us; we just leave it out of the table
-            log.debug("%s at %s is incompatible: %s", reply.node_id, address, reason)
-            return None
-        return reply
-
-    def is_duplicate(self, other: pb.HelloRequest | pb.HelloReply) -> bool:
-        """Another live node of our swarm with our id: same id and swarm, another boot."""
-        return other.node_id == self.config.id and other.swarm == self.config.swarm and other.boot_id != self.boot_id
-
-    def on_duplicate(self, boot_id: str, address: str) -> None:
-        """While starting, a duplicate id stops the start (service checks ``duplicate``); a running node
-        keeps serving, but says so loudly, once per impostor, and counts it in ``rejected``."""
-        problem = (f"node id {self.config.id!r} is already used by another running node at {address}; "
-                   "give every node its own --id")
-        if self.starting:
-            self.duplicate = self.duplicate or problem
-            return
-        if boot_id not in self._impostors:
-            self._impostors.add(boot_id)
-            self.rejected["duplicate_id"] += 1
-            log.error("%s", problem)
-
-    async def admit(self, header: pb.TransferHeader) -> None:
+    async def pull(self, request: pb.PullRequest) -> ModelMessage:
+        """Serve our model to a pulling aggregator (a pull group's source), as the algorithm transmits it."""
+        if request.swarm != self.config.swarm:
+            raise TransferRejected("swarm_mismatch", f"pull for swarm {request.swarm!r}")
         if self.config.mode == "round":
-            if header.epoch < self.epoch:
-                raise TransferRejected("stale_epoch", f"epoch {header.epoch} < {self.epoch}")
-            await self.settled()  # the round plan chose us: finish checkpointing the last fusion, don't refuse
-        self.take_role("receiver")
-
-    def release(self, header: pb.TransferHeader) -> None:
-        self.release_role()
-
-    def receive(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None:
-        """Take a message the codec validated: check it against the algorithm, then fuse it in the background.
-
-        Raises :class:`TransferRejected` when the algorithm cannot fuse it. Otherwise, from here the
-        node owns the receiver role and frees it itself once the fusion is settled (evaluated and
-        checkpointed), never while the worker thread may still touch the model. Returns a future of
-        the reply for an algorithm that replies (Combo), None for the others: their sender is answered
-        at once, without waiting for the fusion.
-        """
+            if request.epoch < self.state.epoch:
+                raise TransferRejected("stale_epoch", f"epoch {request.epoch} < {self.state.epoch}")
+            await self.settled()
+        self.take_role(Role.SOURCE)
         try:
-            self.algorithm.check_message(self.ctx, message)
-        except AlgorithmError as exc:
-            raise TransferRejected("algorithm", str(exc)) from exc
-        self.counters["models_received"] += 1
-        reply: asyncio.Future[ModelMessage | None] = asyncio.get_running_loop().create_future()
-        self._settling = asyncio.get_running_loop().create_task(self._fuse(message, reply))
-        return reply if self.algorithm.replies else None
-
-    async def _fuse(self, message: ModelMessage, reply: asyncio.Future[ModelMessage | None]) -> None:
-        self.fusing += 1
-        self.max_fusing = max(self.max_fusing, self.fusing)
-        try:
-            try:
-                result = await asyncio.to_thread(self.algorithm.receiver_step, self.ctx, message)
-            finally:
-                self.fusing -= 1
-            self.counters["fusions"] += 1
-            if not reply.done():  # done: the RPC that waited for it was cancelled
-                reply.set_result(result)
-            await self.model_changed("fusion", message.round + 1, message.sender)
-        except Exception:  # a bug (check_message passed): keep serving, the sender gets no reply
-            log.exception("%s: fusing the model from %s failed", self.config.id, message.sender)
-            if not reply.done():
-                reply.set_result(None)
+            step = Step(request.round, Group(request.aggregator, (self.config.id,), pull=True), dict(request.state))
+            message = await asyncio.to_thread(self.algorithm.transmit, self.ctx, step)
+            self.state.counters["models_sent"] += 1
+            await self.model_changed("send", request.round + 1, request.aggregator)
+            return message
         finally:
             self.release_role()
 
-    async def settled(self) -> None:
-        """Until the last received model is fused, evaluated and checkpointed."""
-        if self._settling is not None:
-            await asyncio.shield(self._settling)
-
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:
-        self.rejected[reason] += 1
+        self.state.rejected[reason] += 1
         log.warning("rejected a transfer from %s: %s (%s)", sender, reason, detail)
 
     def on_transferred(self, sent: int, received: int) -> None:
-        self.counters.update(bytes_sent=sent, bytes_received=received)
+        self.state.counters.update(bytes_sent=sent, bytes_received=received)
 
     async def assign(self, request: pb.RoundAssignment) -> pb.Ack:
         return await self.scheduler.assign(request)
@@ -309,16 +398,19 @@ class Node:
 
     # ----- reporting ---------------------------------------------------------------------
     def status(self) -> NodeStatus:
-        local, global_ = self.accuracy
-        role = self.role if self.role != "idle" or not self.holding else "holder"
+        state = self.state
+        local, global_ = state.accuracy
+        role = "holder" if state.role is Role.IDLE and state.holding else state.role.value
         return NodeStatus(
             id=self.config.id, swarm=self.config.swarm, algorithm=self.config.algorithm, mode=self.config.mode,
-            round=self.round, role=role, peers=self.peers.infos(), local_accuracy=local, global_accuracy=global_,
-            **{name: self.counters[name] for name in COUNTER_FIELDS}, rejected=dict(self.rejected),
+            model=str(self.ctx.spec), round=state.round, role=role, peers=self.peers.infos(),
+            local_accuracy=local, global_accuracy=global_,
+            **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
             boot_id=self.boot_id, uptime_s=time.time() - self.started, grpc_address=self.grpc_address,
-            http_port=self.config.http_port, param_sha256=self.digest, fusing=self.fusing > 0,
-            max_concurrent_fusions=self.max_fusing, epoch=self.epoch, done=self.done and self.role == "idle",
+            http_port=self.config.http_port, param_sha256=state.digest, fusing=state.fusing > 0,
+            max_concurrent_fusions=state.max_fusing, epoch=state.epoch,
+            done=state.done and state.role is Role.IDLE,
         )
 
     def get_history(self) -> list[HistoryEntry]:
-        return list(self.history)
+        return list(self.state.history)

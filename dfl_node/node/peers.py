@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from dfl_node.algorithms.plan import NodeProfile
 from dfl_node.api.schemas import PeerInfo
 from dfl_node.net.proto import dfl_pb2 as pb
 
@@ -32,12 +33,17 @@ class Peer:
     algorithm: str
     last_seen: float
     status_url: str = ""
+    model: str = ""
+    num_samples: int = 0
     alive: bool = True
 
     def info(self) -> PeerInfo:
         return PeerInfo(id=self.id, address=self.address, http_port=self.http_port or None,
                         status_url=self.status_url or None, last_seen=self.last_seen, alive=self.alive,
-                        algorithm=self.algorithm)
+                        algorithm=self.algorithm, model=self.model or None)
+
+    def profile(self) -> NodeProfile:
+        return NodeProfile(self.id, self.model, self.num_samples)
 
 
 class PeerTable:
@@ -80,7 +86,7 @@ class PeerTable:
             peer = self.peers[reply.node_id] = Peer(reply.node_id, reply.grpc_address, reply.http_port,
                                                     reply.boot_id, reply.algorithm, now)
         peer.address, peer.http_port, peer.boot_id = reply.grpc_address, reply.http_port, reply.boot_id
-        peer.status_url = reply.status_url
+        peer.status_url, peer.model, peer.num_samples = reply.status_url, reply.model, reply.num_samples
         peer.last_seen, peer.alive = now, True
         if rejoined:
             log.info("peer %s at %s is alive", peer.id, peer.address)
@@ -110,6 +116,10 @@ class PeerTable:
                 if peer.alive and now - peer.last_seen > self.timeout:
                     self.lost(peer.id)
             await asyncio.sleep(self.heartbeat)
+
+    def profiles(self) -> list[NodeProfile]:
+        """The live peers' profiles (architecture, sample count), as their Hellos announced them."""
+        return [self.peers[p].profile() for p in self.alive_ids()]
 
     def infos(self) -> list[PeerInfo]:
         return [p.info() for p in sorted(self.peers.values(), key=lambda p: p.id)]

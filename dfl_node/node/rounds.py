@@ -2,11 +2,13 @@
 
 * **Start.** Once it sees ``min_peers`` peers, the node with the lowest id creates the token for
   round 0 (epoch 1) — or for the round its checkpoint says, after a restart.
-* **A round.** The holder plans round t with the algorithm's own planner over the live members
-  (sorted ids, seed-derived randomness: the same plan as the simulator), tells each sender its
-  receiver (``Assign``, answered when the pairing is done) and waits for them, with a timeout.
-* **Hand-over.** The holder then announces the token for t+1 to every member, naming the next
-  holder (the next id in sorted order); every node learns the round, the epoch and the holder.
+* **A round.** The holder plans round t with the algorithm's own planner over the live members'
+  profiles and the algorithm state the token carries (seed-derived randomness: the same plan as the
+  simulator). For each group it assigns the aggregator first (which then expects its senders, or
+  pulls from its sources), then the senders, and waits until their transfers are taken, with a
+  timeout. Fusions, replies and checkpoints run on; each node settles them before its next role.
+* **Hand-over.** The holder then announces the token for t+1 — with the plan's algorithm state —
+  to every member, naming the next holder (the next id in sorted order).
 * **Loss.** If the known holder leaves the peer table (it stopped answering heartbeats) and the
   token has been silent for ``token_timeout``, the lowest live id regenerates it for the last
   announced round with ``epoch + 1``. Every RPC carries the epoch and nodes refuse older ones, so
@@ -18,22 +20,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
-import grpc
-
-from dfl_node.algorithms import Pairing
-from dfl_node.net.codec import TransferRejected
+from dfl_node.algorithms import Group, Role
 from dfl_node.net.proto import dfl_pb2 as pb
-
-if TYPE_CHECKING:
-    from dfl_node.node.daemon import Node
+from dfl_node.node.ports import SchedulerPort
 
 log = logging.getLogger(__name__)
 
 
 class RoundScheduler:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: SchedulerPort) -> None:
         self.node = node
         self.holder: str | None = None
         self.last_activity = time.monotonic()
@@ -42,33 +38,33 @@ class RoundScheduler:
 
     # ----- the watchdog ------------------------------------------------------------------
     def _is_lowest(self) -> bool:
-        return all(self.node.config.id < p for p in self.node.peers.alive_ids())
+        return all(self.node.node_id < p for p in self.node.peers.alive_ids())
 
     def _token_lost(self) -> bool:
-        holder_alive = self.holder in self.node.peers.alive_ids() or self.holder == self.node.config.id
+        holder_alive = self.holder in self.node.peers.alive_ids() or self.holder == self.node.node_id
         silent = time.monotonic() - self.last_activity > self.node.config.token_timeout
         return silent and not holder_alive
 
     async def run(self) -> None:
-        node = self.node
-        if node.done:
+        node, state = self.node, self.node.state
+        if state.done:
             self.finished.set()
             return
         await node.peers.wait_for(node.config.min_peers)
         self.last_activity = time.monotonic()
-        if node.epoch == 0 and self._is_lowest():
-            self._start_holding(node.round, 1)
-        while not node.done:
+        if state.epoch == 0 and self._is_lowest():
+            self._start_holding(state.round, 1)
+        while not state.done:
             await asyncio.sleep(min(1.0, node.config.token_timeout / 4))
-            if not node.holding and self._token_lost() and self._is_lowest():
+            if not state.holding and self._token_lost() and self._is_lowest():
                 log.warning("%s: token of %s lost; regenerating round %d at epoch %d",
-                            node.config.id, self.holder, node.round, node.epoch + 1)
-                self._start_holding(node.round, node.epoch + 1)
+                            node.node_id, self.holder, state.round, state.epoch + 1)
+                self._start_holding(state.round, state.epoch + 1)
 
     def _start_holding(self, round_: int, epoch: int) -> None:
-        self.node.epoch = epoch
-        self.holder = self.node.config.id
-        self.node.holding = True
+        self.node.enter_epoch(epoch)
+        self.holder = self.node.node_id
+        self.node.set_holding(True)
         self._holding = asyncio.get_running_loop().create_task(self._hold(round_, epoch))
 
     # ----- the holder --------------------------------------------------------------------
@@ -76,93 +72,82 @@ class RoundScheduler:
         node = self.node
         try:
             while True:
-                members = sorted([*node.peers.alive_ids(), node.config.id])
+                members = sorted(p.node_id for p in node.profiles())
+                state = dict(node.state.token_state)
                 if node.config.rounds and round_ >= node.config.rounds:
-                    await self._announce(pb.RoundToken(round=round_, epoch=epoch, holder=node.config.id,
-                                                       seed=node.config.seed, members=members, state={"done": "1"}))
+                    await self._announce(pb.RoundToken(round=round_, epoch=epoch, holder=node.node_id,
+                                                       seed=node.config.seed, members=members, state=state, done=True))
                     await self.finish(round_)
                     return
-                plan = node.algorithm.plan_round(round_, members)
-                await asyncio.gather(*(self._pairing(p, round_, epoch) for p in plan.pairings))
+                plan = node.algorithm.plan_round(round_, node.profiles(), state)
+                await asyncio.gather(*(self._group(g, round_, epoch, dict(plan.state)) for g in plan))
                 round_ += 1
-                node.round = round_
-                later = members[members.index(node.config.id) + 1:] + members[: members.index(node.config.id)]
+                node.set_round(round_, dict(plan.state))
+                me = members.index(node.node_id)
+                later = members[me + 1 :] + members[:me]
                 acks = await self._announce(pb.RoundToken(round=round_, epoch=epoch, holder=later[0],
-                                                          seed=node.config.seed, members=members))
+                                                          seed=node.config.seed, members=members, state=plan.state))
                 if any(a is not None and a.reason == "stale_epoch" for a in acks.values()):
-                    log.warning("%s: fenced off by a newer epoch; dropping token", node.config.id)
+                    log.warning("%s: fenced off by a newer epoch; dropping token", node.node_id)
                     return
                 if acks.get(later[0]) is not None and acks[later[0]].ok:
                     self.holder = later[0]
                     return
-                log.warning("%s: next holder %s unreachable; keeping the token", node.config.id, later[0])
+                log.warning("%s: next holder %s unreachable; keeping the token", node.node_id, later[0])
         finally:
-            node.holding = False
+            node.set_holding(False)
             self.last_activity = time.monotonic()
 
-    async def _pairing(self, pairing: Pairing, round_: int, epoch: int) -> None:
+    async def _group(self, group: Group, round_: int, epoch: int, state: dict[str, str]) -> None:
+        """Assign one group: its aggregator first (so it expects its senders), then the senders."""
         node = self.node
-        receiver = node.peers.address_of(pairing.receiver) or node.grpc_address
+        address = node.address_of(group.aggregator) or ""
+        common = dict(round=round_, epoch=epoch, holder=node.node_id, aggregator=group.aggregator,
+                      aggregator_address=address, state=state, senders=group.senders, pull=group.pull,
+                      deadline_s=node.config.round_timeout)
         try:
-            if pairing.sender == node.config.id:
-                ok = await node.send(round_, epoch, [(pairing.receiver, receiver)]) is not None
-            else:
-                sender = node.peers.address_of(pairing.sender)
-                ack = await node.client(sender).assign(
-                    pb.RoundAssignment(round=round_, epoch=epoch, holder=node.config.id, role="sender",
-                                       peer_id=pairing.receiver, peer_address=receiver),
-                    timeout=node.config.round_timeout)
-                ok = ack.ok
-        except (grpc.aio.AioRpcError, TransferRejected) as exc:
-            ok = False
-            log.warning("round %d: %s → %s failed: %s", round_, pairing.sender, pairing.receiver, exc)
-        except Exception:  # a bug in one pairing must not kill the token: log it and let the round end
-            ok = False
-            log.exception("round %d: %s → %s crashed", round_, pairing.sender, pairing.receiver)
-        if not ok:
-            log.warning("round %d: pairing %s → %s did not complete", round_, pairing.sender, pairing.receiver)
+            ack = await node.assign_to(group.aggregator, pb.RoundAssignment(role=Role.AGGREGATOR.value, **common))
+            if not ack.ok:
+                log.warning("round %d: aggregator %s refused: %s", round_, group.aggregator, ack.reason)
+                return
+            if group.pull:
+                return
+            acks = await asyncio.gather(*(node.assign_to(s, pb.RoundAssignment(role=Role.SENDER.value, **common))
+                                          for s in group.senders))
+        except Exception:  # a bug in one group must not kill the token: log it and let the round end
+            log.exception("round %d: the group of %s crashed", round_, group.aggregator)
+            return
+        for sender, ack in zip(group.senders, acks):
+            if not ack.ok:
+                log.warning("round %d: %s → %s did not complete: %s", round_, sender, group.aggregator, ack.reason)
 
     async def _announce(self, token: pb.RoundToken) -> dict[str, pb.Ack | None]:
         """Send the token to every other member; returns each member's ack (None: unreachable)."""
-        node = self.node
-
-        async def one(peer_id: str) -> pb.Ack | None:
-            try:
-                return await node.client(node.peers.address_of(peer_id)).pass_token(token, timeout=5.0)
-            except grpc.aio.AioRpcError:
-                return None
-
-        others = [m for m in token.members if m != node.config.id]
-        return dict(zip(others, await asyncio.gather(*(one(m) for m in others))))
+        others = [m for m in token.members if m != self.node.node_id]
+        acks = await asyncio.gather(*(self.node.pass_token(m, token) for m in others))
+        return dict(zip(others, acks))
 
     async def finish(self, round_: int) -> None:
-        node = self.node
-        await node.settled()  # the last round's receiver may still be fusing: its model is the final one
-        node.round, node.done = round_, True
-        if node.config.evaluate and node.accuracy == (None, None):
-            node.accuracy = await asyncio.to_thread(node._evaluate)
-        await node.save()
-        log.info("%s: done after %d rounds", node.config.id, round_)
+        await self.node.finish(round_)
         self.finished.set()
 
     def on_join(self, peer_id: str, restarted: bool) -> None:
         """A peer (re)joined. If it restarted while holding the token, the token died with it; if the
         fleet already finished, tell it so: it missed the final announcement."""
-        node = self.node
+        node, state = self.node, self.node.state
         if restarted and peer_id == self.holder:
-            log.warning("%s: holder %s restarted; its token is lost", node.config.id, peer_id)
+            log.warning("%s: holder %s restarted; its token is lost", node.node_id, peer_id)
             self.holder = None  # the watchdog regenerates it (epoch + 1) after token_timeout of silence
-        if not node.done:
+        if not state.done:
             return  # it learns the round from the next announcement
-        token = pb.RoundToken(round=node.round, epoch=node.epoch, holder=node.config.id, seed=node.config.seed,
-                              members=[peer_id], state={"done": "1"})
+        token = pb.RoundToken(round=state.round, epoch=state.epoch, holder=node.node_id, seed=node.config.seed,
+                              members=[peer_id], state=state.token_state, done=True)
         asyncio.get_running_loop().create_task(self._announce(token))
 
     # ----- RPCs --------------------------------------------------------------------------
     def _fresh(self, epoch: int) -> bool:
-        if epoch < self.node.epoch:
+        if not self.node.enter_epoch(epoch):
             return False
-        self.node.epoch = epoch
         self.last_activity = time.monotonic()
         return True
 
@@ -170,12 +155,9 @@ class RoundScheduler:
         if not self._fresh(request.epoch):
             return pb.Ack(ok=False, reason="stale_epoch")
         self.holder = request.holder
-        try:
-            target = await self.node.send(request.round, request.epoch, [(request.peer_id, request.peer_address)])
-        except TransferRejected as exc:
-            return pb.Ack(ok=False, reason=exc.reason)
+        ack = await self.node.play(request)
         self.last_activity = time.monotonic()
-        return pb.Ack(ok=target is not None, reason="" if target else "transfer_failed")
+        return ack
 
     async def token(self, request: pb.RoundToken) -> pb.Ack:
         node = self.node
@@ -184,10 +166,10 @@ class RoundScheduler:
         if not self._fresh(request.epoch):
             return pb.Ack(ok=False, reason="stale_epoch")
         self.holder = request.holder
-        node.round = request.round
-        if request.state.get("done"):
-            if not node.done:
+        node.set_round(request.round, dict(request.state))
+        if request.done:
+            if not node.state.done:
                 asyncio.get_running_loop().create_task(self.finish(request.round))
-        elif request.holder == node.config.id and not node.holding:
+        elif request.holder == node.node_id and not node.state.holding:
             self._start_holding(request.round, request.epoch)
         return pb.Ack(ok=True)

@@ -105,8 +105,8 @@ def _bind_http(config: NodeConfig) -> socket.socket | None:
 async def _check_static_peers(node: Node) -> None:
     """One Hello to each static peer before we serve: a live node with our id among them stops the start."""
     await asyncio.gather(*(node.peers.probe(address) for address in node.config.peers))
-    if node.duplicate:
-        raise OperatorError(node.duplicate)
+    if node.handshake.duplicate:
+        raise OperatorError(node.handshake.duplicate)
 
 
 async def _announce_on_mdns(node: Node, on_found: Callable[[Announcement], object]) -> MdnsDiscovery:
@@ -156,9 +156,9 @@ async def start_up(node: Node) -> Bound:
         if config.mdns:
             discovery = await _announce_on_mdns(node, lambda a: loop.create_task(node.peers.probe(a.grpc_address)))
             undo.push_async_callback(discovery.stop)
-        if node.duplicate:  # a Hello with our id arrived while we were starting
-            raise OperatorError(node.duplicate)
-        node.starting = False
+        if node.handshake.duplicate:  # a Hello with our id arrived while we were starting
+            raise OperatorError(node.handshake.duplicate)
+        node.handshake.starting = False
         undo.pop_all()
     return Bound(grpc_server, http_socket, discovery)
 
@@ -189,8 +189,8 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
                                                lifespan="off"))
         http_task = loop.create_task(http.serve(sockets=[bound.http_socket]))
     try:
-        if config.evaluate and not node.history:
-            await node.model_changed("eval", node.round, None)  # the w0 point of the accuracy curve
+        if config.evaluate and not node.state.history:
+            await node.model_changed("eval", node.state.round, None)  # the w0 point of the accuracy curve
         workers = [loop.create_task(node.peers.run()), loop.create_task(node.scheduler.run())]
         node.ready.set()
         await stop.wait()

@@ -1,5 +1,5 @@
 """The in-process simulator: the same algorithm objects as the daemon, an in-memory transport."""
 
-from dfl_node.sim.simulator import Simulation, initial_model
+from dfl_node.sim.simulator import Simulation, initial_models
 
-__all__ = ["Simulation", "initial_model"]
+__all__ = ["Simulation", "initial_models"]

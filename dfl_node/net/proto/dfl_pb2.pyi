@@ -7,58 +7,60 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HelloRequest(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "capabilities", "boot_id", "grpc_address", "http_port", "auth_token", "status_url")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
-    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HTTP_PORT_FIELD_NUMBER: _ClassVar[int]
-    AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STATUS_URL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
     fingerprint: str
     algorithm: str
-    capabilities: _containers.RepeatedScalarFieldContainer[str]
     boot_id: str
     grpc_address: str
     http_port: int
-    auth_token: str
     status_url: str
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., auth_token: _Optional[str] = ..., status_url: _Optional[str] = ...) -> None: ...
+    model: str
+    num_samples: int
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "capabilities", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
-    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HTTP_PORT_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     STATUS_URL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
     fingerprint: str
     algorithm: str
-    capabilities: _containers.RepeatedScalarFieldContainer[str]
     boot_id: str
     grpc_address: str
     http_port: int
     accepted: bool
     reason: str
     status_url: str
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ...) -> None: ...
+    model: str
+    num_samples: int
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ...) -> None: ...
 
 class TensorEntry(_message.Message):
     __slots__ = ("name", "dtype", "shape", "start", "count", "offset", "nbytes")
@@ -79,7 +81,7 @@ class TensorEntry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class TransferHeader(_message.Message):
-    __slots__ = ("sender", "swarm", "protocol_version", "round", "purpose", "fingerprint", "manifest", "total_size", "sha256", "num_samples", "segment_index", "segment_count", "metadata", "epoch")
+    __slots__ = ("sender", "swarm", "protocol_version", "round", "purpose", "fingerprint", "manifest", "total_size", "sha256", "num_samples", "metadata", "epoch", "model")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -97,10 +99,9 @@ class TransferHeader(_message.Message):
     TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
-    SEGMENT_INDEX_FIELD_NUMBER: _ClassVar[int]
-    SEGMENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     sender: str
     swarm: str
     protocol_version: int
@@ -111,11 +112,10 @@ class TransferHeader(_message.Message):
     total_size: int
     sha256: bytes
     num_samples: int
-    segment_index: int
-    segment_count: int
     metadata: _containers.ScalarMap[str, str]
     epoch: int
-    def __init__(self, sender: _Optional[str] = ..., swarm: _Optional[str] = ..., protocol_version: _Optional[int] = ..., round: _Optional[int] = ..., purpose: _Optional[str] = ..., fingerprint: _Optional[str] = ..., manifest: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., total_size: _Optional[int] = ..., sha256: _Optional[bytes] = ..., num_samples: _Optional[int] = ..., segment_index: _Optional[int] = ..., segment_count: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    model: str
+    def __init__(self, sender: _Optional[str] = ..., swarm: _Optional[str] = ..., protocol_version: _Optional[int] = ..., round: _Optional[int] = ..., purpose: _Optional[str] = ..., fingerprint: _Optional[str] = ..., manifest: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., total_size: _Optional[int] = ..., sha256: _Optional[bytes] = ..., num_samples: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., epoch: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("data",)
@@ -144,7 +144,7 @@ class Frame(_message.Message):
     def __init__(self, header: _Optional[_Union[TransferHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., result: _Optional[_Union[TransferResult, _Mapping]] = ...) -> None: ...
 
 class RoundToken(_message.Message):
-    __slots__ = ("round", "epoch", "holder", "seed", "state", "members")
+    __slots__ = ("round", "epoch", "holder", "seed", "state", "members", "done")
     class StateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -158,17 +158,19 @@ class RoundToken(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
     round: int
     epoch: int
     holder: str
     seed: int
     state: _containers.ScalarMap[str, str]
     members: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., seed: _Optional[int] = ..., state: _Optional[_Mapping[str, str]] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
+    done: bool
+    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., seed: _Optional[int] = ..., state: _Optional[_Mapping[str, str]] = ..., members: _Optional[_Iterable[str]] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class RoundAssignment(_message.Message):
-    __slots__ = ("round", "epoch", "holder", "role", "peer_id", "peer_address", "params")
-    class ParamsEntry(_message.Message):
+    __slots__ = ("round", "epoch", "holder", "role", "aggregator", "aggregator_address", "state", "senders", "pull", "deadline_s")
+    class StateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -179,17 +181,44 @@ class RoundAssignment(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
-    PEER_ID_FIELD_NUMBER: _ClassVar[int]
-    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATOR_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SENDERS_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     round: int
     epoch: int
     holder: str
     role: str
-    peer_id: str
-    peer_address: str
-    params: _containers.ScalarMap[str, str]
-    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., role: _Optional[str] = ..., peer_id: _Optional[str] = ..., peer_address: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    aggregator: str
+    aggregator_address: str
+    state: _containers.ScalarMap[str, str]
+    senders: _containers.RepeatedScalarFieldContainer[str]
+    pull: bool
+    deadline_s: float
+    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., role: _Optional[str] = ..., aggregator: _Optional[str] = ..., aggregator_address: _Optional[str] = ..., state: _Optional[_Mapping[str, str]] = ..., senders: _Optional[_Iterable[str]] = ..., pull: _Optional[bool] = ..., deadline_s: _Optional[float] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("aggregator", "swarm", "round", "epoch", "state")
+    class StateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    AGGREGATOR_FIELD_NUMBER: _ClassVar[int]
+    SWARM_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    aggregator: str
+    swarm: str
+    round: int
+    epoch: int
+    state: _containers.ScalarMap[str, str]
+    def __init__(self, aggregator: _Optional[str] = ..., swarm: _Optional[str] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., state: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("ok", "reason")

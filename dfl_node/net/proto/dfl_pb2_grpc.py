@@ -50,6 +50,11 @@ class DflNodeStub:
                 request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundAssignment.SerializeToString,
                 response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.FromString,
                 _registered_method=True)
+        self.Pull = channel.unary_stream(
+                '/dfl.v1.DflNode/Pull',
+                request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.PullRequest.SerializeToString,
+                response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Frame.FromString,
+                _registered_method=True)
         self.PassToken = channel.unary_unary(
                 '/dfl.v1.DflNode/PassToken',
                 request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundToken.SerializeToString,
@@ -78,8 +83,19 @@ class DflNodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Assign(self, request, context):
-        """Round mode: the token holder tells a participant its role for round t; the reply comes when
-        the participant has finished that role (so no separate report is needed).
+        """A group role for round t, from the round-mode token holder or (async mode) a volunteering
+        aggregator. An aggregator answers once it expects its senders (push) or once it has pulled
+        from its sources (pull); so the holder assigns it first. A sender answers once the aggregator
+        took its Transfer (or refused it, or could not be reached): then the round's transfers are
+        done. What follows (fusion, replies, checkpoints) runs on; a node settles it before its next role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pull(self, request, context):
+        """Pull (a group with pull = true, 002): the aggregator asks a source for its model. The source
+        answers with a TransferResult (refused: busy, stale epoch, …) or with header, chunk, … .
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -109,6 +125,11 @@ def add_DflNodeServicer_to_server(servicer, server):
                     servicer.Assign,
                     request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundAssignment.FromString,
                     response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.SerializeToString,
+            ),
+            'Pull': grpc.unary_stream_rpc_method_handler(
+                    servicer.Pull,
+                    request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.PullRequest.FromString,
+                    response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Frame.SerializeToString,
             ),
             'PassToken': grpc.unary_unary_rpc_method_handler(
                     servicer.PassToken,
@@ -198,6 +219,33 @@ class DflNode:
             '/dfl.v1.DflNode/Assign',
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundAssignment.SerializeToString,
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dfl.v1.DflNode/Pull',
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.PullRequest.SerializeToString,
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.Frame.FromString,
             options,
             channel_credentials,
             insecure,

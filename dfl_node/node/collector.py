@@ -1,0 +1,105 @@
+"""An aggregator's inbox for one group: whom it expects, what arrived (under a memory bound), and the replies.
+
+An aggregator accepts a transfer only from a sender its group names, for that round and epoch, once
+(others are refused: ``not_expected``, ``duplicate``). Before a payload is received its declared size
+is reserved against ``max_bytes``, so N concurrent senders can never hold more than the bound.
+:meth:`Collector.wait` returns when every expected sender delivered, or at the deadline with those
+that did — a sender that died mid-stream is left out (and counted by the node). Replies are futures
+the Transfer RPCs of the senders wait on, so each reply goes back on its sender's own stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+
+from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.algorithms.plan import Step
+from dfl_node.net.codec import TransferRejected
+from dfl_node.net.proto import dfl_pb2 as pb
+
+
+class Collector:
+    def __init__(self, step: Step, epoch: int, *, deadline_s: float, max_bytes: int,
+                 expected: Iterable[str] | None = None) -> None:
+        self.step = step
+        self.epoch = epoch
+        self.deadline = time.monotonic() + deadline_s
+        self.max_bytes = max_bytes
+        self.expected = set(step.group.senders if expected is None else expected)
+        self.messages: dict[str, ModelMessage] = {}
+        self.receiving: dict[str, int] = {}  # sender -> bytes reserved for a transfer in progress
+        self.replies: dict[str, asyncio.Future[ModelMessage | None]] = {}
+        self._changed = asyncio.Event()
+        self.gathered = asyncio.Event()  # set once wait() returned: the group's transfers are over
+
+    @property
+    def round(self) -> int:
+        return self.step.round
+
+    def matches(self, header: pb.TransferHeader) -> bool:
+        return header.round == self.round and header.epoch == self.epoch
+
+    def admit(self, header: pb.TransferHeader) -> None:
+        """Reserve room for ``header``'s payload, or refuse it with a reason."""
+        sender = header.sender
+        if self.gathered.is_set():
+            raise TransferRejected("too_late", f"round {self.round}'s aggregation already began")
+        if sender not in self.expected:
+            raise TransferRejected("not_expected", f"{sender!r} is not a sender of round {self.round} here")
+        if sender in self.messages or sender in self.receiving:
+            raise TransferRejected("duplicate", f"{sender!r} already sent its round {self.round} model")
+        if self.reserved + header.total_size > self.max_bytes:
+            raise TransferRejected("over_memory", f"{header.total_size} bytes over the aggregator's bound of "
+                                                  f"{self.max_bytes} ({self.reserved} reserved)")
+        self.receiving[sender] = header.total_size
+
+    @property
+    def reserved(self) -> int:
+        return sum(self.receiving.values()) + sum(m.nbytes for m in self.messages.values())
+
+    def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None]:
+        """A validated message; returns the future of its reply."""
+        self.receiving.pop(message.sender, None)
+        self.messages[message.sender] = message
+        reply = self.replies[message.sender] = asyncio.get_running_loop().create_future()
+        self._changed.set()
+        return reply
+
+    def abandon(self, sender: str) -> None:
+        """A transfer that failed after :meth:`admit` (truncated, rejected, its sender gone): that sender
+        will not send again this round, so the group no longer waits for it."""
+        self.receiving.pop(sender, None)
+        self.withdraw(sender)
+
+    def withdraw(self, sender: str) -> None:
+        """A sender that will not send (it refused its invitation)."""
+        self.expected.discard(sender)
+        self._changed.set()
+
+    def missing(self) -> set[str]:
+        return self.expected - self.messages.keys()
+
+    async def wait(self) -> list[ModelMessage]:
+        """Until every expected sender delivered, or the deadline; the messages that arrived."""
+        while self.missing() and not self.gathered.is_set() and (left := self.deadline - time.monotonic()) > 0:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                break
+        self.gathered.set()
+        return list(self.messages.values())
+
+    def answer(self, replies: Mapping[str, ModelMessage]) -> None:
+        """Hand each sender its reply (None where the algorithm has none for it)."""
+        for sender, future in self.replies.items():
+            if not future.done():
+                future.set_result(replies.get(sender))
+
+    def close(self) -> None:
+        """Whatever happened, the group is over: nobody waits for it any longer."""
+        self.gathered.set()
+        self._changed.set()
+        self.answer({})

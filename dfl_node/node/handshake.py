@@ -1,0 +1,109 @@
+"""Hello: whom this node talks to, and what it tells them about itself (design §3).
+
+A peer is compatible when it speaks our protocol version, is in our swarm, runs our algorithm and
+runs an architecture that algorithm can fuse with ours (identical for Def-KT/FullAvg/Combo, any
+registry model for FedAvg's clusters), with the fingerprint our own registry gives that
+architecture. Hello also carries a node's profile (architecture, sample count) for round plans,
+and catches a second live node with our id: while starting, that stops the start; afterwards it
+is logged once per impostor and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import grpc
+
+from dfl_node import PROTOCOL_VERSION
+from dfl_node.net.proto import dfl_pb2 as pb
+
+if TYPE_CHECKING:
+    from dfl_node.node.daemon import Node
+
+log = logging.getLogger(__name__)
+
+Hello = pb.HelloRequest | pb.HelloReply
+
+
+class Handshake:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.starting = True  # until start-up has passed its checks: a duplicate id then aborts it
+        self.duplicate: str | None = None  # why start-up must stop: another live node has our id
+        self._impostors: set[str] = set()  # boot ids of live nodes with our id, each reported once
+
+    def message(self, cls: type = pb.HelloRequest, **extra: object) -> Hello:
+        node, cfg = self.node, self.node.config
+        return cls(protocol_version=PROTOCOL_VERSION, swarm=cfg.swarm, node_id=cfg.id, fingerprint=node.fingerprint,
+                   algorithm=cfg.algorithm, boot_id=node.boot_id, grpc_address=node.grpc_address,
+                   http_port=cfg.http_port, status_url=cfg.status_url or "", model=node.wire.model,
+                   num_samples=node.ctx.num_samples, **extra)
+
+    def incompatibility(self, other: Hello) -> str | None:
+        node = self.node
+        if other.protocol_version != PROTOCOL_VERSION:
+            return "protocol_version"
+        if other.swarm != node.config.swarm:
+            return "swarm_mismatch"
+        if other.algorithm != node.config.algorithm:
+            return "algorithm_mismatch"
+        try:
+            expected = node.wire.fingerprint_of(other.model)
+        except ValueError:
+            return "architecture_mismatch"
+        return "fingerprint_mismatch" if other.fingerprint != expected else None
+
+    def answer(self, request: pb.HelloRequest, peer: str) -> pb.HelloReply:
+        """The Hello RPC: refuse an incompatible peer (counted), else record it as alive."""
+        reason = self.incompatibility(request)
+        if reason:
+            self._refused(reason, request, peer)
+            return self.message(pb.HelloReply, accepted=False, reason=reason)
+        if self.is_duplicate(request):
+            self.on_duplicate(request.boot_id, request.grpc_address or peer)
+            return self.message(pb.HelloReply, accepted=False, reason="duplicate_id")
+        self.node.peers.seen(request)
+        return self.message(pb.HelloReply, accepted=True)
+
+    def _refused(self, reason: str, other: pb.HelloRequest, where: str) -> None:
+        node = self.node
+        node.state.rejected[reason] += 1
+        log.warning("refused %s (%s) at hello: %s (theirs swarm=%r model=%r fingerprint=%s…, ours swarm=%r "
+                    "model=%r fingerprint=%s…)", other.node_id, where, reason, other.swarm, other.model,
+                    other.fingerprint[:12], node.config.swarm, node.wire.model, node.fingerprint[:12])
+
+    async def probe(self, address: str) -> pb.HelloReply | None:
+        """Heartbeat: our Hello to ``address``; only compatible peers count as alive."""
+        node = self.node
+        try:
+            reply = await node.client(address).hello(self.message(), timeout=min(node.config.heartbeat, 2.0))
+        except grpc.aio.AioRpcError:
+            return None
+        if reply.node_id == node.config.id:  # ourselves (our own address in a static list), or a duplicate
+            if self.is_duplicate(reply):
+                self.on_duplicate(reply.boot_id, address)
+            return None
+        reason = reply.reason if not reply.accepted else self.incompatibility(reply)
+        if reason:  # the peer counts its refusal of us; we just leave it out of the table
+            log.debug("%s at %s is incompatible: %s", reply.node_id, address, reason)
+            return None
+        return reply
+
+    def is_duplicate(self, other: Hello) -> bool:
+        """Another live node of our swarm with our id: same id and swarm, another boot."""
+        node = self.node
+        return other.node_id == node.config.id and other.swarm == node.config.swarm and other.boot_id != node.boot_id
+
+    def on_duplicate(self, boot_id: str, address: str) -> None:
+        """While starting, a duplicate id stops the start (service checks ``duplicate``); a running node
+        keeps serving, but says so loudly, once per impostor, and counts it in ``rejected``."""
+        problem = (f"node id {self.node.config.id!r} is already used by another running node at {address}; "
+                   "give every node its own --id")
+        if self.starting:
+            self.duplicate = self.duplicate or problem
+            return
+        if boot_id not in self._impostors:
+            self._impostors.add(boot_id)
+            self.node.state.rejected["duplicate_id"] += 1
+            log.error("%s", problem)

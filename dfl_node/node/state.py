@@ -1,0 +1,45 @@
+"""A node's own progress, in one typed object with one owner (the :class:`~dfl_node.node.daemon.Node`).
+
+Schedulers read it and change it only through the node's scheduler port
+(:class:`~dfl_node.node.ports.SchedulerPort`); the REST status is a snapshot of it; the checkpoint
+stores the durable part (:meth:`NodeState.durable`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from dfl_node.algorithms.plan import Role
+from dfl_node.api.schemas import HistoryEntry
+
+
+@dataclass
+class NodeState:
+    round: int = 0  # rounds completed (round mode) or group exchanges taken part in (async mode)
+    epoch: int = 0  # round mode: the newest token epoch seen (fencing)
+    done: bool = False
+    role: Role = Role.IDLE
+    holding: bool = False  # round mode: this node holds the round token
+    token_state: dict[str, str] = field(default_factory=dict)  # the algorithm state the round token carries
+    fusing: int = 0
+    max_fusing: int = 0
+    accuracy: tuple[float | None, float | None] = (None, None)  # (local, global) of the current model
+    digest: str = ""  # sha256 of the current parameters
+    history: list[HistoryEntry] = field(default_factory=list)
+    counters: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
+
+    def durable(self) -> dict[str, Any]:
+        """What a checkpoint keeps (role and fusing are about this process only)."""
+        return {"round": self.round, "epoch": self.epoch, "done": self.done, "token_state": self.token_state,
+                "counters": dict(self.counters), "history": [h.model_dump(mode="json") for h in self.history]}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        self.round, self.epoch = saved.get("round", 0), saved.get("epoch", 0)
+        self.token_state = dict(saved.get("token_state", {}))
+        self.counters.update(saved.get("counters", {}))
+        self.history = [HistoryEntry.model_validate(h) for h in saved.get("history", [])]
+        if self.history:
+            self.accuracy = (self.history[-1].local_accuracy, self.history[-1].global_accuracy)

@@ -1,0 +1,72 @@
+"""The simulator's transport: messages handed from node to node in memory, traffic counted as the daemon counts it.
+
+A push lands in its aggregator's inbox and waits for the reply addressed to its sender; an
+aggregator's ``gather`` waits until every sender of its group has pushed (nobody dies in a
+simulation) or, for a pull group, asks each source for its message directly. Algorithm calls run
+inline: the asyncio interleaving only orders independent nodes, and every random draw is keyed by
+(seed, round, node, purpose), so the order of play never changes a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+from dfl_node.algorithms.base import Algorithm, NodeContext
+from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.algorithms.plan import Step
+
+T = TypeVar("T")
+
+
+class InMemoryTransport:
+    def __init__(self, algorithm: Algorithm, nodes: Mapping[str, NodeContext]) -> None:
+        self.algorithm = algorithm
+        self.nodes = nodes
+        self.inboxes: dict[str, list[ModelMessage]] = defaultdict(list)
+        self.arrived: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self.replies: dict[str, asyncio.Future[ModelMessage | None]] = {}
+        self.sent: Counter[str] = Counter({node_id: 0 for node_id in nodes})
+        self.received: Counter[str] = Counter({node_id: 0 for node_id in nodes})
+        self.bytes_transmitted = 0
+        self.models_transmitted = 0
+
+    async def compute(self, fn: Callable[..., T], *args: object) -> T:
+        return fn(*args)
+
+    def _count(self, message: ModelMessage, to: str) -> None:
+        self.sent[message.sender] += 1
+        self.received[to] += 1
+        self.bytes_transmitted += message.nbytes
+        self.models_transmitted += 1
+
+    async def push(self, step: Step, message: ModelMessage) -> ModelMessage | None:
+        aggregator = step.group.aggregator
+        reply = self.replies[message.sender] = asyncio.get_running_loop().create_future()
+        self._count(message, aggregator)
+        self.inboxes[aggregator].append(message)
+        if len(self.inboxes[aggregator]) == len(step.group.senders):
+            self.arrived[aggregator].set()
+        return await reply
+
+    async def gather(self, step: Step) -> list[ModelMessage]:
+        aggregator = step.group.aggregator
+        if step.group.pull:
+            messages = [self.algorithm.transmit(self.nodes[source], step) for source in step.group.senders]
+            for message in messages:
+                self._count(message, aggregator)
+            return messages
+        await self.arrived[aggregator].wait()
+        del self.arrived[aggregator]
+        return self.inboxes.pop(aggregator)
+
+    async def reply(self, step: Step, replies: Mapping[str, ModelMessage]) -> None:
+        if step.group.pull:
+            return
+        for sender in step.group.senders:
+            reply = replies.get(sender)
+            if reply is not None:
+                self.bytes_transmitted += reply.nbytes
+            self.replies.pop(sender).set_result(reply)
