@@ -179,6 +179,22 @@ def test_ray_sweep_equals_the_pool(pool_sweep: Path, tmp_path: Path) -> None:
         assert [n["param_sha256"] for n in run["nodes"]] == [n["param_sha256"] for n in pool[name]["nodes"]], name
 
 
+def test_a_failing_run_is_reported_and_not_taken_for_done(tmp_path: Path) -> None:
+    """A run that fails in its worker (here: no MNIST files where the grid says) writes no result file,
+    is named with its error, and is tried again by the next sweep."""
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("settings: {dataset: mnist, data_dir: nowhere, algorithms: [fullavg]}\nseeds: [0, 1]\n")
+    outcome = run_sweep(grid, tmp_path / "out", workers=2, echo=lambda line: None)
+    assert sorted(outcome.failed) == ["base__fullavg__seed0", "base__fullavg__seed1"]
+    assert all("DatasetNotFoundError" in error for error in outcome.failed.values())
+    assert outcome.ran == [] and outcome.skipped == [] and outcome.rows == []
+    assert result_files(tmp_path / "out") == {}
+    again = CliRunner().invoke(cli, ["sweep", str(grid), "--out", str(tmp_path / "out"), "--workers", "2"])
+    assert again.exit_code == 1
+    assert again.output.count("FAILED base__fullavg__seed") == 2  # both tried again
+    assert "error: 2 runs failed: base__fullavg__seed0, base__fullavg__seed1" in again.output
+
+
 def test_ray_missing_is_one_line_with_the_install_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 

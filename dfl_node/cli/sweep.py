@@ -49,5 +49,5 @@ def sweep(grid: Path, out: Path | None, workers: int, ray: str | None) -> None:
     Console().print(summary_table(outcome.rows, f"sweep {grid.name}: {len(outcome.tasks)} runs in {out}"))
     click.echo(f"wrote {out / SUMMARY_FILE} and {out / PLOTS_DIR}/")
     if outcome.failed:
-        click.echo(f"error: {len(outcome.failed)} runs failed: {', '.join(outcome.failed)}", err=True)
+        click.echo(f"error: {len(outcome.failed)} runs failed: {', '.join(sorted(outcome.failed))}", err=True)
         sys.exit(1)
