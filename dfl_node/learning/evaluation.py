@@ -130,8 +130,8 @@ def _evaluate_stack(models: list[nn.Module], data: ArrayDataset, batch: int) -> 
     """Evaluate models of one architecture together, ``batch`` samples per step."""
     forward = stacked_forward(models, data.x) or vmap_forward(models)
     count = len(models)
-    correct = torch.zeros(count, dtype=torch.int64)
-    loss_sum = torch.zeros(count, dtype=torch.float64)
+    correct = torch.zeros(count, dtype=torch.int64, device=data.x.device)
+    loss_sum = torch.zeros(count, dtype=torch.float64, device=data.x.device)
     for start in range(0, len(data), batch):
         x, y = data.x[start : start + batch], data.y[start : start + batch]
         logits = forward(x)  # (G, B, classes)
