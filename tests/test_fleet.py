@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from dfl_node.learning.fleet import provision
-from dfl_node.sim import Simulation
+from dfl_node.sim import Simulation, initial_models
 from dfl_node.testbed.launcher import NodeProcess, Placement, all_done, done_twice, plan_fleet, wait_until
 from tests.conftest import FLEET
 
@@ -56,9 +56,16 @@ def test_four_daemons_discover_by_mdns_and_run_ten_defkt_rounds(fleet_shards: Pa
     assert sum(s["bytes_sent"] for s in statuses.values()) > 10 * 4 * (64 * 32 + 32 * 32 + 32 * 10)
 
 
-@pytest.mark.parametrize("algorithm", ["defkt", "combo"])
-def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm: str) -> None:
-    config = FLEET.model_copy(update={"rounds": 20})
+MIXED = ["mlp:32,32", "mlp:16"]  # two architectures, spread over the 4 nodes (nodes 0, 2 and 1, 3)
+
+
+@pytest.mark.parametrize(("algorithm", "architectures"), [
+    ("defkt", []), ("combo", []),
+    ("fedavg", []),  # each round: 2 senders → 1 aggregator → the average back to both
+    ("fedavg", MIXED),  # a mixed fleet: each architecture cluster averaged on its own
+], ids=["defkt", "combo", "fedavg", "fedavg-mixed"])
+def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm: str, architectures: list[str]) -> None:
+    config = FLEET.model_copy(update={"rounds": 20, "architectures": architectures})
     with fleet(fleet_shards, tmp_path, algorithm, config=config, mdns=False, static_peers=True) as nodes:
         statuses = wait_until(nodes, all_done, timeout=180)
     sim = Simulation(config, algorithm, provision(config))
@@ -72,17 +79,36 @@ def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm:
         assert statuses[node.id]["global_accuracy"] == pytest.approx(expected[node.id].global_accuracy, abs=1e-9)
         assert statuses[node.id]["local_accuracy"] == pytest.approx(expected[node.id].local_accuracy, abs=1e-9)
         assert statuses[node.id]["models_sent"] == expected[node.id].models_sent
-    first_weight = {nid: next(iter(ctx.model.state_dict().values())) for nid, ctx in sim.nodes.items()}
-    assert not all(torch.equal(w, first_weight["node-0"]) for w in first_weight.values())  # models diverged: non-trivial
+        assert statuses[node.id]["model"] == str(sim.nodes[node.id].spec)
+    w0 = initial_models(config, sim.fleet)
+    assert len({str(ctx.spec) for ctx in sim.nodes.values()}) == (2 if architectures else 1)
+    for nid, ctx in sim.nodes.items():  # every node learned: the comparison is not one of untouched w0s
+        assert not torch.equal(ctx.model.state_dict()["1.weight"], w0[nid].state_dict()["1.weight"]), nid
 
 
 def test_async_mode_every_node_fuses_and_never_two_at_once(fleet_shards: Path, tmp_path: Path) -> None:
     with fleet(fleet_shards, tmp_path, "defkt", mode="async", mdns=True,
-               extra={"duration": 120, "interval": 1.0, "participation": 0.8}) as nodes:
-        statuses = wait_until(nodes, done_twice(), timeout=240, every=2.0)
+               extra={"duration": 60, "interval": 1.0, "participation": 0.8}) as nodes:
+        statuses = wait_until(nodes, done_twice(), timeout=180, every=2.0)
         assert all(n.process.poll() is None for n in nodes)  # still serving after the budget
     for s in statuses.values():
         assert s["fusions"] >= 1, s
         assert s["max_concurrent_fusions"] == 1, s
         assert s["mode"] == "async"
     assert sum(s["models_sent"] for s in statuses.values()) == sum(s["fusions"] for s in statuses.values())
+
+
+def test_fedavg_groups_run_in_async_mode_for_two_minutes(fleet_shards: Path, tmp_path: Path) -> None:
+    """No global clock: volunteers invite senders (2 of 4: 50 %), aggregate, send the average back."""
+    with fleet(fleet_shards, tmp_path, "fedavg", mode="async", mdns=True,
+               extra={"duration": 120, "interval": 1.0, "participation": 0.5}) as nodes:
+        statuses = wait_until(nodes, done_twice(), timeout=240, every=2.0)
+        assert all(n.process.poll() is None for n in nodes)
+        logs = "\n".join(n.log_path.read_text() for n in nodes)
+    for s in statuses.values():
+        assert s["fusions"] >= 1 and s["models_sent"] >= 1, s  # every node aggregated and sent
+        assert s["rejected"] == {} and s["max_concurrent_fusions"] == 1, s
+    sent = sum(s["models_sent"] for s in statuses.values())
+    received = sum(s["models_received"] for s in statuses.values())
+    assert sent == received > sum(s["fusions"] for s in statuses.values())  # groups of more than one sender
+    assert "Traceback" not in logs and " ERROR " not in logs

@@ -250,7 +250,7 @@ async def open_transfer(
     fingerprint…) and close the stream while we are still writing: the verdict must still reach us
     rather than a write error. After an acceptance every frame has been written.
     """
-    call = transfer(timeout=timeout)
+    call = transfer(timeout=timeout, wait_for_ready=True)
     sent = 0
 
     async def write_all() -> None:
@@ -305,11 +305,12 @@ class PeerClient:
     async def hello(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
         return await self.stub.Hello(request, timeout=timeout)
 
+    # wait_for_ready on the round RPCs: the peer answered a heartbeat, so it is up, but our channel to it
+    # may still be connecting (a new peer) or behind its reconnect backoff (a peer that just came back).
     async def assign(self, request: pb.RoundAssignment, timeout: float) -> pb.Ack:
-        return await self.stub.Assign(request, timeout=timeout)
+        return await self.stub.Assign(request, timeout=timeout, wait_for_ready=True)
 
     async def pass_token(self, request: pb.RoundToken, timeout: float) -> pb.Ack:
-        # wait_for_ready: a peer that just came back may still be behind our channel's reconnect backoff
         return await self.stub.PassToken(request, timeout=timeout, wait_for_ready=True)
 
     async def push(self, outgoing: Outgoing, *, timeout: float,
@@ -342,7 +343,7 @@ class PeerClient:
         Raises :class:`TransferRefused` when the peer refuses or sends something invalid,
         ``grpc.aio.AioRpcError`` when it is unreachable or dies mid-stream.
         """
-        call = self.pull_call(request, timeout=timeout)
+        call = self.pull_call(request, timeout=timeout, wait_for_ready=True)
         try:
             first = await call.read()
             if first is grpc.aio.EOF:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dfl_node.config import ExperimentConfig, LearningConfig
-from dfl_node.learning.fleet import TEST_FILE, Fleet, fleet_ids
+from dfl_node.learning.fleet import TEST_FILE, Fleet, architectures, fleet_ids
 from dfl_node.results import EvalRecord, NodeResult, RunResult
 from dfl_node.testbed.fetch import fetch_all
 
@@ -113,13 +113,17 @@ def plan_fleet(
         http_port = free_port() if place.host.startswith("127.") else 8080
         nodes.append(NodeProcess(node_id, place.host, grpc_port, http_port, workdir / "state" / node_id,
                                  workdir / f"{node_id}.log", {}, place.wrap))
+    specs = architectures(config)  # each node's own architecture (a mixed fleet when config.architectures)
     for node in nodes:
         peers = [f"{n.host}:{n.grpc_port}" for n in nodes if n is not node] if static_peers else []
-        node.env = node_env(
-            config, id=node.id, data=shards / node.id, test_data=shards / TEST_FILE, algorithm=algorithm, mode=mode,
+        spec = specs[node.id]
+        settings = dict(
+            id=node.id, model=spec.name, hidden=list(spec.widths or ()),
+            data=shards / node.id, test_data=shards / TEST_FILE, algorithm=algorithm, mode=mode,
             host=node.host, grpc_port=node.grpc_port, http_port=node.http_port, swarm=swarm, mdns=mdns, peers=peers,
-            state_dir=node.state_dir, min_peers=len(nodes) - 1, rounds=config.rounds, **(extra or {}),
+            state_dir=node.state_dir, min_peers=len(nodes) - 1, rounds=config.rounds,
         )
+        node.env = node_env(config, **{**settings, **(extra or {})})  # ``extra`` wins: tests tune any setting
     return nodes
 
 

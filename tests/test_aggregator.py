@@ -1,0 +1,82 @@
+"""An aggregator with several concurrent senders, one of which is SIGKILLed mid-stream (real daemons).
+
+The test plays the token holder: it assigns a group of 3 senders to an aggregator daemon (FedAvg),
+two of them real daemons and the third a process that dies halfway through its transfer. The
+round must complete with the other two well within the group's deadline, every model must stay
+consistent (finite, the senders hold exactly the aggregator's average), and the abandoned sender
+must be counted in the aggregator's /status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
+from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, stop_all, wait_until
+from tests.conftest import FLEET
+
+pytestmark = pytest.mark.slow
+DEADLINE_S = 60.0
+
+
+async def _assign(address: str, assignment: pb.RoundAssignment) -> pb.Ack:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await pb_grpc.DflNodeStub(channel).Assign(assignment, timeout=DEADLINE_S, wait_for_ready=True)
+
+
+async def _play_the_round(nodes: list[NodeProcess], swarm: str) -> tuple[list[pb.Ack], float]:
+    aggregator, senders = nodes[0], nodes[1:3]
+    common = dict(round=0, epoch=0, holder="test", aggregator=aggregator.id,
+                  aggregator_address=f"127.0.0.1:{aggregator.grpc_port}", deadline_s=DEADLINE_S,
+                  senders=[n.id for n in senders] + ["node-3"])
+    ack = await _assign(common["aggregator_address"], pb.RoundAssignment(role="aggregator", **common))
+    assert ack.ok, ack
+    victim = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stalled_sender.py")),
+                               common["aggregator_address"], "node-3", swarm, "mlp:32,32", "8", "10"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert await asyncio.to_thread(victim.stdout.readline) == "stalled\n"  # its stream is open, half sent
+        started = time.monotonic()
+        sending = [asyncio.create_task(_assign(f"127.0.0.1:{n.grpc_port}", pb.RoundAssignment(role="sender", **common)))
+                   for n in senders]
+        victim.kill()  # while the real senders train and stream
+        acks = await asyncio.gather(*sending)
+        return acks, time.monotonic() - started
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_sender_killed_mid_stream_is_left_out_and_the_round_completes(fleet_shards: Path, tmp_path: Path) -> None:
+    swarm = f"agg-{uuid.uuid4().hex[:6]}"
+    nodes = plan_fleet(FLEET.model_copy(update={"nodes": 3}), "fedavg", fleet_shards, tmp_path,
+                       [Placement("127.0.0.1")] * 3, swarm=swarm, mdns=False, extra={"min_peers": 1})
+    try:
+        for node in nodes:
+            node.start()
+        wait_until(nodes, lambda s: all(v is not None for v in s.values()), timeout=60)
+        acks, took = asyncio.run(_play_the_round(nodes, swarm))
+        statuses = wait_until(nodes, lambda s: all(v["role"] == "idle" for v in s.values()), timeout=30)
+    finally:
+        stop_all(nodes)
+    assert all(a.ok for a in acks), acks  # both real senders' transfers were taken…
+    assert took < DEADLINE_S / 2  # …and the group did not wait for the dead one's deadline
+    aggregator, senders = statuses["node-0"], [statuses["node-1"], statuses["node-2"]]
+    assert aggregator["senders_abandoned"] == 1 and aggregator["fusions"] == 1 and aggregator["models_received"] == 2
+    assert all(s["models_sent"] == 1 and s["models_received"] == 0 for s in senders)  # a reply is not a model received
+    assert {s["param_sha256"] for s in senders} == {aggregator["param_sha256"]}  # FedAvg: every member holds the average
+    for node in nodes:
+        state = load_file(str(node.state_dir / "model.safetensors"))
+        assert all(torch.isfinite(t).all() for t in state.values()), node.id
+    assert aggregator["rejected"] == {}  # a broken stream is an abandon, not a hostile input
