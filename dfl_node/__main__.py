@@ -2,4 +2,5 @@
 
 from dfl_node.cli import main
 
-main()
+if __name__ == "__main__":  # not on import: a spawned worker process (sweeps) imports this module
+    main()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, ErrorDetails, core_schema
@@ -78,10 +78,18 @@ def _models() -> Iterable[str]:
     return available_models()
 
 
+def _model_spec(value: str) -> str:
+    """An architecture spec (``cnn-ln:32,64``) that the model registry can build, in its normal spelling."""
+    from dfl_node.learning.models import ModelSpec  # noqa: PLC0415 - keeps torch out of reading settings
+
+    return str(ModelSpec.parse(value))
+
+
 AlgorithmName = Annotated[str, Registered("algorithm", _algorithms)]
 DatasetName = Annotated[str, Registered("dataset", _datasets)]
 PartitionName = Annotated[str, Registered("partition", _partitions)]
 ModelName = Annotated[str, Registered("model", _models)]
+ModelSpecText = Annotated[str, AfterValidator(_model_spec)]
 
 
 def registry_of(field: FieldInfo) -> Registered | None:
@@ -153,9 +161,21 @@ class ExperimentConfig(LearningConfig):
     nodes: int = Field(10, ge=2, description="K: number of clients")
     rounds: int = Field(100, ge=1, description="T: rounds")
     eval_every: int = Field(10, ge=1, description="evaluate every n rounds (and after the last)")
-    architectures: list[str] = Field(default_factory=list, description="per-node architectures as registry specs "
+    architectures: list[ModelSpecText] = Field(default_factory=list, description="per-node architectures as registry specs "
                                      "NAME[:W1,W2,...] (e.g. cnn-ln:32,64), spread evenly: node i runs entry i mod A; "
                                      "empty: every node runs model/hidden")
+
+    @model_validator(mode="after")
+    def _mixed_fleets_need_algorithms_that_fuse_them(self) -> ExperimentConfig:
+        if len(set(self.architectures)) > 1:
+            from dfl_node.algorithms import ALGORITHMS  # noqa: PLC0415 - it imports this module
+
+            same_only = [a for a in self.algorithms if ALGORITHMS[a].architectures == "identical"]
+            if same_only:
+                raise ValueError(f"{', '.join(same_only)} fuse identical architectures only; a fleet of "
+                                 f"{len(set(self.architectures))} architectures needs an algorithm that fuses others "
+                                 f"({', '.join(n for n, a in ALGORITHMS.items() if a.architectures == 'any')})")
+        return self
 
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -230,7 +250,7 @@ def _is_path(model: type[BaseModel], name: str) -> bool:
     return field is not None and Path in (field.annotation, *typing.get_args(field.annotation))
 
 
-def _relative_to_file(model: type[BaseModel], data: dict[str, Any], path: Path) -> dict[str, Any]:
+def relative_to_file(model: type[BaseModel], data: dict[str, Any], path: Path) -> dict[str, Any]:
     """Relative paths written in a config file mean "next to this file", wherever the command runs from
     (flags and environment variables stay relative to the working directory, as a shell's do)."""
     def place(name: str, value: Any) -> Any:
@@ -257,7 +277,7 @@ def load_config(
     """
     layers = [
         (preset or {}, lambda key: f"{key} (preset)"),
-        (_relative_to_file(model, read_config_file(path), path) if path else {}, lambda key: f"{key} (in {path})"),
+        (relative_to_file(model, read_config_file(path), path) if path else {}, lambda key: f"{key} (in {path})"),
         (env_overrides(model), lambda key: f"DFL_{key.upper()}"),
         ({k: v for k, v in (overrides or {}).items() if v is not None}, lambda key: _flag(key, flag_names or {})),
     ]

@@ -63,7 +63,8 @@ MIXED = ["mlp:32,32", "mlp:16"]  # two architectures, spread over the 4 nodes (n
     ("defkt", []), ("combo", []),
     ("fedavg", []),  # each round: 2 senders → 1 aggregator → the average back to both
     ("fedavg", MIXED),  # a mixed fleet: each architecture cluster averaged on its own
-], ids=["defkt", "combo", "fedavg", "fedavg-mixed"])
+    ("gossip", []),  # pull groups: the aggregator fetches its source's model (the Pull RPC)
+], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip"])
 def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm: str, architectures: list[str]) -> None:
     config = FLEET.model_copy(update={"rounds": 20, "architectures": architectures})
     with fleet(fleet_shards, tmp_path, algorithm, config=config, mdns=False, static_peers=True) as nodes:

@@ -118,9 +118,15 @@ def test_model_specs_and_the_cnn_family_of_003() -> None:
 
 def test_a_mixed_fleet_learns_with_fedavg_per_cluster_in_the_simulator() -> None:
     config = ExperimentConfig(nodes=4, rounds=12, eval_every=12, batch_size=20, lr=0.05,
-                              architectures=["mlp:32,32", "mlp:16"])
+                              architectures=["mlp:32,32", "mlp:16"], algorithms=["fedavg"])
     specs = architectures(config)
     assert [str(s) for s in specs.values()] == ["mlp:32,32", "mlp:16", "mlp:32,32", "mlp:16"]
     result = Simulation(config, "fedavg", provision(config)).run()
     assert result.history[-1].global_accuracy > result.history[0].global_accuracy + 0.2
     assert result.models_transmitted == 12 * 2  # 2 senders (50 % of 4) each round
+
+
+def test_a_mixed_fleet_with_an_algorithm_that_needs_identical_models_is_a_config_error() -> None:
+    with pytest.raises(ValueError, match="defkt fuse identical architectures only"):
+        ExperimentConfig(architectures=["mlp:16", "mlp:32"], algorithms=["defkt", "fedavg"])
+    assert ExperimentConfig(architectures=["mlp:16", "mlp:16"], algorithms=["defkt"])  # one architecture is fine

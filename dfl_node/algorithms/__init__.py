@@ -6,10 +6,11 @@ from dfl_node.algorithms.combo import Combo
 from dfl_node.algorithms.defkt import DefKT
 from dfl_node.algorithms.fedavg import FedAvg, FedProx
 from dfl_node.algorithms.fullavg import FullAvg
+from dfl_node.algorithms.gossip import Gossip
 from dfl_node.algorithms.plan import Group, NodeProfile, Role, RoundPlan, Step
 from dfl_node.config import LearningConfig
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (DefKT, FullAvg, Combo, FedAvg, FedProx)}
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (DefKT, FullAvg, Combo, FedAvg, FedProx, Gossip)}
 
 
 def make_algorithm(name: str, config: LearningConfig) -> Algorithm:

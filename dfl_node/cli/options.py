@@ -23,7 +23,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 M = TypeVar("M", bound=BaseModel)
 
 # List fields whose repeatable option is spelled as one item (``--peer A --peer B`` fills ``peers``).
-ITEM_FLAGS = {"algorithms": "algorithm", "peers": "peer"}
+ITEM_FLAGS = {"algorithms": "algorithm", "peers": "peer", "architectures": "architecture"}
 
 
 class RegistryChoice(click.Choice):

@@ -36,7 +36,7 @@ from pydantic_core import ErrorDetails
 from dfl_node.config import (
     ConfigError,
     ExperimentConfig,
-    _relative_to_file,
+    relative_to_file,
     describe_problem,
     load_config,
     read_config_file,
@@ -127,7 +127,7 @@ def _point_config(
     settings = {"threads": 1, **grid.settings, **point, **({"seed": seed} if seed is not None else {})}
     where = {key: f"{key} (in {path} settings)" for key in grid.settings}
     where |= {key: f"{key} = {value} (in {path} grid)" for key, value in point.items()}
-    return load_config(ExperimentConfig, base, _relative_to_file(ExperimentConfig, settings, path), flag_names=where)
+    return load_config(ExperimentConfig, base, relative_to_file(ExperimentConfig, settings, path), flag_names=where)
 
 
 def _check_unique(tasks: list[RunTask], path: Path) -> None:
