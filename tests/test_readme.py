@@ -1,0 +1,18 @@
+"""README shows code that exists: its algorithm example is the package's own module, verbatim."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_example_algorithm_is_the_gossip_module() -> None:
+    readme = (ROOT / "README.md").read_text()
+    shown = re.search(r"The whole of pull gossip.*?```python\n(.*?)```", readme, re.S)
+    assert shown, "README lost its 'Writing an algorithm' example"
+    module = (ROOT / "dfl_node" / "algorithms" / "gossip.py").read_text()
+    code = module.split('"""', 2)[2].lstrip("\n")  # the module without its docstring
+    assert shown.group(1) == code
+    assert len(module.splitlines()) < 60
