@@ -16,3 +16,11 @@ def test_readme_example_algorithm_is_the_gossip_module() -> None:
     code = module.split('"""', 2)[2].lstrip("\n")  # the module without its docstring
     assert shown.group(1) == code
     assert len(module.splitlines()) < 60
+
+
+def test_what_pyproject_and_readme_promise_is_in_the_repository() -> None:
+    """The license pyproject.toml declares ships with the code; what the examples write is not committed."""
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
+    assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text()
+    ignored = (ROOT / ".gitignore").read_text().split()
+    assert {"/dfl-state/", "/shards/"} <= set(ignored)  # README's fleet example writes both here

@@ -1,4 +1,4 @@
-"""Algorithms as transport-agnostic protocols of roles (design §1): plan a round's groups, what a
+"""Algorithms as transport-agnostic protocols of roles: plan a round's groups, what a
 sender transmits, how an aggregator fuses a group's messages, and what goes back. No I/O here."""
 
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext

@@ -1,4 +1,4 @@
-"""The algorithm protocol, v2: roles in groups and messages, no I/O (design §1).
+"""The algorithm protocol, v2: roles in groups and messages, no I/O.
 
 A round is a :class:`~dfl_node.algorithms.plan.RoundPlan` of groups (senders → one aggregator).
 In each group every sender runs :meth:`Algorithm.transmit` and its message goes to the aggregator

@@ -1,4 +1,4 @@
-"""The shape of a round (protocol v2, design §1-2): groups of senders around one aggregator.
+"""The shape of a round (protocol v2): groups of senders around one aggregator.
 
 Every round of every algorithm here is a set of disjoint **groups**. In a group, the senders each
 transmit one message to the aggregator, which fuses *all* of them at once and may answer each

@@ -1,4 +1,4 @@
-"""The round sequence, written once: local steps → transmissions → aggregate → replies (design §1).
+"""The round sequence, written once: local steps → transmissions → aggregate → replies.
 
 The simulator and the daemon both play a group's roles with these coroutines; only the
 :class:`Transport` differs (in memory, or gRPC streams). What a transport must guarantee is small:

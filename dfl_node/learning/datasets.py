@@ -85,7 +85,7 @@ def load_dataset(name: str, data_dir: str | Path | None = None) -> tuple[ArrayDa
     root = resolve_data_dir(data_dir)
     if root is None:
         raise DatasetNotFoundError(f"dataset {key!r} needs a data directory: pass --data-dir or set DFL_DATA_DIR "
-                                   f"(see shared/datasets/README.md); 'digits' needs none")
+                                   "(the folder holding mnist.npz / fashion_mnist.npz); 'digits' needs none")
     if key == "cifar10":
         return _load_cifar10(root)
     return _load_mnist_like(key, root)
@@ -169,7 +169,7 @@ def _load_mnist_like(key: str, root: Path) -> tuple[ArrayDataset, ArrayDataset]:
             looked = ", ".join(str(f) for f in folders)
             raise DatasetNotFoundError(
                 f"{key}: neither {npz} nor the four IDX files ({', '.join(_IDX)}, raw or .gz) in any of {looked}. "
-                f"Put {key}.npz (see shared/datasets/README.md) or the official IDX files in {root}, "
+                f"Put {key}.npz (arrays x_train, y_train, x_test, y_test) or the official IDX files in {root}, "
                 f"or point --data-dir / DFL_DATA_DIR at the folder that holds them.")
         arrays = [read_idx(f) for f in files]
         where = files[0].parent

@@ -1,4 +1,4 @@
-"""Hello: whom this node talks to, and what it tells them about itself (design §3).
+"""Hello: whom this node talks to, and what it tells them about itself.
 
 A peer is compatible when it speaks our protocol version, is in our swarm, runs our algorithm and
 runs an architecture that algorithm can fuse with ours (identical for Def-KT/FullAvg/Combo, any
