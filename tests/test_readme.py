@@ -23,4 +23,4 @@ def test_what_pyproject_and_readme_promise_is_in_the_repository() -> None:
     assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
     assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text()
     ignored = (ROOT / ".gitignore").read_text().split()
-    assert {"/dfl-state/", "/shards/"} <= set(ignored)  # README's fleet example writes both here
+    assert {"/dfl-state/", "/shards/", "/node-*.log"} <= set(ignored)  # README's fleet example writes these here
