@@ -17,7 +17,7 @@ import hashlib
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import torch
@@ -51,6 +51,7 @@ class NodeContext:
     train: ArrayDataset
     val: ArrayDataset
     config: LearningConfig
+    _spares: dict[str, nn.Module] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_samples(self) -> int:
@@ -72,9 +73,19 @@ class NodeContext:
         """Minibatch order of this node's local training in ``round_``."""
         return generator_for(self.config.seed, round_, self.node_id, "local")
 
+    def spare(self, slot: str) -> nn.Module:
+        """A second model of this node's architecture, on its device, kept for ``slot`` and reused every
+        round (a deep copy per round costs more than the copy of values callers make into it); its
+        values are whatever the slot's last user left."""
+        if slot not in self._spares:
+            self._spares[slot] = copy.deepcopy(self.model)
+        return self._spares[slot]
+
     def trained_copy(self, round_: int) -> nn.Module:
-        """SGD_{B1,M}(w, D) of 000 eq. 1 on a copy; minibatch order from (seed, round, node)."""
-        model = copy.deepcopy(self.model)
+        """SGD_{B1,M}(w, D) of 000 eq. 1 on a copy; minibatch order from (seed, round, node).
+        The copy is the node's ``trained`` spare: valid until the next call."""
+        model = self.spare("trained")
+        model.load_state_dict(self.model.state_dict())
         local_sgd(model, self.train, self.local_params(), self.local_generator(round_))
         return model
 

@@ -14,6 +14,7 @@ from dfl_node.algorithms.base import AlgorithmError, NodeContext, PairAlgorithm
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
 from dfl_node.learning.fusion import average_parts_, expected_ranges, segment_parts
+from dfl_node.learning.training import local_sgd
 
 
 class Combo(PairAlgorithm):
@@ -47,7 +48,7 @@ class Combo(PairAlgorithm):
 
     def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
         # Alg. 3 always stores the trained (then partly averaged) model: ``sender_keeps_trained`` does not apply.
-        ctx.model.load_state_dict(ctx.trained_copy(step.round).state_dict())
+        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round))  # in place: no copy
         return self._message(ctx, step.round, "combo.segment", self.sender_segments)
 
     def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:

@@ -3,7 +3,6 @@ own by mutual knowledge transfer and keeps the *received* model as its new local
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -39,7 +38,7 @@ class DefKT(SendsTrainedModel):
     def aggregate(self, ctx: NodeContext, step: Step, messages: Sequence[ModelMessage]) -> dict[str, ModelMessage]:
         for message in messages:  # one per group in 000; several are fused one after another, in sender order
             self.check_message(ctx, message)
-            received = copy.deepcopy(ctx.model)
+            received = ctx.spare("received")
             received.load_state_dict(state_from_parts(message.parts))
             params = ctx.mkt_params()
             generator = generator_for(self.config.seed, message.round, ctx.node_id, "mkt")

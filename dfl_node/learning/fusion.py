@@ -27,7 +27,7 @@ from torch import nn
 
 from dfl_node.learning.tensors import StateDict, TensorPart
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.training import SgdParams, minibatches, sgd
+from dfl_node.learning.training import SgdParams, sgd, shuffled_batches
 
 SegmentRange = tuple[str, int, int]  # tensor name, start, stop (flattened element offsets)
 
@@ -60,8 +60,7 @@ def mutual_knowledge_transfer(
     local.train()
     opt_received, opt_local = sgd(received, received_params), sgd(local, local_params)
     for _ in range(received_params.epochs):
-        for idx in minibatches(len(data), received_params.batch_size, generator):
-            x, y = data.x[idx], data.y[idx]
+        for x, y in shuffled_batches(data, received_params.batch_size, generator):
             loss1, loss2 = mkt_losses(received(x), local(x), y)
             opt_received.zero_grad(set_to_none=True)
             opt_local.zero_grad(set_to_none=True)
