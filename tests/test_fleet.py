@@ -72,12 +72,16 @@ def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm:
     sim = Simulation(config, algorithm, provision(config))
     result = sim.run()
     expected = {n.id: n for n in result.nodes}
+    # The simulator evaluates all models on the test set at once (evaluate_many), a daemon one at a time:
+    # equal but where a sample's top two logits tie within float rounding and the argmax flips, one sample.
+    one_sample = 1 / len(sim.fleet.test)
     for node in nodes:
         mine = load_file(str(node.state_dir / "model.safetensors"))
         theirs = sim.nodes[node.id].model.state_dict()
         diff = max(float((mine[k] - theirs[k]).abs().max()) for k in theirs)
         assert diff <= 1e-5, f"{node.id}: max abs difference {diff}"
-        assert statuses[node.id]["global_accuracy"] == pytest.approx(expected[node.id].global_accuracy, abs=1e-9)
+        assert statuses[node.id]["global_accuracy"] == pytest.approx(expected[node.id].global_accuracy,
+                                                                  abs=one_sample + 1e-12)
         assert statuses[node.id]["local_accuracy"] == pytest.approx(expected[node.id].local_accuracy, abs=1e-9)
         assert statuses[node.id]["models_sent"] == expected[node.id].models_sent
         assert statuses[node.id]["model"] == str(sim.nodes[node.id].spec)

@@ -18,6 +18,7 @@ from dfl_node.algorithms import NodeContext, make_algorithm
 from dfl_node.algorithms.plan import RoundPlan, Step
 from dfl_node.algorithms.runner import play_aggregator, play_sender
 from dfl_node.config import ExperimentConfig
+from dfl_node.learning.evaluation import evaluate_many
 from dfl_node.learning.fleet import Fleet, architectures
 from dfl_node.learning.models import param_digest
 from dfl_node.learning.training import evaluate
@@ -57,16 +58,23 @@ class Simulation:
         roles = []
         for group in plan:
             step = Step(round_, group, plan.state)
-            roles.append(play_aggregator(self.algorithm, self.nodes[group.aggregator], step, self.transport))
+            if not group.open:  # an open group's aggregator is started by its sender's choice (bind)
+                roles.append(play_aggregator(self.algorithm, self.nodes[group.aggregator], step, self.transport))
             if not group.pull:
                 roles += [play_sender(self.algorithm, self.nodes[s], step, self.transport) for s in group.senders]
         await asyncio.gather(*roles)
+        started, self.transport.started = self.transport.started, []
+        await asyncio.gather(*started)
 
     def run_round(self, round_: int) -> None:
         asyncio.run(self.play_round(round_))
 
     def evaluate(self, round_: int, started: float) -> EvalRecord:
-        glob = {nid: evaluate(ctx.model, self.fleet.test).accuracy for nid, ctx in self.nodes.items()}
+        """Every node's model on the global test set — all at once, batched (``evaluate_many``: equal to one
+        at a time but where a sample's top two logits tie within rounding, one sample) — and on its own
+        validation split."""
+        tested = evaluate_many([ctx.model for ctx in self.nodes.values()], self.fleet.test)
+        glob = {nid: result.accuracy for nid, result in zip(self.nodes, tested)}
         loc = {nid: evaluate(ctx.model, ctx.val).accuracy for nid, ctx in self.nodes.items()}
         return EvalRecord(
             round=round_, global_accuracy=sum(glob.values()) / len(glob), local_accuracy=sum(loc.values()) / len(loc),
