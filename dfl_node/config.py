@@ -14,7 +14,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError
@@ -144,6 +144,17 @@ class LearningConfig(BaseModel):
     senders: float = Field(0.5, gt=0, le=1, description="group algorithms (fedavg, fedprox): share of the fleet "
                            "that sends to each round's aggregator (003: 50 %)")
     prox_mu: float = Field(0.01, ge=0, description="μ of FedProx's proximal term μ/2·‖w − w_start‖²")
+    device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="where models and data live: cpu, cuda (an "
+                                                   "error where CUDA is absent) or auto (cuda when available)")
+
+    def unusable_here(self) -> dict[str, str]:
+        """Settings valid anywhere that this machine cannot honour (field → problem), which
+        :func:`load_config` reports as settings errors. A check apart from validation, so that a config
+        written elsewhere (a results file, a sweep's grid point) can still be read here."""
+        from dfl_node.learning.devices import device_problem  # noqa: PLC0415 - torch only for cuda
+
+        problem = device_problem(self.device)
+        return {"device": problem} if problem else {}
 
 
 class ExperimentConfig(LearningConfig):
@@ -287,10 +298,15 @@ def load_config(
         data.update(values)
         origin.update({str(key): label(key) for key in values})
     try:
-        return model.model_validate(data)
+        config = model.model_validate(data)
     except ValidationError as exc:
         problems = [describe_problem(error, origin, model, flag_names or {}) for error in exc.errors()]
         raise ConfigError(problems) from None
+    unusable = config.unusable_here() if isinstance(config, LearningConfig) else {}
+    if unusable:
+        raise ConfigError([f"{origin.get(key, _flag(key, flag_names or {}))}: {problem}"
+                           for key, problem in unusable.items()])
+    return config
 
 
 _PROBLEMS: dict[str, str] = {

@@ -8,11 +8,13 @@ parameter vector, or a width slice all travel in the same shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import torch
 
 from dfl_node.learning.tensors import StateDict, TensorPart, parts_from_state, state_from_parts
 
-__all__ = ["ModelMessage", "StateDict", "TensorPart", "parts_from_state", "state_from_parts"]
+__all__ = ["ModelMessage", "StateDict", "TensorPart", "on_device", "parts_from_state", "state_from_parts"]
 
 
 @dataclass(frozen=True)
@@ -31,3 +33,10 @@ class ModelMessage:
     def nbytes(self) -> int:
         """Payload size in bytes, the figure the simulator and the daemon both count as traffic."""
         return sum(p.values.numel() * p.values.element_size() for p in self.parts)
+
+
+def on_device(message: ModelMessage, device: torch.device | str) -> ModelMessage:
+    """``message`` with its tensors on ``device``; the message itself where they are there already. The
+    daemon sends and checkpoints from the CPU and fuses on its node's device (:mod:`dfl_node.learning.devices`)."""
+    parts = tuple(p if (values := p.values.to(device)) is p.values else replace(p, values=values) for p in message.parts)
+    return message if all(a is b for a, b in zip(parts, message.parts)) else replace(message, parts=parts)

@@ -54,6 +54,12 @@ class ArrayDataset:
         idx = torch.as_tensor(np.asarray(indices, dtype=np.int64)) if not torch.is_tensor(indices) else indices.long()
         return ArrayDataset(self.x[idx], self.y[idx], self.num_classes)
 
+    def to(self, device: torch.device | str) -> ArrayDataset:
+        """The same data on ``device`` (this dataset where it is there already): a node's data is moved
+        to its device once, not batch by batch."""
+        x, y = self.x.to(device), self.y.to(device)
+        return self if x is self.x and y is self.y else ArrayDataset(x, y, self.num_classes)
+
     @property
     def input_shape(self) -> tuple[int, int, int]:
         c, h, w = self.x.shape[1:]
@@ -61,7 +67,7 @@ class ArrayDataset:
 
     def class_counts(self) -> np.ndarray:
         """Samples per class (length ``num_classes``); DFML's WSM loss needs the proportions."""
-        return np.bincount(self.y.numpy(), minlength=self.num_classes)
+        return np.bincount(self.y.cpu().numpy(), minlength=self.num_classes)
 
 
 class DatasetNotFoundError(FileNotFoundError):

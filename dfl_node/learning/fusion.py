@@ -82,7 +82,7 @@ def weighted_average_(local: StateDict, remote: StateDict, n_local: int, n_remot
     with torch.no_grad():
         for name, mine in local.items():
             if mine.is_floating_point():
-                mine.lerp_(remote[name].to(mine.dtype), w_remote)  # mine + w·(theirs − mine), one pass
+                mine.lerp_(remote[name].to(mine.device, mine.dtype), w_remote)  # mine + w·(theirs − mine), one pass
 
 
 def average_states(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> StateDict:
@@ -104,7 +104,7 @@ def average_states(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequen
                 continue
             acc = first.detach().to(torch.float64 if first.dtype == torch.float64 else torch.float32) * (weights[0] / total)
             for state, weight in zip(states[1:], weights[1:]):
-                acc.add_(state[name].detach(), alpha=weight / total)
+                acc.add_(state[name].detach().to(acc.device), alpha=weight / total)
             averaged[name] = acc.to(first.dtype)
     return averaged
 
@@ -157,4 +157,4 @@ def average_parts_(local: StateDict, parts: Sequence[TensorPart], n_local: int, 
     with torch.no_grad():
         for part in parts:
             flat = local[part.name].view(-1)
-            flat[part.start : part.start + part.values.numel()].lerp_(part.values.to(flat.dtype), w_remote)
+            flat[part.start : part.start + part.values.numel()].lerp_(part.values.to(flat.device, flat.dtype), w_remote)

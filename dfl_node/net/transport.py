@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.net.codec import (
     BufferPool, Limits, Manifest, MessageAssembler, Outgoing, Resolver, TransferRejected, assemble, prepare,
 )
@@ -73,6 +73,8 @@ class WireIdentity:
         return self.resolve(model)[0]
 
     def prepare(self, message: ModelMessage, epoch: int = 0) -> Outgoing:
+        """The frames of ``message``, encoded from CPU tensors (a model on another device is copied here)."""
+        message = on_device(message, "cpu")
         return prepare(message, swarm=self.swarm, fingerprint=self.fingerprint_of(message.model), epoch=epoch)
 
 

@@ -16,14 +16,16 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import Any
 
 import grpc
 
 from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile, Role, Step, make_algorithm
-from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.runner import play_aggregator, play_sender
 from dfl_node.api.schemas import COUNTER_FIELDS, HistoryEntry, NodeStatus
 from dfl_node.learning.datasets import load_shard
+from dfl_node.learning.devices import resolve_device
 from dfl_node.learning.fleet import read_node_data
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.training import evaluate
@@ -50,6 +52,7 @@ class Intake:
         self.node, self.collector, self.sender = node, collector, sender
 
     def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None:
+        message = on_device(message, self.node.device)  # decoded on the CPU, fused on the node's device
         try:
             self.node.algorithm.check_message(self.node.ctx, message)
         except AlgorithmError as exc:
@@ -67,11 +70,12 @@ class Node:
         self.config = config
         self.started = time.time()
         self.boot_id = uuid.uuid4().hex
+        self.device = resolve_device(config.device)  # the shard, the test set and the model move there once
         train, val = read_node_data(config.data)
-        self.test = load_shard(config.test_data) if config.test_data else None
+        self.test = load_shard(config.test_data).to(self.device) if config.test_data else None
         spec = ModelSpec(config.model, tuple(config.hidden) if config.hidden else None)
-        model = spec.build(train.input_shape, train.num_classes, seed=config.seed)
-        self.ctx = NodeContext(config.id, model, spec, train, val, config)
+        model = spec.build(train.input_shape, train.num_classes, seed=config.seed).to(self.device)  # w0 from the CPU
+        self.ctx = NodeContext(config.id, model, spec, train.to(self.device), val.to(self.device), config)
         self.algorithm = make_algorithm(config.algorithm, config)
         layout = model.state_dict()
         self.fingerprint = fingerprint(config.model, layout)
@@ -138,9 +142,13 @@ class Node:
         return self.config.mode == "round" and rounds > 0 and round_ >= rounds
 
     async def save(self) -> None:
-        """Checkpoint without copying the model: callers hold the learning role, so nothing changes it meanwhile."""
-        await asyncio.to_thread(self.checkpoint.save, self.ctx.model.state_dict(), self.fingerprint,
-                                self.state.durable())
+        """Checkpoint without copying the model (on a CPU; from another device, a CPU copy): callers hold the
+        learning role, so nothing changes it meanwhile."""
+        await asyncio.to_thread(self._save, self.state.durable())
+
+    def _save(self, durable: dict[str, Any]) -> None:
+        model = {name: tensor.detach().cpu() for name, tensor in self.ctx.model.state_dict().items()}
+        self.checkpoint.save(model, self.fingerprint, durable)
 
     # ----- roles -------------------------------------------------------------------------
     def take_role(self, role: Role) -> None:

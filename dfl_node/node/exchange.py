@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 
 from dfl_node.algorithms import AlgorithmError
-from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.plan import Step
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.transport import TransferRefused
@@ -60,7 +60,7 @@ class GrpcTransport:
             reason = exc.reason if isinstance(exc, TransferRefused) else exc.code().name
             raise TransferFailed(f"{step.group.aggregator} did not take it: {reason}") from exc
         node.state.counters.update(models_sent=1, bytes_sent=sent, bytes_received=received)
-        return reply
+        return on_device(reply, node.device) if reply is not None else None
 
     async def gather(self, step: Step) -> list[ModelMessage]:
         assert self.collector is not None
@@ -86,6 +86,7 @@ class GrpcTransport:
         try:
             message, received = await node.client(node.address_of(source) or "").pull(
                 request, timeout=node.config.round_timeout)
+            message = on_device(message, node.device)
             node.algorithm.check_message(node.ctx, message)
         except (TransferRefused, grpc.aio.AioRpcError, AlgorithmError) as exc:
             log.warning("%s: pulling from %s failed: %s", node.config.id, source, exc)

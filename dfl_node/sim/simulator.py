@@ -18,6 +18,7 @@ from dfl_node.algorithms import NodeContext, make_algorithm
 from dfl_node.algorithms.plan import RoundPlan, Step
 from dfl_node.algorithms.runner import play_aggregator, play_sender
 from dfl_node.config import ExperimentConfig
+from dfl_node.learning.devices import resolve_device
 from dfl_node.learning.evaluation import evaluate_many
 from dfl_node.learning.fleet import Fleet, architectures
 from dfl_node.learning.models import param_digest
@@ -30,7 +31,8 @@ ProgressCallback = Callable[[int, EvalRecord | None], None]
 
 def initial_models(config: ExperimentConfig, fleet: Fleet) -> dict[str, torch.nn.Module]:
     """w0 of every client: one per architecture, from the config's seed, so identical architectures
-    start identical (000 Alg. 1, 003 Alg. 2 "Initialization")."""
+    start identical (000 Alg. 1, 003 Alg. 2 "Initialization"). Built on the CPU, as a daemon builds its
+    own, whatever the device: the seed draws the same values there."""
     specs = architectures(config)
     built = {str(spec): spec.build(fleet.input_shape, fleet.num_classes, seed=config.seed)
              for spec in dict.fromkeys(specs.values())}
@@ -42,9 +44,12 @@ class Simulation:
         self.config = config
         self.fleet = fleet
         self.algorithm = make_algorithm(algorithm, config)
+        self.device = resolve_device(config.device)  # models and data move there once, here
         specs, w0 = architectures(config), initial_models(config, fleet)
-        self.nodes = {c.node_id: NodeContext(c.node_id, w0[c.node_id], specs[c.node_id], c.train, c.val, config)
+        self.nodes = {c.node_id: NodeContext(c.node_id, w0[c.node_id].to(self.device), specs[c.node_id],
+                                             c.train.to(self.device), c.val.to(self.device), config)
                       for c in fleet.clients}
+        self.test = fleet.test.to(self.device)
         self.transport = InMemoryTransport(self.algorithm, self.nodes)
         self.state: dict[str, str] = {}  # the algorithm state a round token would carry
 
@@ -58,13 +63,10 @@ class Simulation:
         roles = []
         for group in plan:
             step = Step(round_, group, plan.state)
-            if not group.open:  # an open group's aggregator is started by its sender's choice (bind)
-                roles.append(play_aggregator(self.algorithm, self.nodes[group.aggregator], step, self.transport))
+            roles.append(play_aggregator(self.algorithm, self.nodes[group.aggregator], step, self.transport))
             if not group.pull:
                 roles += [play_sender(self.algorithm, self.nodes[s], step, self.transport) for s in group.senders]
         await asyncio.gather(*roles)
-        started, self.transport.started = self.transport.started, []
-        await asyncio.gather(*started)
 
     def run_round(self, round_: int) -> None:
         asyncio.run(self.play_round(round_))
@@ -73,7 +75,7 @@ class Simulation:
         """Every node's model on the global test set — all at once, batched (``evaluate_many``: equal to one
         at a time but where a sample's top two logits tie within rounding, one sample) — and on its own
         validation split."""
-        tested = evaluate_many([ctx.model for ctx in self.nodes.values()], self.fleet.test)
+        tested = evaluate_many([ctx.model for ctx in self.nodes.values()], self.test)
         glob = {nid: result.accuracy for nid, result in zip(self.nodes, tested)}
         loc = {nid: evaluate(ctx.model, ctx.val).accuracy for nid, ctx in self.nodes.items()}
         return EvalRecord(

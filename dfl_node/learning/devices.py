@@ -1,0 +1,42 @@
+"""Where a node's tensors live: the ``device`` setting (``auto``, ``cpu``, ``cuda``) on this machine.
+
+Models and data live on the device: a driver moves each node's data there once (never per batch)
+and builds every ``w0`` on the CPU before moving it, so a model starts the same on any device.
+Whatever leaves a node (a message on the wire, a checkpoint) goes through the CPU, and what arrives
+is moved to the node's device. A requested ``cuda`` that this machine lacks is an error, never a
+silent fallback; ``auto`` is the one setting that picks for itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def device_problem(name: str) -> str | None:
+    """Why ``name`` cannot be used on this machine, in one line; None if it can. Torch is only imported
+    for ``cuda``, so reading settings stays light."""
+    if name != "cuda":
+        return None
+    import torch  # noqa: PLC0415
+
+    if torch.cuda.is_available():
+        return None
+    why = f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None else (
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device")
+    return f"cuda is not available here: {why} (cpu, or auto, runs on this machine)"
+
+
+def resolve_device(name: str) -> torch.device:
+    """The ``torch.device`` for a ``device`` setting: ``auto`` is CUDA where ``torch.cuda.is_available()``,
+    else the CPU; an unavailable ``cuda`` raises ``ValueError`` with :func:`device_problem`'s line."""
+    import torch  # noqa: PLC0415
+
+    problem = device_problem(name)
+    if problem:
+        raise ValueError(problem)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

@@ -1,0 +1,120 @@
+"""The simulator's inner loop (issue 10) does only forward, backward and step, and computes exactly
+what the plain loop computes: a gather per batch, a fresh optimiser per update, a deep copy per
+trained model. Each test runs the plain loop written out here beside the project's and wants the
+same bits."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dfl_node.algorithms import NodeContext
+from dfl_node.config import ExperimentConfig
+from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.fleet import provision
+from dfl_node.learning.fusion import mkt_losses, mutual_knowledge_transfer
+from dfl_node.learning.models import ModelSpec, build_model
+from dfl_node.learning.training import SgdParams, evaluate, local_sgd, minibatches, sgd
+from dfl_node.sim import Simulation
+
+PARAMS = SgdParams(lr=0.05, momentum=0.5, batch_size=16, epochs=2)
+
+
+def data(seed: int = 0, n: int = 90) -> ArrayDataset:
+    g = torch.Generator().manual_seed(seed)
+    return ArrayDataset(torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g), 10)
+
+
+def model(seed: int = 0) -> nn.Module:
+    return build_model("mlp", (1, 8, 8), 10, hidden=[32, 16], seed=seed)
+
+
+def plain_local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator: torch.Generator) -> None:
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=params.lr, momentum=params.momentum)
+    for _ in range(params.epochs):
+        for idx in minibatches(len(data), params.batch_size, generator):
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(data.x[idx]), data.y[idx]).backward()
+            optimizer.step()
+
+
+def plain_mkt(received: nn.Module, local: nn.Module, data: ArrayDataset, params: SgdParams,
+              generator: torch.Generator) -> None:
+    received.train()
+    local.train()
+    opt1 = torch.optim.SGD(received.parameters(), lr=params.lr, momentum=params.momentum)
+    opt2 = torch.optim.SGD(local.parameters(), lr=params.lr, momentum=params.momentum)
+    for _ in range(params.epochs):
+        for idx in minibatches(len(data), params.batch_size, generator):
+            x, y = data.x[idx], data.y[idx]
+            loss1, loss2 = mkt_losses(received(x), local(x), y)
+            opt1.zero_grad(set_to_none=True)
+            opt2.zero_grad(set_to_none=True)
+            (loss1 + loss2).backward()
+            opt1.step()
+            opt2.step()
+
+
+def same(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_local_sgd_is_the_plain_loop_bit_for_bit_update_after_update() -> None:
+    """Three updates in a row: the reused optimiser starts each without the last one's momentum."""
+    ours, plain, shard = model(), model(), data()
+    for round_ in range(3):
+        loss = local_sgd(ours, shard, PARAMS, torch.Generator().manual_seed(round_))
+        plain_local_sgd(plain, shard, PARAMS, torch.Generator().manual_seed(round_))
+        assert same(ours, plain), round_
+        assert loss > 0
+
+
+def test_mkt_is_the_plain_loop_bit_for_bit_update_after_update() -> None:
+    ours, plain = (model(1), model(2)), (model(1), model(2))
+    shard = data(3)
+    for round_ in range(3):
+        mutual_knowledge_transfer(*ours, shard, PARAMS, PARAMS, torch.Generator().manual_seed(round_))
+        plain_mkt(*plain, shard, PARAMS, torch.Generator().manual_seed(round_))
+        assert same(ours[0], plain[0]) and same(ours[1], plain[1]), round_
+
+
+def test_a_reused_optimiser_takes_new_settings_and_forgets_momentum() -> None:
+    net = model()
+    first = sgd(net, PARAMS)
+    local_sgd(net, data(), PARAMS, torch.Generator().manual_seed(0))
+    assert first.state  # momentum buffers were made…
+    again = sgd(net, SgdParams(lr=0.2, momentum=0.0, batch_size=8, epochs=1))
+    assert again is first and not again.state  # …and are gone at the next update
+    assert again.param_groups[0]["lr"] == 0.2 and again.param_groups[0]["momentum"] == 0.0
+    net[1] = nn.Linear(64, 32)  # new parameter objects: a new optimiser
+    assert sgd(net, PARAMS) is not first
+
+
+def test_trained_copy_reuses_one_spare_and_leaves_the_model_alone() -> None:
+    config = ExperimentConfig(lr=0.05, batch_size=16)
+    ctx = NodeContext("node-0", model(), ModelSpec("mlp", (32, 16)), data(), data(1, 20), config)
+    before = copy.deepcopy(ctx.model)
+    first = ctx.trained_copy(0)
+    plain = copy.deepcopy(before)
+    plain_local_sgd(plain, ctx.train, ctx.local_params(), ctx.local_generator(0))
+    assert same(first, plain) and same(ctx.model, before)
+    second = ctx.trained_copy(1)  # trained from the node's model again, not from the last copy
+    plain = copy.deepcopy(before)
+    plain_local_sgd(plain, ctx.train, ctx.local_params(), ctx.local_generator(1))
+    assert second is first and same(second, plain)
+    assert ctx.spare("received") is not first
+
+
+def test_the_simulator_evaluates_the_test_set_batched_within_one_sample_of_the_loop() -> None:
+    config = ExperimentConfig(nodes=4, rounds=3, batch_size=20, mkt_batch_size=20, lr=0.05, hidden=[32, 32])
+    sim = Simulation(config, "defkt", provision(config))
+    for t in range(3):
+        sim.run_round(t)
+    record = sim.evaluate(3, 0.0)
+    for node_id, ctx in sim.nodes.items():
+        assert abs(record.per_node_global[node_id] - evaluate(ctx.model, sim.test).accuracy) <= 1 / len(sim.test)
+        assert record.per_node_local[node_id] == evaluate(ctx.model, ctx.val).accuracy
