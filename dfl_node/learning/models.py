@@ -115,6 +115,21 @@ def spread(architectures: Sequence[str], node_ids: Sequence[str]) -> dict[str, s
     return {node_id: architectures[i % len(architectures)] for i, node_id in enumerate(node_ids)}
 
 
+def scaled(spec: ModelSpec, rate: float) -> ModelSpec:
+    """A width-scaled sub-model (003 H1, HeteroFL/FedRolex): every layer width times ``rate``, at least 1."""
+    if spec.widths is None or not 0 < rate <= 1:
+        raise ValueError(f"cannot scale {spec} by {rate}: needs explicit widths and 0 < rate <= 1")
+    return ModelSpec(spec.name, tuple(max(1, int(w * rate)) for w in spec.widths))
+
+
+# 003 Table 10's CNN rows as registry specs: H0 one model, H1 one model at rates 2^0 … 2^-4, H2 unrelated depths.
+ARCHITECTURE_MODES: dict[str, tuple[str, ...]] = {
+    "h0": ("cnn-ln:32,64",),
+    "h1": tuple(str(scaled(ModelSpec("cnn-ln", (128, 256)), 2.0 ** -i)) for i in range(5)),
+    "h2": ("cnn-ln:32,64,128,256", "cnn-ln:32,64,128", "cnn-ln:32,64", "cnn-ln:16,32,64", "cnn-ln:8,16,32,64"),
+}
+
+
 def build_model(
     name: str, input_shape: Sequence[int], num_classes: int, *, hidden: Sequence[int] | None = None, seed: int = 0
 ) -> nn.Module:

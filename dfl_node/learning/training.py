@@ -14,7 +14,7 @@ optimiser and ``loss.item()``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -75,8 +75,10 @@ def sgd(model: nn.Module, params: SgdParams) -> torch.optim.Optimizer:
 
 
 def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator: torch.Generator,
-              proximal_mu: float = 0.0) -> float:
-    """Train ``model`` in place for ``params.epochs`` passes with cross-entropy; returns the mean batch loss.
+              proximal_mu: float = 0.0, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+              ) -> float:
+    """Train ``model`` in place for ``params.epochs`` passes with ``loss_fn`` (cross-entropy; 003's WSM is
+    :func:`dfl_node.learning.mutual.wsm_loss`); returns the mean batch loss.
 
     ``proximal_mu`` > 0 adds FedProx's term μ/2·‖w − w_start‖² (003 Alg. 2), ``w_start`` being the
     model as this update began (decentralized FedProx treats it as the global model): its gradient
@@ -89,7 +91,7 @@ def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator
     for _ in range(params.epochs):
         for x, y in shuffled_batches(data, params.batch_size, generator):
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
+            loss = loss_fn(model(x), y)
             loss.backward()
             for param, anchor in zip(model.parameters(), anchors):
                 if param.grad is not None:
