@@ -129,6 +129,25 @@ class LearningConfig(BaseModel):
     hidden: list[int] | None = Field(None, description="layer widths overriding the architecture's default")
     seed: int = Field(0, description="seed of w0, the round plans and every minibatch order")
     pairs: int = Field(1, ge=1, description="Q: sender/receiver pairs per round")
+    supervision: Literal["ce", "wsm"] | None = Field(
+        None, description="supervision loss of local training and mutual learning: ce, or 003's WSM (eq. 2, class "
+                          "proportions of the data trained on); default per algorithm: wsm for dfml, heterofl, fedrolex "
+                          "and feddropout (003), ce for the others (defkt, fullavg, combo always ce)")
+    dfml_epochs: int = Field(10, ge=1, description="dfml: K, passes of weighted mutual learning over the aggregator's "
+                             "data (003: 10)")
+    alpha_max: float = Field(0.9, ge=0, le=1, description="dfml: largest α of the cyclic schedule (003: 0.8, 0.9 or 1.0)")
+    alpha_min: float = Field(0.0, ge=0, le=1, description="dfml: smallest α of the cyclic schedule (003: 0)")
+    alpha_period: int = Field(10, ge=2, description="dfml: rounds of the first α cycle (003: 10)")
+    alpha_period_growth: int = Field(10, ge=0, description="dfml: rounds each completed α cycle adds to the next")
+    peak_updates: int = Field(0, ge=0, description="dfml: how many of a cycle's largest α values update peak models "
+                              "(0: 1 with 50 % senders or more, else ceil(N / (2|S|)), 003 A.4.6)")
+    fml_alpha: float = Field(0.5, ge=0, le=1, description="fml: α of the local model's loss α·CE + (1−α)·KL (004 eq. 3)")
+    fml_beta: float = Field(0.5, ge=0, le=1, description="fml: β of the meme model's loss β·CE + (1−β)·KL (004 eq. 3)")
+    meme_model: ModelSpecText = Field("cnn-ln:32,64", description="fml: the meme model every node shares, as a "
+                                      "registry spec (003 A.4.11: cnn-ln:32,64)")
+    fedrolex_roll_largest: bool = Field(True, description="fedrolex: the largest participant's units roll with eq. 9 "
+                                        "too (003 Alg. 3, which aligns like HeteroFL); off: it is W_g as it is and "
+                                        "only smaller models' windows roll")
     local_epochs: int = Field(1, ge=1, description="M: local passes of a sender (000 eq. 1)")
     batch_size: int = Field(200, ge=1, description="B1: local training batch size")
     lr: float = Field(0.01, gt=0, description="local learning rate (also η1 = η2 of MKT unless mkt_lr is set)")
@@ -167,6 +186,10 @@ class ExperimentConfig(LearningConfig):
     zeta: int = Field(2, ge=1, description="ζ: segments (shards) or classes per client")
     beta: float = Field(0.5, gt=0, description="β of the Dirichlet partition")
     val_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's data held out for local validation")
+    train_samples: int = Field(0, ge=0, description="the fleet shares a seeded random subset of this many training "
+                               "samples (0: the whole training set), for CPU-sized reproductions")
+    test_samples: int = Field(0, ge=0, description="global test set: a seeded random subset of this many test samples "
+                              "(0: all)")
     algorithms: list[AlgorithmName] = Field(default_factory=lambda: ["defkt", "fullavg", "combo"],
                                             description="algorithms to run, one after the other on the same data")
     nodes: int = Field(10, ge=2, description="K: number of clients")

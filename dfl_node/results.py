@@ -14,6 +14,16 @@ from statistics import fmean
 from pydantic import BaseModel, Field
 
 
+class SeriesRecord(BaseModel):
+    """Another model of every node evaluated at the same point (DFML's regular models beside its peak models,
+    FML's meme models beside the local ones): ``Algorithm.reported_models`` names them."""
+
+    global_accuracy: float
+    local_accuracy: float
+    per_node_global: dict[str, float]
+    per_node_local: dict[str, float]
+
+
 class EvalRecord(BaseModel):
     """Averaged accuracies after ``round`` rounds (000's "averaged global/local accuracy")."""
 
@@ -24,6 +34,7 @@ class EvalRecord(BaseModel):
     per_node_local: dict[str, float]
     bytes_transmitted: int
     wall_time_s: float
+    series: dict[str, SeriesRecord] = Field(default_factory=dict, description="other reported models, by name")
 
 
 class NodeResult(BaseModel):
@@ -34,6 +45,7 @@ class NodeResult(BaseModel):
     num_train: int
     models_sent: int = 0
     models_received: int = 0
+    model: str = Field("", description="the node's architecture (registry spec)")
 
 
 class RunResult(BaseModel):
@@ -63,6 +75,7 @@ def write_results(result: RunResult, out_dir: Path) -> tuple[Path, Path]:
     json_path, csv_path = out_dir / f"{result.algorithm}.json", out_dir / f"{result.algorithm}.csv"
     payload = result.model_dump(mode="json")
     payload["global_accuracy"], payload["local_accuracy"] = result.global_accuracy, result.local_accuracy
+    payload["clusters"] = cluster_accuracy(result)
     json_path.write_text(json.dumps(payload, indent=1))
     with csv_path.open("w", newline="") as f:
         writer = csv.writer(f)
@@ -74,3 +87,38 @@ def write_results(result: RunResult, out_dir: Path) -> tuple[Path, Path]:
 
 def read_results(path: Path) -> RunResult:
     return RunResult.model_validate(json.loads(path.read_text()))
+
+
+def cluster_accuracy(run: RunResult, record: EvalRecord | None = None) -> dict[str, float]:
+    """003 Fig. 5: the mean global accuracy of each architecture cluster (the nodes running one spec) at
+    ``record`` (default: the last evaluation), clusters from the largest model spec text down."""
+    record = record or run.history[-1]
+    clusters: dict[str, list[float]] = {}
+    for node in run.nodes:
+        if node.id in record.per_node_global:
+            clusters.setdefault(node.model or run.config.get("model", ""), []).append(record.per_node_global[node.id])
+    return {model: fmean(accs) for model, accs in sorted(clusters.items())}
+
+
+def rounds_to_reach(run: RunResult, target: float) -> int | None:
+    """003 Table 8: the first evaluated round at which the averaged global accuracy reaches ``target``."""
+    return next((r.round for r in run.history if r.global_accuracy >= target), None)
+
+
+def comparison(runs: list[RunResult], baseline: str) -> dict:
+    """Every run against ``baseline`` (an algorithm among ``runs``): final accuracies, clusters, and the rounds
+    each needs to reach the baseline's final global accuracy (003 Table 8), with the speed-up that makes."""
+    base = next((r for r in runs if r.algorithm == baseline), None)
+    if base is None:
+        raise ValueError(f"no run of {baseline!r} among {', '.join(r.algorithm for r in runs)}")
+    target, base_rounds = base.history[-1].global_accuracy, rounds_to_reach(base, base.history[-1].global_accuracy)
+    rows = {}
+    for run in runs:
+        reached = rounds_to_reach(run, target)
+        rows[run.algorithm] = {
+            "global_accuracy": run.history[-1].global_accuracy, "local_accuracy": run.history[-1].local_accuracy,
+            "series": {name: s.global_accuracy for name, s in run.history[-1].series.items()},
+            "clusters": cluster_accuracy(run), "rounds": run.rounds, "rounds_to_baseline_final": reached,
+            "speedup": (base_rounds / reached) if reached and base_rounds else None,
+        }
+    return {"baseline": baseline, "baseline_final_global_accuracy": target, "runs": rows}

@@ -52,6 +52,10 @@ class NodeContext:
     val: ArrayDataset
     config: LearningConfig
     _spares: dict[str, nn.Module] = field(default_factory=dict, repr=False, compare=False)
+    # Models the algorithm keeps beside ``model`` (Algorithm.auxiliary_models: DFML's peak, FML's meme) and its
+    # per-node scalars (DFML's α_n); both are checkpointed with the model, neither travels unless transmit sends it.
+    auxiliary: dict[str, nn.Module] = field(default_factory=dict, repr=False, compare=False)
+    scalars: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_samples(self) -> int:
@@ -89,10 +93,38 @@ class NodeContext:
         local_sgd(model, self.train, self.local_params(), self.local_generator(round_))
         return model
 
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """The model's state plus the auxiliary models' (``aux:NAME:…``) and scalars (``scalar:NAME``, float64):
+        one flat dict for a checkpoint file. Module names never hold a colon, so the prefixes cannot clash."""
+        state = dict(self.model.state_dict())
+        for name, model in self.auxiliary.items():
+            state.update({f"aux:{name}:{key}": value for key, value in model.state_dict().items()})
+        state.update({f"scalar:{name}": torch.tensor(value, dtype=torch.float64) for name, value in self.scalars.items()})
+        return state
+
+    def restore_checkpoint(self, state: dict[str, torch.Tensor]) -> None:
+        """Inverse of :meth:`checkpoint_state`; auxiliary models a checkpoint lacks keep their ``w0``."""
+        own = {key: value for key, value in state.items() if not key.startswith(("aux:", "scalar:"))}
+        self.model.load_state_dict(own)
+        for name, model in self.auxiliary.items():
+            saved = {key.removeprefix(f"aux:{name}:"): v for key, v in state.items() if key.startswith(f"aux:{name}:")}
+            if saved:
+                model.load_state_dict(saved)
+        self.scalars.update({key.removeprefix("scalar:"): float(v) for key, v in state.items()
+                             if key.startswith("scalar:")})
+
     def message(self, round_: int, purpose: str, parts: tuple[TensorPart, ...], **metadata: str) -> ModelMessage:
         """A message from this node (its id, sample count and architecture filled in)."""
         return ModelMessage(sender=self.node_id, round=round_, purpose=purpose, num_samples=self.num_samples,
                             model=str(self.spec), parts=parts, metadata=dict(metadata))
+
+
+def equip(algorithm: Algorithm, ctx: NodeContext, seed: int) -> None:
+    """Build the auxiliary models ``algorithm`` declares for ``ctx`` (w0 from ``seed``, on the CPU, then moved
+    to the device of the node's model), as the simulator and the daemon both do before round 0."""
+    device = next(ctx.model.parameters()).device
+    for name, spec in algorithm.auxiliary_models(ctx.spec).items():
+        ctx.auxiliary[name] = spec.build(ctx.train.input_shape, ctx.train.num_classes, seed=seed).to(device)
 
 
 class AlgorithmError(ValueError):
@@ -142,6 +174,17 @@ class Algorithm(ABC):
     def fuses(self, mine: str, theirs: str) -> bool:
         """Whether a node running architecture ``mine`` can take part with a peer running ``theirs``."""
         return self.architectures == "any" or mine == theirs
+
+    # ----- models besides the node's own ---------------------------------------------------
+    def auxiliary_models(self, spec: ModelSpec) -> dict[str, ModelSpec]:
+        """Extra models a node running ``spec`` keeps, by name (DFML's ``peak``, FML's ``meme``): both
+        drivers build them with the node's ``w0`` seed (:func:`equip`) into ``ctx.auxiliary``."""
+        return {}
+
+    def reported_models(self, ctx: NodeContext) -> dict[str, nn.Module]:
+        """The models whose accuracies a node reports, by series name: the first is *the* node's
+        global/local accuracy (DFML: its peak model), any others are extra series (DFML's regular model)."""
+        return {"model": ctx.model}
 
     # ----- planning ----------------------------------------------------------------------
     @abstractmethod

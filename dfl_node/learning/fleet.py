@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.datasets import ArrayDataset, load_dataset, load_shard, save_shard
 from dfl_node.learning.models import ModelSpec, spread
@@ -52,9 +54,20 @@ def architectures(config: ExperimentConfig) -> dict[str, ModelSpec]:
     return {node_id: ModelSpec.parse(spec) for node_id, spec in spread(specs, fleet_ids(config.nodes)).items()}
 
 
+def subsets(config: ExperimentConfig, train: ArrayDataset, test: ArrayDataset) -> tuple[ArrayDataset, ArrayDataset]:
+    """The seeded random ``train_samples`` / ``test_samples`` of the dataset that a CPU-sized run uses (0: all)."""
+    def take(data: ArrayDataset, count: int, stream: int) -> ArrayDataset:
+        if not count or count >= len(data):
+            return data
+        rng = np.random.default_rng([config.seed, stream])  # not the partition's stream: that stays as it was
+        return data.subset(np.sort(rng.choice(len(data), size=count, replace=False)))
+
+    return take(train, config.train_samples, 1), take(test, config.test_samples, 2)
+
+
 def provision(config: ExperimentConfig) -> Fleet:
     """Load the dataset and split it into ``config.nodes`` clients as the config says (seeded)."""
-    train, test = load_dataset(config.dataset, config.data_dir)
+    train, test = subsets(config, *load_dataset(config.dataset, config.data_dir))
     splits = client_splits(
         train.y.numpy(), config.nodes, config.partition, config.seed,
         zeta=config.zeta, beta=config.beta, val_fraction=config.val_fraction,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from dfl_node.algorithms import NodeContext, make_algorithm
+from dfl_node.algorithms.base import equip
 from dfl_node.algorithms.plan import RoundPlan, Step
 from dfl_node.algorithms.runner import play_aggregator, play_sender
 from dfl_node.config import ExperimentConfig
@@ -23,7 +24,7 @@ from dfl_node.learning.evaluation import evaluate_many
 from dfl_node.learning.fleet import Fleet, architectures
 from dfl_node.learning.models import param_digest
 from dfl_node.learning.training import evaluate
-from dfl_node.results import EvalRecord, NodeResult, RunResult
+from dfl_node.results import EvalRecord, NodeResult, RunResult, SeriesRecord
 from dfl_node.sim.transport import InMemoryTransport
 
 ProgressCallback = Callable[[int, EvalRecord | None], None]
@@ -50,6 +51,8 @@ class Simulation:
                                              c.train.to(self.device), c.val.to(self.device), config)
                       for c in fleet.clients}
         self.test = fleet.test.to(self.device)
+        for ctx in self.nodes.values():
+            equip(self.algorithm, ctx, config.seed)  # the algorithm's extra models (DFML's peak, FML's meme)
         self.transport = InMemoryTransport(self.algorithm, self.nodes)
         self.state: dict[str, str] = {}  # the algorithm state a round token would carry
 
@@ -74,14 +77,21 @@ class Simulation:
     def evaluate(self, round_: int, started: float) -> EvalRecord:
         """Every node's model on the global test set — all at once, batched (``evaluate_many``: equal to one
         at a time but where a sample's top two logits tie within rounding, one sample) — and on its own
-        validation split."""
-        tested = evaluate_many([ctx.model for ctx in self.nodes.values()], self.test)
-        glob = {nid: result.accuracy for nid, result in zip(self.nodes, tested)}
-        loc = {nid: evaluate(ctx.model, ctx.val).accuracy for nid, ctx in self.nodes.items()}
+        validation split. The models are those the algorithm reports (its first is the node's; DFML: the peak
+        model), the others go into ``series``."""
+        reported = {nid: self.algorithm.reported_models(ctx) for nid, ctx in self.nodes.items()}
+        series = {}
+        for name in next(iter(reported.values())):
+            models = {nid: r[name] for nid, r in reported.items()}
+            tested = evaluate_many(list(models.values()), self.test)
+            glob = {nid: result.accuracy for nid, result in zip(models, tested)}
+            loc = {nid: evaluate(model, self.nodes[nid].val).accuracy for nid, model in models.items()}
+            series[name] = SeriesRecord(global_accuracy=sum(glob.values()) / len(glob), per_node_global=glob,
+                                        local_accuracy=sum(loc.values()) / len(loc), per_node_local=loc)
+        first, *others = series
         return EvalRecord(
-            round=round_, global_accuracy=sum(glob.values()) / len(glob), local_accuracy=sum(loc.values()) / len(loc),
-            per_node_global=glob, per_node_local=loc, bytes_transmitted=self.transport.bytes_transmitted,
-            wall_time_s=time.perf_counter() - started,
+            round=round_, **series[first].model_dump(), bytes_transmitted=self.transport.bytes_transmitted,
+            wall_time_s=time.perf_counter() - started, series={name: series[name] for name in others},
         )
 
     def run(self, progress: ProgressCallback | None = None) -> RunResult:
@@ -105,7 +115,7 @@ class Simulation:
             NodeResult(
                 id=nid, global_accuracy=last.per_node_global[nid], local_accuracy=last.per_node_local[nid],
                 param_sha256=param_digest(ctx.model.state_dict()), num_train=ctx.num_samples,
-                models_sent=transport.sent[nid], models_received=transport.received[nid],
+                models_sent=transport.sent[nid], models_received=transport.received[nid], model=str(ctx.spec),
             )
             for nid, ctx in self.nodes.items()
         ]

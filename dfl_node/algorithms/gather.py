@@ -1,0 +1,82 @@
+"""What 003's group algorithms share (DFML, partial training, decentralized FML): the round shape and
+models of other architectures.
+
+Each round one random aggregator and a random share of the fleet as senders (``senders``: 50 % in
+003, :func:`~dfl_node.algorithms.base.sample_gather`); every participant trains locally, the senders
+ship a model to the aggregator, which answers each of them. A received model is built from this
+node's own registry by the spec its message names, for this node's data, and its tensors loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from torch import nn
+
+from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext, sample_gather, senders_for
+from dfl_node.algorithms.messages import ModelMessage, state_from_parts
+from dfl_node.algorithms.plan import NodeProfile, RoundPlan
+from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.models import ModelSpec
+from dfl_node.learning.mutual import Supervision, class_proportions, supervision
+
+
+class GatherAlgorithm(Algorithm):
+    architectures = "any"
+    replies = True
+    supervision_default: ClassVar[str] = "wsm"  # 003 runs everything with WSM (its §4.2)
+
+    def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
+        self.check_fleet(profiles)
+        group = sample_gather(self.config.seed, round_, [p.node_id for p in profiles], self.config.senders)
+        return RoundPlan(round_, (group,), self.next_state(round_, len(profiles), state))
+
+    def check_fleet(self, profiles: Sequence[NodeProfile]) -> None:
+        """Raise :class:`AlgorithmError` for a fleet this algorithm cannot fuse (both drivers plan first)."""
+        mine = profiles[0].model if profiles else ""
+        for profile in profiles:
+            if not self.fuses(mine, profile.model):
+                raise AlgorithmError(f"{self.name} cannot fuse {profile.model} with {mine}")
+
+    def next_state(self, round_: int, members: int, state: Mapping[str, str]) -> dict[str, str]:
+        """The algorithm state round ``round_`` needs and hands on (none by default)."""
+        return {}
+
+    def invitations(self, candidates: int) -> int:
+        return senders_for(candidates + 1, self.config.senders)
+
+    def supervise(self, data: ArrayDataset) -> Supervision:
+        """The supervision term on ``data``: WSM with its class proportions (eq. 2), or CE (``supervision``)."""
+        kind = self.config.supervision or self.supervision_default
+        return supervision(kind, class_proportions(data.y, data.num_classes) if kind == "wsm" else None)
+
+    @staticmethod
+    def layout(ctx: NodeContext, model: str) -> dict[str, tuple[int, ...]]:
+        """Tensor shapes of registry model ``model`` for this node's data (built on the meta device: no memory)."""
+        try:
+            built = ModelSpec.parse(model).build(ctx.train.input_shape, ctx.train.num_classes, device="meta")
+        except ValueError as exc:
+            raise AlgorithmError(str(exc)) from None
+        return {name: tuple(t.shape) for name, t in built.state_dict().items()}
+
+    def check_model(self, ctx: NodeContext, message: ModelMessage, purpose: str) -> None:
+        """``message`` is ``purpose`` and carries a whole model of the architecture it names, for our data."""
+        self.check_purpose(message, purpose)
+        if not self.fuses(str(ctx.spec), message.model):
+            raise AlgorithmError(f"{self.name} cannot fuse {message.model} from {message.sender} with {ctx.spec}")
+        try:
+            layout = self.layout(ctx, message.model)
+        except AlgorithmError as exc:
+            raise AlgorithmError(f"{message.purpose} from {message.sender}: {exc}") from None
+        carried = [(p.name, p.shape, p.is_whole) for p in message.parts]
+        if carried != [(name, shape, True) for name, shape in layout.items()]:
+            raise AlgorithmError(f"{message.purpose} from {message.sender} is not a whole {message.model} model")
+
+    @staticmethod
+    def build(ctx: NodeContext, message: ModelMessage) -> nn.Module:
+        """The model ``message`` carries, built from our registry on the node's device (checked already)."""
+        device = next(ctx.model.parameters()).device
+        model = ModelSpec.parse(message.model).build(ctx.train.input_shape, ctx.train.num_classes).to(device)
+        model.load_state_dict(state_from_parts(message.parts))
+        return model
