@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -40,17 +39,19 @@ from pathlib import Path
 
 import grpc
 import httpx
+from _daemon import (  # benchmarks/_daemon.py
+    bench_model,
+    daemon,
+    reset_peak,
+    vm,
+    wait_idle,
+)
 
-from dfl_node.algorithms.messages import ModelMessage, parts_from_state
-from dfl_node.config import ExperimentConfig
-from dfl_node.learning.fleet import provision, write_fleet
-from dfl_node.learning.models import ModelSpec, build_model, fingerprint
+from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.allocator import tune_for_streaming
-from dfl_node.net.codec import CHUNK_SIZE, Limits, manifest_of, prepare
+from dfl_node.net.codec import CHUNK_SIZE, prepare
 from dfl_node.net.transport import PeerClient, WireIdentity
 from dfl_node.testbed.launcher import free_port
-
-HIDDEN = [5000, 4950]  # an MLP on 8x8 digits with ~25.1 M float32 parameters ≈ 100.5 MB
 
 RAW_TCP_SINK = textwrap.dedent("""
     import socket, sys
@@ -120,13 +121,6 @@ def _sink(script: str, *args: str) -> Iterator[int]:
         proc.wait()
 
 
-def _vm(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
 def measure_raw_tcp(payload: bytes, repeat: int) -> list[float]:
     with _sink(RAW_TCP_SINK, str(len(payload))) as port:
         times = []
@@ -173,15 +167,11 @@ async def measure_stream(message: ModelMessage, wire: WireIdentity, address: str
     client = PeerClient(address, wire)
     async with httpx.AsyncClient(trust_env=False) as http:
         async def idle() -> None:  # the receiver settles (checkpoints) each fusion before the next push
-            while (await http.get(status_url)).json()["role"] != "idle":
-                await asyncio.sleep(0.05)
+            await wait_idle(http, status_url)
 
         await asyncio.wait_for(client.channel.channel_ready(), 120)  # the daemon is up (it has no peers: it only receives)
-        rss_before = _vm(pid, "VmRSS")
-        try:
-            Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset the receiver's peak to its current RSS
-        except OSError:
-            pass
+        rss_before = vm(pid, "VmRSS")
+        reset_peak(pid)  # reset the receiver's peak to its current RSS
         times, prepare_times = [], []
         for _ in range(repeat):
             await idle()
@@ -193,7 +183,7 @@ async def measure_stream(message: ModelMessage, wire: WireIdentity, address: str
             prepare_times.append(prepared - start)
         await idle()
     await client.close()
-    return times, prepare_times, rss_before, _vm(pid, "VmHWM")
+    return times, prepare_times, rss_before, vm(pid, "VmHWM")
 
 
 def main() -> None:
@@ -202,31 +192,14 @@ def main() -> None:
     args = parser.parse_args()
     tune_for_streaming()  # the sending side is this process: set it up as `dfl-node start` does
     work = Path(tempfile.mkdtemp(prefix="dfl-bench-"))
-    config = ExperimentConfig(nodes=2, hidden=HIDDEN, seed=0)
-    fleet = provision(config)
-    write_fleet(fleet, work / "shards")
-    model = build_model("mlp", fleet.input_shape, fleet.num_classes, hidden=HIDDEN, seed=1)
-    state = model.state_dict()
-    spec = str(ModelSpec("mlp", tuple(HIDDEN)))
-    wire = WireIdentity("bench", spec, fingerprint("mlp", state), manifest_of(state), Limits())
-    message = ModelMessage(sender="bench-sender", round=0, purpose="fullavg.model", num_samples=100,
-                           parts=parts_from_state(state), model=spec)
+    bench = bench_model(work, purpose="fullavg.model")
+    message, wire = bench.message, bench.wire
     payload = b"".join(p.values.numpy().tobytes() for p in message.parts)
     size_mb = len(payload) / 1e6
 
-    grpc_port, http_port = free_port(), free_port()
-    env = {**os.environ, "DFL_HIDDEN": ",".join(map(str, HIDDEN)), "DFL_SEED": "0"}
-    receiver = subprocess.Popen(
-        [sys.executable, "-m", "dfl_node", "--log-level", "WARNING", "start", "--id", "node-1",
-         "--data", str(work / "shards" / "node-1"), "--algorithm", "fullavg", "--swarm", "bench", "--no-mdns",
-         "--no-evaluate", "--grpc-port", str(grpc_port), "--http-port", str(http_port),
-         "--state-dir", str(work / "state")], env=env)
-    try:
+    with daemon(work, "fullavg") as receiver:
         stream, prepare_times, rss_before, peak = asyncio.run(measure_stream(
-            message, wire, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}/status", receiver.pid, args.repeat))
-    finally:
-        receiver.terminate()
-        receiver.wait(30)
+            message, wire, receiver.address, receiver.status_url, receiver.pid, args.repeat))
     raw = measure_raw_tcp(payload, args.repeat)
     unary = measure_unary(payload, args.repeat)
     bare = asyncio.run(measure_bare_stream(payload, args.repeat, hashing=False))

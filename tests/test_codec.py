@@ -7,7 +7,9 @@ Every rejection (TransferRejected reasons, the pickle attack) is tested in
 from __future__ import annotations
 
 import asyncio
+import ctypes.util
 import hashlib
+import platform
 import tracemalloc
 
 import pytest
@@ -279,3 +281,11 @@ def test_pooled_assembly_never_overwrites_a_message_still_in_use() -> None:
     assert [id(b) for b in pool._buffers] == pooled  # the first transfer's buffer, reused
     assert_same_parts(third.parts, first_msg.parts)
     assert_same_parts(second.parts, second_msg.parts)
+
+
+def test_trim_heap_trims_where_malloc_is_glibcs_and_does_nothing_elsewhere() -> None:
+    glibc = platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c") is not None
+    chunks = [bytearray(64 << 10) for _ in range(256)]  # 16 MiB in heap-sized pieces, then freed
+    del chunks
+    assert codec.trim_heap() is glibc
+    assert codec.trim_heap() is glibc  # idempotent, and cheap once there is nothing left to hand back

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
-from dfl_node.net.codec import TransferRejected
+from dfl_node.net.codec import TransferRejected, trim_heap
 from dfl_node.net.proto import dfl_pb2 as pb
 
 
@@ -99,7 +99,9 @@ class Collector:
                 future.set_result(replies.get(sender))
 
     def close(self) -> None:
-        """Whatever happened, the group is over: nobody waits for it any longer."""
+        """Whatever happened, the group is over: nobody waits for it any longer, and the memory its
+        streams freed goes back to the kernel (:func:`~dfl_node.net.codec.trim_heap`)."""
         self.gathered.set()
         self._changed.set()
         self.answer({})
+        trim_heap()
