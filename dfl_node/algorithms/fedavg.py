@@ -5,7 +5,8 @@ Each round one random aggregator and a random share of the fleet as senders (``s
 aggregator, which averages each **cluster** of identical architectures with sample-count weights
 (eq. 5) — its own model included in its cluster — keeps its cluster's average, and sends every
 sender its cluster's average back. FedProx adds the proximal term μ/2‖w − w_start‖² to local
-training, each node treating its model before the update as the global model (003 A.3.2).
+training, each node treating its model before the update as the global model (003 A.3.2). Local
+training uses CE, or 003's WSM (eq. 2) with ``supervision: wsm``, as 003 runs its baselines.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_f
 from dfl_node.algorithms.plan import NodeProfile, RoundPlan, Step
 from dfl_node.learning.fusion import average_states
 from dfl_node.learning.models import ModelSpec
+from dfl_node.learning.mutual import class_proportions, supervision
 from dfl_node.learning.training import local_sgd
 
 
@@ -34,7 +36,9 @@ class FedAvg(Algorithm):
         return senders_for(candidates + 1, self.config.senders)
 
     def _train(self, ctx: NodeContext, step: Step) -> None:
-        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round), self.proximal_mu)
+        kind = self.config.supervision or "ce"  # 003 trains its baselines with WSM too (``supervision: wsm``)
+        loss = supervision(kind, class_proportions(ctx.train.y, ctx.train.num_classes) if kind == "wsm" else None)
+        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round), self.proximal_mu, loss)
 
     def local_step(self, ctx: NodeContext, step: Step) -> None:
         self._train(ctx, step)

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile, Role, Step, make_algorithm
+from dfl_node.algorithms.base import equip
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.runner import play_aggregator, play_sender
 from dfl_node.api.schemas import COUNTER_FIELDS, HistoryEntry, NodeStatus
@@ -77,6 +78,7 @@ class Node:
         model = spec.build(train.input_shape, train.num_classes, seed=config.seed).to(self.device)  # w0 from the CPU
         self.ctx = NodeContext(config.id, model, spec, train.to(self.device), val.to(self.device), config)
         self.algorithm = make_algorithm(config.algorithm, config)
+        equip(self.algorithm, self.ctx, config.seed)  # its extra models (DFML's peak, FML's meme), w0 as the simulator's
         layout = model.state_dict()
         self.fingerprint = fingerprint(config.model, layout)
         self._layouts: dict[str, tuple[str, Manifest]] = {}
@@ -128,7 +130,7 @@ class Node:
         if saved is None:
             return
         model_state, durable = saved
-        self.ctx.model.load_state_dict(model_state)
+        self.ctx.restore_checkpoint(model_state)  # the model, and the algorithm's extra models and scalars
         self.state.restore(durable)
         self.state.done = self._done_at(self.state.round)
         limit = f" of {self.config.rounds}" if self.config.mode == "round" and self.config.rounds else ""
@@ -147,7 +149,7 @@ class Node:
         await asyncio.to_thread(self._save, self.state.durable())
 
     def _save(self, durable: dict[str, Any]) -> None:
-        model = {name: tensor.detach().cpu() for name, tensor in self.ctx.model.state_dict().items()}
+        model = {name: tensor.detach().cpu() for name, tensor in self.ctx.checkpoint_state().items()}
         self.checkpoint.save(model, self.fingerprint, durable)
 
     # ----- roles -------------------------------------------------------------------------
@@ -312,9 +314,11 @@ class Node:
         return accuracy, param_digest(self.ctx.model.state_dict())
 
     def evaluate(self) -> tuple[float | None, float | None]:
-        """(local, global) accuracy of the current model: on its validation split and the global test set."""
-        local = evaluate(self.ctx.model, self.ctx.val).accuracy if len(self.ctx.val) else None
-        global_ = evaluate(self.ctx.model, self.test).accuracy if self.test is not None else None
+        """(local, global) accuracy of the model the algorithm reports first (the node's own; DFML: its peak
+        model): on its validation split and the global test set."""
+        model = next(iter(self.algorithm.reported_models(self.ctx).values()))
+        local = evaluate(model, self.ctx.val).accuracy if len(self.ctx.val) else None
+        global_ = evaluate(model, self.test).accuracy if self.test is not None else None
         return local, global_
 
     async def finish(self, round_: int) -> None:
@@ -371,6 +375,8 @@ class Node:
             raise TransferRejected("not_expected", f"{self.config.id} aggregates no group of round {header.round} "
                                                    f"(epoch {header.epoch}) now")
         collector.admit(header)
+        log.info("%s: round %d: taking %s (%s) from %s", self.config.id, header.round, header.purpose, header.model,
+                 header.sender)  # the transfer log: what reached this node, and of which architecture
         return Intake(self, collector, header.sender)
 
     async def pull(self, request: pb.PullRequest) -> ModelMessage:

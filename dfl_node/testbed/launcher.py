@@ -270,7 +270,8 @@ def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, 
     results = [
         NodeResult(id=n.id, global_accuracy=statuses[n.id]["global_accuracy"], local_accuracy=statuses[n.id]["local_accuracy"],
                    param_sha256=statuses[n.id]["param_sha256"], num_train=train_sizes[n.id],
-                   models_sent=statuses[n.id]["models_sent"], models_received=statuses[n.id]["models_received"])
+                   models_sent=statuses[n.id]["models_sent"], models_received=statuses[n.id]["models_received"],
+                   model=statuses[n.id]["model"])
         for n in nodes
     ]
     points = sorted({*range(config.eval_every, rounds + 1, config.eval_every), rounds})
