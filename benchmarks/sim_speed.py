@@ -1,52 +1,126 @@
-"""Simulator speed: rounds per second of each algorithm on 000's MNIST MLP setting (ζ=4, K=10, Q=1).
+"""Simulator speed before and after issue 10's inner loop, in one run: rounds per second of each
+algorithm on 000's MNIST MLP setting (ζ=4, K=10, Q=1), 1 torch thread.
 
-Prints one JSON object. Ratios between algorithms come from the same run, so they survive a noisy
-machine; absolute figures do not. Evaluation is excluded (it is a separate cost: ``eval_s``).
+The tree before the issue (``--before``, a commit: by default the last one before the issue's first)
+is checked out in a temporary ``git worktree``; each measurement is a child process importing
+``dfl_node`` from one tree or the other, and the passes alternate (before, after, before, after…)
+so that a noisy machine slows both alike. Per algorithm: the median over passes of the rounds per
+second of ``--rounds`` timed rounds after one warm-up round, evaluation excluded (``eval_s``:
+evaluating all models once, the test set batched after the issue), by the clock (``rounds_per_s``)
+and by the process's CPU time (``cpu_rounds_per_s``: on a machine shared with other work the clock
+also counts the time others held the core; one thread's CPU time does not). Prints one JSON object;
+``ratio`` and ``cpu_ratio`` are after/before.
 
-    python benchmarks/sim_speed.py [--rounds 50] [--config experiments/mnist_mlp_zeta4.yaml]
+    python benchmarks/sim_speed.py [--rounds 50] [--repeat 3] [--before COMMIT] [--config FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from dfl_node.config import ExperimentConfig, load_config
-from dfl_node.learning.fleet import provision
-from dfl_node.sim import Simulation
-
 ROOT = Path(__file__).resolve().parents[1]
+PRE_ISSUE = "a45e377eed3efff4dd6c652b538d8973bcddb8d7"  # the commit before issue 10's first commit
+
+
+def measure(config_path: Path, rounds: int, data_dir: str | None) -> dict:
+    """In a child: time each algorithm of the config in the imported tree (the same calls in both)."""
+    import torch  # noqa: PLC0415 - imported from the tree under test, in the child only
+
+    import dfl_node  # noqa: PLC0415
+    from dfl_node.config import ExperimentConfig, load_config  # noqa: PLC0415
+    from dfl_node.learning.fleet import provision  # noqa: PLC0415
+    from dfl_node.sim import Simulation  # noqa: PLC0415
+
+    config = load_config(ExperimentConfig, config_path, {"data_dir": data_dir})  # its data_dir is read from its folder
+    torch.set_num_threads(1)
+    fleet = provision(config)
+    report: dict = {"tree": str(Path(dfl_node.__file__).parents[1])}
+    for algorithm in config.algorithms:
+        sim = Simulation(config, algorithm, fleet)
+        sim.run_round(0)  # warm-up
+        start, cpu = time.perf_counter(), time.process_time()
+        for t in range(1, rounds + 1):
+            sim.run_round(t)
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        start = time.perf_counter()
+        sim.evaluate(rounds, start)
+        report[algorithm] = {"rounds_per_s": rounds / elapsed, "cpu_rounds_per_s": rounds / cpu,
+                             "eval_s": time.perf_counter() - start}
+    return report
+
+
+def child(tree: Path, args: argparse.Namespace) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    command = [sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--config", str(args.config)]
+    if args.data_dir:
+        command += ["--data-dir", args.data_dir]
+    out = subprocess.run(command, env=env, cwd=tree, check=True, capture_output=True, text=True).stdout
+    report = json.loads(out)
+    if Path(report["tree"]).resolve() != tree.resolve():
+        raise RuntimeError(f"the child imported dfl_node from {report['tree']}, not {tree}")
+    return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "experiments" / "mnist_mlp_zeta4.yaml")
+    parser.add_argument("--data-dir", default=None, help="dataset folder (else the config's data_dir)")
     parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--repeat", type=int, default=3, help="passes per tree, alternating")
+    parser.add_argument("--before", default=PRE_ISSUE, help="commit to compare against")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    config = load_config(ExperimentConfig, args.config)  # its relative data_dir is read from its folder
-    torch.set_num_threads(config.threads)
-    fleet = provision(config)
-    report: dict = {"benchmark": "sim_speed", "config": args.config.name, "rounds": args.rounds,
-                    "threads": config.threads, "torch": torch.__version__, "machine": platform.machine()}
-    for algorithm in config.algorithms:
-        sim = Simulation(config, algorithm, fleet)
-        sim.run_round(0)  # warm-up
-        start = time.perf_counter()
-        for t in range(1, args.rounds + 1):
-            sim.run_round(t)
-        elapsed = time.perf_counter() - start
-        start = time.perf_counter()
-        sim.evaluate(args.rounds, start)
-        report[algorithm] = {"rounds_per_s": round(args.rounds / elapsed, 2), "s_per_round": round(elapsed / args.rounds, 4),
-                             "eval_s": round(time.perf_counter() - start, 2)}
-    base = report[config.algorithms[0]]["rounds_per_s"]
-    report["speed_relative_to_" + config.algorithms[0]] = {a: round(report[a]["rounds_per_s"] / base, 2) for a in config.algorithms}
+    args.config = args.config.resolve()
+    if args.child:
+        print(json.dumps(measure(args.config, args.rounds, args.data_dir)))
+        return
+    with tempfile.TemporaryDirectory(prefix="sim-speed-") as tmp:
+        before = Path(tmp) / "before"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(before), args.before],
+                       check=True)
+        try:
+            runs: dict[str, list[dict]] = {"before": [], "after": []}
+            for _ in range(args.repeat):
+                for name, tree in (("before", before), ("after", ROOT)):
+                    runs[name].append(child(tree, args))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], check=True)
+    algorithms = [k for k in runs["after"][0] if k != "tree"]
+    report: dict = {
+        "benchmark": "sim_speed", "config": args.config.name, "rounds": args.rounds, "repeat": args.repeat,
+        "threads": 1, "before": args.before, "after": _head(), "machine": platform.machine(), "cpus": os.cpu_count(),
+    }
+    for algorithm in algorithms:
+        entry = {}
+        for name in ("before", "after"):
+            rates = [run[algorithm]["rounds_per_s"] for run in runs[name]]
+            cpu_rates = [run[algorithm]["cpu_rounds_per_s"] for run in runs[name]]
+            entry[name] = {"rounds_per_s": round(statistics.median(rates), 2),
+                           "s_per_round": round(1 / statistics.median(rates), 4),
+                           "all_rounds_per_s": [round(r, 2) for r in rates],
+                           "cpu_rounds_per_s": round(statistics.median(cpu_rates), 2),
+                           "all_cpu_rounds_per_s": [round(r, 2) for r in cpu_rates],
+                           "eval_s": round(statistics.median(run[algorithm]["eval_s"] for run in runs[name]), 2)}
+        entry["ratio"] = round(entry["after"]["rounds_per_s"] / entry["before"]["rounds_per_s"], 2)
+        entry["cpu_ratio"] = round(entry["after"]["cpu_rounds_per_s"] / entry["before"]["cpu_rounds_per_s"], 2)
+        report[algorithm] = entry
     print(json.dumps(report, indent=1))
+
+
+def _head() -> str:
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "dfl_node"],
+                           capture_output=True, text=True).stdout.strip()
+    return head + ("+working tree" if dirty else "")
 
 
 if __name__ == "__main__":
