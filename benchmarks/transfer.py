@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 import statistics
@@ -40,6 +41,7 @@ from pathlib import Path
 import grpc
 import httpx
 from _daemon import (  # benchmarks/_daemon.py
+    RECEIVER_ID,
     bench_model,
     daemon,
     reset_peak,
@@ -50,6 +52,7 @@ from _daemon import (  # benchmarks/_daemon.py
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.codec import CHUNK_SIZE, prepare
+from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.transport import PeerClient, WireIdentity
 from dfl_node.testbed.launcher import free_port
 
@@ -173,11 +176,16 @@ async def measure_stream(message: ModelMessage, wire: WireIdentity, address: str
         rss_before = vm(pid, "VmRSS")
         reset_peak(pid)  # reset the receiver's peak to its current RSS
         times, prepare_times = [], []
-        for _ in range(repeat):
+        for round_ in range(repeat):
             await idle()
+            # protocol v2: the receiver takes a transfer only as the aggregator of a group naming its sender
+            ack = await client.assign(pb.RoundAssignment(role="aggregator", round=round_, aggregator=RECEIVER_ID,
+                                                         senders=[message.sender], deadline_s=300), timeout=60)
+            assert ack.ok, ack
             start = time.perf_counter()
-            outgoing = prepare(message, swarm=wire.swarm, fingerprint=wire.fingerprint)  # the daemon does this in
-            prepared = time.perf_counter()  # its worker thread right after training, once per message
+            outgoing = prepare(dataclasses.replace(message, round=round_), swarm=wire.swarm,
+                               fingerprint=wire.fingerprint)  # the daemon does this in its worker thread
+            prepared = time.perf_counter()  # right after training, once per message
             await client.push(outgoing, timeout=300)
             times.append(time.perf_counter() - prepared)
             prepare_times.append(prepared - start)
