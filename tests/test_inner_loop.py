@@ -86,9 +86,10 @@ def test_a_reused_optimiser_takes_new_settings_and_forgets_momentum() -> None:
     net = model()
     first = sgd(net, PARAMS)
     local_sgd(net, data(), PARAMS, torch.Generator().manual_seed(0))
-    assert first.state  # momentum buffers were made…
+    # the momentum buffers and gradients of the update are freed when it ends, not kept until the next one
+    assert not first.state and all(p.grad is None for p in net.parameters())
     again = sgd(net, SgdParams(lr=0.2, momentum=0.0, batch_size=8, epochs=1))
-    assert again is first and not again.state  # …and are gone at the next update
+    assert again is first and not again.state
     assert again.param_groups[0]["lr"] == 0.2 and again.param_groups[0]["momentum"] == 0.0
     net[1] = nn.Linear(64, 32)  # new parameter objects: a new optimiser
     assert sgd(net, PARAMS) is not first

@@ -65,13 +65,14 @@ class FedAvg(Algorithm):
     def aggregate(self, ctx: NodeContext, step: Step, messages: Sequence[ModelMessage]) -> dict[str, ModelMessage]:
         for message in messages:
             self.check_message(ctx, message)
-        own = ctx.message(step.round, f"{self.name}.model", parts_from_state(ctx.model.state_dict()))
+        # views, not copies: the model is read here and only written once every average is computed
+        own = ctx.message(step.round, f"{self.name}.model", parts_from_state(ctx.model.state_dict(), copy=False))
         members = sorted([own, *messages], key=lambda m: m.sender)  # the summation order of every driver
         averages = {}
         for model in dict.fromkeys(m.model for m in members):  # clusters, in order of first appearance
             cluster = [m for m in members if m.model == model]
             averages[model] = parts_from_state(average_states([state_from_parts(m.parts) for m in cluster],
-                                                              [m.num_samples for m in cluster]))
+                                                              [m.num_samples for m in cluster]), copy=False)
         ctx.model.load_state_dict(state_from_parts(averages[own.model]))
         return {m.sender: ModelMessage(sender=ctx.node_id, round=step.round, purpose=f"{self.name}.average",
                                        num_samples=ctx.num_samples, parts=averages[m.model], model=m.model)

@@ -27,7 +27,7 @@ from torch import nn
 
 from dfl_node.learning.tensors import StateDict, TensorPart
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.training import SgdParams, sgd, shuffled_batches
+from dfl_node.learning.training import SgdParams, release, sgd, shuffled_batches
 
 SegmentRange = tuple[str, int, int]  # tensor name, start, stop (flattened element offsets)
 
@@ -67,6 +67,7 @@ def mutual_knowledge_transfer(
             (loss1 + loss2).backward()  # the graphs are disjoint: each loss reaches only its own model
             opt_received.step()
             opt_local.step()
+    release(opt_received, opt_local)
 
 
 def weighted_average_(local: StateDict, remote: StateDict, n_local: int, n_remote: int) -> None:

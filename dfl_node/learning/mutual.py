@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.training import SgdParams, sgd, shuffled_batches
+from dfl_node.learning.training import SgdParams, release, sgd, shuffled_batches
 
 Supervision = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> mean loss
 
@@ -200,6 +200,7 @@ def weighted_mutual_learning(models: Sequence[nn.Module], data: ArrayDataset, pa
             torch.stack(losses).sum().backward()  # the graphs are disjoint: each loss reaches its own model
             for optimizer in optimizers:
                 optimizer.step()
+    release(*optimizers)
 
 
 def deep_mutual_learning(local: nn.Module, meme: nn.Module, data: ArrayDataset, params: SgdParams, alpha: float,
@@ -216,3 +217,4 @@ def deep_mutual_learning(local: nn.Module, meme: nn.Module, data: ArrayDataset, 
             (loss_local + loss_meme).backward()
             opt_local.step()
             opt_meme.step()
+    release(opt_local, opt_meme)

@@ -31,10 +31,12 @@ class TensorPart:
 
 
 
-def parts_from_state(state: StateDict) -> tuple[TensorPart, ...]:
-    """Whole-tensor parts of a state dict, in its order (detached copies, safe to hand to another node)."""
+def parts_from_state(state: StateDict, copy: bool = True) -> tuple[TensorPart, ...]:
+    """Whole-tensor parts of a state dict, in its order: detached copies, safe to hand to another node, or
+    (``copy=False``) views, for tensors nobody changes while the parts live (a model-sized copy saved)."""
     return tuple(
-        TensorPart(name, tuple(t.shape), 0, t.detach().reshape(-1).clone()) for name, t in state.items()
+        TensorPart(name, tuple(t.shape), 0, t.detach().reshape(-1).clone() if copy else t.detach().reshape(-1))
+        for name, t in state.items()
     )
 
 

@@ -74,6 +74,15 @@ def sgd(model: nn.Module, params: SgdParams) -> torch.optim.Optimizer:
     return optimizer
 
 
+def release(*optimizers: torch.optim.Optimizer) -> None:
+    """End of an update: free the gradients and momentum buffers now rather than at the next update. The
+    math is the same (they never outlive an update); the memory is not: a node that trained would else
+    hold two more copies of its model while it receives and aggregates others (benchmarks/aggregator.py)."""
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.state.clear()
+
+
 def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator: torch.Generator,
               proximal_mu: float = 0.0, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
               ) -> float:
@@ -99,6 +108,7 @@ def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator
             optimizer.step()
             total += loss.detach()
             steps += 1
+    release(optimizer)
     return float(total) / max(steps, 1)
 
 
