@@ -91,13 +91,13 @@ def read_results(path: Path) -> RunResult:
 
 def cluster_accuracy(run: RunResult, record: EvalRecord | None = None) -> dict[str, float]:
     """003 Fig. 5: the mean global accuracy of each architecture cluster (the nodes running one spec) at
-    ``record`` (default: the last evaluation), clusters from the largest model spec text down."""
+    ``record`` (default: the last evaluation), clusters in the order of the nodes (of ``architectures``)."""
     record = record or run.history[-1]
     clusters: dict[str, list[float]] = {}
     for node in run.nodes:
         if node.id in record.per_node_global:
             clusters.setdefault(node.model or run.config.get("model", ""), []).append(record.per_node_global[node.id])
-    return {model: fmean(accs) for model, accs in sorted(clusters.items())}
+    return {model: fmean(accs) for model, accs in clusters.items()}
 
 
 def rounds_to_reach(run: RunResult, target: float) -> int | None:

@@ -4,10 +4,12 @@ the auxiliary models they keep (peak, meme) and what the simulator reports of th
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import replace
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile, Step, make_algorithm
 from dfl_node.algorithms.base import equip, generator_for
@@ -19,7 +21,8 @@ from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import alpha_at, class_proportions, wsm_loss
 from dfl_node.learning.training import SgdParams, local_sgd
 from dfl_node.node.persistence import Checkpoint
-from dfl_node.results import cluster_accuracy, comparison, rounds_to_reach
+from dfl_node.cli import cli
+from dfl_node.results import cluster_accuracy, comparison, rounds_to_reach, write_results
 from dfl_node.sim import Simulation
 
 CONFIG = LearningConfig(batch_size=8, mkt_batch_size=8, lr=0.1, momentum=0.0, dfml_epochs=2, meme_model="mlp:8")
@@ -176,7 +179,7 @@ def test_auxiliary_models_and_scalars_survive_a_checkpoint(tmp_path) -> None:
     assert fresh.scalars == {"alpha_n": 0.7321}
 
 
-def test_dfml_fml_and_partial_training_learn_in_the_simulator() -> None:
+def test_dfml_fml_and_partial_training_learn_in_the_simulator(tmp_path) -> None:
     base = ExperimentConfig(nodes=4, rounds=12, eval_every=6, batch_size=20, mkt_batch_size=20, lr=0.05, seed=1,
                             architectures=UNRELATED, dfml_epochs=1, meme_model="mlp:16", algorithms=["dfml"])
     fleet = provision(base)
@@ -192,3 +195,16 @@ def test_dfml_fml_and_partial_training_learn_in_the_simulator() -> None:
     table = comparison([dfml, *runs], "fedavg")
     assert table["runs"]["fedavg"]["rounds_to_baseline_final"] == rounds_to_reach(runs[-1], table[
         "baseline_final_global_accuracy"]) and table["runs"]["fedavg"]["speedup"] == 1.0
+    assert set(table["runs"]["dfml"]["series"]) == {"regular"}
+    # dfl-node plot: dashed series, the per-cluster figure (003 Fig. 5) and the --baseline comparison (Table 8)
+    paths = []
+    for run in (dfml, runs[-1]):
+        json_path, _ = write_results(run, tmp_path / run.algorithm)
+        assert json.loads(json_path.read_text())["clusters"] == cluster_accuracy(run)
+        paths.append(str(json_path))
+    out = tmp_path / "cmp.png"
+    shown = CliRunner().invoke(cli, ["plot", *paths, "-o", str(out), "--baseline", "fedavg"], catch_exceptions=False)
+    assert shown.exit_code == 0, shown.output
+    assert out.is_file() and (tmp_path / "cmp-clusters.png").is_file() and "dfml" in shown.output
+    assert json.loads((tmp_path / "cmp.json").read_text())["runs"].keys() == {"dfml", "fedavg"}
+    assert CliRunner().invoke(cli, ["plot", *paths, "-o", str(out), "--baseline", "defkt"]).exit_code == 2

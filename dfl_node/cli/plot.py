@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from dfl_node.cli.plot_compare import plot_series, report
 from dfl_node.results import read_results
 
 
@@ -13,7 +14,11 @@ from dfl_node.results import read_results
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Figure (.png, .pdf, .svg).")
 @click.option("--title", default=None, help="Figure title (default: from the first run's config).")
-def plot(results: tuple[Path, ...], output: Path, title: str | None) -> None:
+@click.option("--baseline", metavar="ALGORITHM", default=None, help="Compare every run with this algorithm's run "
+              "(003 Table 8): the rounds each needs to reach its final global accuracy, printed and written to "
+              "OUTPUT's .json.")
+def plot(results: tuple[Path, ...], output: Path, title: str | None,
+         baseline: str | None = None) -> None:
     """Plot averaged global (left) and local (right) accuracy against rounds for RESULTS… (<algorithm>.json files)."""
     import matplotlib
 
@@ -27,6 +32,7 @@ def plot(results: tuple[Path, ...], output: Path, title: str | None) -> None:
         label = f"{run.algorithm} ({run.driver})" if len({r.driver for r in runs}) > 1 else run.algorithm
         ax_global.plot(rounds, [r.global_accuracy for r in run.history], label=label)
         ax_local.plot(rounds, [r.local_accuracy for r in run.history], label=label)
+        plot_series(ax_global, ax_local, run, label)  # DFML's regular models, FML's memes: dashed
     for ax, name in ((ax_global, "averaged global accuracy"), (ax_local, "averaged local accuracy")):
         ax.set_xlabel("round")
         ax.set_title(name)
@@ -41,3 +47,4 @@ def plot(results: tuple[Path, ...], output: Path, title: str | None) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=120)
     click.echo(f"wrote {output}")
+    report(runs, output, baseline)  # per-cluster accuracy (003 Fig. 5), rounds to reach --baseline (Table 8)
