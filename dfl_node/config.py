@@ -185,6 +185,12 @@ class ExperimentConfig(LearningConfig):
     partition: PartitionName = Field("iid", description="how the training data is split across the nodes")
     zeta: int = Field(2, ge=1, description="ζ: segments (shards) or classes per client")
     beta: float = Field(0.5, gt=0, description="β of the Dirichlet partition")
+    zeta_max: int = Field(0, ge=0, description="classes partitions: client k holds ζ_k classes drawn from zeta..zeta_max "
+                          "(002: 2..4); 0: every client holds zeta")
+    samples: int = Field(0, ge=0, description="iid and classes: samples per client before the validation split "
+                         "(002's balanced 800); 0: the partition shares out the whole training set")
+    large_nodes: int = Field(2, ge=0, description="unbalanced partitions: clients holding 10,000 samples (002: 2 in "
+                             "the non-IID case)")
     val_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's data held out for local validation")
     train_samples: int = Field(0, ge=0, description="the fleet shares a seeded random subset of this many training "
                                "samples (0: the whole training set), for CPU-sized reproductions")

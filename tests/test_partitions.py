@@ -265,3 +265,46 @@ def test_partition_rejects_bad_args(kwargs: dict, match: str) -> None:
 def test_partition_rejects_float_labels() -> None:
     with pytest.raises(ValueError, match="integer"):
         partition(np.zeros(100), 2, "iid", 0)
+
+
+# ---------------------------------------------------------------- 002's scenarios
+
+
+def _by_class(per_class: int = 6000) -> np.ndarray:
+    return np.repeat(np.arange(10), per_class)
+
+
+def test_balanced_scenarios_give_every_node_800_samples() -> None:
+    y = _by_class()
+    iid = partition(y, 20, "iid", 0, samples=800)
+    skewed = partition(y, 20, "classes", 0, samples=800, zeta=2, zeta_max=4)
+    for parts in (iid, skewed):
+        assert [p.size for p in parts] == [800] * 20
+        assert np.unique(np.concatenate(parts)).size == 16000  # disjoint
+    held = [np.unique(y[p]).size for p in skewed]
+    assert set(held) <= {2, 3, 4} and len(set(held)) > 1  # ζ_k drawn from 2..4 per node
+    assert all(np.unique(y[p]).size == 10 for p in iid)
+    assert [p.tolist() for p in skewed] == [p.tolist() for p in partition(y, 20, "classes", 0, samples=800, zeta=2,
+                                                                          zeta_max=4)]
+
+
+def test_unbalanced_scenarios_sizes_and_large_nodes() -> None:
+    y = _by_class()
+    iid = [p.size for p in partition(y, 20, "unbalanced", 0, large_nodes=0)]
+    assert all(400 <= n <= 1600 for n in iid) and np.std(iid) > 100
+    skewed = partition(y, 20, "classes-unbalanced", 0, zeta=2, zeta_max=4, large_nodes=2)
+    sizes = sorted(p.size for p in skewed)
+    assert all(400 <= n <= 1600 for n in sizes[:-2]) and sizes[-2] >= 9000  # two of (nearly) 10,000
+    assert all(2 <= np.unique(y[p]).size <= 4 for p in skewed)
+    assert np.unique(np.concatenate(skewed)).size == sum(sizes)
+    few = _by_class(per_class=1000)  # the large nodes ask more of a class than there is: shares scaled down
+    scaled = partition(few, 20, "classes-unbalanced", 0, zeta=2, zeta_max=4, large_nodes=2)
+    assert np.unique(np.concatenate(scaled)).size == sum(p.size for p in scaled) <= few.size
+
+
+def test_unchanged_defaults_keep_the_old_partitions() -> None:
+    y = _by_class(200)
+    assert [p.tolist() for p in partition(y, 5, "classes", 3, zeta=2)] == \
+        [p.tolist() for p in partition(y, 5, "classes", 3, zeta=2, zeta_max=0, samples=0)]
+    with pytest.raises(ValueError, match="zeta_max"):
+        partition(y, 5, "classes", 3, zeta=3, zeta_max=2)

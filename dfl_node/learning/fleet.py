@@ -71,6 +71,7 @@ def provision(config: ExperimentConfig) -> Fleet:
     splits = client_splits(
         train.y.numpy(), config.nodes, config.partition, config.seed,
         zeta=config.zeta, beta=config.beta, val_fraction=config.val_fraction,
+        zeta_max=config.zeta_max, samples=config.samples, large_nodes=config.large_nodes,
     )
     clients = [
         ClientData(node_id, train.subset(split.train), train.subset(split.val))

@@ -8,6 +8,13 @@ Schemes (``PARTITIONS``):
 * ``classes``    -- 001 / 002: each client holds ζ random distinct classes.
 * ``dirichlet``  -- 003: per class, proportions over clients ~ Dir(β); small β = heavy label skew.
 * ``unbalanced`` -- 002: IID content, local sizes drawn from 400..1600 plus two large nodes.
+* ``classes-unbalanced`` -- 002's unbalanced non-IID case: ζ random classes per client, sizes
+                    as ``unbalanced`` (400..1600, plus ``large_nodes`` clients of 10,000).
+
+002's other scenarios are options of these: ``samples`` gives every ``iid`` or ``classes`` client
+exactly that many samples (002's balanced 800, :func:`sized`), ``zeta_max`` lets client k draw its
+own ζ_k from ζ..ζ_max (002's "ζ = 2, 3, 4"), ``large_nodes`` sets how many unbalanced clients are
+large (002 has them in the non-IID case only).
 
 Every function returns one **sorted** int64 index array per client (indices into the
 training set), clients never overlap, and the same seed always gives the same output:
@@ -21,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PARTITIONS = ("iid", "shards", "classes", "dirichlet", "unbalanced")
+PARTITIONS = ("iid", "shards", "classes", "dirichlet", "unbalanced", "classes-unbalanced")
 
 
 @dataclass(frozen=True)
@@ -79,19 +86,31 @@ def shards(labels: np.ndarray, num_clients: int, zeta: int, rng: np.random.Gener
     return _out([order[row].ravel() for row in ids])
 
 
-def random_classes(labels: np.ndarray, num_clients: int, zeta: int, rng: np.random.Generator) -> list[np.ndarray]:
+def _zetas(classes: np.ndarray, num_clients: int, zeta: int, zeta_max: int, rng: np.random.Generator) -> list[int]:
+    """Each client's number of classes: ``zeta``, or drawn uniformly from ``zeta..zeta_max`` (when ``zeta_max``)."""
+    if not isinstance(zeta, (int, np.integer)) or not 1 <= zeta <= classes.size:
+        raise ValueError(f"zeta must be in 1..{classes.size} (classes present), got {zeta!r}")
+    if not zeta_max:
+        return [int(zeta)] * num_clients
+    if not zeta <= zeta_max <= classes.size:
+        raise ValueError(f"zeta_max must be in {zeta}..{classes.size} (zeta..classes present), got {zeta_max!r}")
+    return [int(z) for z in rng.integers(zeta, zeta_max, size=num_clients, endpoint=True)]
+
+
+def random_classes(labels: np.ndarray, num_clients: int, zeta: int, rng: np.random.Generator, *,
+                   zeta_max: int = 0) -> list[np.ndarray]:
     """001 (and 002's non-IID case): each client gets ζ distinct random classes.
 
     Each class's samples are shuffled and split as equally as possible (sizes differ by
     at most 1) among the clients that hold it, so no sample is shared. Classes that no
     client drew are dropped; a class held by many clients gives each of them fewer samples.
-    The classes are those present in ``labels``.
+    The classes are those present in ``labels``. With ``zeta_max``, client k holds ζ_k
+    classes, ζ_k drawn uniformly from ``zeta..zeta_max``.
     """
     y = _labels(labels, num_clients)
     classes = np.unique(y)
-    if not isinstance(zeta, (int, np.integer)) or not 1 <= zeta <= classes.size:
-        raise ValueError(f"zeta must be in 1..{classes.size} (classes present), got {zeta!r}")
-    held = [rng.choice(classes, size=zeta, replace=False) for _ in range(num_clients)]
+    zetas = _zetas(classes, num_clients, zeta, zeta_max, rng)
+    held = [rng.choice(classes, size=z, replace=False) for z in zetas]
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for c in classes:
         owners = [k for k in range(num_clients) if c in held[k]]
@@ -129,6 +148,17 @@ def dirichlet(labels: np.ndarray, num_clients: int, beta: float, rng: np.random.
                      f"clients >= {min_size} samples; lower min_size, raise beta or use fewer clients")
 
 
+def _unbalanced_sizes(num_clients: int, rng: np.random.Generator, low: int, high: int, num_large: int,
+                     large_size: int) -> np.ndarray:
+    if not 1 <= low <= high or large_size < 1 or num_large < 0:
+        raise ValueError(f"need 1 <= low <= high, large_size >= 1, num_large >= 0; got {low}, {high}, "
+                         f"{large_size}, {num_large}")
+    sizes = rng.integers(low, high, size=num_clients, endpoint=True)
+    large = rng.choice(num_clients, size=min(num_large, num_clients - 1), replace=False)
+    sizes[large] = large_size
+    return sizes
+
+
 def unbalanced(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, low: int = 400,
                high: int = 1600, num_large: int = 2, large_size: int = 10_000) -> list[np.ndarray]:
     """002 §5.1 unbalanced sizes with IID content.
@@ -143,12 +173,7 @@ def unbalanced(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *
     e.g. for ``digits``.
     """
     y = _labels(labels, num_clients)
-    if not 1 <= low <= high or large_size < 1 or num_large < 0:
-        raise ValueError(f"need 1 <= low <= high, large_size >= 1, num_large >= 0; got {low}, {high}, "
-                         f"{large_size}, {num_large}")
-    sizes = rng.integers(low, high, size=num_clients, endpoint=True)
-    large = rng.choice(num_clients, size=min(num_large, num_clients - 1), replace=False)
-    sizes[large] = large_size
+    sizes = _unbalanced_sizes(num_clients, rng, low, high, num_large, large_size)
     if sizes.sum() > y.size:
         sizes = np.maximum(1, np.floor(sizes * (y.size / sizes.sum()))).astype(np.int64)
         if sizes.sum() > y.size:
@@ -157,25 +182,72 @@ def unbalanced(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *
     return _out(np.split(perm[: sizes.sum()], np.cumsum(sizes)[:-1]))
 
 
+def sized(labels: np.ndarray, sizes: np.ndarray | list[int], rng: np.random.Generator,
+          zetas: list[int] | None = None) -> list[np.ndarray]:
+    """002's local datasets of given sizes: client k draws ``sizes[k]`` samples, without replacement.
+
+    IID (``zetas`` None): consecutive blocks of one random permutation. Non-IID: client k holds
+    ``zetas[k]`` distinct random classes and takes its size from them in (nearly) equal shares.
+    A dataset smaller than the sizes asked for cannot give them: in the IID case all sizes are
+    scaled down by one factor (as :func:`unbalanced` does); in the non-IID case, where the holders
+    of a class ask for more of it than there is (MNIST has ~6,000 per class, 002's E-MNIST 24,000),
+    every holder's share of *that* class is scaled down by the same factor (floor).
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    y = _labels(labels, sizes.size)
+    if sizes.min(initial=1) < 1:
+        raise ValueError(f"every client needs at least 1 sample, got sizes {sizes.tolist()}")
+    if zetas is None:
+        if sizes.sum() > y.size:
+            sizes = np.maximum(1, np.floor(sizes * (y.size / sizes.sum()))).astype(np.int64)
+        perm = rng.permutation(y.size)
+        return _out(np.split(perm[: sizes.sum()], np.cumsum(sizes)[:-1]))
+    classes = np.unique(y)
+    held = [rng.choice(classes, size=z, replace=False) for z in zetas]
+    shares = [dict(zip(h, (len(a) for a in np.array_split(np.empty(n), len(h))))) for h, n in zip(held, sizes)]
+    parts: list[list[np.ndarray]] = [[] for _ in range(sizes.size)]
+    for c in classes:
+        owners = [k for k in range(sizes.size) if c in shares[k]]
+        if not owners:
+            continue
+        pool = rng.permutation(np.flatnonzero(y == c))
+        wanted = np.array([shares[k][c] for k in owners], dtype=np.int64)
+        if wanted.sum() > pool.size:
+            wanted = np.floor(wanted * (pool.size / wanted.sum())).astype(np.int64)
+        for k, piece in zip(owners, np.split(pool[: wanted.sum()], np.cumsum(wanted)[:-1])):
+            parts[k].append(piece)
+    return _out([np.concatenate(p) if p else np.empty(0, np.int64) for p in parts])
+
+
 def partition(labels: np.ndarray, num_clients: int, scheme: str, seed: int, *,
-              zeta: int = 2, beta: float = 0.5) -> list[np.ndarray]:
+              zeta: int = 2, beta: float = 0.5, zeta_max: int = 0, samples: int = 0,
+              large_nodes: int = 2) -> list[np.ndarray]:
     """Partition ``labels`` among ``num_clients`` with ``scheme`` using ``np.random.default_rng(seed)``.
 
-    ``zeta`` is used by ``shards`` and ``classes``, ``beta`` by ``dirichlet``.
+    ``zeta`` is used by ``shards`` and the ``classes`` schemes, ``beta`` by ``dirichlet``;
+    ``zeta_max`` and ``samples`` by ``classes`` (``samples`` by ``iid`` too), ``large_nodes`` by
+    the unbalanced schemes (see the module docstring).
     """
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     rng = np.random.default_rng(seed)
     if scheme == "iid":
-        return iid(labels, num_clients, rng)
+        return sized(labels, [samples] * num_clients, rng) if samples else iid(labels, num_clients, rng)
     if scheme == "shards":
         return shards(labels, num_clients, zeta, rng)
     if scheme == "classes":
-        return random_classes(labels, num_clients, zeta, rng)
+        if not samples:
+            return random_classes(labels, num_clients, zeta, rng, zeta_max=zeta_max)
+        zetas = _zetas(np.unique(_labels(labels, num_clients)), num_clients, zeta, zeta_max, rng)
+        return sized(labels, [samples] * num_clients, rng, zetas)
     if scheme == "dirichlet":
         return dirichlet(labels, num_clients, beta, rng)
     if scheme == "unbalanced":
-        return unbalanced(labels, num_clients, rng)
+        return unbalanced(labels, num_clients, rng, num_large=large_nodes)
+    if scheme == "classes-unbalanced":
+        sizes = _unbalanced_sizes(num_clients, rng, 400, 1600, large_nodes, 10_000)
+        zetas = _zetas(np.unique(_labels(labels, num_clients)), num_clients, zeta, zeta_max, rng)
+        return sized(labels, sizes, rng, zetas)
     raise ValueError(f"unknown partition scheme {scheme!r}; choose one of {', '.join(PARTITIONS)}")
 
 
@@ -192,13 +264,14 @@ def train_val_split(indices: np.ndarray, val_fraction: float, rng: np.random.Gen
 
 
 def client_splits(labels: np.ndarray, num_clients: int, scheme: str, seed: int, *, zeta: int = 2,
-                  beta: float = 0.5, val_fraction: float = 0.2) -> list[ClientSplit]:
+                  beta: float = 0.5, val_fraction: float = 0.2, **options: int) -> list[ClientSplit]:
     """``partition(...)`` then a train/val split per client, reproducible from ``seed`` alone.
 
     The partition uses ``default_rng(seed)`` (so ``train ∪ val`` equals ``partition(...)[k]``);
     client k's split uses ``default_rng(SeedSequence(seed).spawn(K)[k])``, an independent
-    stream, so a node can compute its own split without the others'.
+    stream, so a node can compute its own split without the others'. ``options``: ``zeta_max``,
+    ``samples``, ``large_nodes`` of :func:`partition`.
     """
-    parts = partition(labels, num_clients, scheme, seed, zeta=zeta, beta=beta)
+    parts = partition(labels, num_clients, scheme, seed, zeta=zeta, beta=beta, **options)
     streams = np.random.SeedSequence(int(seed)).spawn(num_clients)
     return [train_val_split(p, val_fraction, np.random.default_rng(s)) for p, s in zip(parts, streams)]
