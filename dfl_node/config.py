@@ -163,6 +163,12 @@ class LearningConfig(BaseModel):
     senders: float = Field(0.5, gt=0, le=1, description="group algorithms (fedavg, fedprox): share of the fleet "
                            "that sends to each round's aggregator (003: 50 %)")
     prox_mu: float = Field(0.01, ge=0, description="μ of FedProx's proximal term μ/2·‖w − w_start‖²")
+    fair_c: float = Field(0.5, description="fairavg (002 eq. 4): the constant C in P_i = (pef_i − pef_j)/(2·pef_max) + C")
+    fair_weight_min: float = Field(0.0, ge=0, le=1, description="fairavg: P_i is clipped to [fair_weight_min, "
+                                   "fair_weight_max] (then P_j = 1 − P_i, eq. 5)")
+    fair_weight_max: float = Field(1.0, ge=0, le=1, description="fairavg: upper clip of P_i")
+    fair_data: Literal["val", "train"] = Field("val", description="fairavg: the node's own data pef is measured on "
+                                               "(002 uses local accuracy: the validation split)")
     device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="where models and data live: cpu, cuda (an "
                                                    "error where CUDA is absent) or auto (cuda when available)")
 
@@ -174,6 +180,12 @@ class LearningConfig(BaseModel):
 
         problem = device_problem(self.device)
         return {"device": problem} if problem else {}
+
+    @model_validator(mode="after")
+    def _fair_clip_is_an_interval(self) -> LearningConfig:
+        if self.fair_weight_min > self.fair_weight_max:
+            raise ValueError(f"fair_weight_min {self.fair_weight_min} is above fair_weight_max {self.fair_weight_max}")
+        return self
 
 
 class ExperimentConfig(LearningConfig):

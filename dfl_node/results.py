@@ -11,7 +11,11 @@ import json
 from pathlib import Path
 from statistics import fmean
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
+
+# 002's Tables 4–5 count nodes below/over these local accuracies (E-MNIST 92/96 % and 80/90 %, CIFAR-10 55/65 %)
+FAIRNESS_THRESHOLDS = (0.55, 0.65, 0.80, 0.90, 0.92, 0.96)
+HISTOGRAM_BINS = 20  # 5 % wide, over [0, 1]
 
 
 class SeriesRecord(BaseModel):
@@ -48,6 +52,42 @@ class NodeResult(BaseModel):
     model: str = Field("", description="the node's architecture (registry spec)")
 
 
+class ThresholdCount(BaseModel):
+    threshold: float
+    below: int = Field(description="nodes whose final local accuracy is below the threshold")
+    over: int = Field(description="nodes at or over it")
+
+
+class Fairness(BaseModel):
+    """002's fairness view of a run: how the nodes' final *local* accuracies are distributed."""
+
+    bin_edges: list[float] = Field(description="histogram bin edges (the last bin includes 1.0)")
+    histogram: list[int] = Field(description="nodes per bin")
+    thresholds: list[ThresholdCount]
+    min: float
+    max: float
+    std: float = Field(description="population standard deviation of the local accuracies")
+    worst_decile: float = Field(description="mean local accuracy of the worst 10 % of nodes (at least one node)")
+
+
+def fairness(local_accuracies: list[float]) -> Fairness:
+    """The distribution of ``local_accuracies`` (one per node): histogram, threshold counts, spread."""
+    values = sorted(local_accuracies)
+    if not values:
+        raise ValueError("no nodes")
+    edges = [i / HISTOGRAM_BINS for i in range(HISTOGRAM_BINS + 1)]
+    histogram = [0] * HISTOGRAM_BINS
+    for v in values:
+        histogram[min(HISTOGRAM_BINS - 1, int(v * HISTOGRAM_BINS))] += 1
+    mean = fmean(values)
+    worst = values[: max(1, len(values) // 10)]
+    return Fairness(bin_edges=edges, histogram=histogram,
+                    thresholds=[ThresholdCount(threshold=t, below=sum(v < t for v in values),
+                                               over=sum(v >= t for v in values)) for t in FAIRNESS_THRESHOLDS],
+                    min=values[0], max=values[-1], std=fmean((v - mean) ** 2 for v in values) ** 0.5,
+                    worst_decile=fmean(worst))
+
+
 class RunResult(BaseModel):
     driver: str = Field(description="simulate or testbed")
     algorithm: str
@@ -67,6 +107,12 @@ class RunResult(BaseModel):
     @property
     def local_accuracy(self) -> float:
         return fmean(n.local_accuracy for n in self.nodes)
+
+    @computed_field  # written with every result (simulate and testbed); ignored when a result is read back
+    @property
+    def fairness(self) -> Fairness:
+        """The distribution of the nodes' final local accuracies (002's Figs. 3–10, Tables 4–5)."""
+        return fairness([n.local_accuracy for n in self.nodes])
 
 
 def write_results(result: RunResult, out_dir: Path) -> tuple[Path, Path]:

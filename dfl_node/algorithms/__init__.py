@@ -5,6 +5,7 @@ from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext
 from dfl_node.algorithms.combo import Combo
 from dfl_node.algorithms.defkt import DefKT
 from dfl_node.algorithms.dfml import DFML
+from dfl_node.algorithms.fairavg import FairAvg
 from dfl_node.algorithms.fedavg import FedAvg, FedProx
 from dfl_node.algorithms.fml import FML
 from dfl_node.algorithms.fullavg import FullAvg
@@ -13,7 +14,8 @@ from dfl_node.algorithms.partial import FedDropout, FedRolex, HeteroFL
 from dfl_node.algorithms.plan import Group, NodeProfile, Role, RoundPlan, Step
 from dfl_node.config import LearningConfig
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (DefKT, FullAvg, Combo, FedAvg, FedProx, Gossip)}
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (DefKT, FullAvg, Combo, FedAvg, FedProx, Gossip,
+                                                                      FairAvg)}
 ALGORITHMS.update({cls.name: cls for cls in (DFML, HeteroFL, FedRolex, FedDropout, FML)})  # 003, 004
 
 

@@ -1,4 +1,5 @@
-"""`dfl-node plot`: accuracy-versus-rounds curves of several runs on one figure (like 000's Figs. 4–6)."""
+"""`dfl-node plot`: accuracy-versus-rounds curves of several runs on one figure (like 000's Figs. 4–6), or
+with ``--distribution`` the histograms of the nodes' final local accuracies (like 002's Figs. 3–10)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import click
 
 from dfl_node.cli.plot_compare import plot_series, report
-from dfl_node.results import read_results
+from dfl_node.results import RunResult, read_results
 
 
 @click.command()
@@ -17,7 +18,9 @@ from dfl_node.results import read_results
 @click.option("--baseline", metavar="ALGORITHM", default=None, help="Compare every run with this algorithm's run "
               "(003 Table 8): the rounds each needs to reach its final global accuracy, printed and written to "
               "OUTPUT's .json.")
-def plot(results: tuple[Path, ...], output: Path, title: str | None,
+@click.option("--distribution", is_flag=True, help="Histograms of the nodes' final local accuracies instead "
+              "(002's fairness view): one panel per experiment name, one bar per algorithm and bin.")
+def plot(results: tuple[Path, ...], output: Path, title: str | None, distribution: bool,
          baseline: str | None = None) -> None:
     """Plot averaged global (left) and local (right) accuracy against rounds for RESULTS… (<algorithm>.json files)."""
     import matplotlib
@@ -26,6 +29,12 @@ def plot(results: tuple[Path, ...], output: Path, title: str | None,
     import matplotlib.pyplot as plt
 
     runs = [read_results(path) for path in results]
+    if distribution:
+        fig = distribution_figure(runs, title)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(output, dpi=120)
+        click.echo(f"wrote {output}")
+        return
     fig, (ax_global, ax_local) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for run in runs:
         rounds = [r.round for r in run.history]
@@ -48,3 +57,38 @@ def plot(results: tuple[Path, ...], output: Path, title: str | None,
     fig.savefig(output, dpi=120)
     click.echo(f"wrote {output}")
     report(runs, output, baseline)  # per-cluster accuracy (003 Fig. 5), rounds to reach --baseline (Table 8)
+
+
+def distribution_figure(runs: list[RunResult], title: str | None):
+    """One panel per experiment (config name, in order of appearance): nodes per 5 % bin of final local
+    accuracy, a bar per algorithm, over the bins from the lowest node's up to 100 %."""
+    import matplotlib.pyplot as plt
+
+    panels: dict[str, list[RunResult]] = {}
+    for run in runs:
+        panels.setdefault(str(run.config.get("name", "")), []).append(run)
+    columns = min(2, len(panels))
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(6.2 * columns, 3.8 * rows), squeeze=False)
+    for ax, (name, group) in zip(axes.flat, panels.items()):
+        edges = group[0].fairness.bin_edges
+        first = min(min(i for i, n in enumerate(r.fairness.histogram) if n) for r in group)
+        bins = range(first, len(edges) - 1)
+        width = 0.8 / len(group)
+        for k, run in enumerate(group):
+            counts = [run.fairness.histogram[b] for b in bins]
+            label = f"{run.algorithm}: mean {run.local_accuracy:.3f}"
+            ax.bar([i + (k - (len(group) - 1) / 2) * width for i in range(len(bins))], counts, width, label=label)
+        ax.set_xticks(range(len(bins)), [f"{edges[b]:.0%}–{edges[b + 1]:.0%}" for b in bins], rotation=45,
+                      ha="right", fontsize=8)
+        ax.set_ylabel("nodes")
+        ax.set_xlabel("local accuracy")
+        ax.set_title(name)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

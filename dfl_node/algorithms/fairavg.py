@@ -1,0 +1,61 @@
+"""Fairness-aware adaptive aggregation (002, Alg. 1, eqs. 4–5).
+
+Each round, Q random nodes each find a learning pair (another random node): the node trains
+locally (Alg. 1 line 3), **pulls** its pair's current model (line 5), evaluates both models on its
+own data (line 6: ``pef`` = accuracy, 002's choice), and averages them with the weights of eqs. 4–5
+(lines 7–8): P_i for its own model, P_j = 1 − P_i for the pulled one. A node whose own model does
+better on its own data keeps more of it, so a few nodes with large or skewed datasets cannot impose
+their model on the rest (002's "small-group domination"). The pair is only asked for its model
+(a pull group: sources are not told about the round). C, the clipping of P_i and the data pef is
+measured on are settings; the readings are in :mod:`dfl_node.learning.fairness`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping, Sequence
+
+from dfl_node.algorithms.base import Algorithm, NodeContext, sample_pairs
+from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
+from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
+from dfl_node.learning.fairness import fairness_weight
+from dfl_node.learning.fusion import weighted_average_
+from dfl_node.learning.training import evaluate, local_sgd
+
+log = logging.getLogger(__name__)
+
+
+class FairAvg(Algorithm):
+    name = "fairavg"
+    pulls = True  # 002 Alg. 1 line 5: "request the learning model w_j from node j"
+
+    def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
+        pairs = sample_pairs(self.config.seed, round_, [p.node_id for p in profiles], self.config.pairs)
+        return RoundPlan(round_, tuple(Group(g.aggregator, g.senders, pull=True) for g in pairs))
+
+    def local_step(self, ctx: NodeContext, step: Step) -> None:
+        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round))
+
+    def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
+        return ctx.message(step.round, "fairavg.model", parts_from_state(ctx.model.state_dict()))
+
+    def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:
+        self.check_whole(ctx, message, "fairavg.model")
+
+    def weight(self, ctx: NodeContext, pulled: ModelMessage) -> float:
+        """P_i (eq. 4) of this node's model against ``pulled``, both scored on this node's own data."""
+        data = ctx.val if self.config.fair_data == "val" else ctx.train
+        other = copy.deepcopy(ctx.model)
+        other.load_state_dict(state_from_parts(pulled.parts))
+        c = self.config
+        return fairness_weight(evaluate(ctx.model, data).accuracy, evaluate(other, data).accuracy, c.fair_c,
+                               c.fair_weight_min, c.fair_weight_max)
+
+    def aggregate(self, ctx: NodeContext, step: Step, messages: Sequence[ModelMessage]) -> dict[str, ModelMessage]:
+        for message in messages:  # one pair in 002; several are fused one after another, in source order
+            self.check_message(ctx, message)
+            own = self.weight(ctx, message)
+            log.debug("%s: round %d: P_i = %.4f against %s", ctx.node_id, step.round, own, message.sender)
+            weighted_average_(ctx.model.state_dict(), state_from_parts(message.parts), own, 1.0 - own)
+        return {}
