@@ -157,12 +157,22 @@ class LearningConfig(BaseModel):
     mkt_lr: float | None = Field(None, gt=0, description="η1 = η2 of MKT; defaults to lr")
     segments: int = Field(2, ge=2, description="S: Combo's number of model segments")
     sender_keeps_trained: bool | None = Field(
-        None, description="sender stores its trained model (001's variant); default per algorithm: Combo yes, else no"
+        None, description="sender stores its trained model (001's variant); default per algorithm: Combo and "
+                          "defkt-select (001) yes, else no"
     )
     threads: int = Field(1, ge=1, description="torch threads (1 per node process keeps testbeds fast)")
     senders: float = Field(0.5, gt=0, le=1, description="group algorithms (fedavg, fedprox): share of the fleet "
                            "that sends to each round's aggregator (003: 50 %)")
     prox_mu: float = Field(0.01, ge=0, description="μ of FedProx's proximal term μ/2·‖w − w_start‖²")
+    selection: Literal["random", "probe-samples", "class-profile"] = Field(
+        "class-profile", description="defkt-select (001): how a sender picks its receiver. random: 001's Def-KT "
+        "(Procedure 1); probe-samples: candidates are scored on the sender's least certain validation samples, "
+        "which leave the device (001, Procedure 2: opt-in); class-profile: candidates answer with their per-class "
+        "validation accuracy only, no data leaves a device")
+    selection_samples: int = Field(20, ge=1, le=256, description="probe-samples: raw samples a sender sends each "
+                                   "candidate (at most 256, and at most 512 KiB)")
+    selection_candidates: int = Field(0, ge=0, description="defkt-select: candidates a sender probes (0: every node "
+                                      "of its share of the fleet)")
     fair_c: float = Field(0.5, description="fairavg (002 eq. 4): the constant C in P_i = (pef_i − pef_j)/(2·pef_max) + C")
     fair_weight_min: float = Field(0.0, ge=0, le=1, description="fairavg: P_i is clipped to [fair_weight_min, "
                                    "fair_weight_max] (then P_j = 1 − P_i, eq. 5)")

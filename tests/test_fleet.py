@@ -59,14 +59,18 @@ def test_four_daemons_discover_by_mdns_and_run_ten_defkt_rounds(fleet_shards: Pa
 MIXED = ["mlp:32,32", "mlp:16"]  # two architectures, spread over the 4 nodes (nodes 0, 2 and 1, 3)
 
 
-@pytest.mark.parametrize(("algorithm", "architectures"), [
-    ("defkt", []), ("combo", []),
-    ("fedavg", []),  # each round: 2 senders → 1 aggregator → the average back to both
-    ("fedavg", MIXED),  # a mixed fleet: each architecture cluster averaged on its own
-    ("gossip", []),  # pull groups: the aggregator fetches its source's model (the Pull RPC)
-], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip"])
-def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm: str, architectures: list[str]) -> None:
-    config = FLEET.model_copy(update={"rounds": 20, "architectures": architectures})
+@pytest.mark.parametrize(("algorithm", "architectures", "settings"), [
+    ("defkt", [], {}), ("combo", [], {}),
+    ("fedavg", [], {}),  # each round: 2 senders → 1 aggregator → the average back to both
+    ("fedavg", MIXED, {}),  # a mixed fleet: each architecture cluster averaged on its own
+    ("gossip", [], {}),  # pull groups: the aggregator fetches its source's model (the Pull RPC)
+    ("defkt-select", [], {}),  # open groups: the sender probes its candidates (class profiles) and chooses
+    ("defkt-select", [], {"selection": "probe-samples"}),  # … by its least certain samples
+    ("fairavg", [], {}),  # 002: pull the pair's model, weight both by accuracy on the own data (eqs. 4–5)
+], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip", "defkt-select", "defkt-select-probe", "fairavg"])
+def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm: str, architectures: list[str],
+                                  settings: dict) -> None:
+    config = FLEET.model_copy(update={"rounds": 20, "architectures": architectures, **settings})
     with fleet(fleet_shards, tmp_path, algorithm, config=config, mdns=False, static_peers=True) as nodes:
         statuses = wait_until(nodes, all_done, timeout=180)
     sim = Simulation(config, algorithm, provision(config))
@@ -85,6 +89,10 @@ def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm:
         assert statuses[node.id]["local_accuracy"] == pytest.approx(expected[node.id].local_accuracy, abs=1e-9)
         assert statuses[node.id]["models_sent"] == expected[node.id].models_sent
         assert statuses[node.id]["model"] == str(sim.nodes[node.id].spec)
+    if algorithm == "defkt-select":  # every round the sender probed its 3 candidates, and each answered
+        assert sum(s["probes_sent"] for s in statuses.values()) == 20 * 3
+        assert sum(s["probes_answered"] for s in statuses.values()) == 20 * 3
+        assert sum(s["probes_unanswered"] for s in statuses.values()) == 0
     w0 = initial_models(config, sim.fleet)
     assert len({str(ctx.spec) for ctx in sim.nodes.values()}) == (2 if architectures else 1)
     for nid, ctx in sim.nodes.items():  # every node learned: the comparison is not one of untouched w0s
@@ -117,3 +125,22 @@ def test_fedavg_groups_run_in_async_mode_for_two_minutes(fleet_shards: Path, tmp
     received = sum(s["models_received"] for s in statuses.values())
     assert sent == received > sum(s["fusions"] for s in statuses.values())  # groups of more than one sender
     assert "Traceback" not in logs and " ERROR " not in logs
+
+
+@pytest.mark.parametrize(("algorithm", "settings"), [
+    ("defkt-select", {"selection_candidates": 2}),  # a volunteer trains, probes 2 free peers, binds the better one
+    ("fairavg", {}),  # a volunteer trains, pulls a free peer's model and weights both (002 eqs. 4–5)
+], ids=["defkt-select", "fairavg"])
+def test_issue_11_algorithms_run_in_async_mode(fleet_shards: Path, tmp_path: Path, algorithm: str,
+                                               settings: dict) -> None:
+    with fleet(fleet_shards, tmp_path, algorithm, mode="async", mdns=False, static_peers=True,
+               extra={"duration": 20, "interval": 1.0, "participation": 0.8, **settings}) as nodes:
+        statuses = wait_until(nodes, done_twice(), timeout=90, every=1.0)
+        assert all(n.process.poll() is None for n in nodes)
+        logs = "\n".join(n.log_path.read_text() for n in nodes)
+    for s in statuses.values():
+        assert s["fusions"] >= 1, s
+        assert s["max_concurrent_fusions"] == 1 and s["mode"] == "async", s
+    assert "Traceback" not in logs and " ERROR " not in logs
+    if algorithm == "defkt-select":
+        assert sum(s["probes_answered"] for s in statuses.values()) >= sum(s["fusions"] for s in statuses.values())

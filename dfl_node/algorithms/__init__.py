@@ -4,6 +4,7 @@ sender transmits, how an aggregator fuses a group's messages, and what goes back
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext
 from dfl_node.algorithms.combo import Combo
 from dfl_node.algorithms.defkt import DefKT
+from dfl_node.algorithms.defkt_select import DefKTSelect
 from dfl_node.algorithms.dfml import DFML
 from dfl_node.algorithms.fairavg import FairAvg
 from dfl_node.algorithms.fedavg import FedAvg, FedProx
@@ -15,7 +16,7 @@ from dfl_node.algorithms.plan import Group, NodeProfile, Role, RoundPlan, Step
 from dfl_node.config import LearningConfig
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (DefKT, FullAvg, Combo, FedAvg, FedProx, Gossip,
-                                                                      FairAvg)}
+                                                                      DefKTSelect, FairAvg)}
 ALGORITHMS.update({cls.name: cls for cls in (DFML, HeteroFL, FedRolex, FedDropout, FML)})  # 003, 004
 
 

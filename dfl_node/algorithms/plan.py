@@ -4,8 +4,10 @@ Every round of every algorithm here is a set of disjoint **groups**. In a group,
 transmit one message to the aggregator, which fuses *all* of them at once and may answer each
 sender. A pair (000's Def-KT, FullAvg, Combo) is a group with one sender; DFML (003) and its
 baselines have many senders; a **pull** (002) is a group whose aggregator fetches the messages
-itself, so its sources need not be told about the round. Plans read **profiles**: the small facts
-a node advertises about itself. Everything here is plain data: no I/O, no torch.
+itself, so its sources need not be told about the round. An **open** group (001's client selection)
+names its sender and the *candidates* its aggregator is to be chosen from: the sender picks one
+when it plays its role (:func:`dfl_node.algorithms.runner.play_sender`). Plans read **profiles**: the
+small facts a node advertises about itself. Everything here is plain data: no I/O, no torch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Role(str, Enum):
     SENDER = "sender"  # trains (as its algorithm says) and transmits to the group's aggregator
     AGGREGATOR = "aggregator"  # fuses the group's messages and answers the senders
     SOURCE = "source"  # serves its model to a pulling aggregator
+    CANDIDATE = "candidate"  # answers a selecting sender's probe (001), for a moment
 
 
 @dataclass(frozen=True)
@@ -39,13 +42,24 @@ class NodeProfile:
 
 @dataclass(frozen=True)
 class Group:
-    aggregator: str
+    aggregator: str  # "" in an open group, until its sender has chosen one of the candidates
     senders: tuple[str, ...]
     pull: bool = False  # the aggregator fetches the senders' messages (they are sources, not told in advance)
+    candidates: tuple[str, ...] = ()  # an open group: whom its sender may choose as the aggregator
+
+    @property
+    def open(self) -> bool:
+        return bool(self.candidates)
 
     @property
     def members(self) -> tuple[str, ...]:
-        return (self.aggregator, *self.senders)
+        return tuple(m for m in (self.aggregator, *self.senders, *self.candidates) if m)
+
+    def bound(self, aggregator: str) -> Group:
+        """This open group once its sender chose ``aggregator`` among the candidates: a plain group."""
+        if aggregator not in self.candidates:
+            raise ValueError(f"{aggregator!r} is not a candidate of this group ({', '.join(self.candidates)})")
+        return Group(aggregator, self.senders, self.pull)
 
 
 @dataclass(frozen=True)

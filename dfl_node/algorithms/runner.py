@@ -7,6 +7,15 @@ that sender (None if the algorithm sends none); ``gather`` returns the messages 
 aggregator (pushed to it, or pulled by it from the group's sources); ``reply`` hands each sender
 its answer. ``compute`` runs the CPU-heavy algorithm calls (inline, or in a worker thread).
 Messages are sorted by sender before ``aggregate``, so arrival order never changes a model.
+
+An **open** group (001's client selection) has no aggregator yet: its sender trains, then chooses
+one (:func:`choose_receiver`) — ``probe`` asks each candidate for its answer to the sender's probe
+(those that do not answer in time are left out), the algorithm ranks the answers, and ``bind`` makes
+the best candidate that takes the role the group's aggregator (the simulator starts its aggregator
+coroutine; the daemon assigns it the role, as a token holder would). Only then does the transfer
+start. The choice reads nothing but the sender's trained model and the candidates' current models,
+which are the same in every driver (a candidate settles its last role before it answers), so a
+fleet and the simulator choose the same receivers.
 """
 
 from __future__ import annotations
@@ -14,9 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
-from dfl_node.algorithms.base import Algorithm, NodeContext
+from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
+from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectsReceiver
 
 T = TypeVar("T")
 
@@ -26,13 +36,42 @@ class Transport(Protocol):
     async def push(self, step: Step, message: ModelMessage) -> ModelMessage | None: ...
     async def gather(self, step: Step) -> list[ModelMessage]: ...
     async def reply(self, step: Step, replies: Mapping[str, ModelMessage]) -> None: ...
+    # open groups only: each candidate's answer (the silent left out), and whether a candidate took the role
+    async def probe(self, step: Step, probe: Probe) -> dict[str, ProbeAnswer]: ...
+    async def bind(self, step: Step) -> bool: ...
+
+
+class SelectionFailed(Exception):
+    """No candidate of an open group took the aggregator role: the sender's round ends without a transfer."""
 
 
 async def play_sender(algorithm: Algorithm, ctx: NodeContext, step: Step, transport: Transport) -> None:
-    """Train and transmit to the group's aggregator, then use its reply."""
+    """Train, choose the aggregator if the group is open, transmit to it, then use its reply."""
     message = await transport.compute(algorithm.transmit, ctx, step)
+    if step.group.open:
+        step = await choose_receiver(algorithm, ctx, step, message, transport)
     reply = await transport.push(step, message)
     await transport.compute(algorithm.finish, ctx, step, reply)
+
+
+async def choose_receiver(algorithm: Algorithm, ctx: NodeContext, step: Step, message: ModelMessage,
+                          transport: Transport) -> Step:
+    """The selection step of an open group; returns the step bound to the chosen aggregator.
+
+    Candidates are tried best first; those that did not answer the probe come last, in id order,
+    as a last resort (a probe lost is not a node lost).
+    """
+    if not isinstance(algorithm, SelectsReceiver):
+        raise AlgorithmError(f"{algorithm.name} plans open groups but does not select receivers")
+    probe = await transport.compute(algorithm.probe, ctx, step, message)
+    answers = await transport.probe(step, probe)
+    ranking = await transport.compute(algorithm.rank, ctx, step, probe, answers) if answers else []
+    silent = [c for c in step.group.candidates if c not in answers]
+    for candidate in [*ranking, *silent]:
+        bound = Step(step.round, step.group.bound(candidate), step.state)
+        if await transport.bind(bound):
+            return bound
+    raise SelectionFailed(f"round {step.round}: none of {', '.join(step.group.candidates)} took {ctx.node_id}'s model")
 
 
 async def play_aggregator(algorithm: Algorithm, ctx: NodeContext, step: Step, transport: Transport) -> int:

@@ -77,6 +77,9 @@ COUNTER_HELP = {
     "fusions": "Fusions performed by this node.",
     "rounds_completed": "Rounds this node completed.",
     "busy_refusals": "Transfers refused because a node was busy.",
+    "probes_sent": "Client-selection probes sent to candidate receivers.",
+    "probes_unanswered": "Client-selection probes that got no valid answer in time (the candidate was skipped).",
+    "probes_answered": "Client-selection probes answered as a candidate.",
 }
 
 def render_metrics(status: NodeStatus) -> str:

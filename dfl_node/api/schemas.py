@@ -46,6 +46,9 @@ class Counters(BaseModel):
     rounds_completed: int = 0
     busy_refusals: int = 0
     senders_abandoned: int = 0  # senders an aggregator left out: their transfer never came (in time)
+    probes_sent: int = 0  # client selection (001): probes this node sent to candidate receivers
+    probes_unanswered: int = 0  # … of which no valid answer came in time (skipped: silent, refused, invalid)
+    probes_answered: int = 0  # probes this node answered as a candidate
 
 
 COUNTER_FIELDS = tuple(Counters.model_fields)
@@ -62,7 +65,7 @@ class NodeStatus(Counters):
     mode: Literal["round", "async"]
     model: str = Field(default="", description="this node's architecture, a registry spec (e.g. cnn-ln:32,64)")
     round: int
-    role: str = Field(description='current role: "idle", "sender", "aggregator", "source" or "holder"')
+    role: str = Field(description='current role: "idle", "sender", "aggregator", "source", "candidate" or "holder"')
     peers: list[PeerInfo] = Field(default_factory=list)
     local_accuracy: float | None = None
     global_accuracy: float | None = None

@@ -97,6 +97,7 @@ class NodeHandler(Protocol):
     # the algorithm replies; abandon() is called instead when the stream fails after admission.
     async def admit(self, header: pb.TransferHeader) -> Intake: ...
     async def pull(self, request: pb.PullRequest) -> ModelMessage: ...  # raise TransferRejected (e.g. "busy")
+    async def probe(self, request: pb.ProbeRequest) -> pb.ProbeReply: ...  # a selection probe (001); never raises
     def on_rejected(self, reason: str, detail: str, sender: str) -> None: ...
     def on_transferred(self, sent: int, received: int) -> None: ...  # byte counters
     async def assign(self, request: pb.RoundAssignment) -> pb.Ack: ...
@@ -164,6 +165,9 @@ class DflServicer(pb_grpc.DflNodeServicer):
             return
         async for frame in self._stream(message):
             yield frame
+
+    async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeReply:
+        return await self.node.probe(request)
 
     async def Assign(self, request: pb.RoundAssignment, context: grpc.aio.ServicerContext) -> pb.Ack:
         return await self.node.assign(request)
@@ -314,6 +318,9 @@ class PeerClient:
 
     async def pass_token(self, request: pb.RoundToken, timeout: float) -> pb.Ack:
         return await self.stub.PassToken(request, timeout=timeout, wait_for_ready=True)
+
+    async def probe(self, request: pb.ProbeRequest, timeout: float) -> pb.ProbeReply:
+        return await self.stub.Probe(request, timeout=timeout, wait_for_ready=True)
 
     async def push(self, outgoing: Outgoing, *, timeout: float,
                    on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:

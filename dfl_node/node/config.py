@@ -43,6 +43,8 @@ class NodeConfig(LearningConfig):
     heartbeat: float = Field(1.0, gt=0, description="seconds between liveness checks of each peer")
     peer_timeout: float = Field(4.0, gt=0, description="a peer silent this long leaves the table")
     round_timeout: float = Field(120.0, gt=0, description="round mode: longest wait for one pairing")
+    probe_timeout: float = Field(10.0, gt=0, description="defkt-select: a candidate that has not answered a "
+                                 "sender's selection probe after this many seconds is skipped (and counted)")
     token_timeout: float = Field(10.0, gt=0, description="round mode: silence after which a lost token is regenerated")
     stream_timeout: float = Field(30.0, gt=0, description="an incoming model stream silent this long is dropped "
                                   "(it never holds a role or a buffer)")

@@ -23,7 +23,8 @@ import grpc
 from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile, Role, Step, make_algorithm
 from dfl_node.algorithms.base import equip
 from dfl_node.algorithms.messages import ModelMessage, on_device
-from dfl_node.algorithms.runner import play_aggregator, play_sender
+from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
+from dfl_node.algorithms.selection import SelectsReceiver
 from dfl_node.api.schemas import COUNTER_FIELDS, HistoryEntry, NodeStatus
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.devices import resolve_device
@@ -31,6 +32,7 @@ from dfl_node.learning.fleet import read_node_data
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.training import evaluate
 from dfl_node.net.codec import Limits, Manifest, TransferRejected, manifest_of
+from dfl_node.net.probes import probe_from_request, probe_reply
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.transport import PeerClient, TransferRefused, WireIdentity
 from dfl_node.node.async_mode import AsyncScheduler
@@ -177,9 +179,9 @@ class Node:
             role = Role(assignment.role)
         except ValueError:
             return pb.Ack(ok=False, reason="unknown_role")
-        if role not in (Role.SENDER, Role.AGGREGATOR):
+        if role not in (Role.SENDER, Role.AGGREGATOR) or (assignment.candidates and role is not Role.SENDER):
             return pb.Ack(ok=False, reason="unknown_role")
-        group = Group(assignment.aggregator, tuple(assignment.senders), assignment.pull)
+        group = Group(assignment.aggregator, tuple(assignment.senders), assignment.pull, tuple(assignment.candidates))
         step = Step(assignment.round, group, dict(assignment.state))
         if self.config.mode == "round":
             await self.settled()  # the plan chose us: the last role's checkpoint first, then this one
@@ -191,7 +193,7 @@ class Node:
         if role is Role.SENDER:
             accepted: asyncio.Future[bool] = loop.create_future()
             transport = GrpcTransport(self, assignment.epoch, aggregator_address=assignment.aggregator_address,
-                                      accepted=accepted)
+                                      accepted=accepted, assignment=assignment)
             self._settling = loop.create_task(self._play_sender(step, transport))
             ok = await asyncio.shield(accepted)
             return pb.Ack(ok=ok, reason="" if ok else "transfer_failed")
@@ -214,6 +216,12 @@ class Node:
         refused; invitations go out in batches until ``wanted`` accepted or the candidates run out.
         Returns whether anybody came.
         """
+        if getattr(self.algorithm, "selects", False):  # 001: volunteer as a sender that chooses its receiver
+            limit = self.config.selection_candidates or len(candidates)
+            chooser = pb.RoundAssignment(round=round_, role=Role.SENDER.value, holder=self.config.id,
+                                         senders=[self.config.id], candidates=candidates[:limit],
+                                         deadline_s=self.config.round_timeout)
+            return (await self.play(chooser)).ok
         if self.algorithm.pulls:  # nobody to invite: pull from the first ``wanted`` candidates
             pull = pb.RoundAssignment(round=round_, role=Role.AGGREGATOR.value, aggregator=self.config.id,
                                       senders=candidates[:wanted], pull=True)
@@ -267,7 +275,7 @@ class Node:
             await play_sender(self.algorithm, self.ctx, step, transport)
             self._exchanged()
             await self.model_changed("send", step.round + 1, step.group.aggregator)
-        except TransferFailed as exc:
+        except (TransferFailed, SelectionFailed) as exc:
             log.info("%s: round %d: %s", self.config.id, step.round, exc)
         except Exception:  # a bug must not kill the node: the role is given back, the round goes on
             log.exception("%s: round %d: the sender role failed", self.config.id, step.round)
@@ -396,6 +404,33 @@ class Node:
             return message
         finally:
             self.release_role()
+
+    async def probe(self, request: pb.ProbeRequest) -> pb.ProbeReply:
+        """Answer a selecting sender's probe (001) with our current model, after our last role settled."""
+        if not isinstance(self.algorithm, SelectsReceiver) or request.swarm != self.config.swarm:
+            return pb.ProbeReply(ok=False, reason="not_selecting" if request.swarm == self.config.swarm
+                                 else "swarm_mismatch")
+        if self.config.mode == "round":
+            if request.epoch < self.state.epoch:
+                return pb.ProbeReply(ok=False, reason="stale_epoch")
+            await self.settled()  # the model the simulator's candidate answers with: its last fusion done
+        try:
+            probe = probe_from_request(request, input_shape=self.ctx.train.input_shape,
+                                       num_classes=self.ctx.train.num_classes)
+            self.take_role(Role.CANDIDATE)
+        except TransferRejected as exc:
+            if exc.reason != "busy":
+                self.on_rejected(exc.reason, exc.detail, request.sender or "?")
+            return pb.ProbeReply(ok=False, reason=exc.reason)
+        try:
+            answer = await asyncio.to_thread(self.algorithm.answer, self.ctx, probe)
+        except AlgorithmError as exc:
+            self.on_rejected("bad_probe", str(exc), request.sender or "?")
+            return pb.ProbeReply(ok=False, reason="bad_probe")
+        finally:
+            self.release_role()
+        self.state.counters["probes_answered"] += 1
+        return probe_reply(answer)
 
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:
         self.state.rejected[reason] += 1

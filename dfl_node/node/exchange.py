@@ -3,7 +3,10 @@
 One :class:`GrpcTransport` serves one role of one node (:mod:`dfl_node.algorithms.runner`): a
 sender's push goes to its aggregator's address and reports the aggregator's verdict as soon as it
 comes (``accepted``), before any reply; an aggregator gathers from its :class:`Collector` (pushed
-messages) or pulls from its sources, and hands the replies back to the senders' open streams.
+messages) or pulls from its sources, and hands the replies back to the senders' open streams. The
+sender of an open group (001's client selection) probes its candidates over the Probe RPC — one that
+does not answer within ``probe_timeout`` is skipped and counted — and binds the one its algorithm
+chose by assigning it the aggregator role itself, with the epoch and holder of its own assignment.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import grpc
 
 from dfl_node.algorithms import AlgorithmError
 from dfl_node.algorithms.messages import ModelMessage, on_device
-from dfl_node.algorithms.plan import Step
+from dfl_node.algorithms.plan import Role, Step
+from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectionError, check_answer
+from dfl_node.net.probes import answer_from_reply, probe_request
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.transport import TransferRefused
 from dfl_node.node.collector import Collector
@@ -35,8 +40,9 @@ class TransferFailed(Exception):
 
 class GrpcTransport:
     def __init__(self, node: Node, epoch: int, *, aggregator_address: str = "", collector: Collector | None = None,
-                 accepted: asyncio.Future[bool] | None = None) -> None:
+                 accepted: asyncio.Future[bool] | None = None, assignment: pb.RoundAssignment | None = None) -> None:
         self.node = node
+        self.assignment = assignment  # a sender's own assignment: the holder and deadline a chosen aggregator gets
         self.epoch = epoch
         self.aggregator_address = aggregator_address
         self.collector = collector
@@ -97,3 +103,48 @@ class GrpcTransport:
     async def reply(self, step: Step, replies: Mapping[str, ModelMessage]) -> None:
         assert self.collector is not None
         self.collector.answer(replies)
+
+    async def probe(self, step: Step, probe: Probe) -> dict[str, ProbeAnswer]:
+        request = probe_request(probe, swarm=self.node.config.swarm, epoch=self.epoch)
+        candidates = step.group.candidates
+        answers = await asyncio.gather(*(self._probe(c, request, probe) for c in candidates))
+        return {c: a for c, a in zip(candidates, answers) if a is not None}
+
+    async def _probe(self, candidate: str, request: pb.ProbeRequest, probe: Probe) -> ProbeAnswer | None:
+        """One candidate's answer, or None (skipped, counted) if it is unknown, silent, refuses or talks nonsense."""
+        node = self.node
+        node.state.counters["probes_sent"] += 1
+        address = node.address_of(candidate)
+        try:
+            if address is None:
+                raise TransferRefused("unreachable", "not in the peer table")
+            reply = await node.client(address).probe(request, timeout=node.config.probe_timeout)
+            if not reply.ok:
+                raise TransferRefused(reply.reason or "refused")
+            answer = answer_from_reply(reply, candidate)
+            check_answer(answer, probe, node.ctx.train.num_classes)
+        except (TransferRefused, grpc.aio.AioRpcError, SelectionError) as exc:
+            node.state.counters["probes_unanswered"] += 1
+            if isinstance(exc, SelectionError):
+                node.state.rejected["bad_probe_answer"] += 1
+            why = exc.code().name.lower() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            log.warning("%s: round %d: candidate %s skipped: %s", node.config.id, request.round, candidate, why)
+            return None
+        return answer
+
+    async def bind(self, step: Step) -> bool:
+        """Make the chosen candidate the group's aggregator (as a holder would), then push to it."""
+        node, mine = self.node, self.assignment
+        assert mine is not None
+        chosen = step.group.aggregator
+        address = node.address_of(chosen) or ""
+        role = pb.RoundAssignment(round=step.round, epoch=self.epoch, holder=mine.holder, role=Role.AGGREGATOR.value,
+                                  aggregator=chosen, aggregator_address=address, state=dict(step.state),
+                                  senders=step.group.senders, deadline_s=mine.deadline_s or node.config.round_timeout)
+        ack = await node.assign_to(chosen, role)
+        if not ack.ok:
+            log.warning("%s: round %d: chosen receiver %s refused: %s", node.config.id, step.round, chosen, ack.reason)
+            return False
+        self.aggregator_address = address
+        return True
+

@@ -6,7 +6,8 @@
   profiles and the algorithm state the token carries (seed-derived randomness: the same plan as the
   simulator). For each group it assigns the aggregator first (which then expects its senders, or
   pulls from its sources), then the senders, and waits until their transfers are taken, with a
-  timeout. Fusions, replies and checkpoints run on; each node settles them before its next role.
+  timeout. An open group (001's client selection) has no aggregator yet: its sender is assigned
+  with the candidates, chooses, and assigns the aggregator role itself before it transfers. Fusions, replies and checkpoints run on; each node settles them before its next role.
 * **Hand-over.** The holder then announces the token for t+1 — with the plan's algorithm state —
   to every member, naming the next holder (the next id in sorted order).
 * **Loss.** If the known holder leaves the peer table (it stopped answering heartbeats) and the
@@ -99,17 +100,19 @@ class RoundScheduler:
             self.last_activity = time.monotonic()
 
     async def _group(self, group: Group, round_: int, epoch: int, state: dict[str, str]) -> None:
-        """Assign one group: its aggregator first (so it expects its senders), then the senders."""
+        """Assign one group: its aggregator first (so it expects its senders), then the senders (an open
+        group's sender assigns the aggregator it chooses)."""
         node = self.node
-        address = node.address_of(group.aggregator) or ""
+        address = (node.address_of(group.aggregator) or "") if group.aggregator else ""
         common = dict(round=round_, epoch=epoch, holder=node.node_id, aggregator=group.aggregator,
                       aggregator_address=address, state=state, senders=group.senders, pull=group.pull,
-                      deadline_s=node.config.round_timeout)
+                      deadline_s=node.config.round_timeout, candidates=group.candidates)
         try:
-            ack = await node.assign_to(group.aggregator, pb.RoundAssignment(role=Role.AGGREGATOR.value, **common))
-            if not ack.ok:
-                log.warning("round %d: aggregator %s refused: %s", round_, group.aggregator, ack.reason)
-                return
+            if not group.open:
+                ack = await node.assign_to(group.aggregator, pb.RoundAssignment(role=Role.AGGREGATOR.value, **common))
+                if not ack.ok:
+                    log.warning("round %d: aggregator %s refused: %s", round_, group.aggregator, ack.reason)
+                    return
             if group.pull:
                 return
             acks = await asyncio.gather(*(node.assign_to(s, pb.RoundAssignment(role=Role.SENDER.value, **common))
@@ -119,7 +122,8 @@ class RoundScheduler:
             return
         for sender, ack in zip(group.senders, acks):
             if not ack.ok:
-                log.warning("round %d: %s → %s did not complete: %s", round_, sender, group.aggregator, ack.reason)
+                log.warning("round %d: %s → %s did not complete: %s", round_, sender,
+                            group.aggregator or "/".join(group.candidates), ack.reason)
 
     async def _announce(self, token: pb.RoundToken) -> dict[str, pb.Ack | None]:
         """Send the token to every other member; returns each member's ack (None: unreachable)."""

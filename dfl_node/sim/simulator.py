@@ -66,10 +66,13 @@ class Simulation:
         roles = []
         for group in plan:
             step = Step(round_, group, plan.state)
-            roles.append(play_aggregator(self.algorithm, self.nodes[group.aggregator], step, self.transport))
+            if not group.open:  # an open group's aggregator is started by its sender's choice (bind)
+                roles.append(play_aggregator(self.algorithm, self.nodes[group.aggregator], step, self.transport))
             if not group.pull:
                 roles += [play_sender(self.algorithm, self.nodes[s], step, self.transport) for s in group.senders]
         await asyncio.gather(*roles)
+        started, self.transport.started = self.transport.started, []
+        await asyncio.gather(*started)
 
     def run_round(self, round_: int) -> None:
         asyncio.run(self.play_round(round_))

@@ -2,9 +2,11 @@
 
 A push lands in its aggregator's inbox and waits for the reply addressed to its sender; an
 aggregator's ``gather`` waits until every sender of its group has pushed (nobody dies in a
-simulation) or, for a pull group, asks each source for its message directly. Algorithm calls run
-inline: the asyncio interleaving only orders independent nodes, and every random draw is keyed by
-(seed, round, node, purpose), so the order of play never changes a model.
+simulation) or, for a pull group, asks each source for its message directly. A selecting sender's
+probe is answered by each candidate's own algorithm call, and ``bind`` starts the chosen
+aggregator's coroutine (:attr:`InMemoryTransport.started`, which the simulator awaits). Algorithm
+calls run inline: the asyncio interleaving only orders independent nodes, and every random draw is
+keyed by (seed, round, node, purpose), so the order of play never changes a model.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import TypeVar
 from dfl_node.algorithms.base import Algorithm, NodeContext
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
+from dfl_node.algorithms.runner import play_aggregator
+from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectsReceiver
 
 T = TypeVar("T")
 
@@ -32,6 +36,7 @@ class InMemoryTransport:
         self.received: Counter[str] = Counter({node_id: 0 for node_id in nodes})
         self.bytes_transmitted = 0
         self.models_transmitted = 0
+        self.started: list[asyncio.Task[int]] = []  # aggregators of open groups, started by their senders' bind
 
     async def compute(self, fn: Callable[..., T], *args: object) -> T:
         return fn(*args)
@@ -70,3 +75,12 @@ class InMemoryTransport:
             if reply is not None:
                 self.bytes_transmitted += reply.nbytes
             self.replies.pop(sender).set_result(reply)
+
+    async def probe(self, step: Step, probe: Probe) -> dict[str, ProbeAnswer]:
+        assert isinstance(self.algorithm, SelectsReceiver)
+        return {c: self.algorithm.answer(self.nodes[c], probe) for c in step.group.candidates}
+
+    async def bind(self, step: Step) -> bool:
+        node = self.nodes[step.group.aggregator]
+        self.started.append(asyncio.get_running_loop().create_task(play_aggregator(self.algorithm, node, step, self)))
+        return True

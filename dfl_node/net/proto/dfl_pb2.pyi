@@ -169,7 +169,7 @@ class RoundToken(_message.Message):
     def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., seed: _Optional[int] = ..., state: _Optional[_Mapping[str, str]] = ..., members: _Optional[_Iterable[str]] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class RoundAssignment(_message.Message):
-    __slots__ = ("round", "epoch", "holder", "role", "aggregator", "aggregator_address", "state", "senders", "pull", "deadline_s")
+    __slots__ = ("round", "epoch", "holder", "role", "aggregator", "aggregator_address", "state", "senders", "pull", "deadline_s", "candidates")
     class StateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +187,7 @@ class RoundAssignment(_message.Message):
     SENDERS_FIELD_NUMBER: _ClassVar[int]
     PULL_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     round: int
     epoch: int
     holder: str
@@ -197,7 +198,8 @@ class RoundAssignment(_message.Message):
     senders: _containers.RepeatedScalarFieldContainer[str]
     pull: bool
     deadline_s: float
-    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., role: _Optional[str] = ..., aggregator: _Optional[str] = ..., aggregator_address: _Optional[str] = ..., state: _Optional[_Mapping[str, str]] = ..., senders: _Optional[_Iterable[str]] = ..., pull: _Optional[bool] = ..., deadline_s: _Optional[float] = ...) -> None: ...
+    candidates: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., role: _Optional[str] = ..., aggregator: _Optional[str] = ..., aggregator_address: _Optional[str] = ..., state: _Optional[_Mapping[str, str]] = ..., senders: _Optional[_Iterable[str]] = ..., pull: _Optional[bool] = ..., deadline_s: _Optional[float] = ..., candidates: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("aggregator", "swarm", "round", "epoch", "state")
@@ -219,6 +221,44 @@ class PullRequest(_message.Message):
     epoch: int
     state: _containers.ScalarMap[str, str]
     def __init__(self, aggregator: _Optional[str] = ..., swarm: _Optional[str] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., state: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ProbeRequest(_message.Message):
+    __slots__ = ("sender", "swarm", "round", "epoch", "mode", "dtype", "shape", "samples", "labels")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    SWARM_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    swarm: str
+    round: int
+    epoch: int
+    mode: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    samples: bytes
+    labels: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sender: _Optional[str] = ..., swarm: _Optional[str] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., mode: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., samples: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ProbeReply(_message.Message):
+    __slots__ = ("ok", "reason", "samples", "correct", "loss", "class_accuracy")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    CLASS_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    reason: str
+    samples: int
+    correct: int
+    loss: float
+    class_accuracy: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., samples: _Optional[int] = ..., correct: _Optional[int] = ..., loss: _Optional[float] = ..., class_accuracy: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("ok", "reason")

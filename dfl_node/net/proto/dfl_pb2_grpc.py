@@ -55,6 +55,11 @@ class DflNodeStub:
                 request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.PullRequest.SerializeToString,
                 response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Frame.FromString,
                 _registered_method=True)
+        self.Probe = channel.unary_unary(
+                '/dfl.v1.DflNode/Probe',
+                request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ProbeRequest.SerializeToString,
+                response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ProbeReply.FromString,
+                _registered_method=True)
         self.PassToken = channel.unary_unary(
                 '/dfl.v1.DflNode/PassToken',
                 request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundToken.SerializeToString,
@@ -101,6 +106,15 @@ class DflNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Probe(self, request, context):
+        """Client selection (001): before a sender of an open group transfers, it asks each candidate
+        receiver how well its model would serve: a class profile, or its score on the sender's probe
+        samples. A candidate that does not answer in time is skipped. Unary, bounded (ProbeRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PassToken(self, request, context):
         """Round mode: hand the round token on to the next holder.
         """
@@ -130,6 +144,11 @@ def add_DflNodeServicer_to_server(servicer, server):
                     servicer.Pull,
                     request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.PullRequest.FromString,
                     response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Frame.SerializeToString,
+            ),
+            'Probe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Probe,
+                    request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ProbeRequest.FromString,
+                    response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ProbeReply.SerializeToString,
             ),
             'PassToken': grpc.unary_unary_rpc_method_handler(
                     servicer.PassToken,
@@ -246,6 +265,33 @@ class DflNode:
             '/dfl.v1.DflNode/Pull',
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.PullRequest.SerializeToString,
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.Frame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Probe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dfl.v1.DflNode/Probe',
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.ProbeRequest.SerializeToString,
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.ProbeReply.FromString,
             options,
             channel_credentials,
             insecure,
