@@ -7,6 +7,7 @@ and the simulator, with the same config and seed, end with the same models.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -57,6 +58,7 @@ def test_four_daemons_discover_by_mdns_and_run_ten_defkt_rounds(fleet_shards: Pa
 
 
 MIXED = ["mlp:32,32", "mlp:16"]  # two architectures, spread over the 4 nodes (nodes 0, 2 and 1, 3)
+UNRELATED = ["mlp:32,32", "cnn-ln:4,8"]  # two unrelated architectures (digits' 8×8 pools to 4×4, then 2×2)
 
 
 @pytest.mark.parametrize(("algorithm", "architectures", "settings"), [
@@ -64,15 +66,18 @@ MIXED = ["mlp:32,32", "mlp:16"]  # two architectures, spread over the 4 nodes (n
     ("fedavg", [], {}),  # each round: 2 senders → 1 aggregator → the average back to both
     ("fedavg", MIXED, {}),  # a mixed fleet: each architecture cluster averaged on its own
     ("gossip", [], {}),  # pull groups: the aggregator fetches its source's model (the Pull RPC)
+    ("dfml", UNRELATED, {"dfml_epochs": 2}),  # 003: mutual learning across an MLP and a CNN, models sent back
+    ("fml", UNRELATED, {"meme_model": "mlp:16"}),  # 004: only the shared meme models travel
     ("defkt-select", [], {}),  # open groups: the sender probes its candidates (class profiles) and chooses
     ("defkt-select", [], {"selection": "probe-samples"}),  # … by its least certain samples
     ("fairavg", [], {}),  # 002: pull the pair's model, weight both by accuracy on the own data (eqs. 4–5)
-], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip", "defkt-select", "defkt-select-probe", "fairavg"])
+], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip", "dfml-unrelated", "fml-unrelated", "defkt-select", "defkt-select-probe", "fairavg"])
 def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm: str, architectures: list[str],
                                   settings: dict) -> None:
     config = FLEET.model_copy(update={"rounds": 20, "architectures": architectures, **settings})
     with fleet(fleet_shards, tmp_path, algorithm, config=config, mdns=False, static_peers=True) as nodes:
         statuses = wait_until(nodes, all_done, timeout=180)
+        taken = [t for n in nodes for t in re.findall(r": taking (\S+) \((\S+)\) from ", n.log_path.read_text())]
     sim = Simulation(config, algorithm, provision(config))
     result = sim.run()
     expected = {n.id: n for n in result.nodes}
@@ -81,7 +86,7 @@ def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm:
     one_sample = 1 / len(sim.fleet.test)
     for node in nodes:
         mine = load_file(str(node.state_dir / "model.safetensors"))
-        theirs = sim.nodes[node.id].model.state_dict()
+        theirs = sim.nodes[node.id].checkpoint_state()  # with the algorithm's extra models (peak, meme) and α_n
         diff = max(float((mine[k] - theirs[k]).abs().max()) for k in theirs)
         assert diff <= 1e-5, f"{node.id}: max abs difference {diff}"
         assert statuses[node.id]["global_accuracy"] == pytest.approx(expected[node.id].global_accuracy,
@@ -93,10 +98,19 @@ def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm:
         assert sum(s["probes_sent"] for s in statuses.values()) == 20 * 3
         assert sum(s["probes_answered"] for s in statuses.values()) == 20 * 3
         assert sum(s["probes_unanswered"] for s in statuses.values()) == 0
+    if algorithm in ("dfml", "fml"):  # the transfer log: every model an aggregator took, and its architecture
+        assert len(taken) == sum(s["models_sent"] for s in statuses.values()) == 20 * 2
+    if algorithm == "fml":  # local models never leave their node: only meme models were on the wire
+        assert set(taken) == {("fml.meme", "mlp:16")}
+    if algorithm == "dfml":  # both architectures reached aggregators, and the peak rule kept some peak models back
+        assert {model for _, model in taken} == set(UNRELATED)
+        assert any(not torch.equal(ctx.auxiliary["peak"].state_dict()[k], v)
+                   for ctx in sim.nodes.values() for k, v in ctx.model.state_dict().items())
     w0 = initial_models(config, sim.fleet)
     assert len({str(ctx.spec) for ctx in sim.nodes.values()}) == (2 if architectures else 1)
     for nid, ctx in sim.nodes.items():  # every node learned: the comparison is not one of untouched w0s
-        assert not torch.equal(ctx.model.state_dict()["1.weight"], w0[nid].state_dict()["1.weight"]), nid
+        first = next(iter(w0[nid].state_dict()))
+        assert not torch.equal(ctx.model.state_dict()[first], w0[nid].state_dict()[first]), nid
 
 
 def test_async_mode_every_node_fuses_and_never_two_at_once(fleet_shards: Path, tmp_path: Path) -> None:
