@@ -237,3 +237,15 @@ def test_probe_values_and_answers_are_checked() -> None:
     for acc in ((0.5,) * 9, (1.5,) + (0.5,) * 9, (-0.1,) * 10):
         with pytest.raises(SelectionError):
             check_answer(ProbeAnswer("b", class_accuracy=acc), profile, 10)
+
+
+def test_plot_labels_tell_runs_of_one_algorithm_apart() -> None:
+    from dfl_node.cli.plot import run_labels
+    from dfl_node.results import RunResult
+
+    def run(algorithm: str, **config: object) -> RunResult:
+        return RunResult(driver="simulate", algorithm=algorithm, config={"name": "x", "seed": 0, **config}, rounds=0,
+                         history=[], nodes=[], bytes_transmitted=0, models_transmitted=0, wall_time_s=0.0)
+
+    runs = [run("defkt-select", selection="random"), run("defkt-select", selection="class-profile"), run("defkt")]
+    assert run_labels(runs) == ["defkt-select selection=random", "defkt-select selection=class-profile", "defkt"]

@@ -38,6 +38,7 @@ from dfl_node.algorithms.selection import (
     rank_by_profile,
     rank_by_samples,
 )
+from dfl_node.config import LearningConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class DefKTSelect(SelectsReceiver, DefKT):
     name = "defkt-select"
     sender_keeps_trained_default: ClassVar[bool] = True  # 001 Procedure 1: "stores w̃ as its local model"
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: LearningConfig) -> None:
         super().__init__(config)
         if config.selection == "probe-samples":
             log.warning("defkt-select with probe-samples selection: every round a sender sends up to %d of its raw "

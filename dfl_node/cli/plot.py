@@ -36,9 +36,8 @@ def plot(results: tuple[Path, ...], output: Path, title: str | None, distributio
         click.echo(f"wrote {output}")
         return
     fig, (ax_global, ax_local) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for run in runs:
+    for run, label in zip(runs, run_labels(runs)):
         rounds = [r.round for r in run.history]
-        label = f"{run.algorithm} ({run.driver})" if len({r.driver for r in runs}) > 1 else run.algorithm
         ax_global.plot(rounds, [r.global_accuracy for r in run.history], label=label)
         ax_local.plot(rounds, [r.local_accuracy for r in run.history], label=label)
         plot_series(ax_global, ax_local, run, label)  # DFML's regular models, FML's memes: dashed
@@ -57,6 +56,21 @@ def plot(results: tuple[Path, ...], output: Path, title: str | None, distributio
     fig.savefig(output, dpi=120)
     click.echo(f"wrote {output}")
     report(runs, output, baseline)  # per-cluster accuracy (003 Fig. 5), rounds to reach --baseline (Table 8)
+
+
+def run_labels(runs: list[RunResult]) -> list[str]:
+    """A legend label per run: its algorithm (and driver, when runs mix them), plus the settings that tell
+    apart runs of one algorithm (``selection=probe-samples``, ``seed=1``)."""
+    base = [f"{r.algorithm} ({r.driver})" if len({x.driver for x in runs}) > 1 else r.algorithm for r in runs]
+    labels = list(base)
+    for label in set(base):
+        same = [i for i, other in enumerate(base) if other == label]
+        keys = sorted({k for i in same for k in runs[i].config} - {"name", "data_dir"})
+        differ = [k for k in keys if len({repr(runs[i].config.get(k)) for i in same}) > 1]
+        for i in same:
+            if differ:
+                labels[i] += " " + ", ".join(f"{k}={runs[i].config.get(k)}" for k in differ)
+    return labels
 
 
 def distribution_figure(runs: list[RunResult], title: str | None):
