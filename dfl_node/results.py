@@ -153,11 +153,12 @@ def rounds_to_reach(run: RunResult, target: float) -> int | None:
 
 def comparison(runs: list[RunResult], baseline: str) -> dict:
     """Every run against ``baseline`` (an algorithm among ``runs``): final accuracies, clusters, and the rounds
-    each needs to reach the baseline's final global accuracy (003 Table 8), with the speed-up that makes."""
+    each needs to reach the global accuracy the baseline has after its last round R (003 Table 8), with the
+    speed-up R / those rounds."""
     base = next((r for r in runs if r.algorithm == baseline), None)
     if base is None:
         raise ValueError(f"no run of {baseline!r} among {', '.join(r.algorithm for r in runs)}")
-    target, base_rounds = base.history[-1].global_accuracy, rounds_to_reach(base, base.history[-1].global_accuracy)
+    target, horizon = base.history[-1].global_accuracy, base.history[-1].round
     rows = {}
     for run in runs:
         reached = rounds_to_reach(run, target)
@@ -165,6 +166,6 @@ def comparison(runs: list[RunResult], baseline: str) -> dict:
             "global_accuracy": run.history[-1].global_accuracy, "local_accuracy": run.history[-1].local_accuracy,
             "series": {name: s.global_accuracy for name, s in run.history[-1].series.items()},
             "clusters": cluster_accuracy(run), "rounds": run.rounds, "rounds_to_baseline_final": reached,
-            "speedup": (base_rounds / reached) if reached and base_rounds else None,
+            "speedup": horizon / reached if reached else None,
         }
     return {"baseline": baseline, "baseline_final_global_accuracy": target, "runs": rows}

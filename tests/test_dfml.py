@@ -193,8 +193,8 @@ def test_dfml_fml_and_partial_training_learn_in_the_simulator(tmp_path) -> None:
     runs = [Simulation(widths, name, fleet).run() for name in ("heterofl", "fedrolex", "fedavg")]
     assert all(r.history[-1].global_accuracy > r.history[0].global_accuracy + 0.2 for r in runs)
     table = comparison([dfml, *runs], "fedavg")
-    assert table["runs"]["fedavg"]["rounds_to_baseline_final"] == rounds_to_reach(runs[-1], table[
-        "baseline_final_global_accuracy"]) and table["runs"]["fedavg"]["speedup"] == 1.0
+    reached = rounds_to_reach(runs[-1], table["baseline_final_global_accuracy"])  # fedavg's own: at most 12
+    assert table["runs"]["fedavg"]["rounds_to_baseline_final"] == reached and table["runs"]["fedavg"]["speedup"] == 12 / reached
     assert set(table["runs"]["dfml"]["series"]) == {"regular"}
     # dfl-node plot: dashed series, the per-cluster figure (003 Fig. 5) and the --baseline comparison (Table 8)
     paths = []
