@@ -81,7 +81,7 @@ class WireIdentity:
 class Intake(Protocol):
     """One admitted transfer: the node takes its message (or learns that it never came)."""
 
-    def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None: ...
+    async def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None: ...
     def abandon(self) -> None: ...
 
 
@@ -130,7 +130,7 @@ class DflServicer(pb_grpc.DflNodeServicer):
             intake = await self.node.admit(assembler.header)
             header, message = await assemble(frames, assembler)
             self.node.on_transferred(0, _wire_bytes(header))
-            pending_reply = intake.deliver(message)
+            pending_reply = await intake.deliver(message)
             intake = None  # delivered: from here the aggregator owns the message, even if this RPC is cancelled
         except TransferRejected as exc:
             sender = assembler.header.sender if assembler.header is not None else "?"

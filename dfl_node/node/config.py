@@ -50,6 +50,8 @@ class NodeConfig(LearningConfig):
                                   "(it never holds a role or a buffer)")
     max_buffered_mb: float = Field(2048.0, gt=0, description="an aggregator buffers at most this many MB of received "
                                    "models at once; further senders are refused (over_memory)")
+    min_accuracy: float = Field(0.0, ge=0, le=1, description="refuse a received whole model whose accuracy on this "
+                                "node's validation split is below this (low_accuracy); 0: no accuracy gate")
     evaluate: bool = Field(True, description="evaluate local/global accuracy after every model change")
 
     @field_validator("peers", mode="before")

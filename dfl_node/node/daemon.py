@@ -39,6 +39,7 @@ from dfl_node.node.async_mode import AsyncScheduler
 from dfl_node.node.collector import Collector
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.exchange import GrpcTransport, TransferFailed
+from dfl_node.node.gate import check_received
 from dfl_node.node.handshake import Handshake
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.persistence import Checkpoint
@@ -54,13 +55,17 @@ class Intake:
     def __init__(self, node: Node, collector: Collector, sender: str) -> None:
         self.node, self.collector, self.sender = node, collector, sender
 
-    def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None:
-        message = on_device(message, self.node.device)  # decoded on the CPU, fused on the node's device
+    async def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None:
+        node = self.node
+        message = on_device(message, node.device)  # decoded on the CPU, fused on the node's device
         try:
-            self.node.algorithm.check_message(self.node.ctx, message)
+            node.algorithm.check_message(node.ctx, message)
         except AlgorithmError as exc:
             raise TransferRejected("algorithm", str(exc)) from exc
-        self.node.state.counters["models_received"] += 1
+        await asyncio.to_thread(check_received, node.ctx, message, node.config.min_accuracy)  # NaN/Inf, accuracy floor
+        if node.config.mode == "round" and self.collector.epoch < node.state.epoch:  # fenced while it streamed
+            raise TransferRejected("stale_epoch", f"epoch {self.collector.epoch} < {node.state.epoch}")
+        node.state.counters["models_received"] += 1
         reply = self.collector.deliver(message)
         return reply if self.node.algorithm.replies else None
 

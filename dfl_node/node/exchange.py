@@ -24,8 +24,10 @@ from dfl_node.algorithms.plan import Role, Step
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectionError, check_answer
 from dfl_node.net.probes import answer_from_reply, probe_request
 from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.net.codec import TransferRejected
 from dfl_node.net.transport import TransferRefused
 from dfl_node.node.collector import Collector
+from dfl_node.node.gate import check_finite, check_received
 
 if TYPE_CHECKING:
     from dfl_node.node.daemon import Node
@@ -66,6 +68,12 @@ class GrpcTransport:
             reason = exc.reason if isinstance(exc, TransferRefused) else exc.code().name
             raise TransferFailed(f"{step.group.aggregator} did not take it: {reason}") from exc
         node.state.counters.update(models_sent=1, bytes_sent=sent, bytes_received=received)
+        if reply is not None:
+            try:
+                await asyncio.to_thread(check_finite, reply)  # a poisoned reply never reaches our model
+            except TransferRejected as exc:
+                node.on_rejected(exc.reason, exc.detail, step.group.aggregator)
+                raise TransferFailed(f"{step.group.aggregator}'s reply was refused: {exc.reason}") from exc
         return on_device(reply, node.device) if reply is not None else None
 
     async def gather(self, step: Step) -> list[ModelMessage]:
@@ -94,6 +102,10 @@ class GrpcTransport:
                 request, timeout=node.config.round_timeout)
             message = on_device(message, node.device)
             node.algorithm.check_message(node.ctx, message)
+            await asyncio.to_thread(check_received, node.ctx, message, node.config.min_accuracy)
+        except TransferRejected as exc:  # well-formed, but poisoned or too poor: counted like a refused push
+            node.on_rejected(exc.reason, exc.detail, source)
+            return None
         except (TransferRefused, grpc.aio.AioRpcError, AlgorithmError) as exc:
             log.warning("%s: pulling from %s failed: %s", node.config.id, source, exc)
             return None

@@ -1,0 +1,59 @@
+"""Well-formed but poisoned models (issue 13): NaN/Inf weights, and models below an accuracy floor.
+
+The codec cannot see them (the bytes match the header and its sha256) and neither can the algorithm
+(the right purpose, architecture and tensors), so before this check a NaN model was accepted, fused
+and checkpointed. Each is refused with a reason counted in /status, and nothing changes on the node.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dfl_node.algorithms.messages import ModelMessage, parts_from_state
+from dfl_node.learning.models import build_model
+from tests.codec_helpers import frames_of
+from tests.test_node_hostile import Target, assert_still_serving, target  # noqa: F401  (the fixture)
+
+
+def poisoned(t: Target, value: float) -> ModelMessage:
+    cfg = t.node.config
+    state = build_model(cfg.model, (1, 8, 8), 10, hidden=cfg.hidden, seed=99).state_dict()
+    first = next(iter(state))
+    state[first] = state[first].clone()
+    state[first].view(-1)[3] = value
+    return ModelMessage(sender="stranger", round=0, purpose="defkt.model", num_samples=100,
+                        parts=parts_from_state(state), model=t.node.wire.model)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target, value: float) -> None:
+    node = target.node
+    digest, history = node.state.digest, len(node.state.history)
+    await target.expect()
+    frames = frames_of(poisoned(target, value), 4096, swarm=node.config.swarm, fingerprint=node.fingerprint)
+    verdict = await target.transfer(frames)
+    assert not verdict.accepted and verdict.reason == "non_finite", verdict
+    await node.settled()
+    assert (await target.rejected()) == {"non_finite": 1}
+    assert node.state.digest == digest and len(node.state.history) == history
+    assert node.state.counters["fusions"] == 0 and node.state.counters["models_received"] == 0
+    saved = node.checkpoint.load(node.fingerprint)
+    assert saved is None or all(torch.isfinite(v).all() for v in saved[0].values() if v.is_floating_point())
+    await assert_still_serving(target)
+
+
+async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target) -> None:
+    """An untrained model (about 10 % on digits) passes with the gate off and is refused with a floor of 0.5."""
+    node = target.node
+    node.config.min_accuracy = 0.5
+    digest = node.state.digest
+    await target.expect()
+    verdict = await target.transfer(target.frames())
+    assert not verdict.accepted and verdict.reason == "low_accuracy", verdict
+    await node.settled()
+    assert (await target.rejected()) == {"low_accuracy": 1} and node.state.digest == digest
+    node.config.min_accuracy = 0.0
+    await assert_still_serving(target)
