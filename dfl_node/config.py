@@ -145,9 +145,11 @@ class LearningConfig(BaseModel):
     fml_beta: float = Field(0.5, ge=0, le=1, description="fml: β of the meme model's loss β·CE + (1−β)·KL (004 eq. 3)")
     meme_model: ModelSpecText = Field("cnn-ln:32,64", description="fml: the meme model every node shares, as a "
                                       "registry spec (003 A.4.11: cnn-ln:32,64)")
-    fedrolex_roll_largest: bool = Field(True, description="fedrolex: the largest participant's units roll with eq. 9 "
-                                        "too (003 Alg. 3, which aligns like HeteroFL); off: it is W_g as it is and "
-                                        "only smaller models' windows roll")
+    fedrolex_roll_largest: bool = Field(True, description="fedrolex: roll the largest participant's units with "
+                                        "eq. 9 too (003 Alg. 3). A shift shared by every participant only relabels "
+                                        "W_g's units, so this is HeteroFL bit for bit, as 003 Table 4's near-equal "
+                                        "figures suggest. Off: W_g is the largest model as it is and the smaller "
+                                        "models' windows roll over it (they then meet other units every round)")
     local_epochs: int = Field(1, ge=1, description="M: local passes of a sender (000 eq. 1)")
     batch_size: int = Field(200, ge=1, description="B1: local training batch size")
     lr: float = Field(0.01, gt=0, description="local learning rate (also η1 = η2 of MKT unless mkt_lr is set)")

@@ -149,14 +149,20 @@ def test_partial_training_rounds_keep_every_architecture_and_refuse_other_famili
         assert torch.equal(half.model.state_dict()["1.bias"], agg.model.state_dict()["1.bias"][:8])
     if name == "fedrolex":
         assert plan.state == {"fedrolex.t": "5"}
-        # Alg. 3 rolls every participant's units by t̃, the largest's too: unit s of each lands on W_g's
-        # (t̃ + s) mod J, so unit s meets unit s, as in HeteroFL
-        assert torch.equal(quarter.model.state_dict()["1.bias"], agg.model.state_dict()["1.bias"][:4])
+        # Alg. 3 rolls every participant's units by t̃, the largest's too: a relabelling of W_g's units, so the
+        # round ends exactly as HeteroFL's
+        outcomes = []
+        for variant in (algo, make_algorithm("heterofl", CONFIG)):
+            nodes = _node("a", "mlp:16,8", 1), _node("b", "mlp:8,4", 2), _node("c", "mlp:4,2", 3)
+            _round(variant, nodes[0], list(nodes[1:]), step)
+            outcomes.append([_vector(n.model) for n in nodes])
+        assert all(torch.equal(x, y) for x, y in zip(*outcomes))
         anchored = make_algorithm(name, CONFIG.model_copy(update={"fedrolex_roll_largest": False}))
         agg, half, quarter = _node("a", "mlp:16,8", 1), _node("b", "mlp:8,4", 2), _node("c", "mlp:4,2", 3)
         _round(anchored, agg, [half, quarter], step)
         t = 5 % 16  # W_g is the largest model as it is: the rate-¼ model's first layer is its units 5 … 8
         assert torch.equal(quarter.model.state_dict()["1.bias"], agg.model.state_dict()["1.bias"][t:t + 4])
+        assert not torch.equal(_vector(quarter.model), outcomes[0][2])
     with pytest.raises(AlgorithmError, match="cannot fuse"):
         algo.plan_round(0, [*profiles, NodeProfile("d", "cnn-ln:4,8", 1)], {})
     with pytest.raises(AlgorithmError):
