@@ -28,7 +28,7 @@ from dfl_node.algorithms.plan import Step
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import (CycleState, alpha_at, cyclic_alpha, peak_threshold, peak_updates, updates_peak,
                                       weighted_mutual_learning)
-from dfl_node.learning.training import SgdParams, local_sgd
+from dfl_node.learning.training import SgdParams
 
 STATE = "dfml"  # prefix of this algorithm's keys in a plan's state
 
@@ -62,17 +62,6 @@ class DFML(GatherAlgorithm):
         return alpha, peak_threshold(cycle, c.peak_updates or 1, c.alpha_min, c.alpha_max)
 
     # ----- the roles -----------------------------------------------------------------------
-    def _train(self, ctx: NodeContext, step: Step) -> None:
-        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round),
-                  loss_fn=self.supervise(ctx.train))
-
-    def local_step(self, ctx: NodeContext, step: Step) -> None:
-        self._train(ctx, step)
-
-    def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
-        self._train(ctx, step)
-        return ctx.message(step.round, "dfml.model", parts_from_state(ctx.model.state_dict()))
-
     def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:
         self.check_model(ctx, message, "dfml.model")
 

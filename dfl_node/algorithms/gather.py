@@ -15,11 +15,12 @@ from typing import ClassVar
 from torch import nn
 
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext, sample_gather, senders_for
-from dfl_node.algorithms.messages import ModelMessage, state_from_parts
-from dfl_node.algorithms.plan import NodeProfile, RoundPlan
+from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
+from dfl_node.algorithms.plan import NodeProfile, RoundPlan, Step
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import Supervision, class_proportions, supervision
+from dfl_node.learning.training import local_sgd
 
 
 class GatherAlgorithm(Algorithm):
@@ -50,6 +51,19 @@ class GatherAlgorithm(Algorithm):
         """The supervision term on ``data``: WSM with its class proportions (eq. 2), or CE (``supervision``)."""
         kind = self.config.supervision or self.supervision_default
         return supervision(kind, class_proportions(data.y, data.num_classes) if kind == "wsm" else None)
+
+    def train_locally(self, ctx: NodeContext, step: Step) -> None:
+        """A participant's local pass, supervised as :meth:`supervise` says."""
+        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round),
+                  loss_fn=self.supervise(ctx.train))
+
+    def local_step(self, ctx: NodeContext, step: Step) -> None:
+        self.train_locally(ctx, step)
+
+    def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
+        """Every participant trains; a sender then ships its whole model (FML overrides: its meme model)."""
+        self.train_locally(ctx, step)
+        return ctx.message(step.round, f"{self.name}.model", parts_from_state(ctx.model.state_dict()))
 
     @staticmethod
     def layout(ctx: NodeContext, model: str) -> dict[str, tuple[int, ...]]:

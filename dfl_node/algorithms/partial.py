@@ -23,7 +23,6 @@ from dfl_node.algorithms.plan import Step
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.partial import (aggregate_partial, dropout_indices, extract, fedrolex_indices,
                                        heterofl_indices, hidden_widths, tensor_indices, tensor_layers)
-from dfl_node.learning.training import local_sgd
 
 
 class PartialTraining(GatherAlgorithm):
@@ -41,17 +40,6 @@ class PartialTraining(GatherAlgorithm):
               largest: bool) -> torch.Tensor:
         """The units of W_g's ``layer`` (``width`` wide) that ``member``'s ``size`` units are."""
         raise NotImplementedError
-
-    def _train(self, ctx: NodeContext, step: Step) -> None:
-        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round),
-                  loss_fn=self.supervise(ctx.train))
-
-    def local_step(self, ctx: NodeContext, step: Step) -> None:
-        self._train(ctx, step)
-
-    def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
-        self._train(ctx, step)
-        return ctx.message(step.round, f"{self.name}.model", parts_from_state(ctx.model.state_dict()))
 
     def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:
         self.check_model(ctx, message, f"{self.name}.model")
