@@ -20,8 +20,10 @@ RAY_MISSING = "--ray needs Ray, which is not installed: pip install -e '.[ray]'"
 
 
 # A private instance: loopback only (Ray's "no cluster" mode, which skips its probe for the LAN
-# address; read when ray is first imported) and no usage statistics sent anywhere.
-_LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+# address; read when ray is first imported), no usage statistics sent anywhere, and 120 s rather than
+# Ray's 30 for its GCS server to start: on a busy 2-core device it took longer, and the sweep failed.
+_LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+              "RAY_gcs_server_port_wait_time_s": "120"}
 
 
 def require_ray() -> None:
