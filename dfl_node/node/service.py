@@ -85,7 +85,7 @@ async def _serve_grpc(node: Node) -> grpc.aio.Server:
     host, port = node.config.host, node.config.grpc_port
     try:
         _listen(host, port).close()
-        server, _ = await start_server(node, host, port)
+        server, _ = await start_server(node, host, port, node.security)
     except OSError as exc:
         raise _bind_failure("gRPC", "--grpc-port", host, port, exc) from None
     except RuntimeError as exc:  # grpc: "Failed to bind to address …"
@@ -124,6 +124,13 @@ async def _announce_on_mdns(node: Node, on_found: Callable[[Announcement], objec
     return discovery
 
 
+def _found(node: Node, found: Announcement) -> None:
+    """A peer announced on mDNS: say Hello. With mTLS its certificate must be for the id it announced
+    (mDNS gives an IP address, which no certificate names)."""
+    node.handshake.names[found.grpc_address] = found.node_id
+    asyncio.get_running_loop().create_task(node.peers.probe(found.grpc_address))
+
+
 async def _close_clients(node: Node) -> None:
     for client in node.clients.values():
         await client.close()
@@ -154,7 +161,7 @@ async def start_up(node: Node) -> Bound:
         await _check_static_peers(node)
         discovery = None
         if config.mdns:
-            discovery = await _announce_on_mdns(node, lambda a: loop.create_task(node.peers.probe(a.grpc_address)))
+            discovery = await _announce_on_mdns(node, lambda a: _found(node, a))
             undo.push_async_callback(discovery.stop)
         if node.handshake.duplicate:  # a Hello with our id arrived while we were starting
             raise OperatorError(node.handshake.duplicate)
@@ -180,8 +187,9 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
     bound = await start_up(node)
-    log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s",
-             config.id, config.host, config.grpc_port, node.grpc_address, config.swarm, config.algorithm, config.mode)
+    log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s, authentication: %s",
+             config.id, config.host, config.grpc_port, node.grpc_address, config.swarm, config.algorithm, config.mode,
+             node.security.mode)
     workers: list[asyncio.Task] = []
     http, http_task = None, None
     if bound.http_socket:
