@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -117,7 +118,7 @@ def load_tls(files: TlsFiles, node_id: str, now: dt.datetime | None = None) -> T
         key = serialization.load_pem_private_key(key_pem, password=None)
     except TypeError:
         raise TlsError(f"--tls-key {files.key} is encrypted; a node needs its key unencrypted (keep the file 0600)") from None
-    except (ValueError, serialization.UnsupportedAlgorithm):
+    except (ValueError, UnsupportedAlgorithm):
         raise TlsError(f"--tls-key {files.key} is not a PEM private key") from None
     if key.public_key() != cert.public_key():
         raise TlsError(f"--tls-key {files.key} is not the key of --tls-cert {files.cert}")

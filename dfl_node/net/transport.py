@@ -147,11 +147,10 @@ class DflServicer(pb_grpc.DflNodeServicer):
             first = await anext(frames, None)
             if first is None:
                 raise TransferRejected("truncated", "empty stream")
-            if refused := self._refuse(context):
-                raise refused  # an unauthenticated connection: nothing of a stranger's is parsed
+            claimed = first.header.sender if isinstance(first, pb.Frame) and first.HasField("header") else None
+            if refused := self._refuse(context, claimed):
+                raise refused  # unauthenticated, or in another's name: nothing more of it is parsed
             assembler.feed(first)  # the header: swarm, fingerprint, manifest, sizes checked here
-            if refused := self._refuse(context, assembler.header.sender):
-                raise refused
             intake = await self.node.admit(assembler.header)
             header, message = await assemble(frames, assembler)
             self.node.on_transferred(0, _wire_bytes(header))
