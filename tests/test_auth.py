@@ -196,7 +196,7 @@ async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_fals
         await until(lambda: node0.peers.alive_ids() == ["node-1"] and node1.peers.alive_ids() == ["node-0"])
         await until(lambda: node0.state.rejected["tls_handshake"] >= 3 and intruder.state.rejected["tls_handshake"] >= 3)
         assert "node-2" not in node0.peers.peers and not intruder.peers.peers  # neither side took the other in
-        assert node0.security.mode == "mtls" and node0.handshake.names == {b: "node-1"}
+        assert node0.status().authentication == "mtls" and node0.handshake.names == {b: "node-1"}
 
         # node-1's certificate, a Hello in node-3's name: refused at Hello, counted
         async with _channel(a, pki / "node-1", "node-0") as channel:
@@ -255,7 +255,7 @@ async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authen
         await until(lambda: rejected["auth_failed"] >= 3 and rejected["unauthenticated"] >= 6)
         assert not wrong_key.peers.peers and wrong_key.state.rejected["auth_failed"] >= 3  # it cannot check ours either
         assert set(node0.peers.peers) == {"node-1"} and not node0.peers.pending
-        assert node0.security.mode == "psk" and "auth_required" not in rejected
+        assert node0.status().authentication == "psk" and "auth_required" not in rejected
 
         swarm_key = psk.read_swarm_key(key)
         stranger = hello_from(node0, node_id="node-9", grpc_address="127.0.0.1:9")

@@ -77,6 +77,10 @@ class Handshake:
         if not self.node.peers.heard(request):  # still compatible: only our table has no room for a stranger
             self.node.on_rejected("peer_table_full", f"{request.node_id[:64]!r} at {peer}: too many unconfirmed peers",
                                   request.node_id[:64])
+        elif self.node.security.tls is not None and request.grpc_address:
+            # its certificate proved its id: that is the name to check where it says it serves (our dial
+            # still checks the certificate there; a false address fails that check and is forgotten)
+            self.names.setdefault(request.grpc_address, request.node_id)
         return self.message(pb.HelloReply, accepted=True)
 
     def _refused(self, reason: str, other: pb.HelloRequest, where: str) -> None:
