@@ -41,6 +41,7 @@ from dfl_node.node.service import announcement
 from dfl_node.sim import Simulation
 from dfl_node.testbed.launcher import NodeProcess, Placement, all_done, plan_fleet, wait_until
 from tests.conftest import FLEET
+from dfl_node.node.service import _bind_http
 from dfl_node.testbed.launcher import free_port
 from tests.test_startup_errors import node_config, running, start_cli
 
@@ -372,3 +373,15 @@ def test_authenticated_fleet_equals_simulator(fleet_shards: Path, pki: Path, tmp
         assert statuses[node.id]["rejected"] == {}, statuses[node.id]["rejected"]  # nothing legitimate was refused
     assert sum(s["models_sent"] for s in statuses.values()) > 0
     assert all(torch.isfinite(t).all() for t in load_file(str(nodes[0].state_dir / "model.safetensors")).values())
+
+
+def test_the_rest_api_binds_loopback_unless_told_even_when_grpc_serves_every_interface(
+        fleet_shards: Path, tmp_path: Path) -> None:
+    everywhere = dict(host="0.0.0.0", advertise="127.0.0.1", http_port=free_port())
+    for changes, bound in ((everywhere, "127.0.0.1"), ({**everywhere, "http_host": "0.0.0.0"}, "0.0.0.0")):
+        sock = _bind_http(node_config(fleet_shards, tmp_path, **changes))
+        assert sock is not None
+        try:
+            assert sock.getsockname()[0] == bound
+        finally:
+            sock.close()

@@ -27,6 +27,8 @@ class NodeConfig(LearningConfig):
     advertise: str | None = Field(None, description="address peers should dial (default: host; required with 0.0.0.0)")
     grpc_port: int = Field(50051, ge=1, le=65535, description="port peers stream models to (gRPC)")
     http_port: int = Field(8080, ge=0, le=65535, description="REST status port (0 disables the REST server)")
+    http_host: str = Field("127.0.0.1", description="address the REST API binds: loopback unless told otherwise, "
+                           "whatever --host says (it has no authentication; it is read-only)")
     status_url: str | None = Field(None, max_length=200, pattern=r"^https?://[^\s/]+(/\S*)?$",
                                    description="URL operators reach this node's REST API at, told to peers for "
                                                "`dfl-node status --all` (default: http://ADVERTISE:HTTP_PORT); "

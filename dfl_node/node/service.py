@@ -60,16 +60,17 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _bind_failure(what: str, flag: str, host: str, port: int, exc: OSError) -> OperatorError:
+def _bind_failure(what: str, flag: str, host: str, port: int, exc: OSError, host_flag: str = "--host") -> OperatorError:
     """Why ``host:port`` cannot be bound, in the operator's terms (the errno alone says little)."""
     where = f"{host}:{port}"
     if isinstance(exc, socket.gaierror):  # its errno is a resolver code, not an errno
-        return OperatorError(f"cannot bind {where}: --host {host!r} does not resolve to an address ({exc.strerror})")
+        return OperatorError(f"cannot bind {where}: {host_flag} {host!r} does not resolve to an address ({exc.strerror})")
     if exc.errno == errno.EADDRINUSE:
         return OperatorError(f"{what} port {where} is already in use (another node? choose {flag})")
     if exc.errno == errno.EADDRNOTAVAIL:
         return OperatorError(f"cannot bind {where}: that address is not on this machine "
-                             "(--host must be one of its addresses, or 0.0.0.0 with --advertise)")
+                             f"({host_flag} must be one of its addresses, or 0.0.0.0"
+                             f"{' with --advertise' if host_flag == '--host' else ''})")
     if exc.errno == errno.EACCES:
         return OperatorError(f"cannot bind {where}: permission denied (ports below 1024 need privileges; "
                              f"choose {flag})")
@@ -97,9 +98,9 @@ def _bind_http(config: NodeConfig) -> socket.socket | None:
     if not config.http_port:
         return None
     try:
-        return _listen(config.host, config.http_port)
+        return _listen(config.http_host, config.http_port)
     except OSError as exc:
-        raise _bind_failure("HTTP", "--http-port", config.host, config.http_port, exc) from None
+        raise _bind_failure("HTTP", "--http-port", config.http_host, config.http_port, exc, "--http-host") from None
 
 
 async def _check_static_peers(node: Node) -> None:
