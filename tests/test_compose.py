@@ -159,6 +159,9 @@ def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published
                                                "--all"), capture_output=True, text=True, timeout=30,
                                env={**os.environ, "COLUMNS": "160"})
         print(table.stdout)  # README's "Run a fleet" shows this output
+        if tls:  # file secrets are bind mounts: the host's owner and mode (docker-compose.tls.yml's chown)
+            key = engine.run(*compose, "exec", "-T", "node-0", "stat", "-c", "%u:%g %a", "/run/secrets/node.key")
+            assert key.stdout.split() == ["10001:10001", "600"], key.stdout
     except BaseException:
         print(engine.run(*compose, "logs", "--no-color", "--tail", "40", check=False).stdout[-8000:])
         raise

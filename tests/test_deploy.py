@@ -429,9 +429,8 @@ def test_compose_tls_documented_certs_load_where_each_node_reads_them(
         override = tls["services"][name]
         env = {**SHARED, **svc["environment"], **override["environment"]}
         config = node_config(env, monkeypatch)
-        # a relative secret target is mounted at /run/secrets/<target>; ${CERTS_DIR:-./certs} is `certs` here
-        mounts = {Path("/run/secrets") / s["target"]:
-                  certs / tls["secrets"][s["source"]]["file"].split("/", 1)[1].split("/", 1)[1]
+        # a relative secret target is mounted at /run/secrets/<target>; ${CERTS_DIR:-./certs} is ./certs here
+        mounts = {Path("/run/secrets") / s["target"]: tmp_path / interpolate(tls["secrets"][s["source"]]["file"], [])
                   for s in override["secrets"]}
         material = load_tls(mounted(tls_of(config), mounts), config.id)
         assert material.node_id == name == config.id
@@ -460,7 +459,7 @@ def test_docker_compose_merges_the_tls_override(tmp_path: Path) -> None:
 
 def test_certificates_stay_out_of_git_and_the_image() -> None:
     ignored = (ROOT / ".gitignore").read_text().splitlines()
-    assert {"/certs/", "/swarm-ca/"} <= set(ignored)
+    assert {"/certs/", "/swarm-ca/", "/tls/"} <= set(ignored)  # where the documented commands write keys
     docker_ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     assert docker_ignore[0] == "*" and not [line for line in docker_ignore if "cert" in line or "swarm" in line or "tls" in line]
     for path in [COMPOSE, COMPOSE_TLS, *(p for d in (DEPLOY, K8S_TLS) for p in d.rglob("*") if p.is_file())]:
