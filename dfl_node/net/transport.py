@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dfl_node.algorithms.messages import ModelMessage, on_device
+from dfl_node.algorithms.plan import Role
 from dfl_node.net.codec import (
     BufferPool, Limits, Manifest, MessageAssembler, Outgoing, Resolver, TransferRejected, assemble, prepare,
 )
@@ -112,6 +113,23 @@ def _wire_bytes(header: pb.TransferHeader) -> int:
     return header.total_size + header.ByteSize()
 
 
+# Refusals that a node answers (a Pull's result, a ProbeReply, an Ack) rather than raises, and that the servicer
+# counts: all but a busy node (counted apart, busy_refusals), a sender's own transfer that failed (an outcome of
+# the role it took, not a refusal) and a bad probe (the node counts it where it knows the detail).
+_COUNTED_ELSEWHERE = frozenset({"busy", "transfer_failed", "bad_probe"})
+
+
+def _assignment_problem(request: pb.RoundAssignment) -> str | None:
+    """Why an assignment names no role a node can take, or None. Checked before the node sees it: a round-mode
+    scheduler adopts an assignment's epoch and holder before it plays the role, so a malformed one (an unknown
+    role, from epoch 2**64 - 1) would otherwise fence the node off from its fleet although it is refused."""
+    if request.role not in (Role.SENDER.value, Role.AGGREGATOR.value):
+        return f"unknown role {request.role[:40]!r}"
+    if request.candidates and request.role != Role.SENDER.value:
+        return f"a {request.role} with candidates (only a sender chooses among candidates)"
+    return None
+
+
 class DflServicer(pb_grpc.DflNodeServicer):
     def __init__(self, node: NodeHandler, auth: Authenticator | None = None) -> None:
         self.node = node
@@ -129,6 +147,11 @@ class DflServicer(pb_grpc.DflNodeServicer):
             return None
         self.node.on_rejected(*refusal, claimed or context.peer())
         return TransferRejected(*refusal)
+
+    def _refused(self, reason: str, detail: str, who: str) -> None:
+        """Count a refusal that the node answered rather than raised (see ``_COUNTED_ELSEWHERE``)."""
+        if reason not in _COUNTED_ELSEWHERE:
+            self.node.on_rejected(reason, detail, who)
 
     async def _check_unary(self, context: grpc.aio.ServicerContext, claimed: str | None = None) -> None:
         refused = self._refuse(context, claimed)
@@ -189,6 +212,7 @@ class DflServicer(pb_grpc.DflNodeServicer):
         try:
             message = await self.node.pull(request)
         except TransferRejected as exc:
+            self._refused(exc.reason, exc.detail, request.aggregator[:64] or context.peer())
             yield pb.Frame(result=exc.result())
             return
         async for frame in self._stream(message):
@@ -196,16 +220,30 @@ class DflServicer(pb_grpc.DflNodeServicer):
 
     async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeReply:
         await self._check_unary(context, request.sender)
-        return await self.node.probe(request)
+        reply = await self.node.probe(request)
+        if not reply.ok:
+            self._refused(reply.reason, f"probe of round {request.round}", request.sender[:64] or context.peer())
+        return reply
 
     # Assign and PassToken name no caller: a selecting sender binds its choice in its holder's name.
     async def Assign(self, request: pb.RoundAssignment, context: grpc.aio.ServicerContext) -> pb.Ack:
         await self._check_unary(context)
-        return await self.node.assign(request)
+        if problem := _assignment_problem(request):
+            self._refused("unknown_role", problem, request.holder[:64] or context.peer())
+            return pb.Ack(ok=False, reason="unknown_role")
+        ack = await self.node.assign(request)
+        if not ack.ok:
+            self._refused(ack.reason, f"{request.role[:40]!r} of round {request.round}, epoch {request.epoch}",
+                          request.holder[:64] or context.peer())
+        return ack
 
     async def PassToken(self, request: pb.RoundToken, context: grpc.aio.ServicerContext) -> pb.Ack:
         await self._check_unary(context)
-        return await self.node.token(request)
+        ack = await self.node.token(request)
+        if not ack.ok:
+            self._refused(ack.reason, f"token of round {request.round}, epoch {request.epoch}",
+                          request.holder[:64] or context.peer())
+        return ack
 
 
 _HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
