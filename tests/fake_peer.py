@@ -41,7 +41,7 @@ class FakeNode:
         self.idle_timeout = 30.0
         self.boot_id = uuid.uuid4().hex
 
-    def hello(self, request: pb.HelloRequest, peer: str) -> pb.HelloReply:
+    def hello(self, request: pb.HelloRequest, peer: str, refused: str | None = None) -> pb.HelloReply:
         return pb.HelloReply(protocol_version=PROTOCOL_VERSION, swarm=self.swarm, node_id=self.node_id,
                              fingerprint=self.fingerprint, algorithm=self.algorithm, boot_id=self.boot_id,
                              grpc_address=self.address, model=self.spec, num_samples=50, accepted=True)

@@ -1,5 +1,7 @@
 """`docker compose up`, for real: the image builds, 4 nodes find each other by mDNS, learn, and answer
-`dfl-node status --all` through their published ports — the README's "docker-compose" commands.
+`dfl-node status --all` through their published ports — the README's "docker-compose" commands; then
+the same fleet with mutual TLS (``docker-compose.tls.yml``: certificates from the real ``dfl-node certs``
+CLI, handed to the nodes as Compose secrets), which must learn exactly as well.
 
 The Docker engine runs inside a network namespace of its own that holds only ``lo``: containers,
 their bridge and the published ports all live there, so nothing can reach beyond this machine
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -31,7 +34,9 @@ BASE_TAR = Path(os.environ.get("DFL_DOCKER_BASE", "/var/cache/dfl-node/offline-b
 BASE_IMAGE = "dfl-base:offline"
 FLEET_TIMEOUT_S = 300.0
 
-pytestmark = [pytest.mark.slow, pytest.mark.docker]
+# pyproject's 300 s per test is too short for the first variant's image build on a busy 2-core machine
+# (torch layers from scratch); the waits below bound each step, this only backs them up.
+pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.timeout(1500)]
 
 
 @dataclass
@@ -109,7 +114,29 @@ def fleet_status(engine: Engine) -> list[dict]:
     return json.loads(done.stdout) if done.returncode == 0 else []
 
 
-def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published_ports(engine: Engine) -> None:
+@pytest.fixture
+def tls_certs() -> Iterator[Path]:
+    """docker-compose.tls.yml's header, run: a swarm CA and node-0…3's certificates from the real CLI, in
+    a temporary ``certs`` folder chowned to the image's user (file secrets keep the host's owner and mode)."""
+    root = Path(tempfile.mkdtemp(prefix="dfl-certs-"))
+    try:
+        user = re.findall(r"(?m)^USER (\d+):(\d+)\s*$", (REPO / "deploy/Dockerfile").read_text())[-1]
+        cli = [sys.executable, "-m", "dfl_node", "certs"]
+        steps = [[*cli, "init", "--out", "swarm-ca"],
+                 *([*cli, "issue", f"node-{i}", "--ca", "swarm-ca", "--out", f"certs/node-{i}"] for i in range(4)),
+                 ["chown", "-R", ":".join(user), *(f"certs/node-{i}" for i in range(4))]]
+        for argv in steps:
+            done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, f"{argv} exited {done.returncode}: {done.stderr}"
+        assert (root / "certs/node-0/node.key").stat().st_mode & 0o077 == 0  # only its owner reads it: hence the chown
+        yield root / "certs"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "mtls"])
+def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published_ports(
+        engine: Engine, tls: bool, request: pytest.FixtureRequest) -> None:
     compose_file = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     node_envs = [svc["environment"] for name, svc in compose_file["services"].items() if name.startswith("node-")]
     shared = dict(line.split("=", 1) for line in (REPO / "deploy/node.env").read_text().splitlines()
@@ -118,6 +145,9 @@ def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published
     rounds = int(shared["DFL_ROUNDS"])
 
     compose = ["docker", "compose", "--project-directory", str(REPO), "-f", str(REPO / "docker-compose.yml")]
+    if tls:  # the image built by the plain variant is reused: only the secrets and DFL_TLS_DIR differ
+        compose += ["-f", str(REPO / "docker-compose.tls.yml")]
+        engine = replace(engine, env={**engine.env, "CERTS_DIR": str(request.getfixturevalue("tls_certs"))})
     try:
         engine.run(*compose, "up", "--build", "--detach", timeout=900)
         deadline, statuses = time.monotonic() + FLEET_TIMEOUT_S, []
@@ -129,6 +159,9 @@ def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published
                                                "--all"), capture_output=True, text=True, timeout=30,
                                env={**os.environ, "COLUMNS": "160"})
         print(table.stdout)  # README's "Run a fleet" shows this output
+        if tls:  # file secrets are bind mounts: the host's owner and mode (docker-compose.tls.yml's chown)
+            key = engine.run(*compose, "exec", "-T", "node-0", "stat", "-c", "%u:%g %a", "/run/secrets/node.key")
+            assert key.stdout.split() == ["10001:10001", "600"], key.stdout
     except BaseException:
         print(engine.run(*compose, "logs", "--no-color", "--tail", "40", check=False).stdout[-8000:])
         raise
@@ -141,6 +174,7 @@ def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published
         assert sorted(p["id"] for p in s["peers"] if p["alive"]) == sorted({"node-0", "node-1", "node-2", "node-3"} - {s["id"]})
         assert {p["status_url"] for p in s["peers"]} <= {f"http://127.0.0.1:{8080 + i}" for i in range(4)}
         assert s["round"] == rounds and s["rejected"] == {}
+        assert s["authentication"] == ("mtls" if tls else "none")
     assert sum(s["fusions"] for s in statuses) == rounds  # Def-KT, Q = 1: one fusion per round, none lost
     assert sum(s["global_accuracy"] for s in statuses) / 4 > 0.8, "node.env's settings must learn"
     assert table.returncode == 0 and table.stdout.count("http://127.0.0.1:808") == 4

@@ -5,17 +5,24 @@
   commit 00655e2222608fa6eaecdf12ac5195889ca2244a (74133 bytes).
 - deploy/node.env is THE shared node command line: Compose (env_file), Kubernetes (kustomize
   configMapGenerator) and the namespace testbed read that one file; systemd installs a copy of it.
-- Every DFL_* key anywhere in deploy/ or the compose file is a field of NodeConfig, and each home's
+- Every DFL_* key anywhere in deploy/ or the compose files is a field of NodeConfig, and each home's
   full environment for a node is a valid NodeConfig.
+- The mutual-TLS variants (docker-compose.tls.yml, the deploy-tls/ kustomize overlay, the systemd
+  drop-in deploy/systemd/dfl-node-tls.conf): their documented commands are run (kubectl with
+  --dry-run=client), the files they make are placed where each home mounts them, and every node's
+  configuration then loads its certificate with the node's own checks (dfl_node.net.tls.load_tls).
 """
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -25,11 +32,16 @@ import yaml
 from dfl_node.config import load_config
 from dfl_node.node.config import NodeConfig
 from dfl_node.learning.fleet import fleet_ids
+from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY
+from dfl_node.net.tls import TlsFiles, dns_names, load_tls, tls_files
 from dfl_node.testbed.netns import PER_NODE_KEYS, NetnsHost, node_environment, read_env_file
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "docker-compose.yml"
+COMPOSE_TLS = ROOT / "docker-compose.tls.yml"
+K8S_TLS = ROOT / "deploy-tls"
+SYSTEMD_TLS = DEPLOY / "systemd" / "dfl-node-tls.conf"
 NODE_ENV = DEPLOY / "node.env"
 SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
 FIELDS = {f"DFL_{name.upper()}" for name in NodeConfig.model_fields}
@@ -184,7 +196,7 @@ def test_node_env_is_plain_and_portable() -> None:
 
 
 def test_every_dfl_key_is_a_node_config_field() -> None:
-    files = [COMPOSE, *sorted(p for p in DEPLOY.rglob("*") if p.is_file())]
+    files = [COMPOSE, COMPOSE_TLS, *sorted(p for d in (DEPLOY, K8S_TLS) for p in d.rglob("*") if p.is_file())]
     for path in files:
         found = set(re.findall(r"\bDFL_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
         assert found <= FIELDS, f"{path.relative_to(ROOT)} invents {sorted(found - FIELDS)}"
@@ -314,3 +326,261 @@ def test_netns_testbed_uses_node_env(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         assert config.id == fleet_ids(count)[index] and config.advertised_host == host.address
     script = (DEPLOY / "netns" / "testbed.sh").read_text()
     assert "-m dfl_node.testbed.netns" in script and "docker" not in script
+
+
+# ----------------------------------------------------------------------------- mutual TLS variants
+SECRET_MARKERS = ("PRIVATE KEY", "BEGIN CERTIFICATE")  # PEM; no credentials live in this repository
+
+
+def documented_commands(path: Path) -> list[str]:
+    """The shell commands of a file's leading comment: lines indented three spaces after ``#``, with
+    backslash continuations joined (what an operator copies from the header)."""
+    commands: list[str] = []
+    current: str | None = None
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        body = line[1:]
+        if current is not None:
+            current += " " + body.strip()
+        elif body.startswith("   ") and body.strip():
+            current = body.strip()
+        else:
+            continue
+        if current.endswith("\\"):
+            current = current[:-1].rstrip()
+        else:
+            commands.append(current)
+            current = None
+    return commands
+
+
+def run_documented(commands: list[str], cwd: Path) -> str:
+    """Run ``commands`` with bash in ``cwd`` as documented, with this checkout's ``dfl-node``, ``sudo``
+    as a no-op when already root (the chown is then real), and ``kubectl`` that only prints (no cluster)."""
+    prelude = [
+        "set -euo pipefail",
+        'dfl-node() { "$PYTHON" -m dfl_node "$@"; }',
+        'sudo() { if [ "$(id -u)" = 0 ]; then "$@"; else echo "not root, skipped: $*" >&2; fi; }',
+        'kubectl() { command kubectl "$@" --dry-run=client -o yaml; }',
+    ]
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(["bash", "-c", "\n".join([*prelude, *commands])], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, f"{commands} exited {done.returncode}:\n{done.stderr}"
+    return done.stdout
+
+
+def in_readme(commands: list[str]) -> None:
+    """Each command (without its trailing comment) appears in deploy/README.md, continuations joined."""
+    readme = " ".join(re.sub(r"\\\n", " ", (DEPLOY / "README.md").read_text()).split())
+    for command in commands:
+        code = " ".join(command.split("  #")[0].split())
+        assert code in readme, f"deploy/README.md lacks `{code}`"
+
+
+def mounted(files: TlsFiles, mounts: dict[Path, Path]) -> TlsFiles:
+    """The host files a container would see at ``files``' paths, given ``mounts`` (container path → host path)."""
+    return TlsFiles(*(mounts[path] for path in (files.ca, files.cert, files.key)))
+
+
+def tls_of(config: NodeConfig) -> TlsFiles:
+    files = tls_files(config.tls_dir, config.tls_ca, config.tls_cert, config.tls_key)
+    assert files is not None, "TLS is not configured"
+    return files
+
+
+# Compose
+def test_compose_tls_override_is_valid_and_adds_only_tls(raw_compose: dict) -> None:
+    raw = yaml.safe_load(COMPOSE_TLS.read_text())
+    unset: list[str] = []
+    resolved = interpolate(raw, unset)
+    assert unset == [], f"variables without a default: {unset}"
+    validator = jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))
+    for document in (raw, resolved):
+        assert [e.message for e in validator.iter_errors(document)] == []
+    _, _, nodes = split_services(interpolate(raw_compose, []))
+    assert set(resolved["services"]) == set(nodes), "every node, and only nodes, get credentials"
+    for name, svc in resolved["services"].items():
+        assert set(svc) == {"environment", "secrets"}
+        assert set(svc["environment"]) == {"DFL_TLS_DIR"}
+        for secret in svc["secrets"]:
+            assert resolved["secrets"][secret["source"]] == {"file": f"./certs/{name}/{secret['target']}"}
+    assert not any(marker in COMPOSE_TLS.read_text() for marker in SECRET_MARKERS)
+
+
+def test_compose_tls_documented_certs_load_where_each_node_reads_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = documented_commands(COMPOSE_TLS)
+    setup = [c for c in steps if c.startswith(("dfl-node ", "for ", "sudo "))]
+    assert len(setup) == 3 and all(c.startswith(("docker compose ", "CERTS_DIR=")) for c in steps if c not in setup)
+    in_readme(steps)
+    run_documented(setup, tmp_path)
+    certs = tmp_path / "certs"
+    uid, gid = re.findall(r"(?m)^USER (\d+):(\d+)\s*$", (DEPLOY / "Dockerfile").read_text())[-1]
+    if os.geteuid() == 0:  # the image's user owns what Compose bind-mounts, or node.key (0600) is unreadable
+        assert {(p.stat().st_uid, p.stat().st_gid) for p in certs.rglob("*")} == {(int(uid), int(gid))}
+    assert (certs / "node-0" / NODE_KEY).stat().st_mode & 0o077 == 0
+
+    compose = interpolate(yaml.safe_load(COMPOSE.read_text()), [])
+    tls = yaml.safe_load(COMPOSE_TLS.read_text())
+    _, _, nodes = split_services(compose)
+    for name, svc in nodes.items():
+        override = tls["services"][name]
+        env = {**SHARED, **svc["environment"], **override["environment"]}
+        config = node_config(env, monkeypatch)
+        # a relative secret target is mounted at /run/secrets/<target>; ${CERTS_DIR:-./certs} is ./certs here
+        mounts = {Path("/run/secrets") / s["target"]: tmp_path / interpolate(tls["secrets"][s["source"]]["file"], [])
+                  for s in override["secrets"]}
+        material = load_tls(mounted(tls_of(config), mounts), config.id)
+        assert material.node_id == name == config.id
+
+
+@pytest.mark.skipif(shutil.which("docker") is None or subprocess.run(["docker", "compose", "version"],
+                    capture_output=True).returncode != 0, reason="docker compose not installed")
+def test_docker_compose_merges_the_tls_override(tmp_path: Path) -> None:
+    argv = ["docker", "compose", "--project-directory", str(ROOT), "-f", str(COMPOSE), "-f", str(COMPOSE_TLS),
+            "config", "--format", "json"]
+    env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"} | {"CERTS_DIR": str(tmp_path)}
+    merged = json.loads(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True).stdout)
+    plain = json.loads(subprocess.run(argv[:6] + argv[8:], env=env, capture_output=True, text=True, timeout=60,
+                                      check=True).stdout)
+    for name, svc in merged["services"].items():
+        base = plain["services"][name]
+        if "secrets" not in svc:
+            assert name == "partition" and svc == base
+            continue
+        assert svc["environment"] == {**base["environment"], "DFL_TLS_DIR": "/run/secrets"}  # merged, not replaced
+        files = {s["target"]: merged["secrets"][s["source"]]["file"] for s in svc["secrets"]}
+        assert files == {f: str(tmp_path / name / f) for f in (CA_CERT, NODE_CERT, NODE_KEY)}
+        assert {k: v for k, v in svc.items() if k not in ("environment", "secrets")} == \
+            {k: v for k, v in base.items() if k != "environment"}
+
+
+def test_certificates_stay_out_of_git_and_the_image() -> None:
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert {"/certs/", "/swarm-ca/", "/tls/"} <= set(ignored)  # where the documented commands write keys
+    docker_ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    assert docker_ignore[0] == "*" and not [line for line in docker_ignore if "cert" in line or "swarm" in line or "tls" in line]
+    for path in [COMPOSE, COMPOSE_TLS, *(p for d in (DEPLOY, K8S_TLS) for p in d.rglob("*") if p.is_file())]:
+        assert not any(marker in path.read_text(errors="replace") for marker in SECRET_MARKERS), path
+
+
+# Kubernetes
+def kustomize(folder: Path) -> dict[tuple[str, str], dict]:
+    built = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=60, check=True)
+    assert not any(marker in built.stdout for marker in SECRET_MARKERS)
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built.stdout)}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) not installed")
+def test_kustomize_tls_overlay_mounts_the_secret_and_sets_the_tls_files() -> None:
+    base, overlay = kustomize(DEPLOY), kustomize(K8S_TLS)
+    assert overlay.keys() == base.keys() and not [k for k in overlay if k[0] == "Secret"]  # the operator makes it
+    sts_key = next(k for k in overlay if k[0] == "StatefulSet")
+    assert all(overlay[k] == base[k] for k in overlay if k != sts_key)
+    sts, pod = overlay[sts_key], overlay[sts_key]["spec"]["template"]["spec"]
+    (node,) = pod["containers"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == "dfl-node-tls"
+    mode = volume["secret"]["defaultMode"]
+    assert mode & 0o040 and not mode & 0o007 and pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+    (mount,) = [m for m in node["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    assert not [m for c in pod["initContainers"] for m in c["volumeMounts"] if m["name"] == volume["name"]]
+    names = [e["name"] for e in node["env"]]
+    tls_vars = ["DFL_TLS_CA", "DFL_TLS_CERT", "DFL_TLS_KEY"]
+    assert [n for n in names if n.startswith("DFL_TLS")] == tls_vars
+    assert min(names.index(n) for n in tls_vars) > names.index("DFL_ID")  # $(DFL_ID) is expanded only if defined before
+    # without the additions, the overlay's StatefulSet is the base's
+    stripped = copy.deepcopy(sts)
+    spec = stripped["spec"]["template"]["spec"]
+    spec["volumes"].remove(volume)
+    spec["containers"][0]["volumeMounts"].remove(mount)
+    spec["containers"][0]["env"] = [e for e in spec["containers"][0]["env"] if e["name"] not in tls_vars]
+    assert stripped == base[sts_key]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_kubernetes_documented_secret_gives_each_pod_its_certificate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = documented_commands(K8S_TLS / "kustomization.yaml")
+    assert steps[-1] == "kubectl apply -k deploy-tls/" and any(c.startswith("kubectl create secret") for c in steps)
+    in_readme(steps)
+    secret = yaml.safe_load(run_documented(steps[:-1], tmp_path))
+    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == "dfl-node-tls"
+    # the Secret volume: one file per key
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    for key, data in secret["data"].items():
+        (volume / key).write_bytes(base64.b64decode(data))
+
+    overlay = kustomize(K8S_TLS)
+    (sts,) = [d for k, d in overlay.items() if k[0] == "StatefulSet"]
+    pod = sts["spec"]["template"]["spec"]
+    (node,) = pod["containers"]
+    (mount,) = [m["mountPath"] for m in node["volumeMounts"] if m["name"] == "tls"]
+    configs, used = [], set()
+    for index in range(sts["spec"]["replicas"]):
+        env = expand(node["env"], {"POD_NAME": f"{sts['metadata']['name']}-{index}", "POD_INDEX": str(index)})
+        config = node_config({**SHARED, **{k: v for k, v in env.items() if k.startswith("DFL_")}}, monkeypatch)
+        files = tls_of(config)
+        mounts = {path: volume / path.relative_to(mount) for path in (files.ca, files.cert, files.key)}
+        used |= {p.name for p in mounts.values()}
+        configs.append((config, load_tls(mounted(files, mounts), config.id)))
+    assert used == set(secret["data"]), "every key of the Secret is read by a pod, and every file a pod reads exists"
+    # static peers: each address a node dials is a DNS name of that peer's certificate
+    from cryptography import x509
+
+    by_address = {f"{c.advertise}:{c.grpc_port}": x509.load_pem_x509_certificate(m.cert) for c, m in configs}
+    for config, _ in configs:
+        for peer in config.peers:
+            assert peer.rsplit(":", 1)[0] in dns_names(by_address[peer]), peer
+
+
+# systemd
+def test_systemd_tls_dropin_hands_the_node_its_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (service,) = unit_entries(SYSTEMD_TLS).values()
+    credentials = dict(value.split(":", 1) for key, value in service if key == "LoadCredential")
+    assert set(credentials) == {CA_CERT, NODE_CERT, NODE_KEY}  # the names --tls-dir reads
+    assert all(Path(source).parent == Path("/etc/dfl-node/tls") for source in credentials.values())
+    environment = [value for key, value in service if key == "Environment"]
+    assert [key for key, _ in service] == ["LoadCredential"] * 3 + ["Environment"]
+    (assignment,) = environment
+    name, _, value = assignment.partition("=")
+    assert name == "DFL_TLS_DIR"
+    # what systemd does at start: copy each source into /run/credentials/<unit> under its credential name
+    device = read_env_file(DEPLOY / "systemd" / "dfl-node.env")
+    assert not [key for key in device if key.startswith("DFL_TLS")]  # an EnvironmentFile= would override the drop-in
+    etc = tmp_path / "etc"
+    subprocess.run([sys.executable, "-m", "dfl_node", "certs", "init", "--out", str(tmp_path / "ca")], check=True,
+                   capture_output=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "dfl_node", "certs", "issue", device["DFL_ID"], "--ca", str(tmp_path / "ca"),
+                    "--out", str(etc), "--ip", device["DFL_HOST"]], check=True, capture_output=True, timeout=60)
+    run = Path(value.replace("%n", "dfl-node.service").replace("%d", "/run/credentials/dfl-node.service"))
+    assert run == Path("/run/credentials/dfl-node.service")  # systemd's credentials directory for a system service
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    for credential, source in credentials.items():
+        shutil.copy(etc / Path(source).name, creds / credential)
+    config = node_config({**SHARED, **device, name: str(creds)}, monkeypatch)
+    assert load_tls(tls_of(config), config.id).node_id == device["DFL_ID"]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_analyze_verify_with_the_tls_dropin(tmp_path: Path) -> None:
+    text = (DEPLOY / "systemd" / "dfl-node.service").read_text()
+    (tmp_path / "dfl-node.service").write_text(re.sub(r"(?m)^ExecStart=.*$", "ExecStart=/bin/true", text))
+    dropins = tmp_path / "dfl-node.service.d"
+    dropins.mkdir()
+    dropin = dropins / SYSTEMD_TLS.name
+
+    def verify() -> subprocess.CompletedProcess:  # drop-ins are read from the unit search path only
+        return subprocess.run(["systemd-analyze", "verify", "dfl-node.service"], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"})
+
+    dropin.write_text(SYSTEMD_TLS.read_text() + "LoadCredential=bad/name:/x\n")  # the control: a broken drop-in
+    assert "ignoring" in verify().stderr, "systemd-analyze did not read the drop-in"
+    shutil.copy(SYSTEMD_TLS, dropin)
+    res = verify()
+    assert res.returncode == 0 and "Unknown" not in res.stderr and "ignoring" not in res.stderr, res.stderr

@@ -64,6 +64,8 @@ class NodeStatus(Counters):
     algorithm: str
     mode: Literal["round", "async"]
     model: str = Field(default="", description="this node's architecture, a registry spec (e.g. cnn-ln:32,64)")
+    authentication: str = Field(default="none", description='how peers prove themselves: "mtls", "psk", '
+                                '"mtls+psk" or "none"')
     round: int
     role: str = Field(description='current role: "idle", "sender", "aggregator", "source", "candidate" or "holder"')
     peers: list[PeerInfo] = Field(default_factory=list)

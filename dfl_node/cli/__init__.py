@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from dfl_node import __version__
+from dfl_node.cli.certs import certs
 from dfl_node.cli.node_cmds import partition, start, status
 from dfl_node.cli.options import setup_logging
 from dfl_node.cli.plot import plot
@@ -36,7 +37,7 @@ def cli(log_level: str) -> None:
     setup_logging(log_level)
 
 
-for command in (simulate, testbed, start, partition, status, plot, sweep):
+for command in (simulate, testbed, start, partition, status, plot, sweep, certs):
     cli.add_command(command)
 
 

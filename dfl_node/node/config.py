@@ -27,6 +27,8 @@ class NodeConfig(LearningConfig):
     advertise: str | None = Field(None, description="address peers should dial (default: host; required with 0.0.0.0)")
     grpc_port: int = Field(50051, ge=1, le=65535, description="port peers stream models to (gRPC)")
     http_port: int = Field(8080, ge=0, le=65535, description="REST status port (0 disables the REST server)")
+    http_host: str = Field("127.0.0.1", description="address the REST API binds: loopback unless told otherwise, "
+                           "whatever --host says (it has no authentication; it is read-only)")
     status_url: str | None = Field(None, max_length=200, pattern=r"^https?://[^\s/]+(/\S*)?$",
                                    description="URL operators reach this node's REST API at, told to peers for "
                                                "`dfl-node status --all` (default: http://ADVERTISE:HTTP_PORT); "
@@ -34,6 +36,15 @@ class NodeConfig(LearningConfig):
     peers: list[str] = Field(default_factory=list, description="static peers HOST:PORT (networks without multicast)")
     mdns: bool = Field(True, description="discover peers by mDNS on the serving interface")
     swarm: str = Field("default", min_length=1, max_length=32, description="only peers of the same swarm talk")
+    tls_dir: Path | None = Field(None, description="mutual TLS: folder with ca.crt, node.crt and node.key (what "
+                                 "`dfl-node certs issue` writes); serve and dial only with certificates the swarm "
+                                 "CA signed, whose CN is the node id")
+    tls_ca: Path | None = Field(None, description="mutual TLS: the swarm CA certificate (default: TLS_DIR/ca.crt)")
+    tls_cert: Path | None = Field(None, description="mutual TLS: this node's certificate, CN and DNS name = its id "
+                                  "(default: TLS_DIR/node.crt)")
+    tls_key: Path | None = Field(None, description="mutual TLS: this node's private key (default: TLS_DIR/node.key)")
+    swarm_key_file: Path | None = Field(None, description="swarm-key mode: a file with the swarm's pre-shared key "
+                                        "(`dfl-node certs swarm-key`); peers prove it at Hello, without sending it")
     state_dir: Path | None = Field(None, description="checkpoint folder (default ./dfl-state/<id>)")
     min_peers: int = Field(1, ge=1, description="round mode: peers the lowest id waits for before round 0")
     rounds: int = Field(0, ge=0, description="round mode: stop after T rounds (0: run until stopped)")
@@ -42,6 +53,10 @@ class NodeConfig(LearningConfig):
     duration: float = Field(0.0, ge=0, description="async mode: stop volunteering after this many seconds (0: never)")
     heartbeat: float = Field(1.0, gt=0, description="seconds between liveness checks of each peer")
     peer_timeout: float = Field(4.0, gt=0, description="a peer silent this long leaves the table")
+    peer_expiry: float = Field(300.0, gt=0, description="a peer silent this long is forgotten (it rejoins when it "
+                               "answers again)")
+    max_pending_peers: int = Field(32, ge=1, description="peers that said Hello but have not yet answered ours, "
+                                   "at most (more are refused: peer_table_full)")
     round_timeout: float = Field(120.0, gt=0, description="round mode: longest wait for one pairing")
     probe_timeout: float = Field(10.0, gt=0, description="defkt-select: a candidate that has not answered a "
                                  "sender's selection probe after this many seconds is skipped (and counted)")
@@ -52,6 +67,8 @@ class NodeConfig(LearningConfig):
                                    "models at once; further senders are refused (over_memory)")
     min_accuracy: float = Field(0.0, ge=0, le=1, description="refuse a received whole model whose accuracy on this "
                                 "node's validation split is below this (low_accuracy); 0: no accuracy gate")
+    history_limit: int = Field(2048, ge=1, description="/history and the checkpoint keep this many newest events "
+                               "(bounded: a node that runs forever rewrites a bounded state file)")
     evaluate: bool = Field(True, description="evaluate local/global accuracy after every model change")
 
     @field_validator("peers", mode="before")

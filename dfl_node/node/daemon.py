@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import deque
 from typing import Any
 
 import grpc
@@ -26,11 +27,13 @@ from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
 from dfl_node.algorithms.selection import SelectsReceiver
 from dfl_node.api.schemas import COUNTER_FIELDS, HistoryEntry, NodeStatus
+from dfl_node.config import OperatorError
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.devices import resolve_device
 from dfl_node.learning.fleet import read_node_data
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.training import evaluate
+from dfl_node.net.auth import load_security
 from dfl_node.net.codec import Limits, Manifest, TransferRejected, manifest_of
 from dfl_node.net.probes import probe_from_request, probe_reply
 from dfl_node.net.proto import dfl_pb2 as pb
@@ -41,6 +44,7 @@ from dfl_node.node.config import NodeConfig
 from dfl_node.node.exchange import GrpcTransport, TransferFailed
 from dfl_node.node.gate import check_received
 from dfl_node.node.handshake import Handshake
+from dfl_node.node.logs import RateLimitedLog
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.persistence import Checkpoint
 from dfl_node.node.rounds import RoundScheduler
@@ -76,6 +80,12 @@ class Intake:
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
+        try:  # mutual TLS and/or the swarm key: checked first, and never silently left out
+            self.security = load_security(config.id, tls_dir=config.tls_dir, tls_ca=config.tls_ca,
+                                          tls_cert=config.tls_cert, tls_key=config.tls_key,
+                                          swarm_key_file=config.swarm_key_file)
+        except ValueError as exc:
+            raise OperatorError(str(exc)) from None
         self.started = time.time()
         self.boot_id = uuid.uuid4().hex
         self.device = resolve_device(config.device)  # the shard, the test set and the model move there once
@@ -94,15 +104,18 @@ class Node:
         self.idle_timeout = config.stream_timeout
         self.grpc_address = f"{config.advertised_host}:{config.grpc_port}"
         self.checkpoint = Checkpoint(config.state_path)
-        self.state = NodeState()
+        self.state = NodeState(history=deque(maxlen=config.history_limit))
         self.collector: Collector | None = None  # the group this node aggregates now
         self.clients: dict[str, PeerClient] = {}
         self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up
         self._settling: asyncio.Task | None = None
+        self.refusals = RateLimitedLog(log)  # a line per refusal reason at most every 10 s; /status counts them all
         self.handshake = Handshake(self)
         self.peers = PeerTable(config.id, self.handshake.probe, heartbeat=config.heartbeat,
                                timeout=config.peer_timeout, static=config.peers,
-                               on_join=lambda *joined: self.scheduler.on_join(*joined))
+                               on_join=lambda *joined: self.scheduler.on_join(*joined),
+                               expiry=config.peer_expiry, max_pending=config.max_pending_peers,
+                               on_forget=self._forget_client, on_lost=self._peer_lost)
         self._restore()
         self.state.digest = param_digest(self.ctx.model.state_dict())
         self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
@@ -370,14 +383,33 @@ class Node:
         self.state.done = True
         await self.save()
 
+    def _forget_client(self, address: str) -> None:
+        """The peer table no longer knows ``address``: close our channel to it (fds and memory stay bounded)."""
+        client = self.clients.pop(address, None)
+        if client is not None:
+            asyncio.get_running_loop().create_task(client.close())
+
+    def _peer_lost(self, peer_id: str) -> None:
+        """A peer stopped answering: an aggregator no longer waits for it (it would only wait for its deadline)."""
+        collector = self.collector
+        if collector is not None and peer_id in collector.missing() and peer_id not in collector.receiving:
+            log.info("%s: round %d: sender %s is gone; not waiting for it", self.config.id, collector.round, peer_id)
+            collector.withdraw(peer_id)
+
     def client(self, address: str) -> PeerClient:
-        if address not in self.clients:
-            self.clients[address] = PeerClient(address, self.wire)
-        return self.clients[address]
+        """Our channel to ``address``; with mTLS, one that checks the certificate of the node we know is there."""
+        name = self.handshake.names.get(address) if self.security.tls else None
+        client = self.clients.get(address)
+        if client is None or client.tls_name != name:
+            if client is not None:  # retired, not cut: a call may still be under way on it
+                asyncio.get_running_loop().call_later(self.config.round_timeout,
+                                                      lambda old=client: asyncio.ensure_future(old.close()))
+            client = self.clients[address] = PeerClient(address, self.wire, self.security, name, self.handshake.message)
+        return client
 
     # ----- RPC handlers (dfl_node.net.transport.NodeHandler) -------------------------------
-    def hello(self, request: pb.HelloRequest, peer: str) -> pb.HelloReply:
-        return self.handshake.answer(request, peer)
+    def hello(self, request: pb.HelloRequest, peer: str, refused: str | None = None) -> pb.HelloReply:
+        return self.handshake.answer(request, peer, refused)
 
     async def admit(self, header: pb.TransferHeader) -> Intake:
         """A transfer is wanted only by an aggregator whose group names its sender, for that round and epoch."""
@@ -439,7 +471,7 @@ class Node:
 
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:
         self.state.rejected[reason] += 1
-        log.warning("rejected a transfer from %s: %s (%s)", sender, reason, detail)
+        self.refusals.warning(reason, "rejected a request from %s: %s (%s)", sender, reason, detail[:300])
 
     def on_transferred(self, sent: int, received: int) -> None:
         self.state.counters.update(bytes_sent=sent, bytes_received=received)
@@ -457,7 +489,8 @@ class Node:
         role = "holder" if state.role is Role.IDLE and state.holding else state.role.value
         return NodeStatus(
             id=self.config.id, swarm=self.config.swarm, algorithm=self.config.algorithm, mode=self.config.mode,
-            model=str(self.ctx.spec), round=state.round, role=role, peers=self.peers.infos(),
+            model=str(self.ctx.spec), authentication=self.security.mode, round=state.round, role=role,
+            peers=self.peers.infos(),
             local_accuracy=local, global_accuracy=global_,
             **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
             boot_id=self.boot_id, uptime_s=time.time() - self.started, grpc_address=self.grpc_address,

@@ -5,6 +5,12 @@ tell that a node crashed (its records linger for many minutes), so liveness is t
 every ``heartbeat`` seconds each known address gets a Hello with a short deadline; a peer silent
 for ``peer_timeout`` seconds is marked dead and leaves the round plans, and rejoins as soon as it
 answers again.
+
+The table is bounded. A peer is *confirmed* only once it answered a Hello of ours at the address it
+gave: a Hello it sends us (anyone can send one, with any id and address) makes it *pending*, at most
+``max_pending`` at a time (more are refused and counted: ``peer_table_full``); a pending peer is
+probed at once and dropped if it does not answer within ``timeout``. A confirmed peer silent for
+``expiry`` seconds leaves the table (and its channel is closed, ``on_forget``).
 """
 
 from __future__ import annotations
@@ -48,14 +54,22 @@ class Peer:
 
 class PeerTable:
     def __init__(self, self_id: str, hello: HelloFn, *, heartbeat: float, timeout: float, static: list[str],
-                 on_join: Callable[[str, bool], None] = lambda peer_id, restarted: None) -> None:
+                 on_join: Callable[[str, bool], None] = lambda peer_id, restarted: None,
+                 expiry: float = 300.0, max_pending: int = 32,
+                 on_forget: Callable[[str], None] = lambda address: None,
+                 on_lost: Callable[[str], None] = lambda peer_id: None) -> None:
         self.self_id = self_id
         self.on_join = on_join
+        self.on_forget = on_forget  # an address nobody in the table uses any more: its channel can go
+        self.on_lost = on_lost  # a confirmed peer stopped answering (or said goodbye)
         self.hello = hello
         self.heartbeat = heartbeat
         self.timeout = timeout
+        self.expiry = max(expiry, timeout)
+        self.max_pending = max_pending
         self.static = list(static)
         self.peers: dict[str, Peer] = {}
+        self.pending: dict[str, tuple[str, float]] = {}  # id -> (address, when first heard): not yet confirmed
         self.changed = asyncio.Condition()
 
     def alive_ids(self) -> list[str]:
@@ -93,6 +107,23 @@ class PeerTable:
             asyncio.get_running_loop().create_task(self._notify())
             self.on_join(peer.id, restarted)
 
+    def heard(self, request: pb.HelloRequest) -> bool:
+        """A Hello a peer sent us. A confirmed peer (same boot, same address) is alive again; anyone else
+        is pending until it answers a Hello of ours (probed now). False: the pending table is full."""
+        if request.node_id == self.self_id or not request.grpc_address:
+            return True
+        peer = self.peers.get(request.node_id)
+        if peer is not None and peer.boot_id == request.boot_id and peer.address == request.grpc_address:
+            self.seen(request)
+            return True
+        if request.node_id in self.pending:
+            return True
+        if len(self.pending) >= self.max_pending:
+            return False
+        self.pending[request.node_id] = (request.grpc_address, time.monotonic())
+        asyncio.get_running_loop().create_task(self.probe(request.grpc_address))
+        return True
+
     def lost(self, peer_id: str) -> None:
         """mDNS said goodbye (or the peer stopped answering)."""
         peer = self.peers.get(peer_id)
@@ -100,21 +131,42 @@ class PeerTable:
             peer.alive = False
             log.info("peer %s left (silent or said goodbye)", peer_id)
             asyncio.get_running_loop().create_task(self._notify())
+            self.on_lost(peer_id)
 
     async def probe(self, address: str) -> None:
         reply = await self.hello(address)
         if reply is not None:
+            self.pending.pop(reply.node_id, None)
             self.seen(reply)
+
+    def _in_use(self, address: str) -> bool:
+        return (address in self.static or any(p.address == address for p in self.peers.values())
+                or any(a == address for a, _ in self.pending.values()))
+
+    def prune(self) -> None:
+        """Mark the silent dead, drop the long dead and the pending that never answered."""
+        now, mono = time.time(), time.monotonic()
+        for peer in list(self.peers.values()):
+            if peer.alive and now - peer.last_seen > self.timeout:
+                self.lost(peer.id)
+            if not peer.alive and now - peer.last_seen > self.expiry:
+                del self.peers[peer.id]
+                log.info("peer %s forgotten (silent for %.0f s)", peer.id, now - peer.last_seen)
+                if not self._in_use(peer.address):
+                    self.on_forget(peer.address)
+        for peer_id, (address, since) in list(self.pending.items()):
+            if mono - since > self.timeout:
+                del self.pending[peer_id]
+                if not self._in_use(address):
+                    self.on_forget(address)
 
     async def run(self) -> None:
         """Heartbeat every known address; expire peers silent for longer than ``timeout``."""
         while True:
-            addresses = {p.address for p in self.peers.values()} | set(self.static)
+            addresses = ({p.address for p in self.peers.values()} | set(self.static)
+                         | {a for a, _ in self.pending.values()})
             await asyncio.gather(*(self.probe(a) for a in addresses))
-            now = time.time()
-            for peer in list(self.peers.values()):
-                if peer.alive and now - peer.last_seen > self.timeout:
-                    self.lost(peer.id)
+            self.prune()
             await asyncio.sleep(self.heartbeat)
 
     def profiles(self) -> list[NodeProfile]:

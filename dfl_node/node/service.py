@@ -60,16 +60,17 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _bind_failure(what: str, flag: str, host: str, port: int, exc: OSError) -> OperatorError:
+def _bind_failure(what: str, flag: str, host: str, port: int, exc: OSError, host_flag: str = "--host") -> OperatorError:
     """Why ``host:port`` cannot be bound, in the operator's terms (the errno alone says little)."""
     where = f"{host}:{port}"
     if isinstance(exc, socket.gaierror):  # its errno is a resolver code, not an errno
-        return OperatorError(f"cannot bind {where}: --host {host!r} does not resolve to an address ({exc.strerror})")
+        return OperatorError(f"cannot bind {where}: {host_flag} {host!r} does not resolve to an address ({exc.strerror})")
     if exc.errno == errno.EADDRINUSE:
         return OperatorError(f"{what} port {where} is already in use (another node? choose {flag})")
     if exc.errno == errno.EADDRNOTAVAIL:
         return OperatorError(f"cannot bind {where}: that address is not on this machine "
-                             "(--host must be one of its addresses, or 0.0.0.0 with --advertise)")
+                             f"({host_flag} must be one of its addresses, or 0.0.0.0"
+                             f"{' with --advertise' if host_flag == '--host' else ''})")
     if exc.errno == errno.EACCES:
         return OperatorError(f"cannot bind {where}: permission denied (ports below 1024 need privileges; "
                              f"choose {flag})")
@@ -85,7 +86,7 @@ async def _serve_grpc(node: Node) -> grpc.aio.Server:
     host, port = node.config.host, node.config.grpc_port
     try:
         _listen(host, port).close()
-        server, _ = await start_server(node, host, port)
+        server, _ = await start_server(node, host, port, node.security)
     except OSError as exc:
         raise _bind_failure("gRPC", "--grpc-port", host, port, exc) from None
     except RuntimeError as exc:  # grpc: "Failed to bind to address …"
@@ -97,9 +98,9 @@ def _bind_http(config: NodeConfig) -> socket.socket | None:
     if not config.http_port:
         return None
     try:
-        return _listen(config.host, config.http_port)
+        return _listen(config.http_host, config.http_port)
     except OSError as exc:
-        raise _bind_failure("HTTP", "--http-port", config.host, config.http_port, exc) from None
+        raise _bind_failure("HTTP", "--http-port", config.http_host, config.http_port, exc, "--http-host") from None
 
 
 async def _check_static_peers(node: Node) -> None:
@@ -122,6 +123,13 @@ async def _announce_on_mdns(node: Node, on_found: Callable[[Announcement], objec
     except ValueError as exc:  # an --advertise name that does not resolve, an interface that is not there
         raise OperatorError(f"mDNS: {exc}") from None
     return discovery
+
+
+def _found(node: Node, found: Announcement) -> None:
+    """A peer announced on mDNS: say Hello. With mTLS its certificate must be for the id it announced
+    (mDNS gives an IP address, which no certificate names)."""
+    node.handshake.names[found.grpc_address] = found.node_id
+    asyncio.get_running_loop().create_task(node.peers.probe(found.grpc_address))
 
 
 async def _close_clients(node: Node) -> None:
@@ -154,7 +162,7 @@ async def start_up(node: Node) -> Bound:
         await _check_static_peers(node)
         discovery = None
         if config.mdns:
-            discovery = await _announce_on_mdns(node, lambda a: loop.create_task(node.peers.probe(a.grpc_address)))
+            discovery = await _announce_on_mdns(node, lambda a: _found(node, a))
             undo.push_async_callback(discovery.stop)
         if node.handshake.duplicate:  # a Hello with our id arrived while we were starting
             raise OperatorError(node.handshake.duplicate)
@@ -180,8 +188,9 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
     bound = await start_up(node)
-    log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s",
-             config.id, config.host, config.grpc_port, node.grpc_address, config.swarm, config.algorithm, config.mode)
+    log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s, authentication: %s",
+             config.id, config.host, config.grpc_port, node.grpc_address, config.swarm, config.algorithm, config.mode,
+             node.security.mode)
     workers: list[asyncio.Task] = []
     http, http_task = None, None
     if bound.http_socket:

@@ -7,12 +7,14 @@ stores the durable part (:meth:`NodeState.durable`).
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from dfl_node.algorithms.plan import Role
 from dfl_node.api.schemas import HistoryEntry
+
+HISTORY_LIMIT = 2048  # default of --history-limit: /history and state.json keep this many newest entries
 
 
 @dataclass
@@ -27,19 +29,22 @@ class NodeState:
     max_fusing: int = 0
     accuracy: tuple[float | None, float | None] = (None, None)  # (local, global) of the current model
     digest: str = ""  # sha256 of the current parameters
-    history: list[HistoryEntry] = field(default_factory=list)
+    history: deque[HistoryEntry] = field(default_factory=lambda: deque(maxlen=HISTORY_LIMIT))  # the newest only
     counters: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
 
     def durable(self) -> dict[str, Any]:
         """What a checkpoint keeps (role and fusing are about this process only)."""
         return {"round": self.round, "epoch": self.epoch, "done": self.done, "token_state": self.token_state,
-                "counters": dict(self.counters), "history": [h.model_dump(mode="json") for h in self.history]}
+                "counters": dict(self.counters), "rejected": dict(self.rejected),
+                "history": [h.model_dump(mode="json") for h in self.history]}
 
     def restore(self, saved: dict[str, Any]) -> None:
         self.round, self.epoch = saved.get("round", 0), saved.get("epoch", 0)
         self.token_state = dict(saved.get("token_state", {}))
         self.counters.update(saved.get("counters", {}))
-        self.history = [HistoryEntry.model_validate(h) for h in saved.get("history", [])]
+        self.rejected.update(saved.get("rejected", {}))
+        self.history = deque((HistoryEntry.model_validate(h) for h in saved.get("history", [])),
+                             maxlen=self.history.maxlen)
         if self.history:
             self.accuracy = (self.history[-1].local_accuracy, self.history[-1].global_accuracy)

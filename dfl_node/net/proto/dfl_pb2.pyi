@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HelloRequest(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "auth_nonce", "auth_challenge", "auth_proof")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,9 @@ class HelloRequest(_message.Message):
     STATUS_URL_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    AUTH_NONCE_FIELD_NUMBER: _ClassVar[int]
+    AUTH_CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    AUTH_PROOF_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -30,10 +33,13 @@ class HelloRequest(_message.Message):
     status_url: str
     model: str
     num_samples: int
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ...) -> None: ...
+    auth_nonce: bytes
+    auth_challenge: bytes
+    auth_proof: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_challenge: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "auth_nonce", "auth_proof")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +53,8 @@ class HelloReply(_message.Message):
     STATUS_URL_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    AUTH_NONCE_FIELD_NUMBER: _ClassVar[int]
+    AUTH_PROOF_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -60,7 +68,9 @@ class HelloReply(_message.Message):
     status_url: str
     model: str
     num_samples: int
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ...) -> None: ...
+    auth_nonce: bytes
+    auth_proof: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ...) -> None: ...
 
 class TensorEntry(_message.Message):
     __slots__ = ("name", "dtype", "shape", "start", "count", "offset", "nbytes")

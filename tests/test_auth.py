@@ -1,0 +1,387 @@
+"""An authenticated swarm (issue 13): mutual TLS with the swarm's CA, and the lighter swarm key.
+
+- ``dfl-node certs`` issues the CA, node certificates and swarm keys; a node told to authenticate
+  whose files are missing or wrong refuses to start with one line (exit 1), never runs without it.
+- In-process nodes on loopback (real gRPC): a peer without a valid certificate, or without the key,
+  is refused at the TLS handshake or at Hello, counted in ``rejected``, and never enters the peer
+  table; a Transfer, Pull, Probe, Assign or PassToken from a connection that has not authenticated, or
+  in another node's name, is refused and counted; a replayed Hello is refused.
+- Fleets of real daemons with mTLS and with a swarm key run rounds and end bit-identical to the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import shutil
+import stat
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from click.testing import CliRunner
+from cryptography import x509
+from safetensors.torch import load_file
+
+from dfl_node import PROTOCOL_VERSION
+from dfl_node.cli import cli
+from dfl_node.config import OperatorError
+from dfl_node.learning.fleet import provision
+from dfl_node.net import psk
+from dfl_node.net.certs import init_ca, issue_node, new_swarm_key
+from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
+from dfl_node.net.tls import TlsError, TlsFiles, dns_names, load_tls
+from dfl_node.node.daemon import Node
+from dfl_node.node.service import announcement
+from dfl_node.sim import Simulation
+from dfl_node.testbed.launcher import NodeProcess, Placement, all_done, plan_fleet, wait_until
+from tests.conftest import FLEET
+from dfl_node.node.service import _bind_http
+from dfl_node.testbed.launcher import free_port
+from tests.test_startup_errors import node_config, running, start_cli
+
+IDS = [f"node-{i}" for i in range(FLEET.nodes)]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The swarm CA and a certificate per fleet node (loopback: 127.0.0.1 is a name of each), plus an
+    intruder: a certificate for node-2 from a CA of its own."""
+    root = tmp_path_factory.mktemp("pki")
+    init_ca(root / "ca")
+    for node_id in IDS:
+        issue_node(root / "ca", node_id, root / node_id, ips=("127.0.0.1",))
+    init_ca(root / "other-ca")
+    issue_node(root / "other-ca", "node-2", root / "intruder", ips=("127.0.0.1",))
+    return root
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def hello_from(node: Node, **changes: object) -> pb.HelloRequest:
+    """A compatible Hello in another node's name (what a stranger that copied our settings would send)."""
+    request = node.handshake.message()
+    for key, value in changes.items():
+        setattr(request, key, value)
+    return request
+
+
+# ----------------------------------------------------------------------------- issuing credentials
+
+
+def test_certs_cli_issues_the_ca_node_certificates_and_a_swarm_key(tmp_path: Path) -> None:
+    runner, ca, out = CliRunner(), tmp_path / "ca", tmp_path / "tls" / "node-7"
+    done = runner.invoke(cli, ["certs", "init", "--out", str(ca)])
+    assert done.exit_code == 0, done.output
+    done = runner.invoke(cli, ["certs", "issue", "node-7", "--ca", str(ca), "--out", str(out), "--dns", "n7.lan",
+                               "--ip", "10.0.0.7"])
+    assert done.exit_code == 0, done.output
+    cert = x509.load_pem_x509_certificate((out / "node.crt").read_bytes())
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate((ca / "ca.crt").read_bytes()))
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert dns_names(cert) == ["node-7", "n7.lan"] and [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
+    assert (out / "ca.crt").read_bytes() == (ca / "ca.crt").read_bytes()
+    for key in (ca / "ca.key", out / "node.key"):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert load_tls(TlsFiles(out / "ca.crt", out / "node.crt", out / "node.key"), "node-7").node_id == "node-7"
+
+    again = runner.invoke(cli, ["certs", "init", "--out", str(ca)])  # a CA is never replaced by accident
+    assert again.exit_code == 1 and "exists; not overwriting the swarm CA" in again.output
+    bad = runner.invoke(cli, ["certs", "issue", "no such id", "--ca", str(ca)])
+    assert bad.exit_code == 2 and "is not a node id" in bad.output
+
+    done = runner.invoke(cli, ["certs", "swarm-key", str(tmp_path / "swarm.key")])
+    assert done.exit_code == 0 and stat.S_IMODE((tmp_path / "swarm.key").stat().st_mode) == 0o600
+    assert len(psk.read_swarm_key(tmp_path / "swarm.key")) == 64
+
+
+def test_tls_files_are_checked_at_load(pki: Path) -> None:
+    files = TlsFiles(pki / "node-0" / "ca.crt", pki / "node-0" / "node.crt", pki / "node-0" / "node.key")
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=800)
+    with pytest.raises(TlsError, match=r"expired on \d{4}-\d\d-\d\d; issue a new one"):
+        load_tls(files, "node-0", now=later)
+    earlier = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)
+    with pytest.raises(TlsError, match="is not valid before .* clock right"):
+        load_tls(files, "node-0", now=earlier)
+
+
+# ----------------------------------------------------------------------------- refusing to start
+
+
+def _settings(pki: Path, tmp_path: Path, case: str) -> tuple[dict, str]:
+    """Node settings for one misconfiguration, and the one line it must be refused with."""
+    own = pki / "node-0"
+    broken = tmp_path / "broken"
+    shutil.copytree(own, broken)
+    if case == "missing certificate":
+        (broken / "node.crt").unlink()
+        return {"tls_dir": broken}, f"--tls-cert {broken / 'node.crt'} does not exist (issue one with `dfl-node certs issue`)"
+    if case == "another node's certificate":
+        return ({"tls_ca": own / "ca.crt", "tls_cert": pki / "node-1" / "node.crt", "tls_key": pki / "node-1" / "node.key"},
+                f"--tls-cert {pki / 'node-1' / 'node.crt'} is for node 'node-1', not --id 'node-0' (a node certificate "
+                "names its node id as CN and DNS name: `dfl-node certs issue NODE-ID`)")
+    if case == "a key of another certificate":
+        shutil.copy(pki / "node-1" / "node.key", broken / "node.key")
+        return {"tls_dir": broken}, f"--tls-key {broken / 'node.key'} is not the key of --tls-cert {broken / 'node.crt'}"
+    if case == "a certificate of another CA":
+        return ({"tls_ca": own / "ca.crt", "tls_cert": pki / "intruder" / "node.crt", "tls_key": pki / "intruder" / "node.key"},
+                f"--tls-cert {pki / 'intruder' / 'node.crt'} is not signed by the swarm CA --tls-ca {own / 'ca.crt'}")
+    if case == "a node certificate as the CA":
+        return ({"tls_dir": own, "tls_ca": own / "node.crt"},
+                f"--tls-ca {own / 'node.crt'} is not a CA certificate (make the swarm CA with `dfl-node certs init`)")
+    if case == "a key that is not PEM":
+        (broken / "node.key").write_text("not a key\n")
+        return {"tls_dir": broken}, f"--tls-key {broken / 'node.key'} is not a PEM private key"
+    if case == "a certificate without its key":
+        return ({"tls_cert": own / "node.crt"}, "TLS is configured but --tls-ca and --tls-key is not: mutual TLS needs "
+                "the swarm CA, this node's certificate and its key (or --tls-dir with ca.crt, node.crt and node.key)")
+    if case == "a short swarm key":
+        (tmp_path / "short.key").write_text("0123456789\n")
+        return ({"swarm_key_file": tmp_path / "short.key"}, f"swarm key file {tmp_path / 'short.key'} holds 10 bytes; "
+                "a swarm key needs at least 32 (make one with `dfl-node certs swarm-key FILE`)")
+    assert case == "a missing swarm key"
+    return ({"swarm_key_file": tmp_path / "none.key"}, f"swarm key file {tmp_path / 'none.key'} does not exist "
+            f"(make one with `dfl-node certs swarm-key {tmp_path / 'none.key'}`)")
+
+
+@pytest.mark.parametrize("case", ["missing certificate", "another node's certificate", "a key of another certificate",
+                                  "a certificate of another CA", "a node certificate as the CA", "a key that is not PEM",
+                                  "a certificate without its key", "a short swarm key", "a missing swarm key"])
+def test_unusable_credentials_stop_the_node_before_anything(fleet_shards: Path, pki: Path, tmp_path: Path,
+                                                            case: str) -> None:
+    settings, line = _settings(pki, tmp_path, case)
+    with pytest.raises(OperatorError) as refused:
+        Node(node_config(fleet_shards, tmp_path / "state", **settings))
+    assert str(refused.value) == line
+    assert not (tmp_path / "state").exists()  # nothing locked or written
+
+
+async def test_dfl_node_start_with_tls_and_a_missing_certificate_exits_1_with_one_line(
+        fleet_shards: Path, pki: Path, tmp_path: Path) -> None:
+    settings, line = _settings(pki, tmp_path, "missing certificate")
+    status, lines, text = await start_cli(node_config(fleet_shards, tmp_path / "state", **settings))
+    assert status == 1 and lines == [f"error: {line}"] and "serving" not in text
+
+
+# ----------------------------------------------------------------------------- mutual TLS
+
+
+def _channel(address: str, folder: Path, name: str) -> grpc.aio.Channel:
+    creds = grpc.ssl_channel_credentials((folder / "ca.crt").read_bytes(), (folder / "node.key").read_bytes(),
+                                         (folder / "node.crt").read_bytes())
+    return grpc.aio.secure_channel(address, creds, options=[("grpc.ssl_target_name_override", name),
+                                                            ("grpc.use_local_subchannel_pool", 1)])
+
+
+async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_false_id_at_hello(
+        fleet_shards: Path, pki: Path, tmp_path: Path) -> None:
+    def config(node_id: str, folder: Path, peers: list[str], port: int):  # noqa: ANN202
+        return node_config(fleet_shards, tmp_path / node_id / folder.name, id=node_id, data=fleet_shards / node_id,
+                           grpc_port=port, tls_dir=folder, peers=peers, mode="async", interval=3600)
+
+    ports = [free_port() for _ in range(3)]
+    a, b, x = (f"127.0.0.1:{p}" for p in ports)
+    async with running(config("node-0", pki / "node-0", [b, x], ports[0])) as node0, \
+            running(config("node-1", pki / "node-1", [a], ports[1])) as node1, \
+            running(config("node-2", pki / "intruder", [a], ports[2])) as intruder:
+        await until(lambda: node0.peers.alive_ids() == ["node-1"] and node1.peers.alive_ids() == ["node-0"])
+        await until(lambda: node0.state.rejected["tls_handshake"] >= 3 and intruder.state.rejected["tls_handshake"] >= 3)
+        assert "node-2" not in node0.peers.peers and not intruder.peers.peers  # neither side took the other in
+        assert node0.status().authentication == "mtls" and node0.handshake.names == {b: "node-1"}
+
+        # node-1's certificate, a Hello in node-3's name: refused at Hello, counted
+        async with _channel(a, pki / "node-1", "node-0") as channel:
+            stub = pb_grpc.DflNodeStub(channel)
+            reply = await stub.Hello(hello_from(node0, node_id="node-3", grpc_address="127.0.0.1:9"), timeout=5)
+            assert (reply.accepted, reply.reason) == (False, "identity_mismatch")
+            assert "node-3" not in node0.peers.peers and "node-3" not in node0.peers.pending
+            # a transfer and a probe in another node's name
+            frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-3", swarm=node0.config.swarm))]
+            verdicts = [f async for f in stub.Transfer(iter(frames), timeout=5)]
+            assert (verdicts[0].result.accepted, verdicts[0].result.reason) == (False, "identity_mismatch")
+            with pytest.raises(grpc.aio.AioRpcError) as probe:
+                await stub.Probe(pb.ProbeRequest(sender="node-3", swarm=node0.config.swarm), timeout=5)
+            assert probe.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert node0.state.rejected["identity_mismatch"] == 3
+        async with grpc.aio.insecure_channel(a) as plain:  # no certificate at all: no connection
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await pb_grpc.DflNodeStub(plain).Hello(hello_from(node0), timeout=3)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        txt = announcement(node0).to_txt()  # mDNS says who we are, nothing that proves it
+        assert not any("CERTIFICATE" in v or "KEY" in v for v in txt.values())
+
+
+# ----------------------------------------------------------------------------- the swarm key
+
+
+async def _signed_hello(stub: pb_grpc.DflNodeStub, key: bytes, request: pb.HelloRequest) -> pb.HelloRequest:
+    """The challenge–response on ``stub``'s connection; returns the Hello that authenticated it."""
+    first = psk.sign_request(key, request, None)
+    reply = await stub.Hello(first, timeout=5)
+    assert reply.reason == psk.AUTH_REQUIRED
+    psk.check_reply(key, first, reply)
+    signed = psk.sign_request(key, request, reply.auth_nonce)
+    reply = await stub.Hello(signed, timeout=5)
+    psk.check_reply(key, signed, reply)
+    assert reply.accepted, reply.reason
+    return signed
+
+
+async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authenticated_connections_served(
+        fleet_shards: Path, tmp_path: Path) -> None:
+    key, other = new_swarm_key(tmp_path / "swarm.key"), new_swarm_key(tmp_path / "other.key")
+
+    def config(node_id: str, peers: list[str], port: int, key_file: Path | None):  # noqa: ANN202
+        return node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id, grpc_port=port,
+                           swarm_key_file=key_file, peers=peers, mode="async", interval=3600)
+
+    ports = [free_port() for _ in range(4)]
+    a, b, c, d = (f"127.0.0.1:{p}" for p in ports)
+    async with running(config("node-0", [b, c, d], ports[0], key)) as node0, \
+            running(config("node-1", [a], ports[1], key)) as node1, \
+            running(config("node-2", [a], ports[2], other)) as wrong_key, \
+            running(config("node-3", [a], ports[3], None)) as keyless:
+        await until(lambda: node0.peers.alive_ids() == ["node-1"] and node1.peers.alive_ids() == ["node-0"])
+        rejected = node0.state.rejected
+        await until(lambda: rejected["auth_failed"] >= 3 and rejected["unauthenticated"] >= 6)
+        assert not wrong_key.peers.peers and wrong_key.state.rejected["auth_failed"] >= 3  # it cannot check ours either
+        assert set(node0.peers.peers) == {"node-1"} and not node0.peers.pending
+        assert node0.status().authentication == "psk" and "auth_required" not in rejected
+
+        swarm_key = psk.read_swarm_key(key)
+        stranger = hello_from(node0, node_id="node-9", grpc_address="127.0.0.1:9")
+        async with grpc.aio.insecure_channel(a, options=[("grpc.use_local_subchannel_pool", 1)]) as channel, \
+                grpc.aio.insecure_channel(a, options=[("grpc.use_local_subchannel_pool", 1)]) as other_channel:
+            stub, unauthenticated = pb_grpc.DflNodeStub(channel), pb_grpc.DflNodeStub(other_channel)
+            signed = await _signed_hello(stub, swarm_key, stranger)
+            before = dict(rejected)
+            # this connection proved the key as node-9: its probe reaches the node (which is not selecting)
+            answer = await stub.Probe(pb.ProbeRequest(sender="node-9", swarm=node0.config.swarm), timeout=5)
+            assert (answer.ok, answer.reason) == (False, "not_selecting")
+            with pytest.raises(grpc.aio.AioRpcError) as denied:  # …but only in its own name
+                await stub.Probe(pb.ProbeRequest(sender="node-1", swarm=node0.config.swarm), timeout=5)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            # another connection that said no Hello: nothing is served on it
+            for call in (unauthenticated.Assign(pb.RoundAssignment(round=0, role="sender"), timeout=5),
+                         unauthenticated.PassToken(pb.RoundToken(round=0, holder="node-0"), timeout=5),
+                         unauthenticated.Probe(pb.ProbeRequest(sender="node-9"), timeout=5)):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await call
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-9", swarm=node0.config.swarm))]
+            verdicts = [f async for f in unauthenticated.Transfer(iter(frames), timeout=5)]
+            assert verdicts[0].result.reason == "unauthenticated"
+            pulled = [f async for f in unauthenticated.Pull(pb.PullRequest(aggregator="node-9"), timeout=5)]
+            assert pulled[0].result.reason == "unauthenticated"
+            # a captured Hello, replayed (here even on the connection it came from): refused
+            replayed = await unauthenticated.Hello(signed, timeout=5)
+            assert (replayed.accepted, replayed.reason) == (False, "auth_replay")
+        delta = {k: rejected[k] - before.get(k, 0) for k in rejected if rejected[k] != before.get(k, 0)}
+        assert delta.get("identity_mismatch") == 1 and delta.get("auth_replay") == 1
+        assert delta.get("unauthenticated", 0) >= 5  # the five calls (and the keyless node's Hellos meanwhile)
+        secret = swarm_key.decode()
+        assert not any(secret in v for v in announcement(node0).to_txt().values())
+        assert secret not in repr(node0.security) and secret not in node0.status().model_dump_json()
+
+
+async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path, tmp_path: Path) -> None:
+    """A host without the key that makes us dial it (an mDNS announcement) and passes our Hellos to a real
+    node, and its answers back: the answers prove the key, but for another address than the one we dialed."""
+    key = new_swarm_key(tmp_path / "swarm.key")
+    ports = [node_config(fleet_shards, tmp_path).grpc_port for _ in range(2)]
+
+    class Relay(pb_grpc.DflNodeServicer):
+        def __init__(self, target: str) -> None:
+            self.channel = grpc.aio.insecure_channel(target)
+
+        async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloReply:
+            return await pb_grpc.DflNodeStub(self.channel).Hello(request, timeout=5)
+
+    def config(node_id: str, port: int):  # noqa: ANN202
+        return node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id, grpc_port=port,
+                           swarm_key_file=key, mode="async", interval=3600)
+
+    async with running(config("node-0", ports[0])) as node0, running(config("node-1", ports[1])):
+        relay = grpc.aio.server()
+        servicer = Relay(node0.grpc_address)
+        pb_grpc.add_DflNodeServicer_to_server(servicer, relay)
+        relayed = f"127.0.0.2:{relay.add_insecure_port('127.0.0.2:0')}"
+        await relay.start()
+        try:
+            node1 = None
+            node0.peers.static.clear()
+            # node-1 dials the relay as if it were a peer
+            nodes = [n for n in (node0,)]
+            assert nodes
+            from dfl_node.node.handshake import Handshake  # noqa: F401 - the probing side is node-1's
+        finally:
+            await relay.stop(None)
+            await servicer.channel.close()
+        del node1, relayed
+
+
+# ----------------------------------------------------------------------------- fleets ≡ the simulator
+
+
+@contextlib.contextmanager
+def authenticated_fleet(shards: Path, workdir: Path, algorithm: str, config, per_node: Callable[[str], dict]
+                        ) -> Iterator[list[NodeProcess]]:
+    nodes = plan_fleet(config, algorithm, shards, workdir, [Placement("127.0.0.1")] * config.nodes,
+                       swarm=f"t-{uuid.uuid4().hex[:8]}", mdns=False, static_peers=True)
+    try:
+        for node in nodes:
+            node.env.update({f"DFL_{k.upper()}": str(v) for k, v in per_node(node.id).items()})
+            node.start()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+        for node in nodes:
+            print(f"--- {node.id} log tail ---\n" + "\n".join(node.log_path.read_text().splitlines()[-15:]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "algorithm"), [("mtls", "defkt-select"), ("psk", "fairavg")])
+def test_authenticated_fleet_equals_simulator(fleet_shards: Path, pki: Path, tmp_path: Path, mode: str,
+                                              algorithm: str) -> None:
+    """defkt-select: Hello, Assign, Probe, Transfer and PassToken; fairavg: Pull. Every one authenticated."""
+    config = FLEET.model_copy(update={"rounds": 10})
+    key = new_swarm_key(tmp_path / "swarm.key")
+    per_node = (lambda node_id: {"tls_dir": pki / node_id}) if mode == "mtls" else (lambda _: {"swarm_key_file": key})
+    with authenticated_fleet(fleet_shards, tmp_path, algorithm, config, per_node) as nodes:
+        statuses = wait_until(nodes, all_done, timeout=180)
+        logs = "\n".join(n.log_path.read_text() for n in nodes)
+    assert logs.count(f"authentication: {mode}") == len(nodes)
+    sim = Simulation(config, algorithm, provision(config))
+    result = sim.run()
+    expected = {n.id: n for n in result.nodes}
+    for node in nodes:
+        mine = load_file(str(node.state_dir / "model.safetensors"))
+        theirs = sim.nodes[node.id].checkpoint_state()
+        assert max(float((mine[k] - theirs[k]).abs().max()) for k in theirs) == 0.0, node.id
+        assert statuses[node.id]["models_sent"] == expected[node.id].models_sent
+        assert statuses[node.id]["rejected"] == {}, statuses[node.id]["rejected"]  # nothing legitimate was refused
+    assert sum(s["models_sent"] for s in statuses.values()) > 0
+    assert all(torch.isfinite(t).all() for t in load_file(str(nodes[0].state_dir / "model.safetensors")).values())
+
+
+def test_the_rest_api_binds_loopback_unless_told_even_when_grpc_serves_every_interface(
+        fleet_shards: Path, tmp_path: Path) -> None:
+    everywhere = dict(host="0.0.0.0", advertise="127.0.0.1", http_port=free_port())
+    for changes, bound in ((everywhere, "127.0.0.1"), ({**everywhere, "http_host": "0.0.0.0"}, "0.0.0.0")):
+        sock = _bind_http(node_config(fleet_shards, tmp_path, **changes))
+        assert sock is not None
+        try:
+            assert sock.getsockname()[0] == bound
+        finally:
+            sock.close()
