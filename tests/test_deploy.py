@@ -28,6 +28,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from cryptography import x509
 
 from dfl_node.config import load_config
 from dfl_node.node.config import NodeConfig
@@ -530,8 +531,6 @@ def test_kubernetes_documented_secret_gives_each_pod_its_certificate(
         configs.append((config, load_tls(mounted(files, mounts), config.id)))
     assert used == set(secret["data"]), "every key of the Secret is read by a pod, and every file a pod reads exists"
     # static peers: each address a node dials is a DNS name of that peer's certificate
-    from cryptography import x509
-
     by_address = {f"{c.advertise}:{c.grpc_port}": x509.load_pem_x509_certificate(m.cert) for c, m in configs}
     for config, _ in configs:
         for peer in config.peers:

@@ -1,9 +1,13 @@
-"""Durable node state: the model and the node's counters, checkpointed atomically.
+"""Durable node state: the model and the node's counters, checkpointed atomically, two generations kept.
 
-Each file is written to a temporary name, fsynced, renamed over the old one and the directory
-fsynced, so a crash (even ``kill -9`` mid-write) leaves either the old or the new checkpoint,
-never a torn one. The model is stored with safetensors — never pickle — so loading a checkpoint
-cannot execute code.
+A checkpoint is a pair: ``model.safetensors`` and ``state.json``, which names the sha256 of its model
+file and a generation number. Saving writes both in full to temporary names (fsynced), moves the
+current pair to ``*.prev.*`` and the new pair into place (the directory fsynced). Loading takes the
+newest state whose model file is there *and verifies*: its sha256, the architecture fingerprint, and
+finite weights. So a crash at any point of a save (even ``kill -9`` between two renames), a torn or a
+corrupted file, resumes from the newest checkpoint that is whole — never from a half-written model —
+and says so in the log. The model is stored with safetensors — never pickle — so loading a
+checkpoint cannot execute code.
 
 One folder serves one node: :class:`StateLock` holds an exclusive lock on it for the node's life,
 so a second node started on the same ``--state-dir`` stops instead of overwriting the first's state.
@@ -12,32 +16,39 @@ so a second node started on the same ``--state-dir`` stops instead of overwritin
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
+import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load, save
 
 from dfl_node.config import OperatorError
 
+log = logging.getLogger(__name__)
+
 MODEL_FILE, STATE_FILE, LOCK_FILE = "model.safetensors", "state.json", "lock"
+PREVIOUS = {MODEL_FILE: "model.prev.safetensors", STATE_FILE: "state.prev.json"}
+CHECK_KEYS = ("checkpoint_generation", "checkpoint_model_sha256")  # what a state file says of its model
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+def _fsync_dir(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class StateLock:
@@ -74,10 +85,15 @@ class StateLock:
             self._fd = None
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that does not verify (why, in one line)."""
+
+
 class Checkpoint:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.lock = StateLock(directory)
+        self.generation: int | None = None  # of the newest checkpoint saved or loaded here (None: not looked yet)
 
     @property
     def model_path(self) -> Path:
@@ -85,21 +101,83 @@ class Checkpoint:
 
     def save(self, model_state: dict[str, torch.Tensor], fingerprint: str, state: dict[str, Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().contiguous() for k, v in model_state.items()}
-        _atomic_write(self.model_path, lambda p: save_file(tensors, str(p), metadata={"fingerprint": fingerprint}))
-        _atomic_write(self.directory / STATE_FILE, lambda p: p.write_text(json.dumps(state)))
+        model = save({k: v.detach().contiguous() for k, v in model_state.items()}, metadata={"fingerprint": fingerprint})
+        self.generation = (self._newest_generation() if self.generation is None else self.generation) + 1
+        check = dict(zip(CHECK_KEYS, (self.generation, hashlib.sha256(model).hexdigest())))
+        staged = {MODEL_FILE: model, STATE_FILE: json.dumps({**state, **check}).encode()}
+        for name, data in staged.items():
+            _write_durably(self.directory / f".{name}.tmp", data)
+        for name in staged:  # the current pair becomes the previous one …
+            if (self.directory / name).exists():
+                os.replace(self.directory / name, self.directory / PREVIOUS[name])
+        for name in staged:  # … and the new pair the current one
+            os.replace(self.directory / f".{name}.tmp", self.directory / name)
+        _fsync_dir(self.directory)
+
+    def _newest_generation(self) -> int:
+        """The highest generation a state file here names (0: none), so that a save never goes back in time."""
+        newest = 0
+        for name in (STATE_FILE, PREVIOUS[STATE_FILE]):
+            try:
+                newest = max(newest, int(json.loads((self.directory / name).read_bytes()).get(CHECK_KEYS[0], 0)))
+            except (OSError, ValueError, AttributeError, TypeError):
+                continue
+        return newest
 
     def load(self, fingerprint: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
-        """The saved model and state, or None if there is none; a checkpoint of another model is an error."""
-        if not self.model_path.is_file():
+        """The newest saved model and state that verify, or None if there is none. A checkpoint of another
+        model, or files none of which verify, is an :class:`OperatorError`: a node never resumes from them."""
+        models = [self.directory / n for n in (MODEL_FILE, PREVIOUS[MODEL_FILE]) if (self.directory / n).is_file()]
+        if not models:
             return None
-        with safe_open(str(self.model_path), framework="pt") as f:
+        states, problems = [], []
+        for name in (STATE_FILE, PREVIOUS[STATE_FILE]):
+            path = self.directory / name
+            try:
+                state = json.loads(path.read_bytes()) if path.is_file() else None
+            except (ValueError, UnicodeDecodeError) as exc:
+                problems.append(f"{name}: not JSON ({str(exc)[:80]})")
+                continue
+            if isinstance(state, dict):
+                states.append((name, state))
+        if not states and not problems:
+            states.append((STATE_FILE, {}))  # a model without its state file: the node's counters start afresh
+        checked: dict[str, tuple[str, dict[str, torch.Tensor] | CheckpointError]] = {}
+        for state_name, state in sorted(states, key=lambda item: -int(item[1].get(CHECK_KEYS[0], 0))):
+            wanted = state.get(CHECK_KEYS[1])
+            for path in models:  # a crash between two renames can leave a state beside its model's new name
+                if wanted is None and path.name != MODEL_FILE:
+                    continue  # a state written before checkpoints named their model pairs with the current one
+                if path.name not in checked:
+                    checked[path.name] = _verified(path, fingerprint)
+                digest, tensors = checked[path.name]
+                if isinstance(tensors, dict) and wanted in (None, digest):
+                    self.generation = int(state.get(CHECK_KEYS[0], 0))
+                    refused = problems + [str(t) for _, t in checked.values() if isinstance(t, CheckpointError)]
+                    if refused or (state_name, path.name) != (STATE_FILE, MODEL_FILE):
+                        log.warning("%s: resumed from checkpoint generation %d (%s, %s); newer files do not verify: %s",
+                                    self.directory, self.generation, path.name, state_name,
+                                    "; ".join(refused) or "a save was cut short")
+                    return tensors, {k: v for k, v in state.items() if k not in CHECK_KEYS}
+        problems += [str(t) for _, t in checked.values() if isinstance(t, CheckpointError)]
+        raise OperatorError(f"no checkpoint in {self.directory} verifies ({'; '.join(problems) or 'no model matches'}"
+                            "); move the folder away to start afresh")
+
+
+def _verified(path: Path, fingerprint: str) -> tuple[str, dict[str, torch.Tensor] | CheckpointError]:
+    """Model file ``path``'s sha256 and its tensors if it is whole and finite, else why not; another
+    architecture's checkpoint is an :class:`OperatorError` (the operator pointed at the wrong folder)."""
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    try:
+        with safe_open(str(path), framework="pt") as f:
             saved = (f.metadata() or {}).get("fingerprint")
-        if saved != fingerprint:
-            raise OperatorError(
-                f"checkpoint {self.model_path} holds another model (fingerprint {saved}); "
-                "use another --state-dir or remove it"
-            )
-        state_path = self.directory / STATE_FILE
-        state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-        return load_file(str(self.model_path)), state
+        tensors = load(data)
+    except (SafetensorError, OSError, ValueError) as exc:
+        return digest, CheckpointError(f"{path.name}: unreadable ({str(exc)[:120]})")
+    if saved != fingerprint:
+        raise OperatorError(f"checkpoint {path} holds another model (fingerprint {saved}); "
+                            "use another --state-dir or remove it")
+    if not all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point()):
+        return digest, CheckpointError(f"{path.name}: non-finite weights")
+    return digest, tensors

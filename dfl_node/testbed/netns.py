@@ -211,6 +211,50 @@ class NetnsTopology:
             _ip("-n", host.name, "link", "set", "veth0", "up")
             _ip("-n", host.name, "route", "add", "224.0.0.0/4", "dev", "veth0")  # multicast without a default route
 
+    # ------------------------------------------------------------------- faults (tests/test_partition.py)
+    def port(self, index: int) -> str:
+        """The switch port of host ``index`` (0-based), in the switch namespace."""
+        return f"p{index + 1}"
+
+    def partition(self, *groups: list[int]) -> None:
+        """Cut the switch into islands: each group of host indices after the first gets a bridge of its own.
+
+        Hosts not named stay on ``br0`` with the first group. The links stay up, so nothing inside a host
+        changes: packets to the other side simply vanish, as behind a failed switch. :meth:`heal` undoes it.
+        """
+        for k, group in enumerate(groups[1:], 1):
+            bridge = f"br{k}"
+            if _ip("-n", self.switch, "link", "show", bridge, check=False).returncode != 0:
+                _ip("-n", self.switch, "link", "add", bridge, "type", "bridge", "mcast_snooping", "0")
+                _ip("-n", self.switch, "link", "set", bridge, "up")
+            for index in group:
+                _ip("-n", self.switch, "link", "set", self.port(index), "master", bridge)
+
+    def heal(self) -> None:
+        """Every port back on ``br0`` and the extra bridges removed (idempotent; :meth:`close` removes them too)."""
+        for i in range(len(self.hosts)):
+            _ip("-n", self.switch, "link", "set", self.port(i), "master", "br0")
+        for line in _ip("-n", self.switch, "-o", "link", "show", "type", "bridge").stdout.splitlines():
+            name = line.split(":")[1].strip().split("@")[0]
+            if name != "br0":
+                _ip("-n", self.switch, "link", "del", name, check=False)
+
+    def shape(self, index: int, *qdisc: str) -> None:
+        """``tc qdisc replace … root <qdisc>`` on both ends of host ``index``'s link (its veth0 and its switch
+        port), so both directions are shaped; RuntimeError with tc's message if the kernel lacks the qdisc."""
+        for namespace, dev in ((self.hosts[index].name, "veth0"), (self.switch, self.port(index))):
+            res = subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", dev, "root", *qdisc],
+                                 capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+            if res.returncode != 0:
+                self.unshape(index)
+                raise RuntimeError(f"tc qdisc {' '.join(qdisc)}: {res.stderr.strip() or res.returncode}")
+
+    def unshape(self, index: int) -> None:
+        """Both ends of host ``index``'s link back to the default qdisc (idempotent)."""
+        for namespace, dev in ((self.hosts[index].name, "veth0"), (self.switch, self.port(index))):
+            subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "del", "dev", dev, "root"],
+                           capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+
     def close(self) -> None:
         """Idempotent: hosts first, then the switch."""
         with _signals_ignored():

@@ -1,0 +1,109 @@
+"""Crash-safe checkpoints (issue 13): two generations, verified on load, never a half-written model."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from dfl_node.config import OperatorError
+from dfl_node.node.persistence import MODEL_FILE, PREVIOUS, STATE_FILE, Checkpoint
+
+FP = "fingerprint-a"
+
+
+def _model(value: float) -> dict[str, torch.Tensor]:
+    return {"w": torch.full((4, 3), value), "b": torch.arange(3, dtype=torch.float32)}
+
+
+def _two_generations(directory: Path) -> Checkpoint:
+    checkpoint = Checkpoint(directory)
+    checkpoint.save(_model(1.0), FP, {"round": 1})
+    checkpoint.save(_model(2.0), FP, {"round": 2})
+    return checkpoint
+
+
+def _resumed(directory: Path) -> tuple[float, int]:
+    model, state = Checkpoint(directory).load(FP)
+    return float(model["w"][0, 0]), state["round"]
+
+
+def test_the_newest_whole_checkpoint_is_loaded_and_only_two_are_kept(tmp_path: Path) -> None:
+    checkpoint = _two_generations(tmp_path)
+    checkpoint.save(_model(3.0), FP, {"round": 3})
+    assert _resumed(tmp_path) == (3.0, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([MODEL_FILE, STATE_FILE, *PREVIOUS.values()])
+    fresh = Checkpoint(tmp_path)
+    fresh.load(FP)
+    fresh.save(_model(4.0), FP, {"round": 4})  # generations go on counting after a restart
+    assert _resumed(tmp_path) == (4.0, 4) and json.loads((tmp_path / PREVIOUS[STATE_FILE]).read_text())["round"] == 3
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "empty", "non-finite", "state not JSON"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, damage: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    _two_generations(tmp_path)
+    model = tmp_path / MODEL_FILE
+    data = bytearray(model.read_bytes())
+    if damage == "flip a byte":
+        data[-5] ^= 0xFF
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "empty":
+        data = bytearray()
+    elif damage == "non-finite":  # a whole file whose state names it, but whose weights are NaN
+        checkpoint = Checkpoint(tmp_path / "other")
+        checkpoint.save({"w": torch.full((4, 3), float("nan")), "b": torch.zeros(3)}, FP, {"round": 9})
+        data = bytearray((tmp_path / "other" / MODEL_FILE).read_bytes())
+        state = json.loads((tmp_path / STATE_FILE).read_text())
+        (tmp_path / STATE_FILE).write_text(json.dumps({**state, **{k: v for k, v in json.loads(
+            (tmp_path / "other" / STATE_FILE).read_text()).items() if k.startswith("checkpoint_model")}}))
+    if damage == "state not JSON":
+        (tmp_path / STATE_FILE).write_text('{"round": 2, "checkpoi')
+    else:
+        model.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        assert _resumed(tmp_path) == (1.0, 1)
+    assert "resumed from checkpoint generation 1" in caplog.text
+
+
+@pytest.mark.parametrize("cut_after", range(4))
+def test_a_save_cut_short_at_any_rename_resumes_from_a_whole_pair(tmp_path: Path, cut_after: int,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    _two_generations(tmp_path)
+    renames = 0
+    real_replace = os.replace
+
+    def crashing_replace(src: os.PathLike, dst: os.PathLike) -> None:
+        nonlocal renames
+        if renames == cut_after:
+            raise KeyboardInterrupt("kill -9")  # the process dies here: nothing after it happens
+        renames += 1
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crashing_replace)
+    with pytest.raises(KeyboardInterrupt):
+        Checkpoint(tmp_path).save(_model(3.0), FP, {"round": 3})
+    monkeypatch.setattr(os, "replace", real_replace)
+    # the new pair is whole only once both renames into place are done: until then, the old pair (which a
+    # cut between the first two renames leaves as state.json beside model.prev.safetensors)
+    assert _resumed(tmp_path) == (2.0, 2)
+    Checkpoint(tmp_path).save(_model(3.0), FP, {"round": 3})  # and the next save goes on from there
+    assert _resumed(tmp_path) == (3.0, 3)
+
+
+def test_nothing_that_verifies_is_an_operator_error_and_another_model_too(tmp_path: Path) -> None:
+    _two_generations(tmp_path)
+    for name in (MODEL_FILE, PREVIOUS[MODEL_FILE]):
+        (tmp_path / name).write_bytes(b"\\x00" * 64)
+    with pytest.raises(OperatorError, match="no checkpoint in .* verifies .*unreadable"):
+        Checkpoint(tmp_path).load(FP)
+    other = tmp_path / "other"
+    _two_generations(other)
+    with pytest.raises(OperatorError, match="holds another model"):
+        Checkpoint(other).load("fingerprint-b")
+    assert Checkpoint(tmp_path / "none").load(FP) is None
