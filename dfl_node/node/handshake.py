@@ -77,7 +77,7 @@ class Handshake:
         if not self.node.peers.heard(request):  # still compatible: only our table has no room for a stranger
             self.node.on_rejected("peer_table_full", f"{request.node_id[:64]!r} at {peer}: too many unconfirmed peers",
                                   request.node_id[:64])
-        return self.message(pb.HelloReply, accepted=True)
+        return self.message(pb.HelloReply, accepted=True, progress=self.node.progress())
 
     def _refused(self, reason: str, other: pb.HelloRequest, where: str) -> None:
         node = self.node
