@@ -532,7 +532,7 @@ class Node:
             **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
             boot_id=self.boot_id, uptime_s=time.time() - self.started, grpc_address=self.grpc_address,
             http_port=self.config.http_port, param_sha256=state.digest, fusing=state.fusing > 0,
-            max_concurrent_fusions=state.max_fusing, epoch=state.epoch,
+            max_concurrent_fusions=state.max_fusing, epoch=state.epoch, holding=state.holding,
             done=state.done and state.role is Role.IDLE,
         )
 

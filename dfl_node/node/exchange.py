@@ -74,6 +74,12 @@ class GrpcTransport:
             self._verdict(False)
             reason = exc.reason if isinstance(exc, TransferRefused) else exc.code().name
             raise TransferFailed(f"{step.group.aggregator} did not take it: {reason}") from exc
+        except asyncio.CancelledError:  # the call, not this task: our channel closed as the node stops
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            self._verdict(False)
+            raise TransferFailed(f"{step.group.aggregator}: our channel closed before it confirmed") from None
         node.state.counters.update(models_sent=1, bytes_sent=sent, bytes_received=received)
         if reply is not None:
             try:
