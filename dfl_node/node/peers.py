@@ -76,6 +76,10 @@ class PeerTable:
     def alive_ids(self) -> list[str]:
         return sorted(p.id for p in self.peers.values() if p.alive)
 
+    def dead_ids(self) -> list[str]:
+        """Peers we know that stopped answering (until they are forgotten after ``expiry``)."""
+        return sorted(p.id for p in self.peers.values() if not p.alive)
+
     def address_of(self, peer_id: str) -> str | None:
         peer = self.peers.get(peer_id)
         return peer.address if peer else None

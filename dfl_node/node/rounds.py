@@ -20,7 +20,9 @@
 * **Loss.** Every HelloReply carries the replier's :class:`RoundProgress` (round, epoch, whether it
   holds the token or plays a role). When no live node has held the token nor sent an RPC of it for
   ``token_timeout``, the lowest *live* id — re-evaluated at every tick, as the peer table changes —
-  asks every peer afresh and, if still nobody holds it or is playing a role, regenerates the token
+  waits (up to ``round_timeout`` more) until every known member answers again, as a crashed one may be
+  the only node that knows the newest round, then asks every peer afresh and, if still nobody holds the
+  token or is playing a role, regenerates it
   at ``epoch + 1`` (over the newest epoch anyone saw) for the highest round any live node completed,
   with that node's algorithm state. Every RPC carries the epoch and nodes refuse older ones; a
   holder that sees a newer epoch drops its token, so a stale holder that comes back is fenced off.
@@ -82,8 +84,11 @@ class RoundScheduler:
         if self._token_at_work(progress):
             self.last_activity = time.monotonic()
             return
-        if time.monotonic() - self.last_activity <= node.config.token_timeout or not self._is_lowest():
+        silent = time.monotonic() - self.last_activity
+        if silent <= node.config.token_timeout or not self._is_lowest():
             return
+        if node.peers.dead_ids() and silent <= node.config.token_timeout + node.config.round_timeout:
+            return  # a member that crashed may be the only one that knows the newest round: give it time to return
         await node.peers.refresh()  # decide on what the peers say now, not a heartbeat ago
         progress = node.peers.progress()
         if state.done or self._token_at_work(progress) or not self._is_lowest():
