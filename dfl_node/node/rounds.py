@@ -146,15 +146,39 @@ class RoundScheduler:
         """Play round ``round_`` until every group of its plan fused (see "Exactly once"); returns the
         algorithm state for the next round, or None if a newer epoch fenced this token off meanwhile."""
         node = self.node
+        plan = node.algorithm.plan_round(round_, node.profiles(), state)
+        pending, failed_since = list(plan), None
         while node.state.epoch == epoch:
-            plan = node.algorithm.plan_round(round_, node.profiles(), state)
-            done = await asyncio.gather(*(self._group(g, round_, epoch, dict(plan.state)) for g in plan))
-            if all(done):
+            done = await asyncio.gather(*(self._group(g, round_, epoch, dict(plan.state)) for g in pending))
+            pending = [g for g, ok in zip(pending, done) if not ok]
+            if not pending:
                 return dict(plan.state)
-            log.warning("%s: round %d: %d of %d group(s) did not fuse; playing the round again", node.node_id,
-                        round_, done.count(False), len(done))
+            log.warning("%s: round %d: %d group(s) did not fuse; playing them again", node.node_id, round_,
+                        len(pending))
+            failed_since = failed_since or time.monotonic()
             await asyncio.sleep(node.config.heartbeat)  # the peer table sees who crashed (or came back)
+            pending = await self._unfused(pending, round_, failed_since)
+            if any(m not in node.peers.alive_ids() and m != node.node_id for g in pending for m in g.members):
+                plan = node.algorithm.plan_round(round_, node.profiles(), state)  # a member is gone: re-plan
+                pending = list(plan)
         return None
+
+    async def _unfused(self, groups: list[Group], round_: int, failed_since: float) -> list[Group]:
+        """The groups whose aggregator did not fuse ``round_`` after all. A sender's confirmation can be lost
+        after its aggregator fused (the sender crashed), so each aggregator is asked, by its progress, once
+        it answers and plays no role any more — waited for up to ``round_timeout`` since the round failed."""
+        node = self.node
+        deadline = failed_since + node.config.round_timeout
+        while True:
+            await node.peers.refresh()
+            known = {g.aggregator: self._progress_of(g.aggregator) for g in groups if g.aggregator}
+            if all(p is not None and not p.busy for p in known.values()) or time.monotonic() > deadline:
+                return [g for g in groups if (p := known.get(g.aggregator)) is None or p.round <= round_]
+            await asyncio.sleep(node.config.heartbeat)
+
+    def _progress_of(self, node_id: str) -> pb.RoundProgress | None:
+        """Where ``node_id`` stands (None: it does not answer)."""
+        return self.node.progress() if node_id == self.node.node_id else self.node.peers.progress().get(node_id)
 
     async def _group(self, group: Group, round_: int, epoch: int, state: dict[str, str]) -> bool:
         """Assign one group: its aggregator first (so it expects its senders), then the senders (an open
