@@ -44,10 +44,12 @@ pytestmark = pytest.mark.slow
 SEED = 13
 KILLS = 20  # per fleet-wide run (the issue asks for at least 20)
 TIMEOUTS = dict(heartbeat=0.2, peer_timeout=1.0, token_timeout=2.0, round_timeout=15.0, stream_timeout=5.0)
-# After a kill the fleet fuses again within: the holder's retried Assign waits for a crashed member to come
-# back (round_timeout at most), a lost token is regenerated after peer_timeout + token_timeout, and the
-# round itself (training, transfer, fusion, checkpoints) takes well under the margin.
-STALL_BOUND = TIMEOUTS["round_timeout"] + TIMEOUTS["peer_timeout"] + TIMEOUTS["token_timeout"] + 3.0
+# After a kill the fleet fuses again within: peer_timeout (the crash is seen), token_timeout (a lost token is
+# regenerated), round_timeout (the holder, or the regenerating node, waits that long at most for a crashed
+# member to come back, as it may hold the only record of the newest round), then one round of its own
+# (training, transfer, fusion, checkpoints: well under ROUND_MARGIN, even on a loaded machine).
+ROUND_MARGIN = 5.0
+STALL_BOUND = TIMEOUTS["peer_timeout"] + TIMEOUTS["token_timeout"] + TIMEOUTS["round_timeout"] + ROUND_MARGIN
 HISTORY_LIMIT = 50_000  # no node of these runs comes near it: its whole history is in its checkpoint
 Statuses = dict[str, dict | None]
 
@@ -220,16 +222,19 @@ def figures(mode: str, chaos: Chaos, ledger: Ledger, runtime: float, **extra: ob
 
 
 def storm_round_mode(chaos: Chaos, rng: random.Random) -> None:
-    """A victim (the token holder two times in five) is killed at a random moment and restarted at once;
-    the next kill comes once the fleet fused again, even if the victim is still restarting (two nodes of
-    four may be down at once)."""
+    """A victim is killed at a random moment and restarted at once — every fourth kill the token holder, the
+    others any serving node; the next kill comes once the fleet fused again, even if the victim is still
+    restarting (two nodes of four may be down at once)."""
     chaos.wait(lambda s: highest_round(s) >= 3)
-    while len(chaos.kills) < KILLS:
+    for i in range(KILLS):
         time.sleep(rng.uniform(0.1, 1.0))  # a random moment of whatever the fleet is doing
-        statuses = chaos.wait(lambda s: sum(v is not None for v in s.values()) >= 3)
-        serving = [n for n in chaos.nodes if statuses[n.id] is not None]
-        holders = [n for n in serving if statuses[n.id]["holding"]]
-        victim = holders[0] if holders and rng.random() < 0.4 else rng.choice(serving)
+        if i % 4 == 3:
+            statuses = chaos.wait(lambda s: sum(v is not None for v in s.values()) >= 3
+                                  and any(v is not None and v["holding"] for v in s.values()))
+            victim = next(n for n in chaos.nodes if (statuses[n.id] or {}).get("holding"))
+        else:
+            statuses = chaos.wait(lambda s: sum(v is not None for v in s.values()) >= 3)
+            victim = rng.choice([n for n in chaos.nodes if statuses[n.id] is not None])
         kill = chaos.kill(victim, statuses)
         victim.start()
         chaos.wait(lambda s, k=kill: highest_round(s) > k.round)
@@ -273,7 +278,7 @@ def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Pat
             rounds_lost=len(ledger.lost_rounds(completed)), rounds_run_twice=len(ledger.repeated_rounds()),
             longest_stall_after_a_kill=f"{max(stalls):.1f} s (bound {STALL_BOUND:.0f} s)",
             accepted_models_lost=len(ledger.lost_models()), checkpoints_verified=len(states))
-    assert sum(k.holding for k in rounds.kills) >= 3
+    assert sum(k.holding for k in rounds.kills) >= KILLS // 4
     assert ledger.lost_rounds(completed) == [] and ledger.repeated_rounds() == []
     assert ledger.lost_models() == []
     assert max(stalls) <= STALL_BOUND, stalls
