@@ -295,10 +295,11 @@ def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Pat
 
 def test_a_round_whose_sender_died_before_its_transfer_is_played_again(fleet_shards: Path, tmp_path: Path) -> None:
     """Issue 13: "pairing … did not complete" and the holder moved on, so the round had no fusion at all.
-    The sender trains slowly here, so it is surely killed before it transfers."""
+    The sender (not the holder: the token would die with it) trains slowly here, so it is surely killed
+    before it transfers."""
     config = FLEET.model_copy(update={"rounds": 4, "local_epochs": 400})
     with fleet(fleet_shards, tmp_path, "round", config) as chaos:
-        victim, statuses = chaos.wait_for_status(lambda s: s["role"] == "sender")
+        victim, statuses = chaos.wait_for_status(lambda s: s["role"] == "sender" and not s["holding"])
         chaos.kill(victim, statuses)
         victim.start()
         chaos.wait(lambda s: all(v is not None and v["done"] for v in s.values()), timeout=120)
