@@ -350,3 +350,30 @@ def test_a_restarted_lowest_node_regenerates_from_the_fleets_round(fleet_shards:
     assert all(s["round"] == 14 for s in final.values())
     assert ledger.lost_rounds(14) == [] and ledger.repeated_rounds() == []
     assert ledger.stall_after(kill) <= 8.0 + STALL_BOUND
+
+
+def test_a_token_that_comes_back_while_its_last_hand_over_is_announced_is_taken(fleet_shards: Path,
+                                                                                tmp_path: Path) -> None:
+    """Issue 13: after a crash the fleet stalled (67 s) with nobody regenerating the token, and for a moment
+    three nodes showed "holder". A holder's announcement of the next round waits on a crashed member (seconds);
+    meanwhile the token went round the live nodes and came back to it, still "holding", so it ignored the
+    token — and as everyone knew it alive, nobody regenerated. A member that is neither the holder nor
+    next in turn is killed at a random moment here (and restarted), over and over."""
+    rng = random.Random(SEED)
+    config = FLEET.model_copy(update={"rounds": 0})
+    with fleet(fleet_shards, tmp_path, "round", config) as chaos:
+        chaos.wait(lambda s: highest_round(s) >= 3)
+        for _ in range(3):
+            time.sleep(rng.uniform(0.1, 1.0))
+            statuses = chaos.wait(all_alive)
+            ids = [n.id for n in chaos.nodes]
+            holder = next((i for i in ids if statuses[i]["holding"]), ids[0])
+            bystanders = [i for i in ids if i not in (holder, ids[(ids.index(holder) + 1) % len(ids)])]
+            victim = chaos.by_id(rng.choice(bystanders))
+            kill = chaos.kill(victim, statuses)
+            victim.start()
+            chaos.wait(lambda s, k=kill: all_alive(s) and highest_round(s) > k.round + 3, timeout=60)
+    states = durable_states(chaos.nodes, expected_fingerprint(fleet_shards))
+    ledger = Ledger.of(states)
+    assert ledger.lost_rounds(completed_rounds(states)) == [] and ledger.repeated_rounds() == []
+    assert max(ledger.stall_after(k) for k in chaos.kills) <= STALL_BOUND

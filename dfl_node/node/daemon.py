@@ -402,7 +402,10 @@ class Node:
                                 state=state.token_state, busy=state.role is not Role.IDLE)
 
     def set_round(self, round_: int, token_state: dict[str, str]) -> None:
-        self.state.round, self.state.token_state = round_, dict(token_state)
+        """Rounds only advance: an announcement can arrive after the next holder's own (announcements to the
+        other members go on after the hand-over), and a node that played a round already counts it."""
+        if round_ >= self.state.round:
+            self.state.round, self.state.token_state = round_, dict(token_state)
 
     def set_holding(self, holding: bool) -> None:
         self.state.holding = holding

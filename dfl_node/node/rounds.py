@@ -15,8 +15,10 @@
   Assign waits for it, up to ``round_timeout``). A node that already played round t (its checkpoint
   says so) answers ``already_played`` and the holder counts its group as done, so no node fuses a
   round twice, even when its confirmation was lost with a crash.
-* **Hand-over.** The holder then announces the token for t+1 — with the plan's algorithm state —
-  to every member, naming the next holder (the next id in sorted order).
+* **Hand-over.** The holder then passes the token for t+1 — with the plan's algorithm state — to
+  the next holder (the next id in sorted order), and only then, holding nothing any more, announces
+  it to the other members: an announcement that waits on a crashed member must not keep a node
+  holding while the token comes round to it again (it would ignore the token and the fleet stall).
 * **Loss.** Every HelloReply carries the replier's :class:`RoundProgress` (round, epoch, whether it
   holds the token or plays a role). When no live node has held the token nor sent an RPC of it for
   ``token_timeout``, the lowest *live* id — re-evaluated at every tick, as the peer table changes —
@@ -129,18 +131,28 @@ class RoundScheduler:
                 members = sorted(p.node_id for p in node.profiles())
                 me = members.index(node.node_id)
                 later = members[me + 1 :] + members[:me]
-                acks = await self._announce(pb.RoundToken(round=round_, epoch=epoch, holder=later[0],
-                                                          seed=node.config.seed, members=members, state=next_state))
-                if any(a is not None and a.reason == "stale_epoch" for a in acks.values()):
+                token = pb.RoundToken(round=round_, epoch=epoch, holder=later[0], seed=node.config.seed,
+                                      members=members, state=next_state)
+                ack = await node.pass_token(later[0], token)
+                if ack is not None and ack.reason == "stale_epoch":
                     log.warning("%s: fenced off by a newer epoch; dropping token", node.node_id)
                     return
-                if acks.get(later[0]) is not None and acks[later[0]].ok:
+                if ack is not None and ack.ok:
+                    # Handed over: we hold nothing from here, even while the others hear of the round (a crashed
+                    # member can keep that waiting for seconds), so the token can come back to us meanwhile.
+                    self._release()
+                    await self._announce(token, skip=later[0])
                     return
                 log.warning("%s: next holder %s unreachable; keeping the token", node.node_id, later[0])
         finally:
-            if self._holding_epoch == epoch:
-                node.set_holding(False)
+            self._release()
             self.last_activity = time.monotonic()
+
+    def _release(self) -> None:
+        """The calling hold ends: this node holds no token any more, unless a later hold already started."""
+        if self._holding is asyncio.current_task():
+            self._holding = None
+            self.node.set_holding(False)
 
     async def _play_round(self, round_: int, epoch: int, state: dict[str, str]) -> dict[str, str] | None:
         """Play round ``round_`` until every group of its plan fused (see "Exactly once"); returns the
@@ -207,9 +219,9 @@ class RoundScheduler:
                             group.aggregator or "/".join(group.candidates), ack.reason)
         return any(ack.ok for ack in acks)
 
-    async def _announce(self, token: pb.RoundToken) -> dict[str, pb.Ack | None]:
-        """Send the token to every other member; returns each member's ack (None: unreachable)."""
-        others = [m for m in token.members if m != self.node.node_id]
+    async def _announce(self, token: pb.RoundToken, skip: str = "") -> dict[str, pb.Ack | None]:
+        """Send the token to every other member (but ``skip``); returns each one's ack (None: unreachable)."""
+        others = [m for m in token.members if m not in (self.node.node_id, skip)]
         acks = await asyncio.gather(*(self.node.pass_token(m, token) for m in others))
         return dict(zip(others, acks))
 
@@ -232,10 +244,11 @@ class RoundScheduler:
         """Fencing: False for an older epoch. A newer one ends our own holding: that token is stale."""
         if not self.node.enter_epoch(epoch):
             return False
-        if self.node.state.holding and epoch > self._holding_epoch and self._holding is not None:
+        if self._holding is not None and epoch > self._holding_epoch:
             log.warning("%s: a token of epoch %d supersedes ours (%d); dropping it", self.node.node_id, epoch,
                         self._holding_epoch)
             self._holding.cancel()
+            self._holding = None
             self.node.set_holding(False)
         self.last_activity = time.monotonic()
         return True
