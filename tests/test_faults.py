@@ -47,8 +47,9 @@ TIMEOUTS = dict(heartbeat=0.2, peer_timeout=1.0, token_timeout=2.0, round_timeou
 # After a kill the fleet fuses again within: peer_timeout (the crash is seen), token_timeout (a lost token is
 # regenerated), round_timeout (the holder, or the regenerating node, waits that long at most for a crashed
 # member to come back, as it may hold the only record of the newest round), then one round of its own
-# (training, transfer, fusion, checkpoints: well under ROUND_MARGIN, even on a loaded machine).
-ROUND_MARGIN = 5.0
+# (training, transfer, fusion, checkpoints: a freshly restarted process's first round took up to 6 s on a
+# loaded 2-core machine).
+ROUND_MARGIN = 10.0
 STALL_BOUND = TIMEOUTS["peer_timeout"] + TIMEOUTS["token_timeout"] + TIMEOUTS["round_timeout"] + ROUND_MARGIN
 HISTORY_LIMIT = 50_000  # no node of these runs comes near it: its whole history is in its checkpoint
 Statuses = dict[str, dict | None]
@@ -222,23 +223,21 @@ def figures(mode: str, chaos: Chaos, ledger: Ledger, runtime: float, **extra: ob
 
 
 def storm_round_mode(chaos: Chaos, rng: random.Random) -> None:
-    """A victim is killed at a random moment and restarted at once — every fourth kill the token holder, the
-    others any serving node; the next kill comes once the fleet fused again, even if the victim is still
-    restarting (two nodes of four may be down at once)."""
+    """One failure at a time: a victim is killed at a random moment and restarted at once — every fourth
+    kill the token holder, the others any node; the next kill comes once the victim is back and the fleet
+    fused again, so each kill's stall is its own."""
     chaos.wait(lambda s: highest_round(s) >= 3)
     for i in range(KILLS):
         time.sleep(rng.uniform(0.1, 1.0))  # a random moment of whatever the fleet is doing
         if i % 4 == 3:
-            statuses = chaos.wait(lambda s: sum(v is not None for v in s.values()) >= 3
-                                  and any(v is not None and v["holding"] for v in s.values()))
+            statuses = chaos.wait(lambda s: any(v is not None and v["holding"] for v in s.values()))
             victim = next(n for n in chaos.nodes if (statuses[n.id] or {}).get("holding"))
         else:
-            statuses = chaos.wait(lambda s: sum(v is not None for v in s.values()) >= 3)
-            victim = rng.choice([n for n in chaos.nodes if statuses[n.id] is not None])
+            statuses = poll_status(chaos.nodes, timeout=1.0)
+            victim = rng.choice(chaos.nodes)
         kill = chaos.kill(victim, statuses)
         victim.start()
-        chaos.wait(lambda s, k=kill: highest_round(s) > k.round)
-    chaos.wait(lambda s: all_alive(s) and highest_round(s) > chaos.kills[-1].round + 1)
+        chaos.wait(lambda s, k=kill: all_alive(s) and highest_round(s) > k.round)
 
 
 def storm_async_mode(chaos: Chaos, rng: random.Random) -> None:
