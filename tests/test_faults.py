@@ -36,14 +36,21 @@ from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import read_node_data
 from dfl_node.learning.models import ModelSpec, fingerprint
 from dfl_node.node.persistence import Checkpoint
-from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, poll_status, stop_all, wait_until
+from dfl_node.testbed.launcher import (
+    NodeProcess,
+    Placement,
+    plan_fleet,
+    poll_status,
+    stop_all,
+    wait_until,
+)
 from tests.conftest import FLEET
 
 pytestmark = pytest.mark.slow
 
 SEED = 13
 KILLS = 20  # per fleet-wide run (the issue asks for at least 20)
-TIMEOUTS = dict(heartbeat=0.2, peer_timeout=1.0, token_timeout=2.0, round_timeout=15.0, stream_timeout=5.0)
+TIMEOUTS = {"heartbeat": 0.2, "peer_timeout": 1.0, "token_timeout": 2.0, "round_timeout": 15.0, "stream_timeout": 5.0}
 # After a kill the fleet fuses again within: peer_timeout (the crash is seen), token_timeout (a lost token is
 # regenerated), round_timeout (the holder, or the regenerating node, waits that long at most for a crashed
 # member to come back, as it may hold the only record of the newest round), then one round of its own
