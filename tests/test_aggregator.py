@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, stop_all, wait_until
+from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, poll_status, stop_all, wait_until
 from tests.conftest import FLEET
 
 pytestmark = pytest.mark.slow
@@ -80,3 +80,44 @@ def test_a_sender_killed_mid_stream_is_left_out_and_the_round_completes(fleet_sh
         state = load_file(str(node.state_dir / "model.safetensors"))
         assert all(torch.isfinite(t).all() for t in state.values()), node.id
     assert aggregator["rejected"] == {"truncated": 1}  # the dead stream ended halfway (its sender: abandoned)
+
+
+async def _a_half_open_stream(aggregator: NodeProcess, swarm: str) -> tuple[pb.Ack, float]:
+    """The aggregator's only sender sends a header and a few chunks, then nothing — its process alive,
+    its TCP connection open (issue 13: such a stream held the receiver role for good). Returns the ack
+    of the aggregator role taken afterwards and how long the node was held."""
+    common = dict(round=0, epoch=0, holder="test", aggregator=aggregator.id,
+                  aggregator_address=f"127.0.0.1:{aggregator.grpc_port}", deadline_s=DEADLINE_S, senders=["node-3"])
+    ack = await _assign(common["aggregator_address"], pb.RoundAssignment(role="aggregator", **common))
+    assert ack.ok, ack
+    victim = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stalled_sender.py")),
+                               common["aggregator_address"], "node-3", swarm, "mlp:32,32", "8", "10"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert await asyncio.to_thread(victim.stdout.readline) == "stalled\n"
+        started = time.monotonic()
+        again = {**common, "round": 1, "senders": ["node-1"]}  # the next group: refused while the stream holds the role
+        while (ack := await _assign(common["aggregator_address"], pb.RoundAssignment(role="aggregator", **again))).reason == "busy":
+            assert victim.poll() is None  # the stream is still open: only the node's own deadline can free it
+            await asyncio.sleep(0.2)
+        return ack, time.monotonic() - started
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_half_open_stream_is_dropped_after_the_stream_timeout(fleet_shards: Path, tmp_path: Path) -> None:
+    swarm = f"agg-{uuid.uuid4().hex[:6]}"
+    nodes = plan_fleet(FLEET.model_copy(update={"nodes": 2}), "fedavg", fleet_shards, tmp_path,
+                       [Placement("127.0.0.1")] * 2, swarm=swarm, mdns=False,
+                       extra={"min_peers": 1, "stream_timeout": 3.0})
+    try:
+        nodes[0].start()
+        wait_until(nodes[:1], lambda s: all(v is not None for v in s.values()), timeout=60)
+        ack, held = asyncio.run(_a_half_open_stream(nodes[0], swarm))
+        status = poll_status(nodes[:1])["node-0"]
+    finally:
+        stop_all(nodes[:1])
+    assert ack.ok, ack  # the node took the next role: the silent stream no longer holds it
+    assert 3.0 <= held < DEADLINE_S / 2  # freed by --stream-timeout (3 s), long before the group's deadline
+    assert status["rejected"] == {"idle_timeout": 1} and status["senders_abandoned"] == 1
