@@ -243,7 +243,9 @@ async def test_transfer_over_real_grpc_on_loopback() -> None:
             header, got = await asyncio.wait_for(codec.assemble(stream, assembler(state), until_eof=False), 10)
             assert header.sender == "server" and torch.equal(got.parts[0].values, state["w"] * 2)
 
-            call = stub.Transfer(iter(frames_of(make_msg(state), swarm="other")))
+            # the header alone: the server refuses at the header and ends the call, and chunks still being
+            # written by the client then would race that end (gRPC sometimes reports it as INTERNAL)
+            call = stub.Transfer(iter(frames_of(make_msg(state), swarm="other")[:1]))
             frames = [f async for f in call]
             assert len(frames) == 1 and frames[0].result.reason == "swarm_mismatch"
     finally:
