@@ -27,10 +27,19 @@ from dfl_node.testbed.fetch import fetch_all
 Wrap = Callable[[list[str]], list[str]]
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process: never twice (the kernel may offer one again)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nobody listens on now, and one this process has not been given before: a fleet's ports are
+    picked before its nodes bind them, so the kernel could otherwise hand two nodes the same one."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
