@@ -10,10 +10,12 @@ must be counted in the aggregator's /status.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -35,6 +37,19 @@ async def _assign(address: str, assignment: pb.RoundAssignment) -> pb.Ack:
         return await pb_grpc.DflNodeStub(channel).Assign(assignment, timeout=DEADLINE_S, wait_for_ready=True)
 
 
+@contextlib.asynccontextmanager
+async def _stalled_sender(address: str, swarm: str) -> AsyncIterator[subprocess.Popen]:
+    """``stalled_sender.py`` pushing to ``address`` as node-3: its stream open, half sent, until killed."""
+    victim = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stalled_sender.py")),
+                               address, "node-3", swarm, "mlp:32,32", "8", "10"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert await asyncio.to_thread(victim.stdout.readline) == "stalled\n"
+        yield victim
+    finally:
+        victim.kill()
+        victim.wait()
+
+
 async def _play_the_round(nodes: list[NodeProcess], swarm: str) -> tuple[list[pb.Ack], float]:
     aggregator, senders = nodes[0], nodes[1:3]
     common = dict(round=0, epoch=0, holder="test", aggregator=aggregator.id,
@@ -42,20 +57,13 @@ async def _play_the_round(nodes: list[NodeProcess], swarm: str) -> tuple[list[pb
                   senders=[n.id for n in senders] + ["node-3"])
     ack = await _assign(common["aggregator_address"], pb.RoundAssignment(role="aggregator", **common))
     assert ack.ok, ack
-    victim = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stalled_sender.py")),
-                               common["aggregator_address"], "node-3", swarm, "mlp:32,32", "8", "10"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert await asyncio.to_thread(victim.stdout.readline) == "stalled\n"  # its stream is open, half sent
+    async with _stalled_sender(common["aggregator_address"], swarm) as victim:  # its stream is open, half sent
         started = time.monotonic()
         sending = [asyncio.create_task(_assign(f"127.0.0.1:{n.grpc_port}", pb.RoundAssignment(role="sender", **common)))
                    for n in senders]
         victim.kill()  # while the real senders train and stream
         acks = await asyncio.gather(*sending)
         return acks, time.monotonic() - started
-    finally:
-        victim.kill()
-        victim.wait()
 
 
 def test_a_sender_killed_mid_stream_is_left_out_and_the_round_completes(fleet_shards: Path, tmp_path: Path) -> None:
@@ -90,20 +98,13 @@ async def _a_half_open_stream(aggregator: NodeProcess, swarm: str) -> tuple[pb.A
                   aggregator_address=f"127.0.0.1:{aggregator.grpc_port}", deadline_s=DEADLINE_S, senders=["node-3"])
     ack = await _assign(common["aggregator_address"], pb.RoundAssignment(role="aggregator", **common))
     assert ack.ok, ack
-    victim = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stalled_sender.py")),
-                               common["aggregator_address"], "node-3", swarm, "mlp:32,32", "8", "10"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert await asyncio.to_thread(victim.stdout.readline) == "stalled\n"
+    async with _stalled_sender(common["aggregator_address"], swarm) as victim:
         started = time.monotonic()
         again = {**common, "round": 1, "senders": ["node-1"]}  # the next group: refused while the stream holds the role
         while (ack := await _assign(common["aggregator_address"], pb.RoundAssignment(role="aggregator", **again))).reason == "busy":
             assert victim.poll() is None  # the stream is still open: only the node's own deadline can free it
             await asyncio.sleep(0.2)
         return ack, time.monotonic() - started
-    finally:
-        victim.kill()
-        victim.wait()
 
 
 def test_a_half_open_stream_is_dropped_after_the_stream_timeout(fleet_shards: Path, tmp_path: Path) -> None:

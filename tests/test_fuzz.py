@@ -61,7 +61,7 @@ from dfl_node.learning.models import build_model
 from dfl_node.net.codec import (
     ALLOWED_DTYPES, CHUNK_SIZE, BufferPool, Limits, MessageAssembler, TransferRejected, manifest_of,
 )
-from dfl_node.net.frames import ReadFrame, chunk_frame, decode_frame
+from dfl_node.net.frames import ReadFrame, _varint, chunk_frame, decode_frame
 from dfl_node.net.probes import probe_from_request
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.transport import open_transfer
@@ -151,15 +151,6 @@ def other(current: T, new: T) -> T:
         return new + b"\x00"  # type: ignore[return-value]
     assert isinstance(new, list)
     return [*new, 1]  # type: ignore[return-value]
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 # ----- mutations of a transfer -------------------------------------------------------------------------
