@@ -40,11 +40,12 @@ class Target:
         async with httpx.AsyncClient(trust_env=False) as http:
             return (await http.get(f"{self.url}/status")).json()["rejected"]
 
-    async def expect(self, sender: str = "stranger") -> None:
-        """Make the node the aggregator of a round-0 group whose one sender is ``sender`` (as a holder would)."""
-        ack = await self.node.play(pb.RoundAssignment(round=0, role="aggregator", aggregator=self.node.config.id,
+    async def expect(self, sender: str = "stranger", round_: int = 0) -> None:
+        """Make the node the aggregator of a group of ``round_`` whose one sender is ``sender`` (as a holder
+        would). A node plays each round once: after a fusion, the next group must be of a later round."""
+        ack = await self.node.play(pb.RoundAssignment(round=round_, role="aggregator", aggregator=self.node.config.id,
                                                       senders=[sender], deadline_s=30))
-        assert ack.ok, ack
+        assert ack.ok and ack.reason != "already_played", ack
 
     async def transfer(self, frames: Iterable[pb.Frame]) -> pb.TransferResult:
         """Send raw frames with the node's own client path and return the receiver's verdict."""
@@ -52,14 +53,15 @@ class Target:
         call.cancel()
         return result
 
-    def message(self, seed: int = 99) -> ModelMessage:
+    def message(self, seed: int = 99, round_: int = 0) -> ModelMessage:
         cfg = self.node.config
         model = build_model(cfg.model, (1, 8, 8), 10, hidden=cfg.hidden, seed=seed)
-        return ModelMessage(sender="stranger", round=0, purpose="defkt.model", num_samples=100,
+        return ModelMessage(sender="stranger", round=round_, purpose="defkt.model", num_samples=100,
                             parts=parts_from_state(model.state_dict()), model=self.node.wire.model)
 
-    def frames(self, chunk_size: int = 4096) -> list[pb.Frame]:
-        return frames_of(self.message(), chunk_size, swarm=self.node.config.swarm, fingerprint=self.node.fingerprint)
+    def frames(self, chunk_size: int = 4096, round_: int = 0) -> list[pb.Frame]:
+        return frames_of(self.message(round_=round_), chunk_size, swarm=self.node.config.swarm,
+                         fingerprint=self.node.fingerprint)
 
 
 @pytest.fixture
@@ -84,8 +86,9 @@ async def target(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[Target]:
 async def assert_still_serving(t: Target) -> None:
     """A genuine model is still accepted and fused after the attack."""
     before = t.node.state.counters["fusions"]
-    await t.expect()
-    verdict = await t.transfer(t.frames())
+    round_ = t.node.state.played + 1  # the next round this node has not played
+    await t.expect(round_=round_)
+    verdict = await t.transfer(t.frames(round_=round_))
     assert verdict.accepted, verdict
     await t.node.settled()  # the verdict comes once the model is validated; fusing follows
     assert t.node.state.counters["fusions"] == before + 1
@@ -186,14 +189,15 @@ async def test_oversized_chunk_is_rejected(target: Target) -> None:
     await target.expect()
     assert (await target.transfer(frames)).accepted
     await target.node.settled()
-    await target.expect()
+    await target.expect(round_=1)  # round 0 is fused: the oversized chunks come for round 1
     header = pb.TransferHeader()
     header.CopyFrom(frames[0].header)
+    header.round = 1
     oversized = [pb.Frame(header=header), pb.Frame(chunk=pb.Chunk(data=b"\0" * ((1 << 20) + 512)))]
     verdict = await target.transfer(oversized)  # …but a chunk over 1 MiB is refused before it is copied
     assert verdict.reason == "chunk_too_large"
     await target.node.settled()
-    await target.expect()
+    await target.expect(round_=1)  # nothing was fused: round 1 is still to play
     with pytest.raises(grpc.aio.AioRpcError) as err:  # over gRPC's frame limit: refused by gRPC itself
         await target.transfer([pb.Frame(header=header), pb.Frame(chunk=pb.Chunk(data=b"\0" * (8 << 20)))])
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -82,6 +82,8 @@ class NodeStatus(Counters):
     fusing: bool = False
     max_concurrent_fusions: int = Field(default=0, description="most fusions ever running at once (must stay ≤ 1)")
     epoch: int = Field(default=0, description="round mode: epoch of the newest round token seen (fencing)")
+    holding: bool = Field(default=False, description="round mode: this node holds the round token (also while it "
+                          "plays a role itself, when role names that role)")
     done: bool = Field(default=False, description="the node reached its round/time budget")
 
     @property

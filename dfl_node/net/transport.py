@@ -98,8 +98,9 @@ class NodeHandler(Protocol):
     # A Hello; ``refused``: why the Authenticator refuses it (the node counts it and answers with its identity).
     def hello(self, request: pb.HelloRequest, peer: str, refused: str | None = None) -> pb.HelloReply: ...
     # Whether this transfer is wanted (raise TransferRejected, e.g. "not_expected"). Its Intake's deliver()
-    # checks the message for the algorithm (raise TransferRejected) and returns a future of the reply when
-    # the algorithm replies; abandon() is called instead when the stream fails after admission.
+    # checks the message for the algorithm (raise TransferRejected) and returns a future of the reply (None:
+    # no reply), resolved once the fusion is durable, or failed with TransferRejected if it never happens;
+    # abandon() is called instead when the stream fails after admission.
     async def admit(self, header: pb.TransferHeader) -> Intake: ...
     async def pull(self, request: pb.PullRequest) -> ModelMessage: ...  # raise TransferRejected (e.g. "busy")
     async def probe(self, request: pb.ProbeRequest) -> pb.ProbeReply: ...  # a selection probe (001); never raises
@@ -192,7 +193,10 @@ class DflServicer(pb_grpc.DflNodeServicer):
             if intake is not None:
                 intake.abandon()
         yield pb.Frame(result=pb.TransferResult(accepted=True))  # validated and taken for aggregation
-        reply = await pending_reply if pending_reply is not None else None
+        try:  # resolves once the fusion is durable: the end of this stream is the sender's confirmation
+            reply = await pending_reply if pending_reply is not None else None
+        except TransferRejected as exc:  # the group ended without fusing it: an error status, never a clean end
+            await context.abort(grpc.StatusCode.ABORTED, f"{exc.reason}: {exc.detail}")
         if reply is not None:
             async for frame in self._stream(reply):
                 yield frame

@@ -5,7 +5,8 @@ An aggregator accepts a transfer only from a sender its group names, for that ro
 is reserved against ``max_bytes``, so N concurrent senders can never hold more than the bound.
 :meth:`Collector.wait` returns when every expected sender delivered, or at the deadline with those
 that did — a sender that died mid-stream is left out (and counted by the node). Replies are futures
-the Transfer RPCs of the senders wait on, so each reply goes back on its sender's own stream.
+the Transfer RPCs of the senders wait on, so each reply goes back on its sender's own stream; they
+resolve only once the fusion is checkpointed, so the end of a sender's stream confirms a durable fusion.
 """
 
 from __future__ import annotations
@@ -93,15 +94,20 @@ class Collector:
         return list(self.messages.values())
 
     def answer(self, replies: Mapping[str, ModelMessage]) -> None:
-        """Hand each sender its reply (None where the algorithm has none for it)."""
+        """The fusion is durable: hand each sender its reply (None where the algorithm has none for it),
+        which is also its confirmation that the round is done."""
         for sender, future in self.replies.items():
             if not future.done():
                 future.set_result(replies.get(sender))
 
     def close(self) -> None:
         """Whatever happened, the group is over: nobody waits for it any longer, and the memory its
-        streams freed goes back to the kernel (:func:`~dfl_node.net.codec.trim_heap`)."""
+        streams freed goes back to the kernel (:func:`~dfl_node.net.codec.trim_heap`). A sender not
+        answered by now learns that its model was not fused (``not_fused``): its round is not done."""
         self.gathered.set()
         self._changed.set()
-        self.answer({})
+        for future in self.replies.values():
+            if not future.done():
+                future.set_exception(TransferRejected("not_fused", f"round {self.round} ended without a fusion"))
+                future.exception()  # retrieved: a sender that already hung up never awaits it
         trim_heap()

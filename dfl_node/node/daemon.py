@@ -41,7 +41,7 @@ from dfl_node.net.transport import PeerClient, TransferRefused, WireIdentity
 from dfl_node.node.async_mode import AsyncScheduler
 from dfl_node.node.collector import Collector
 from dfl_node.node.config import NodeConfig
-from dfl_node.node.exchange import GrpcTransport, TransferFailed
+from dfl_node.node.exchange import AlreadyPlayed, GrpcTransport, TransferFailed
 from dfl_node.node.gate import check_received
 from dfl_node.node.handshake import Handshake
 from dfl_node.node.logs import RateLimitedLog
@@ -70,8 +70,7 @@ class Intake:
         if node.config.mode == "round" and self.collector.epoch < node.state.epoch:  # fenced while it streamed
             raise TransferRejected("stale_epoch", f"epoch {self.collector.epoch} < {node.state.epoch}")
         node.state.counters["models_received"] += 1
-        reply = self.collector.deliver(message)
-        return reply if self.node.algorithm.replies else None
+        return self.collector.deliver(message)  # resolved once the fusion is durable: the sender's confirmation
 
     def abandon(self) -> None:
         self.collector.abandon(self.sender)
@@ -192,7 +191,14 @@ class Node:
         self.state.max_fusing = max(self.state.max_fusing, self.state.fusing)
 
     async def play(self, assignment: pb.RoundAssignment) -> pb.Ack:
-        """Take a group role (from the Assign RPC or from this node's own scheduler); see the proto's Assign."""
+        """Take a group role (from the Assign RPC or from this node's own scheduler); see the proto's Assign.
+
+        Round mode: a round this node already played (its checkpoint says so) is answered ``already_played``
+        and not played again, so a holder that retries a round, or regenerates the token, never makes a
+        node fuse or send twice for it. A sender's Ack, and a pulling aggregator's, comes once the fusion
+        is durable (``ok``) or known not to have happened (``not_fused``): the holder must not move on
+        from a round whose fusion a crash can still undo.
+        """
         try:
             role = Role(assignment.role)
         except ValueError:
@@ -201,8 +207,11 @@ class Node:
             return pb.Ack(ok=False, reason="unknown_role")
         group = Group(assignment.aggregator, tuple(assignment.senders), assignment.pull, tuple(assignment.candidates))
         step = Step(assignment.round, group, dict(assignment.state))
-        if self.config.mode == "round":
+        rounds = self.config.mode == "round"
+        if rounds:
             await self.settled()  # the plan chose us: the last role's checkpoint first, then this one
+            if assignment.round <= self.state.played:
+                return pb.Ack(ok=True, reason="already_played")
         try:
             self.take_role(role)
         except TransferRejected as exc:
@@ -212,13 +221,16 @@ class Node:
             accepted: asyncio.Future[bool] = loop.create_future()
             transport = GrpcTransport(self, assignment.epoch, aggregator_address=assignment.aggregator_address,
                                       accepted=accepted, assignment=assignment)
-            self._settling = loop.create_task(self._play_sender(step, transport))
-            ok = await asyncio.shield(accepted)
-            return pb.Ack(ok=ok, reason="" if ok else "transfer_failed")
+            sending = self._settling = loop.create_task(self._play_sender(step, transport))
+            ok = await asyncio.shield(sending if rounds else accepted)  # async: the inviter waits for "accepted" only
+            return pb.Ack(ok=ok, reason="" if ok else "not_fused" if rounds else "transfer_failed")
         collector = self.collector = Collector(step, assignment.epoch, max_bytes=self.max_buffered_bytes,
                                                deadline_s=assignment.deadline_s or self.config.round_timeout)
-        self._settling = loop.create_task(self._play_aggregator(step, GrpcTransport(self, assignment.epoch,
-                                                                                    collector=collector)))
+        fusing = self._settling = loop.create_task(
+            self._play_aggregator(step, GrpcTransport(self, assignment.epoch, collector=collector)))
+        if group.pull and rounds:
+            ok = await asyncio.shield(fusing)
+            return pb.Ack(ok=ok, reason="" if ok else "not_fused")
         if group.pull:
             await asyncio.shield(collector.gathered.wait())
         return pb.Ack(ok=True)
@@ -288,11 +300,17 @@ class Node:
         except grpc.aio.AioRpcError as exc:
             return pb.Ack(ok=False, reason=exc.code().name.lower())
 
-    async def _play_sender(self, step: Step, transport: GrpcTransport) -> None:
+    async def _play_sender(self, step: Step, transport: GrpcTransport) -> bool:
+        """Returns whether the round is done for this sender: its aggregator confirmed a durable fusion of
+        its model, and its own checkpoint followed."""
         try:
             await play_sender(self.algorithm, self.ctx, step, transport)
-            self._exchanged()
+            self._exchanged(step)
             await self.model_changed("send", step.round + 1, step.group.aggregator)
+            return True
+        except AlreadyPlayed as exc:
+            log.info("%s: round %d: %s", self.config.id, step.round, exc)
+            return True
         except (TransferFailed, SelectionFailed) as exc:
             log.info("%s: round %d: %s", self.config.id, step.round, exc)
         except Exception:  # a bug must not kill the node: the role is given back, the round goes on
@@ -300,14 +318,20 @@ class Node:
         finally:
             transport._verdict(False)
             self.release_role()
+        return False
 
-    async def _play_aggregator(self, step: Step, transport: GrpcTransport) -> None:
+    async def _play_aggregator(self, step: Step, transport: GrpcTransport) -> bool:
+        """Returns whether this node fused (and checkpointed) the group. Its senders hear the outcome only
+        after the checkpoint (their replies, or an end of stream), so a sender never counts a fusion that a
+        crash can still undo; if nothing was fused they are told ``not_fused`` (:meth:`Collector.close`)."""
         assert transport.collector is not None
         try:
             if await play_aggregator(self.algorithm, self.ctx, step, transport):
                 self.state.counters["fusions"] += 1
-                self._exchanged()
+                self._exchanged(step)
                 await self.model_changed("fusion", step.round + 1, ",".join(step.group.senders))
+                transport.collector.answer(transport.replies)
+                return True
         except Exception:  # a bug (check_message passed): keep serving, the senders get no reply
             log.exception("%s: round %d: aggregating failed", self.config.id, step.round)
         finally:
@@ -315,10 +339,18 @@ class Node:
             transport.collector.close()
             self.collector = None
             self.release_role()
+        return False
 
-    def _exchanged(self) -> None:
-        if self.config.mode == "async":  # round mode counts rounds by the token
-            self.state.round += 1
+    def _exchanged(self, step: Step) -> None:
+        """This node completed a role in ``step``: async mode counts its exchanges; round mode records the
+        round as played (checkpointed with the model next) and that rounds up to it are complete."""
+        state = self.state
+        if self.config.mode == "async":
+            state.round += 1
+            return
+        state.played = max(state.played, step.round)
+        if step.round + 1 > state.round:  # the token for the next round would carry the plan's state
+            state.round, state.token_state = step.round + 1, dict(step.state)
 
     # ----- evaluation --------------------------------------------------------------------
     async def model_changed(self, event: str, round_: int, peer: str | None) -> None:
@@ -363,8 +395,17 @@ class Node:
         self.state.epoch = epoch
         return True
 
+    def progress(self) -> pb.RoundProgress:
+        """Where this node stands in round mode, for the HelloReply (:class:`~dfl_node.net.proto.dfl_pb2.RoundProgress`)."""
+        state = self.state
+        return pb.RoundProgress(round=state.round, epoch=state.epoch, holding=state.holding, done=state.done,
+                                state=state.token_state, busy=state.role is not Role.IDLE)
+
     def set_round(self, round_: int, token_state: dict[str, str]) -> None:
-        self.state.round, self.state.token_state = round_, dict(token_state)
+        """Rounds only advance: an announcement can arrive after the next holder's own (announcements to the
+        other members go on after the hand-over), and a node that played a round already counts it."""
+        if round_ >= self.state.round:
+            self.state.round, self.state.token_state = round_, dict(token_state)
 
     def set_holding(self, holding: bool) -> None:
         self.state.holding = holding
@@ -495,7 +536,7 @@ class Node:
             **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
             boot_id=self.boot_id, uptime_s=time.time() - self.started, grpc_address=self.grpc_address,
             http_port=self.config.http_port, param_sha256=state.digest, fusing=state.fusing > 0,
-            max_concurrent_fusions=state.max_fusing, epoch=state.epoch,
+            max_concurrent_fusions=state.max_fusing, epoch=state.epoch, holding=state.holding,
             done=state.done and state.role is Role.IDLE,
         )
 

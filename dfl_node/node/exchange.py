@@ -2,7 +2,8 @@
 
 One :class:`GrpcTransport` serves one role of one node (:mod:`dfl_node.algorithms.runner`): a
 sender's push goes to its aggregator's address and reports the aggregator's verdict as soon as it
-comes (``accepted``), before any reply; an aggregator gathers from its :class:`Collector` (pushed
+comes (``accepted``), before any reply, but completes only when the aggregator confirms that its fusion
+is durable (the reply, or the end of the stream); an aggregator gathers from its :class:`Collector` (pushed
 messages) or pulls from its sources, and hands the replies back to the senders' open streams. The
 sender of an open group (001's client selection) probes its candidates over the Probe RPC — one that
 does not answer within ``probe_timeout`` is skipped and counted — and binds the one its algorithm
@@ -40,6 +41,11 @@ class TransferFailed(Exception):
     """A sender's message did not reach its aggregator (refused, unreachable, timed out)."""
 
 
+class AlreadyPlayed(Exception):
+    """Round mode: the chosen receiver already played this round (its group fused before a crash hid the
+    confirmation): the sender's round is over, without a second transfer."""
+
+
 class GrpcTransport:
     def __init__(self, node: Node, epoch: int, *, aggregator_address: str = "", collector: Collector | None = None,
                  accepted: asyncio.Future[bool] | None = None, assignment: pb.RoundAssignment | None = None) -> None:
@@ -49,6 +55,7 @@ class GrpcTransport:
         self.aggregator_address = aggregator_address
         self.collector = collector
         self.accepted = accepted
+        self.replies: dict[str, ModelMessage] = {}  # an aggregator's replies, until its fusion is durable
 
     async def compute(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -67,6 +74,12 @@ class GrpcTransport:
             self._verdict(False)
             reason = exc.reason if isinstance(exc, TransferRefused) else exc.code().name
             raise TransferFailed(f"{step.group.aggregator} did not take it: {reason}") from exc
+        except asyncio.CancelledError:  # the call, not this task: our channel closed as the node stops
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            self._verdict(False)
+            raise TransferFailed(f"{step.group.aggregator}: our channel closed before it confirmed") from None
         node.state.counters.update(models_sent=1, bytes_sent=sent, bytes_received=received)
         if reply is not None:
             try:
@@ -113,8 +126,8 @@ class GrpcTransport:
         return message
 
     async def reply(self, step: Step, replies: Mapping[str, ModelMessage]) -> None:
-        assert self.collector is not None
-        self.collector.answer(replies)
+        """Keep the replies: the node hands them out once its fusion is checkpointed (the senders' confirmation)."""
+        self.replies = dict(replies)
 
     async def probe(self, step: Step, probe: Probe) -> dict[str, ProbeAnswer]:
         request = probe_request(probe, swarm=self.node.config.swarm, epoch=self.epoch)
@@ -154,6 +167,8 @@ class GrpcTransport:
                                   aggregator=chosen, aggregator_address=address, state=dict(step.state),
                                   senders=step.group.senders, deadline_s=mine.deadline_s or node.config.round_timeout)
         ack = await node.assign_to(chosen, role)
+        if ack.reason == "already_played":
+            raise AlreadyPlayed(f"{chosen} already played round {step.round}")
         if not ack.ok:
             log.warning("%s: round %d: chosen receiver %s refused: %s", node.config.id, step.round, chosen, ack.reason)
             return False

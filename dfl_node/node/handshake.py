@@ -81,7 +81,7 @@ class Handshake:
             # its certificate proved its id: that is the name to check where it says it serves (our dial
             # still checks the certificate there; a false address fails that check and is forgotten)
             self.names.setdefault(request.grpc_address, request.node_id)
-        return self.message(pb.HelloReply, accepted=True)
+        return self.message(pb.HelloReply, accepted=True, progress=self.node.progress())
 
     def _refused(self, reason: str, other: pb.HelloRequest, where: str) -> None:
         node = self.node

@@ -42,6 +42,7 @@ class Peer:
     model: str = ""
     num_samples: int = 0
     alive: bool = True
+    progress: pb.RoundProgress | None = None  # round mode: where it stood at its last reply to our Hello
 
     def info(self) -> PeerInfo:
         return PeerInfo(id=self.id, address=self.address, http_port=self.http_port or None,
@@ -75,6 +76,10 @@ class PeerTable:
     def alive_ids(self) -> list[str]:
         return sorted(p.id for p in self.peers.values() if p.alive)
 
+    def dead_ids(self) -> list[str]:
+        """Peers we know that stopped answering (until they are forgotten after ``expiry``)."""
+        return sorted(p.id for p in self.peers.values() if not p.alive)
+
     def address_of(self, peer_id: str) -> str | None:
         peer = self.peers.get(peer_id)
         return peer.address if peer else None
@@ -102,6 +107,8 @@ class PeerTable:
         peer.address, peer.http_port, peer.boot_id = reply.grpc_address, reply.http_port, reply.boot_id
         peer.status_url, peer.model, peer.num_samples = reply.status_url, reply.model, reply.num_samples
         peer.last_seen, peer.alive = now, True
+        if isinstance(reply, pb.HelloReply):
+            peer.progress = reply.progress
         if rejoined:
             log.info("peer %s at %s is alive", peer.id, peer.address)
             asyncio.get_running_loop().create_task(self._notify())
@@ -168,6 +175,14 @@ class PeerTable:
             await asyncio.gather(*(self.probe(a) for a in addresses))
             self.prune()
             await asyncio.sleep(self.heartbeat)
+
+    def progress(self) -> dict[str, pb.RoundProgress]:
+        """Round mode: where each live peer stood at its last reply (those that never replied left out)."""
+        return {p.id: p.progress for p in self.peers.values() if p.alive and p.progress is not None}
+
+    async def refresh(self) -> None:
+        """One Hello to every confirmed peer now, so that what :meth:`progress` says is not a heartbeat old."""
+        await asyncio.gather(*(self.probe(p.address) for p in list(self.peers.values())))
 
     def profiles(self) -> list[NodeProfile]:
         """The live peers' profiles (architecture, sample count), as their Hellos announced them."""

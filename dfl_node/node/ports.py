@@ -27,6 +27,7 @@ class SchedulerPort(Protocol):
 
     def profiles(self) -> list[NodeProfile]: ...  # this node and its live peers
     def address_of(self, node_id: str) -> str | None: ...  # gRPC address of a peer, or of this node
+    def progress(self) -> pb.RoundProgress: ...  # where this node stands (what its HelloReply says)
     async def play(self, assignment: pb.RoundAssignment) -> pb.Ack: ...  # a role for this node
     async def assign_to(self, node_id: str, assignment: pb.RoundAssignment) -> pb.Ack: ...  # a role for anyone
     async def lead(self, round_: int, candidates: list[str], wanted: int) -> bool: ...  # async: volunteer

@@ -1,19 +1,33 @@
 """Round mode: a token carries round t from node to node; its holder plans the round.
 
 * **Start.** Once it sees ``min_peers`` peers, the node with the lowest id creates the token for
-  round 0 (epoch 1) — or for the round its checkpoint says, after a restart.
+  round 0 (epoch 1) — or for the round its checkpoint says, after a restart — unless a peer already
+  saw a token (a node restarted before it checkpointed any epoch must not start a second token).
 * **A round.** The holder plans round t with the algorithm's own planner over the live members'
   profiles and the algorithm state the token carries (seed-derived randomness: the same plan as the
   simulator). For each group it assigns the aggregator first (which then expects its senders, or
-  pulls from its sources), then the senders, and waits until their transfers are taken, with a
-  timeout. An open group (001's client selection) has no aggregator yet: its sender is assigned
-  with the candidates, chooses, and assigns the aggregator role itself before it transfers. Fusions, replies and checkpoints run on; each node settles them before its next role.
-* **Hand-over.** The holder then announces the token for t+1 — with the plan's algorithm state —
-  to every member, naming the next holder (the next id in sorted order).
-* **Loss.** If the known holder leaves the peer table (it stopped answering heartbeats) and the
-  token has been silent for ``token_timeout``, the lowest live id regenerates it for the last
-  announced round with ``epoch + 1``. Every RPC carries the epoch and nodes refuse older ones, so
-  a stale holder that comes back is fenced off: two tokens never both make progress.
+  pulls from its sources), then the senders. A group is done when its fusion is durable: a sender's
+  Ack comes only once its aggregator confirmed a checkpointed fusion. An open group (001's client
+  selection) has no aggregator yet: its sender is assigned with the candidates, chooses, and assigns
+  the aggregator role itself before it transfers.
+* **Exactly once.** A round whose groups did not all fuse is played again: after a heartbeat the
+  holder re-plans it from the live members (a crashed member that restarts is assigned again: the
+  Assign waits for it, up to ``round_timeout``). A node that already played round t (its checkpoint
+  says so) answers ``already_played`` and the holder counts its group as done, so no node fuses a
+  round twice, even when its confirmation was lost with a crash.
+* **Hand-over.** The holder then passes the token for t+1 — with the plan's algorithm state — to
+  the next holder (the next id in sorted order), and only then, holding nothing any more, announces
+  it to the other members: an announcement that waits on a crashed member must not keep a node
+  holding while the token comes round to it again (it would ignore the token and the fleet stall).
+* **Loss.** Every HelloReply carries the replier's :class:`RoundProgress` (round, epoch, whether it
+  holds the token or plays a role). When no live node has held the token nor sent an RPC of it for
+  ``token_timeout``, the lowest *live* id — re-evaluated at every tick, as the peer table changes —
+  waits (up to ``round_timeout`` more) until every known member answers again, as a crashed one may be
+  the only node that knows the newest round, then asks every peer afresh and, if still nobody holds the
+  token or is playing a role, regenerates it
+  at ``epoch + 1`` (over the newest epoch anyone saw) for the highest round any live node completed,
+  with that node's algorithm state. Every RPC carries the epoch and nodes refuse older ones; a
+  holder that sees a newer epoch drops its token, so a stale holder that comes back is fenced off.
 """
 
 from __future__ import annotations
@@ -32,19 +46,20 @@ log = logging.getLogger(__name__)
 class RoundScheduler:
     def __init__(self, node: SchedulerPort) -> None:
         self.node = node
-        self.holder: str | None = None
-        self.last_activity = time.monotonic()
+        self.last_activity = time.monotonic()  # when a token was last seen at work (an RPC of it, a holder)
         self.finished = asyncio.Event()
         self._holding: asyncio.Task | None = None
+        self._holding_epoch = 0
 
     # ----- the watchdog ------------------------------------------------------------------
     def _is_lowest(self) -> bool:
         return all(self.node.node_id < p for p in self.node.peers.alive_ids())
 
-    def _token_lost(self) -> bool:
-        holder_alive = self.holder in self.node.peers.alive_ids() or self.holder == self.node.node_id
-        silent = time.monotonic() - self.last_activity > self.node.config.token_timeout
-        return silent and not holder_alive
+    def _token_at_work(self, progress: dict[str, pb.RoundProgress]) -> bool:
+        """Whether a token of our epoch (or newer) is held somewhere, or a role that may complete a round is
+        still being played."""
+        epoch = self.node.state.epoch
+        return self.node.state.holding or any(p.busy or (p.holding and p.epoch >= epoch) for p in progress.values())
 
     async def run(self) -> None:
         node, state = self.node, self.node.state
@@ -53,26 +68,53 @@ class RoundScheduler:
             return
         await node.peers.wait_for(node.config.min_peers)
         self.last_activity = time.monotonic()
-        if state.epoch == 0 and self._is_lowest():
+        progress = node.peers.progress()
+        if state.epoch == 0 and self._is_lowest() and all(p.epoch == 0 for p in progress.values()):
             self._start_holding(state.round, 1)
         while not state.done:
             await asyncio.sleep(min(1.0, node.config.token_timeout / 4))
-            if not state.holding and self._token_lost() and self._is_lowest():
-                log.warning("%s: token of %s lost; regenerating round %d at epoch %d",
-                            node.node_id, self.holder, state.round, state.epoch + 1)
-                self._start_holding(state.round, state.epoch + 1)
+            await self._watch()
+
+    async def _watch(self) -> None:
+        """One tick of the watchdog: finish if a peer says the fleet is done; regenerate a lost token."""
+        node, state = self.node, self.node.state
+        progress = node.peers.progress()
+        done = [p.round for p in progress.values() if p.done]
+        if done:  # we missed the final announcement (we were down, or it did not reach us)
+            await self.finish(max(done))
+            return
+        if self._token_at_work(progress):
+            self.last_activity = time.monotonic()
+            return
+        silent = time.monotonic() - self.last_activity
+        if silent <= node.config.token_timeout or not self._is_lowest():
+            return
+        if node.peers.dead_ids() and silent <= node.config.token_timeout + node.config.round_timeout:
+            return  # a member that crashed may be the only one that knows the newest round: give it time to return
+        await node.peers.refresh()  # decide on what the peers say now, not a heartbeat ago
+        progress = node.peers.progress()
+        if state.done or self._token_at_work(progress) or not self._is_lowest():
+            return
+        round_, token_state = state.round, dict(state.token_state)
+        for peer in progress.values():
+            if peer.round > round_:
+                round_, token_state = peer.round, dict(peer.state)
+        epoch = max([state.epoch, *(p.epoch for p in progress.values())]) + 1
+        log.warning("%s: the token is lost; regenerating round %d at epoch %d", node.node_id, round_, epoch)
+        node.set_round(round_, token_state)
+        self._start_holding(round_, epoch)
 
     def _start_holding(self, round_: int, epoch: int) -> None:
         self.node.enter_epoch(epoch)
-        self.holder = self.node.node_id
         self.node.set_holding(True)
+        self._holding_epoch = epoch
         self._holding = asyncio.get_running_loop().create_task(self._hold(round_, epoch))
 
     # ----- the holder --------------------------------------------------------------------
     async def _hold(self, round_: int, epoch: int) -> None:
         node = self.node
         try:
-            while True:
+            while node.state.epoch == epoch:
                 members = sorted(p.node_id for p in node.profiles())
                 state = dict(node.state.token_state)
                 if node.config.rounds and round_ >= node.config.rounds:
@@ -80,28 +122,79 @@ class RoundScheduler:
                                                        seed=node.config.seed, members=members, state=state, done=True))
                     await self.finish(round_)
                     return
-                plan = node.algorithm.plan_round(round_, node.profiles(), state)
-                await asyncio.gather(*(self._group(g, round_, epoch, dict(plan.state)) for g in plan))
-                round_ += 1
-                node.set_round(round_, dict(plan.state))
-                me = members.index(node.node_id)
-                later = members[me + 1 :] + members[:me]
-                acks = await self._announce(pb.RoundToken(round=round_, epoch=epoch, holder=later[0],
-                                                          seed=node.config.seed, members=members, state=plan.state))
-                if any(a is not None and a.reason == "stale_epoch" for a in acks.values()):
+                next_state = await self._play_round(round_, epoch, state)
+                if next_state is None:
                     log.warning("%s: fenced off by a newer epoch; dropping token", node.node_id)
                     return
-                if acks.get(later[0]) is not None and acks[later[0]].ok:
-                    self.holder = later[0]
+                round_ += 1
+                node.set_round(round_, next_state)
+                members = sorted(p.node_id for p in node.profiles())
+                me = members.index(node.node_id)
+                later = members[me + 1 :] + members[:me]
+                token = pb.RoundToken(round=round_, epoch=epoch, holder=later[0], seed=node.config.seed,
+                                      members=members, state=next_state)
+                ack = await node.pass_token(later[0], token)
+                if ack is not None and ack.reason == "stale_epoch":
+                    log.warning("%s: fenced off by a newer epoch; dropping token", node.node_id)
+                    return
+                if ack is not None and ack.ok:
+                    # Handed over: we hold nothing from here, even while the others hear of the round (a crashed
+                    # member can keep that waiting for seconds), so the token can come back to us meanwhile.
+                    self._release()
+                    await self._announce(token, skip=later[0])
                     return
                 log.warning("%s: next holder %s unreachable; keeping the token", node.node_id, later[0])
         finally:
-            node.set_holding(False)
+            self._release()
             self.last_activity = time.monotonic()
 
-    async def _group(self, group: Group, round_: int, epoch: int, state: dict[str, str]) -> None:
+    def _release(self) -> None:
+        """The calling hold ends: this node holds no token any more, unless a later hold already started."""
+        if self._holding is asyncio.current_task():
+            self._holding = None
+            self.node.set_holding(False)
+
+    async def _play_round(self, round_: int, epoch: int, state: dict[str, str]) -> dict[str, str] | None:
+        """Play round ``round_`` until every group of its plan fused (see "Exactly once"); returns the
+        algorithm state for the next round, or None if a newer epoch fenced this token off meanwhile."""
+        node = self.node
+        plan = node.algorithm.plan_round(round_, node.profiles(), state)
+        pending, failed_since = list(plan), None
+        while node.state.epoch == epoch:
+            done = await asyncio.gather(*(self._group(g, round_, epoch, dict(plan.state)) for g in pending))
+            pending = [g for g, ok in zip(pending, done) if not ok]
+            if not pending:
+                return dict(plan.state)
+            log.warning("%s: round %d: %d group(s) did not fuse; playing them again", node.node_id, round_,
+                        len(pending))
+            failed_since = failed_since or time.monotonic()
+            await asyncio.sleep(node.config.heartbeat)  # the peer table sees who crashed (or came back)
+            pending = await self._unfused(pending, round_, failed_since)
+            if any(m not in node.peers.alive_ids() and m != node.node_id for g in pending for m in g.members):
+                plan = node.algorithm.plan_round(round_, node.profiles(), state)  # a member is gone: re-plan
+                pending = list(plan)
+        return None
+
+    async def _unfused(self, groups: list[Group], round_: int, failed_since: float) -> list[Group]:
+        """The groups whose aggregator did not fuse ``round_`` after all. A sender's confirmation can be lost
+        after its aggregator fused (the sender crashed), so each aggregator is asked, by its progress, once
+        it answers and plays no role any more — waited for up to ``round_timeout`` since the round failed."""
+        node = self.node
+        deadline = failed_since + node.config.round_timeout
+        while True:
+            await node.peers.refresh()
+            known = {g.aggregator: self._progress_of(g.aggregator) for g in groups if g.aggregator}
+            if all(p is not None and not p.busy for p in known.values()) or time.monotonic() > deadline:
+                return [g for g in groups if (p := known.get(g.aggregator)) is None or p.round <= round_]
+            await asyncio.sleep(node.config.heartbeat)
+
+    def _progress_of(self, node_id: str) -> pb.RoundProgress | None:
+        """Where ``node_id`` stands (None: it does not answer)."""
+        return self.node.progress() if node_id == self.node.node_id else self.node.peers.progress().get(node_id)
+
+    async def _group(self, group: Group, round_: int, epoch: int, state: dict[str, str]) -> bool:
         """Assign one group: its aggregator first (so it expects its senders), then the senders (an open
-        group's sender assigns the aggregator it chooses)."""
+        group's sender assigns the aggregator it chooses). Returns whether the group's fusion is durable."""
         node = self.node
         address = (node.address_of(group.aggregator) or "") if group.aggregator else ""
         common = dict(round=round_, epoch=epoch, holder=node.node_id, aggregator=group.aggregator,
@@ -110,24 +203,25 @@ class RoundScheduler:
         try:
             if not group.open:
                 ack = await node.assign_to(group.aggregator, pb.RoundAssignment(role=Role.AGGREGATOR.value, **common))
+                if ack.ok and (group.pull or ack.reason == "already_played"):
+                    return True  # a pulling aggregator acks once it fused
                 if not ack.ok:
                     log.warning("round %d: aggregator %s refused: %s", round_, group.aggregator, ack.reason)
-                    return
-            if group.pull:
-                return
+                    return False
             acks = await asyncio.gather(*(node.assign_to(s, pb.RoundAssignment(role=Role.SENDER.value, **common))
                                           for s in group.senders))
-        except Exception:  # a bug in one group must not kill the token: log it and let the round end
+        except Exception:  # a bug in one group must not kill the token: log it and play the round again
             log.exception("round %d: the group of %s crashed", round_, group.aggregator)
-            return
+            return False
         for sender, ack in zip(group.senders, acks):
             if not ack.ok:
                 log.warning("round %d: %s → %s did not complete: %s", round_, sender,
                             group.aggregator or "/".join(group.candidates), ack.reason)
+        return any(ack.ok for ack in acks)
 
-    async def _announce(self, token: pb.RoundToken) -> dict[str, pb.Ack | None]:
-        """Send the token to every other member; returns each member's ack (None: unreachable)."""
-        others = [m for m in token.members if m != self.node.node_id]
+    async def _announce(self, token: pb.RoundToken, skip: str = "") -> dict[str, pb.Ack | None]:
+        """Send the token to every other member (but ``skip``); returns each one's ack (None: unreachable)."""
+        others = [m for m in token.members if m not in (self.node.node_id, skip)]
         acks = await asyncio.gather(*(self.node.pass_token(m, token) for m in others))
         return dict(zip(others, acks))
 
@@ -136,12 +230,9 @@ class RoundScheduler:
         self.finished.set()
 
     def on_join(self, peer_id: str, restarted: bool) -> None:
-        """A peer (re)joined. If it restarted while holding the token, the token died with it; if the
-        fleet already finished, tell it so: it missed the final announcement."""
+        """A peer (re)joined. If the fleet already finished, tell it so: it missed the final announcement.
+        (A holder that restarted lost its token: the watchdog sees that nobody holds it any more.)"""
         node, state = self.node, self.node.state
-        if restarted and peer_id == self.holder:
-            log.warning("%s: holder %s restarted; its token is lost", node.node_id, peer_id)
-            self.holder = None  # the watchdog regenerates it (epoch + 1) after token_timeout of silence
         if not state.done:
             return  # it learns the round from the next announcement
         token = pb.RoundToken(round=state.round, epoch=state.epoch, holder=node.node_id, seed=node.config.seed,
@@ -150,15 +241,21 @@ class RoundScheduler:
 
     # ----- RPCs --------------------------------------------------------------------------
     def _fresh(self, epoch: int) -> bool:
+        """Fencing: False for an older epoch. A newer one ends our own holding: that token is stale."""
         if not self.node.enter_epoch(epoch):
             return False
+        if self._holding is not None and epoch > self._holding_epoch:
+            log.warning("%s: a token of epoch %d supersedes ours (%d); dropping it", self.node.node_id, epoch,
+                        self._holding_epoch)
+            self._holding.cancel()
+            self._holding = None
+            self.node.set_holding(False)
         self.last_activity = time.monotonic()
         return True
 
     async def assign(self, request: pb.RoundAssignment) -> pb.Ack:
         if not self._fresh(request.epoch):
             return pb.Ack(ok=False, reason="stale_epoch")
-        self.holder = request.holder
         ack = await self.node.play(request)
         self.last_activity = time.monotonic()
         return ack
@@ -169,7 +266,6 @@ class RoundScheduler:
             return pb.Ack(ok=False, reason="seed_mismatch")
         if not self._fresh(request.epoch):
             return pb.Ack(ok=False, reason="stale_epoch")
-        self.holder = request.holder
         node.set_round(request.round, dict(request.state))
         if request.done:
             if not node.state.done:

@@ -21,6 +21,9 @@ HISTORY_LIMIT = 2048  # default of --history-limit: /history and state.json keep
 class NodeState:
     round: int = 0  # rounds completed (round mode) or group exchanges taken part in (async mode)
     epoch: int = 0  # round mode: the newest token epoch seen (fencing)
+    # round mode: the last round this node completed a role in (its fusion, or its transfer confirmed fused),
+    # durable, so that a retried or regenerated round never makes it fuse or send for that round again
+    played: int = -1
     done: bool = False
     role: Role = Role.IDLE
     holding: bool = False  # round mode: this node holds the round token
@@ -35,12 +38,14 @@ class NodeState:
 
     def durable(self) -> dict[str, Any]:
         """What a checkpoint keeps (role and fusing are about this process only)."""
-        return {"round": self.round, "epoch": self.epoch, "done": self.done, "token_state": self.token_state,
+        return {"round": self.round, "epoch": self.epoch, "played": self.played, "done": self.done,
+                "token_state": self.token_state,
                 "counters": dict(self.counters), "rejected": dict(self.rejected),
                 "history": [h.model_dump(mode="json") for h in self.history]}
 
     def restore(self, saved: dict[str, Any]) -> None:
         self.round, self.epoch = saved.get("round", 0), saved.get("epoch", 0)
+        self.played = saved.get("played", -1)
         self.token_state = dict(saved.get("token_state", {}))
         self.counters.update(saved.get("counters", {}))
         self.rejected.update(saved.get("rejected", {}))

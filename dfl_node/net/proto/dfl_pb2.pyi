@@ -39,7 +39,7 @@ class HelloRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_challenge: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "auth_nonce", "auth_proof")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "auth_nonce", "auth_proof", "progress")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class HelloReply(_message.Message):
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     AUTH_NONCE_FIELD_NUMBER: _ClassVar[int]
     AUTH_PROOF_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -70,7 +71,8 @@ class HelloReply(_message.Message):
     num_samples: int
     auth_nonce: bytes
     auth_proof: bytes
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ...) -> None: ...
+    progress: RoundProgress
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ...) -> None: ...
 
 class TensorEntry(_message.Message):
     __slots__ = ("name", "dtype", "shape", "start", "count", "offset", "nbytes")
@@ -269,6 +271,29 @@ class ProbeReply(_message.Message):
     loss: float
     class_accuracy: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., samples: _Optional[int] = ..., correct: _Optional[int] = ..., loss: _Optional[float] = ..., class_accuracy: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class RoundProgress(_message.Message):
+    __slots__ = ("round", "epoch", "holding", "done", "state", "busy")
+    class StateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HOLDING_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    epoch: int
+    holding: bool
+    done: bool
+    state: _containers.ScalarMap[str, str]
+    busy: bool
+    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holding: _Optional[bool] = ..., done: _Optional[bool] = ..., state: _Optional[_Mapping[str, str]] = ..., busy: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("ok", "reason")
