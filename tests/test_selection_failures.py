@@ -60,7 +60,8 @@ def test_a_candidate_that_never_answers_its_probe_is_skipped_and_the_rounds_go_o
     swarm, rounds = f"sel-{uuid.uuid4().hex[:6]}", 8
     with fake_peer(swarm, "defkt-select") as (_, address):
         nodes = _fleet_with(address, fleet_shards, tmp_path, "defkt-select", swarm, 3,
-                            min_peers=3, rounds=rounds, probe_timeout=1.5)  # round 0 waits for the fake too
+                            min_peers=3, rounds=rounds, probe_timeout=1.5,  # round 0 waits for the fake too
+                            round_timeout=4.0)  # how long the holder replays a group whose sender, the fake, refuses
         try:
             for node in nodes:
                 node.start()
@@ -73,11 +74,13 @@ def test_a_candidate_that_never_answers_its_probe_is_skipped_and_the_rounds_go_o
     plans = [algorithm.plan_round(t, members, {}) for t in range(rounds)]
     asked = sum(FAKE in g.candidates for plan in plans for g in plan)
     chose = sum(FAKE not in g.senders for plan in plans for g in plan)  # rounds with a real sender
-    assert asked >= 1 and chose >= 1, "the seed must make the fake a candidate at least once"
+    refused = sum(FAKE in g.senders for plan in plans for g in plan)  # the fake refuses to send: replayed, abandoned
+    assert asked >= 1 and chose >= 1 and refused >= 1, "the seed must make the fake a candidate and a sender"
     for s in statuses.values():
         assert s["round"] == rounds and s["done"], s
     assert sum(s["probes_unanswered"] for s in statuses.values()) == asked  # each silent probe: skipped, counted
     assert sum(s["fusions"] for s in statuses.values()) == chose  # every round with a real sender had its fusion
+    assert sum(s["groups_abandoned"] for s in statuses.values()) == refused  # once each, then the rounds went on
     assert "candidate node-3 skipped: deadline_exceeded" in logs and "Traceback" not in logs
     for node in nodes:
         state = load_file(str(node.state_dir / "model.safetensors"))

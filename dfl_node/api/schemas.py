@@ -46,6 +46,7 @@ class Counters(BaseModel):
     rounds_completed: int = 0
     busy_refusals: int = 0
     senders_abandoned: int = 0  # senders an aggregator left out: their transfer never came (in time)
+    groups_abandoned: int = 0  # round mode, as holder: groups whose members, alive, refused for a round_timeout
     probes_sent: int = 0  # client selection (001): probes this node sent to candidate receivers
     probes_unanswered: int = 0  # … of which no valid answer came in time (skipped: silent, refused, invalid)
     probes_answered: int = 0  # probes this node answered as a candidate

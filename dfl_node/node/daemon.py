@@ -410,6 +410,9 @@ class Node:
     def set_holding(self, holding: bool) -> None:
         self.state.holding = holding
 
+    def count(self, counter: str, n: int = 1) -> None:
+        self.state.counters[counter] += n
+
     async def pass_token(self, node_id: str, token: pb.RoundToken) -> pb.Ack | None:
         address = self.peers.address_of(node_id)
         if address is None:

@@ -16,9 +16,10 @@ probed at once and dropped if it does not answer within ``timeout``. A confirmed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 from dfl_node.algorithms.plan import NodeProfile
@@ -76,6 +77,10 @@ class PeerTable:
     def alive_ids(self) -> list[str]:
         return sorted(p.id for p in self.peers.values() if p.alive)
 
+    def incarnations(self, ids: list[str]) -> dict[str, str | None]:
+        """Each peer's boot id, None where it is not alive: a change means it crashed, restarted or left."""
+        return {i: p.boot_id if (p := self.peers.get(i)) is not None and p.alive else None for i in ids}
+
     def dead_ids(self) -> list[str]:
         """Peers we know that stopped answering (until they are forgotten after ``expiry``)."""
         return sorted(p.id for p in self.peers.values() if not p.alive)
@@ -92,6 +97,13 @@ class PeerTable:
         """Until at least ``count`` peers are alive."""
         async with self.changed:
             await self.changed.wait_for(lambda: len(self.alive_ids()) >= count)
+
+    async def wait_alive(self, ids: Collection[str], timeout: float) -> None:
+        """Until every peer of ``ids`` is alive, for at most ``timeout`` (those still missing then are left out)."""
+        others = set(ids) - {self.self_id}
+        async with self.changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait_for(lambda: others <= set(self.alive_ids())), timeout)
 
     def seen(self, reply: pb.HelloReply | pb.HelloRequest) -> None:
         """Record a live, compatible peer (from its Hello or its reply to ours)."""

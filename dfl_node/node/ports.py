@@ -35,5 +35,6 @@ class SchedulerPort(Protocol):
     def enter_epoch(self, epoch: int) -> bool: ...  # fencing: False (and nothing changes) for an old epoch
     def set_round(self, round_: int, token_state: dict[str, str]) -> None: ...
     def set_holding(self, holding: bool) -> None: ...
+    def count(self, counter: str, n: int = 1) -> None: ...  # one of the status counters
     async def finish(self, round_: int) -> None: ...  # settle, evaluate if need be, mark done, checkpoint
     async def stop_volunteering(self) -> None: ...  # async mode: the time budget is over

@@ -14,7 +14,9 @@
   holder re-plans it from the live members (a crashed member that restarts is assigned again: the
   Assign waits for it, up to ``round_timeout``). A node that already played round t (its checkpoint
   says so) answers ``already_played`` and the holder counts its group as done, so no node fuses a
-  round twice, even when its confirmation was lost with a crash.
+  round twice, even when its confirmation was lost with a crash. Replays are for crashes only: a group
+  whose members stay alive and unrestarted and still refuse for ``round_timeout`` is abandoned
+  (counted ``groups_abandoned``), so one member that will not play cannot stop the fleet.
 * **Hand-over.** The holder then passes the token for t+1 — with the plan's algorithm state — to
   the next holder (the next id in sorted order), and only then, holding nothing any more, announces
   it to the other members: an announcement that waits on a crashed member must not keep a node
@@ -35,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 from dfl_node.algorithms import Group, Role
 from dfl_node.net.proto import dfl_pb2 as pb
@@ -104,16 +107,20 @@ class RoundScheduler:
         node.set_round(round_, token_state)
         self._start_holding(round_, epoch)
 
-    def _start_holding(self, round_: int, epoch: int) -> None:
+    def _start_holding(self, round_: int, epoch: int, members: Sequence[str] = ()) -> None:
         self.node.enter_epoch(epoch)
         self.node.set_holding(True)
         self._holding_epoch = epoch
-        self._holding = asyncio.get_running_loop().create_task(self._hold(round_, epoch))
+        self._holding = asyncio.get_running_loop().create_task(self._hold(round_, epoch, members))
 
     # ----- the holder --------------------------------------------------------------------
-    async def _hold(self, round_: int, epoch: int) -> None:
+    async def _hold(self, round_: int, epoch: int, members: Sequence[str]) -> None:
+        """Play rounds from ``round_`` and hand the token on. ``members`` are the fleet as the previous holder
+        saw it: we plan only once we see them too (or ``peer_timeout`` passed and the missing ones count as
+        gone) — a new holder that has not yet heard from a member would otherwise plan a different round."""
         node = self.node
         try:
+            await node.peers.wait_alive(members, node.config.peer_timeout)
             while node.state.epoch == epoch:
                 members = sorted(p.node_id for p in node.profiles())
                 state = dict(node.state.token_state)
@@ -156,10 +163,16 @@ class RoundScheduler:
 
     async def _play_round(self, round_: int, epoch: int, state: dict[str, str]) -> dict[str, str] | None:
         """Play round ``round_`` until every group of its plan fused (see "Exactly once"); returns the
-        algorithm state for the next round, or None if a newer epoch fenced this token off meanwhile."""
+        algorithm state for the next round, or None if a newer epoch fenced this token off meanwhile.
+
+        Replays are for crashes. A group whose members all stayed alive, without restarting, and still did
+        not fuse for a whole ``round_timeout`` is refusing, not crashing (a member that will not take its
+        role): it is abandoned, logged and counted (``groups_abandoned``), and the round goes on without it.
+        """
         node = self.node
         plan = node.algorithm.plan_round(round_, node.profiles(), state)
         pending, failed_since = list(plan), None
+        calm_since, seen = time.monotonic(), None  # since when the failing groups' members all lived on unchanged
         while node.state.epoch == epoch:
             done = await asyncio.gather(*(self._group(g, round_, epoch, dict(plan.state)) for g in pending))
             pending = [g for g, ok in zip(pending, done) if not ok]
@@ -173,7 +186,20 @@ class RoundScheduler:
             if any(m not in node.peers.alive_ids() and m != node.node_id for g in pending for m in g.members):
                 plan = node.algorithm.plan_round(round_, node.profiles(), state)  # a member is gone: re-plan
                 pending = list(plan)
+            now = self._incarnations(pending)
+            if now != seen or None in now.values():
+                seen, calm_since = now, time.monotonic()  # a crash, a restart or a new plan: replays go on
+            elif pending and time.monotonic() - calm_since >= node.config.round_timeout:
+                log.warning("%s: round %d: abandoning %d group(s) (%s): their members are alive and refuse",
+                            node.node_id, round_, len(pending), ", ".join("/".join(g.members) for g in pending))
+                node.count("groups_abandoned", len(pending))
+                return dict(plan.state)
         return None
+
+    def _incarnations(self, groups: list[Group]) -> dict[str, str | None]:
+        """The other members' boot ids (None: not alive)."""
+        others = sorted({m for g in groups for m in g.members} - {self.node.node_id})
+        return self.node.peers.incarnations(others)
 
     async def _unfused(self, groups: list[Group], round_: int, failed_since: float) -> list[Group]:
         """The groups whose aggregator did not fuse ``round_`` after all. A sender's confirmation can be lost
@@ -271,5 +297,5 @@ class RoundScheduler:
             if not node.state.done:
                 asyncio.get_running_loop().create_task(self.finish(request.round))
         elif request.holder == node.node_id and not node.state.holding:
-            self._start_holding(request.round, request.epoch)
+            self._start_holding(request.round, request.epoch, request.members)
         return pb.Ack(ok=True)
