@@ -36,7 +36,11 @@ def measure(config_path: Path, rounds: int, data_dir: str | None) -> dict:
     import torch  # noqa: PLC0415 - imported from the tree under test, in the child only
 
     import dfl_node  # noqa: PLC0415
-    from dfl_node.config import ExperimentConfig, load_config  # noqa: PLC0415
+    from dfl_node.config import ExperimentConfig  # noqa: PLC0415
+    try:  # load_config moved to dfl_node.config_loader after the --before trees this times
+        from dfl_node.config_loader import load_config  # noqa: PLC0415
+    except ImportError:
+        from dfl_node.config import load_config  # noqa: PLC0415
     from dfl_node.learning.fleet import provision  # noqa: PLC0415
     from dfl_node.sim import Simulation  # noqa: PLC0415
 

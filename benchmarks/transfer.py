@@ -53,7 +53,8 @@ from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.codec import CHUNK_SIZE, prepare
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.net.transport import PeerClient, WireIdentity
+from dfl_node.net.transport import PeerClient
+from dfl_node.net.wire import WireIdentity
 from dfl_node.testbed.launcher import free_port
 
 RAW_TCP_SINK = textwrap.dedent("""

@@ -1,26 +1,23 @@
-"""Configuration as pydantic models, shared by the simulator, the testbed and the daemon.
+"""The settings, as pydantic models shared by the simulator, the testbed and the daemon: each one's
+meaning, documented default and valid values (names checked against the package's registries).
 
-Precedence: CLI flags > environment variables (``DFL_<FIELD>``) > config file
-(YAML or TOML) > the documented defaults below. :func:`load_config` applies it for any model.
+Where values come from (flags, ``DFL_*`` variables, config files) and how a bad one is reported is
+:mod:`dfl_node.config_loader`; this module only says what a valid configuration is. It also holds
+:class:`OperatorError`, the run-time counterpart of a settings error that the CLI reports in one line.
 """
 
 from __future__ import annotations
 
-import difflib
-import os
-import re
-import tomllib
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator, GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import CoreSchema, ErrorDetails, core_schema
+from pydantic_core import CoreSchema, core_schema
 
 
 @dataclass(frozen=True)
@@ -41,7 +38,8 @@ class Registered:
         return sorted(self.lookup())
 
     def check(self, value: str) -> str:
-        """The value, if registered; else the one-line problem that :func:`describe_problem` reports."""
+        """The value, if registered; else the one-line problem that
+        :func:`~dfl_node.config_loader.describe_problem` reports."""
         names = self.names()
         if value not in names:
             raise ValueError(f"unknown {self.kind} {value!r}; available: {', '.join(names)}")
@@ -104,15 +102,6 @@ def _find_registered(items: Iterable[object]) -> Registered | None:
         if found:
             return found
     return None
-
-
-class ConfigError(ValueError):
-    """Settings that cannot be used (the CLI's exit 2): one line per problem, each naming the setting
-    the way the operator wrote it (``--rounds``, ``DFL_ROUNDS`` or ``rounds (in node.yaml)``)."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
 
 
 class OperatorError(Exception):
@@ -186,8 +175,8 @@ class LearningConfig(BaseModel):
 
     def unusable_here(self) -> dict[str, str]:
         """Settings valid anywhere that this machine cannot honour (field → problem), which
-        :func:`load_config` reports as settings errors. A check apart from validation, so that a config
-        written elsewhere (a results file, a sweep's grid point) can still be read here."""
+        :func:`~dfl_node.config_loader.load_config` reports as settings errors. A check apart from validation,
+        so that a config written elsewhere (a results file, a sweep's grid point) can still be read here."""
         from dfl_node.learning.devices import device_problem  # noqa: PLC0415 - torch only for cuda
 
         problem = device_problem(self.device)
@@ -240,175 +229,3 @@ class ExperimentConfig(LearningConfig):
                                  f"{len(set(self.architectures))} architectures needs an algorithm that fuses others "
                                  f"({', '.join(n for n, a in ALGORITHMS.items() if a.architectures == 'any')})")
         return self
-
-
-Model = TypeVar("Model", bound=BaseModel)
-
-
-def _parse(path: Path, text: str) -> object:
-    """YAML or TOML by the file's suffix; a syntax error becomes one line naming the file and line."""
-    if path.suffix == ".toml":
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:  # "Invalid value (at line 2, column 10)"
-            found = re.fullmatch(r"(.*) \(at line (\d+), column (\d+)\)", str(exc))
-            if not found:
-                raise ConfigError([f"{path}: {_lower_first(str(exc))}"]) from None
-            problem, line, column = found.groups()
-            raise ConfigError([f"{path} line {line}: {_lower_first(problem)} (column {column})"]) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{path} line {mark.line + 1}" if mark else str(path)
-        problem = exc.problem or exc.context or "not valid YAML"
-        if exc.problem and exc.context and exc.context_mark:
-            problem += f" ({exc.context} on line {exc.context_mark.line + 1})"
-        raise ConfigError([f"{where}: {problem}"]) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: {' '.join(str(exc).split())}"]) from None
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """Parse a YAML or TOML config file into a dict (empty file → empty dict); anything else is a
-    :class:`ConfigError` of one line, since the operator must fix the file, not read a traceback."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError([f"{path}: no such file"]) from None
-    except UnicodeDecodeError:
-        raise ConfigError([f"{path}: not a UTF-8 text file"]) from None
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read it ({exc.strerror})"]) from None
-    data = _parse(path, text)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path}: expected settings (key: value) at the top level, got a {_kind(data)}"])
-    return data
-
-
-def _kind(value: object) -> str:
-    names = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _lower_first(text: str) -> str:
-    return text[:1].lower() + text[1:]
-
-
-def env_overrides(model: type[BaseModel], prefix: str = "DFL_") -> dict[str, Any]:
-    """``DFL_<FIELD>`` variables for the model's fields; lists are comma-separated."""
-    found: dict[str, Any] = {}
-    for name, field in model.model_fields.items():
-        raw = os.environ.get(prefix + name.upper())
-        if raw is None:
-            continue
-        is_list = "list" in str(field.annotation)
-        found[name] = [v for v in raw.split(",") if v] if is_list else raw
-    return found
-
-
-def _is_path(model: type[BaseModel], name: str) -> bool:
-    field = model.model_fields.get(name)
-    return field is not None and Path in (field.annotation, *typing.get_args(field.annotation))
-
-
-def relative_to_file(model: type[BaseModel], data: dict[str, Any], path: Path) -> dict[str, Any]:
-    """Relative paths written in a config file mean "next to this file", wherever the command runs from
-    (flags and environment variables stay relative to the working directory, as a shell's do)."""
-    def place(name: str, value: Any) -> Any:
-        if not _is_path(model, name) or not isinstance(value, str) or not value:
-            return value
-        written = Path(value).expanduser()
-        return written if written.is_absolute() else path.parent / written
-
-    return {name: place(name, value) for name, value in data.items()}
-
-
-def load_config(
-    model: type[Model],
-    path: Path | None = None,
-    overrides: dict[str, Any] | None = None,
-    preset: dict[str, Any] | None = None,
-    flag_names: Mapping[str, str] | None = None,
-) -> Model:
-    """Field defaults < ``preset`` < file < environment < ``overrides`` (CLI flags; ``None`` values are ignored).
-
-    Raises :class:`ConfigError` with one line per unusable setting, named by where its value came
-    from: the flag (``flag_names`` maps a field to its option, default ``--field-name``), the
-    ``DFL_*`` variable or the file's key.
-    """
-    layers = [
-        (preset or {}, lambda key: f"{key} (preset)"),
-        (relative_to_file(model, read_config_file(path), path) if path else {}, lambda key: f"{key} (in {path})"),
-        (env_overrides(model), lambda key: f"DFL_{key.upper()}"),
-        ({k: v for k, v in (overrides or {}).items() if v is not None}, lambda key: _flag(key, flag_names or {})),
-    ]
-    data: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    for values, label in layers:
-        data.update(values)
-        origin.update({str(key): label(key) for key in values})
-    try:
-        config = model.model_validate(data)
-    except ValidationError as exc:
-        problems = [describe_problem(error, origin, model, flag_names or {}) for error in exc.errors()]
-        raise ConfigError(problems) from None
-    unusable = config.unusable_here() if isinstance(config, LearningConfig) else {}
-    if unusable:
-        raise ConfigError([f"{origin.get(key, _flag(key, flag_names or {}))}: {problem}"
-                           for key, problem in unusable.items()])
-    return config
-
-
-_PROBLEMS: dict[str, str] = {
-    "greater_than_equal": "must be ≥ {ge}", "greater_than": "must be > {gt}",
-    "less_than_equal": "must be ≤ {le}", "less_than": "must be < {lt}",
-    "literal_error": "must be {expected}", "enum": "must be {expected}",
-    "string_too_short": "must be at least {min_length} character{s}",
-    "string_too_long": "must be at most {max_length} character{s}",
-    "string_pattern_mismatch": "must match {pattern}",
-    "int_parsing": "must be a whole number", "int_type": "must be a whole number",
-    "int_from_float": "must be a whole number",
-    "float_parsing": "must be a number", "float_type": "must be a number",
-    "bool_parsing": "must be true or false", "bool_type": "must be true or false",
-    "list_type": "must be a list", "string_type": "must be text", "path_type": "must be a path",
-}
-
-
-def describe_problem(error: ErrorDetails, origin: Mapping[str, str], model: type[BaseModel],
-                     flag_names: Mapping[str, str]) -> str:
-    """One pydantic error as one line an operator can act on: ``--rounds: must be ≥ 0 (got -1)``.
-
-    The one place settings errors are worded, for every verb (start, simulate, partition, testbed).
-    """
-    key = str(error["loc"][0]) if error["loc"] else ""
-    kind, ctx = error["type"], error.get("ctx") or {}
-    if kind == "missing":
-        return f"{key}: missing (give {_flag(key, flag_names)}, DFL_{key.upper()} or {key} in the --config file)"
-    where = origin.get(key, key)
-    if kind == "extra_forbidden":
-        close = difflib.get_close_matches(key, list(model.model_fields), n=1)
-        return f"{where}: unknown setting" + (f" (did you mean {close[0]}?)" if close else "")
-    if kind == "value_error":  # our validators' own words, which quote the value: no "item n" needed
-        problem = str(ctx.get("error", error["msg"]))
-        return f"{where}: {problem}" if where else problem
-    ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in ctx.items()}  # "≤ 1", not 1.0
-    count = ctx.get("min_length", ctx.get("max_length"))
-    template = _PROBLEMS.get(kind)
-    problem = template.format(**ctx, s="" if count == 1 else "s") if template else _lower_first(error["msg"])
-    problem += f" (got {_shown(error['input'])})"
-    items = [f"item {part + 1}" for part in error["loc"][1:] if isinstance(part, int)]
-    return f"{where}: " + " ".join([*items, problem]) if where else problem
-
-
-def _flag(key: str, flag_names: Mapping[str, str]) -> str:
-    """The option a field is set by on this verb's command line (``--peer`` for ``peers``), else ``--field-name``."""
-    return flag_names.get(key, "--" + key.replace("_", "-"))
-
-
-def _shown(value: object) -> str:
-    """The offending value as the operator typed it: bare, except an empty string; long values cut."""
-    text = repr(value) if value == "" else str(value)
-    return text if len(text) <= 60 else text[:57] + "..."

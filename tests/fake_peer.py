@@ -25,7 +25,9 @@ from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import ModelSpec, fingerprint
 from dfl_node.net.codec import Limits, TransferRejected, manifest_of, prepare
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.net.transport import SERVICE_NAME, DflServicer, WireIdentity, _method_handlers
+from dfl_node.net.handlers import method_handlers
+from dfl_node.net.servicer import DflServicer
+from dfl_node.net.wire import SERVICE_NAME, WireIdentity
 
 
 class FakeNode:
@@ -84,7 +86,7 @@ async def main(port: int, node_id: str, swarm: str, algorithm: str, spec: str, s
                classes: int) -> None:
     node = FakeNode(node_id, swarm, algorithm, spec, size, classes, port)
     server = grpc.aio.server()
-    handlers = _method_handlers(Misbehaving(node))  # type: ignore[arg-type]
+    handlers = method_handlers(Misbehaving(node))  # type: ignore[arg-type]
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()

@@ -16,7 +16,7 @@ from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import ModelSpec, fingerprint
 from dfl_node.net.codec import prepare
 from dfl_node.net.frames import decode_frame, encode_frame
-from dfl_node.net.transport import SERVICE_NAME
+from dfl_node.net.wire import SERVICE_NAME
 
 
 async def main(address: str, sender: str, swarm: str, spec: str, input_size: int, classes: int) -> None:

@@ -20,7 +20,8 @@ from pydantic import BaseModel
 
 from dfl_node.algorithms import ALGORITHMS
 from dfl_node.cli import cli
-from dfl_node.config import ExperimentConfig, load_config
+from dfl_node.config import ExperimentConfig
+from dfl_node.config_loader import load_config
 from dfl_node.learning.datasets import DATASETS
 from dfl_node.learning.partitions import PARTITIONS
 from dfl_node.node.config import NodeConfig

@@ -17,7 +17,8 @@ from click.testing import CliRunner, Result
 
 from dfl_node.algorithms import ALGORITHMS
 from dfl_node.cli import cli
-from dfl_node.config import ExperimentConfig, load_config
+from dfl_node.config import ExperimentConfig
+from dfl_node.config_loader import load_config
 from dfl_node.node.config import NodeConfig
 
 pytestmark = pytest.mark.usefixtures("clean_env")

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from dfl_node.algorithms import Group, NodeContext, Step, make_algorithm
 from dfl_node.cli import cli
-from dfl_node.config import ConfigError, LearningConfig, load_config
+from dfl_node.config import LearningConfig
+from dfl_node.config_loader import ConfigError, load_config
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fairness import fairness_weight
 from dfl_node.learning.models import ModelSpec

@@ -17,7 +17,8 @@ import click
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from dfl_node.config import ConfigError, ExperimentConfig, Registered, load_config, registry_of
+from dfl_node.config import ExperimentConfig, Registered, registry_of
+from dfl_node.config_loader import ConfigError, load_config
 
 F = TypeVar("F", bound=Callable[..., Any])
 M = TypeVar("M", bound=BaseModel)
@@ -115,7 +116,7 @@ class SettingsError(click.UsageError):
 
 def load_settings(model: type[M], config_path: Path | None, flags: dict[str, Any],
                   preset: dict[str, Any] | None = None) -> M:
-    """:func:`~dfl_node.config.load_config` for the running verb: its flags named as the operator typed
+    """:func:`~dfl_node.config_loader.load_config` for the running verb: its flags named as the operator typed
     them (``--peer``, ``--algorithm``), a repeatable option not given left to the lower layers, any
     unusable setting a :class:`SettingsError`."""
     params = click.get_current_context().command.params

@@ -2,7 +2,7 @@
 
 Every field is a ``dfl-node start`` flag (``--grpc-port`` for ``grpc_port``), a ``DFL_<FIELD>``
 environment variable (``DFL_GRPC_PORT``; lists comma-separated, e.g. ``DFL_PEERS``) and a config-file
-key, with the precedence of :func:`dfl_node.config.load_config`.
+key, with the precedence of :func:`dfl_node.config_loader.load_config`.
 """
 
 from __future__ import annotations

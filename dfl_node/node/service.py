@@ -32,7 +32,7 @@ from dfl_node.api.app import create_app
 from dfl_node.config import OperatorError
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.discovery import Announcement, MdnsDiscovery
-from dfl_node.net.transport import start_server
+from dfl_node.net.server import start_server
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
 

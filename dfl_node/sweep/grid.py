@@ -33,9 +33,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from dfl_node.config import (
+from dfl_node.config import ExperimentConfig
+from dfl_node.config_loader import (
     ConfigError,
-    ExperimentConfig,
     relative_to_file,
     describe_problem,
     load_config,

@@ -1,0 +1,205 @@
+"""The RPC side of a node: each call of the ``DflNode`` service turned into a call on its :class:`NodeHandler`.
+
+The servicer does all the byte work itself: it validates a Transfer's stream with
+:class:`~dfl_node.net.codec.MessageAssembler` *before* the node sees a model, refuses and counts what a
+connection may not send (:mod:`dfl_node.net.auth`), and streams replies back. How gRPC reaches it
+(request decoding) is :mod:`dfl_node.net.handlers`; binding it to a port, :mod:`dfl_node.net.server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import grpc
+
+from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.algorithms.plan import Role
+from dfl_node.net.auth import Authenticator
+from dfl_node.net.codec import TransferRejected, assemble
+from dfl_node.net.frames import ReadFrame, WireFrame, wire_size
+from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
+from dfl_node.net.wire import WireIdentity, wire_bytes
+
+log = logging.getLogger(__name__)
+
+
+class Intake(Protocol):
+    """One admitted transfer: the node takes its message (or learns that it never came)."""
+
+    async def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None: ...
+    def abandon(self) -> None: ...
+
+
+class NodeHandler(Protocol):
+    """The daemon side of the RPCs; every method runs on the event loop."""
+
+    wire: WireIdentity
+    idle_timeout: float  # a Transfer stream silent this long is dropped: it never holds a role or a buffer
+
+    # A Hello; ``refused``: why the Authenticator refuses it (the node counts it and answers with its identity).
+    def hello(self, request: pb.HelloRequest, peer: str, refused: str | None = None) -> pb.HelloReply: ...
+    # Whether this transfer is wanted (raise TransferRejected, e.g. "not_expected"). Its Intake's deliver()
+    # checks the message for the algorithm (raise TransferRejected) and returns a future of the reply (None:
+    # no reply), resolved once the fusion is durable, or failed with TransferRejected if it never happens;
+    # abandon() is called instead when the stream fails after admission.
+    async def admit(self, header: pb.TransferHeader) -> Intake: ...
+    async def pull(self, request: pb.PullRequest) -> ModelMessage: ...  # raise TransferRejected (e.g. "busy")
+    async def probe(self, request: pb.ProbeRequest) -> pb.ProbeReply: ...  # a selection probe (001); never raises
+    def on_rejected(self, reason: str, detail: str, sender: str) -> None: ...
+    def on_transferred(self, sent: int, received: int) -> None: ...  # byte counters
+    async def assign(self, request: pb.RoundAssignment) -> pb.Ack: ...
+    async def token(self, request: pb.RoundToken) -> pb.Ack: ...
+
+
+# Refusals that a node answers (a Pull's result, a ProbeReply, an Ack) rather than raises, and that the servicer
+# counts: all but a busy node (counted apart, busy_refusals), a sender's own transfer that failed (an outcome of
+# the role it took, not a refusal) and a bad probe (the node counts it where it knows the detail).
+_COUNTED_ELSEWHERE = frozenset({"busy", "transfer_failed", "bad_probe"})
+
+
+def _assignment_problem(request: pb.RoundAssignment) -> str | None:
+    """Why an assignment names no role a node can take, or None. Checked before the node sees it: a round-mode
+    scheduler adopts an assignment's epoch and holder before it plays the role, so a malformed one (an unknown
+    role, from epoch 2**64 - 1) would otherwise fence the node off from its fleet although it is refused."""
+    if request.role not in (Role.SENDER.value, Role.AGGREGATOR.value):
+        return f"unknown role {request.role[:40]!r}"
+    if request.candidates and request.role != Role.SENDER.value:
+        return f"a {request.role} with candidates (only a sender chooses among candidates)"
+    return None
+
+
+class DflServicer(pb_grpc.DflNodeServicer):
+    def __init__(self, node: NodeHandler, auth: Authenticator | None = None) -> None:
+        self.node = node
+        self.auth = auth or Authenticator()  # mTLS / swarm key: who may call, as whom (dfl_node.net.auth)
+
+    async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloReply:
+        reply = self.node.hello(request, context.peer(), self.auth.hello(request, context))
+        self.auth.sign(request, reply)
+        return reply
+
+    def _refuse(self, context: grpc.aio.ServicerContext, claimed: str | None = None) -> TransferRejected | None:
+        """A refusal (counted) of an RPC whose connection has not authenticated, or that names another sender."""
+        refusal = self.auth.refusal(context, claimed)
+        if refusal is None:
+            return None
+        self.node.on_rejected(*refusal, claimed or context.peer())
+        return TransferRejected(*refusal)
+
+    def _refused(self, reason: str, detail: str, who: str) -> None:
+        """Count a refusal that the node answered rather than raised (see ``_COUNTED_ELSEWHERE``)."""
+        if reason not in _COUNTED_ELSEWHERE:
+            self.node.on_rejected(reason, detail, who)
+
+    async def _check_unary(self, context: grpc.aio.ServicerContext, claimed: str | None = None) -> None:
+        refused = self._refuse(context, claimed)
+        if refused is not None:
+            code = grpc.StatusCode.UNAUTHENTICATED if refused.reason == "unauthenticated" else grpc.StatusCode.PERMISSION_DENIED
+            await context.abort(code, f"{refused.reason}: {refused.detail}")
+
+    async def Transfer(
+        self, request_iterator: AsyncIterator[ReadFrame], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[WireFrame]:
+        wire = self.node.wire
+        assembler = wire.assembler()
+        frames = _idle_limited(request_iterator, self.node.idle_timeout)
+        intake: Intake | None = None
+        try:
+            first = await anext(frames, None)
+            if first is None:
+                raise TransferRejected("truncated", "empty stream")
+            claimed = first.header.sender if isinstance(first, pb.Frame) and first.HasField("header") else None
+            if refused := self._refuse(context, claimed):
+                raise refused  # unauthenticated, or in another's name: nothing more of it is parsed
+            assembler.feed(first)  # the header: swarm, fingerprint, manifest, sizes checked here
+            intake = await self.node.admit(assembler.header)
+            header, message = await assemble(frames, assembler)
+            self.node.on_transferred(0, wire_bytes(header))
+            pending_reply = await intake.deliver(message)
+            intake = None  # delivered: from here the aggregator owns the message, even if this RPC is cancelled
+        except TransferRejected as exc:
+            sender = assembler.header.sender if assembler.header is not None else "?"
+            if exc.reason not in ("unauthenticated", "identity_mismatch"):  # those are counted by _refuse
+                self.node.on_rejected(exc.reason, exc.detail, sender)
+            yield pb.Frame(result=exc.result())
+            return
+        except Exception:  # a bug, not the peer's fault: say where (gRPC would only answer UNKNOWN), keep serving
+            log.exception("Transfer from %s failed", assembler.header.sender if assembler.header else "?")
+            raise
+        finally:
+            if intake is not None:
+                intake.abandon()
+        yield pb.Frame(result=pb.TransferResult(accepted=True))  # validated and taken for aggregation
+        try:  # resolves once the fusion is durable: the end of this stream is the sender's confirmation
+            reply = await pending_reply if pending_reply is not None else None
+        except TransferRejected as exc:  # the group ended without fusing it: an error status, never a clean end
+            await context.abort(grpc.StatusCode.ABORTED, f"{exc.reason}: {exc.detail}")
+        if reply is not None:
+            async for frame in self._stream(reply):
+                yield frame
+
+    async def _stream(self, message: ModelMessage) -> AsyncIterator[WireFrame]:
+        outgoing = await asyncio.to_thread(self.node.wire.prepare, message)
+        sent = 0
+        for frame in outgoing.frames():
+            sent += wire_size(frame)
+            yield frame
+        self.node.on_transferred(sent, 0)
+
+    async def Pull(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[WireFrame]:
+        if refused := self._refuse(context, request.aggregator):
+            yield pb.Frame(result=refused.result())
+            return
+        try:
+            message = await self.node.pull(request)
+        except TransferRejected as exc:
+            self._refused(exc.reason, exc.detail, request.aggregator[:64] or context.peer())
+            yield pb.Frame(result=exc.result())
+            return
+        async for frame in self._stream(message):
+            yield frame
+
+    async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeReply:
+        await self._check_unary(context, request.sender)
+        reply = await self.node.probe(request)
+        if not reply.ok:
+            self._refused(reply.reason, f"probe of round {request.round}", request.sender[:64] or context.peer())
+        return reply
+
+    # Assign and PassToken name no caller: a selecting sender binds its choice in its holder's name.
+    async def Assign(self, request: pb.RoundAssignment, context: grpc.aio.ServicerContext) -> pb.Ack:
+        await self._check_unary(context)
+        if problem := _assignment_problem(request):
+            self._refused("unknown_role", problem, request.holder[:64] or context.peer())
+            return pb.Ack(ok=False, reason="unknown_role")
+        ack = await self.node.assign(request)
+        if not ack.ok:
+            self._refused(ack.reason, f"{request.role[:40]!r} of round {request.round}, epoch {request.epoch}",
+                          request.holder[:64] or context.peer())
+        return ack
+
+    async def PassToken(self, request: pb.RoundToken, context: grpc.aio.ServicerContext) -> pb.Ack:
+        await self._check_unary(context)
+        ack = await self.node.token(request)
+        if not ack.ok:
+            self._refused(ack.reason, f"token of round {request.round}, epoch {request.epoch}",
+                          request.holder[:64] or context.peer())
+        return ack
+
+
+async def _idle_limited(frames: AsyncIterator[ReadFrame], timeout: float) -> AsyncIterator[ReadFrame]:
+    """``frames``, but a peer that sends nothing for ``timeout`` seconds is refused (``idle_timeout``):
+    a half-open stream must not hold an aggregator's role, its memory reservation or a buffer."""
+    iterator = aiter(frames)
+    while True:
+        try:
+            frame = await asyncio.wait_for(anext(iterator), timeout)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise TransferRejected("idle_timeout", f"no frame for {timeout:g} s") from None
+        yield frame
