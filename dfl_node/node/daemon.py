@@ -1,7 +1,7 @@
 """The node: one asyncio process that serves its peers, learns, and reports.
 
-It owns the node's model (through a :class:`NodeContext`), its :class:`NodeState`, its peer table,
-and implements the RPC side of :mod:`dfl_node.net.transport`. A node plays at most one role at a
+It owns the node's model (through a :class:`NodeContext`), its :class:`NodeState` and its peer table;
+what it answers its peers' RPCs is :mod:`.requests`. A node plays at most one role at a
 time (:class:`Role`: sender, aggregator or pulled source), through the round runner of
 :mod:`dfl_node.algorithms.runner` over :class:`GrpcTransport`; training and fusion run in worker
 threads, so Hello, status and transfers stay responsive, and a role is held until its work is
@@ -21,11 +21,9 @@ from typing import Any
 
 import grpc
 
-from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile, Role, Step, make_algorithm
+from dfl_node.algorithms import Group, NodeContext, NodeProfile, Role, Step, make_algorithm
 from dfl_node.algorithms.base import equip
-from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
-from dfl_node.algorithms.selection import SelectsReceiver
 from dfl_node.api.schemas import COUNTER_FIELDS, HistoryEntry, NodeStatus
 from dfl_node.config import OperatorError
 from dfl_node.learning.datasets import load_shard
@@ -35,45 +33,22 @@ from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.training import evaluate
 from dfl_node.net.auth import load_security
 from dfl_node.net.codec import Limits, Manifest, TransferRejected, manifest_of
-from dfl_node.net.probes import probe_from_request, probe_reply
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.net.transport import PeerClient, TransferRefused, WireIdentity
+from dfl_node.net.transport import PeerClient
+from dfl_node.net.wire import WireIdentity
 from dfl_node.node.async_mode import AsyncScheduler
 from dfl_node.node.collector import Collector
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.exchange import AlreadyPlayed, GrpcTransport, TransferFailed
-from dfl_node.node.gate import check_received
 from dfl_node.node.handshake import Handshake
 from dfl_node.node.logs import RateLimitedLog
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.persistence import Checkpoint
+from dfl_node.node.requests import PeerRequests
 from dfl_node.node.rounds import RoundScheduler
 from dfl_node.node.state import NodeState
 
 log = logging.getLogger(__name__)
-
-
-class Intake:
-    """One transfer admitted into an aggregator's collector (:class:`dfl_node.net.transport.Intake`)."""
-
-    def __init__(self, node: Node, collector: Collector, sender: str) -> None:
-        self.node, self.collector, self.sender = node, collector, sender
-
-    async def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None:
-        node = self.node
-        message = on_device(message, node.device)  # decoded on the CPU, fused on the node's device
-        try:
-            node.algorithm.check_message(node.ctx, message)
-        except AlgorithmError as exc:
-            raise TransferRejected("algorithm", str(exc)) from exc
-        await asyncio.to_thread(check_received, node.ctx, message, node.config.min_accuracy)  # NaN/Inf, accuracy floor
-        if node.config.mode == "round" and self.collector.epoch < node.state.epoch:  # fenced while it streamed
-            raise TransferRejected("stale_epoch", f"epoch {self.collector.epoch} < {node.state.epoch}")
-        node.state.counters["models_received"] += 1
-        return self.collector.deliver(message)  # resolved once the fusion is durable: the sender's confirmation
-
-    def abandon(self) -> None:
-        self.collector.abandon(self.sender)
 
 
 class Node:
@@ -100,7 +75,6 @@ class Node:
         self._layouts: dict[str, tuple[str, Manifest]] = {}
         resolve = self._layout_of if self.algorithm.architectures == "any" else None
         self.wire = WireIdentity(config.swarm, str(spec), self.fingerprint, manifest_of(layout), Limits(), resolve)
-        self.idle_timeout = config.stream_timeout
         self.grpc_address = f"{config.advertised_host}:{config.grpc_port}"
         self.checkpoint = Checkpoint(config.state_path)
         self.state = NodeState(history=deque(maxlen=config.history_limit))
@@ -118,6 +92,7 @@ class Node:
         self._restore()
         self.state.digest = param_digest(self.ctx.model.state_dict())
         self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
+        self.requests = PeerRequests(self)  # what the gRPC server calls
 
     @property
     def node_id(self) -> str:
@@ -451,80 +426,10 @@ class Node:
             client = self.clients[address] = PeerClient(address, self.wire, self.security, name, self.handshake.message)
         return client
 
-    # ----- RPC handlers (dfl_node.net.transport.NodeHandler) -------------------------------
-    def hello(self, request: pb.HelloRequest, peer: str, refused: str | None = None) -> pb.HelloReply:
-        return self.handshake.answer(request, peer, refused)
-
-    async def admit(self, header: pb.TransferHeader) -> Intake:
-        """A transfer is wanted only by an aggregator whose group names its sender, for that round and epoch."""
-        if self.config.mode == "round" and header.epoch < self.state.epoch:
-            raise TransferRejected("stale_epoch", f"epoch {header.epoch} < {self.state.epoch}")
-        collector = self.collector
-        if collector is None or not collector.matches(header):
-            raise TransferRejected("not_expected", f"{self.config.id} aggregates no group of round {header.round} "
-                                                   f"(epoch {header.epoch}) now")
-        collector.admit(header)
-        log.info("%s: round %d: taking %s (%s) from %s", self.config.id, header.round, header.purpose, header.model,
-                 header.sender)  # the transfer log: what reached this node, and of which architecture
-        return Intake(self, collector, header.sender)
-
-    async def pull(self, request: pb.PullRequest) -> ModelMessage:
-        """Serve our model to a pulling aggregator (a pull group's source), as the algorithm transmits it."""
-        if request.swarm != self.config.swarm:
-            raise TransferRejected("swarm_mismatch", f"pull for swarm {request.swarm!r}")
-        if self.config.mode == "round":
-            if request.epoch < self.state.epoch:
-                raise TransferRejected("stale_epoch", f"epoch {request.epoch} < {self.state.epoch}")
-            await self.settled()
-        self.take_role(Role.SOURCE)
-        try:
-            step = Step(request.round, Group(request.aggregator, (self.config.id,), pull=True), dict(request.state))
-            message = await asyncio.to_thread(self.algorithm.transmit, self.ctx, step)
-            self.state.counters["models_sent"] += 1
-            await self.model_changed("send", request.round + 1, request.aggregator)
-            return message
-        finally:
-            self.release_role()
-
-    async def probe(self, request: pb.ProbeRequest) -> pb.ProbeReply:
-        """Answer a selecting sender's probe (001) with our current model, after our last role settled."""
-        if not isinstance(self.algorithm, SelectsReceiver) or request.swarm != self.config.swarm:
-            return pb.ProbeReply(ok=False, reason="not_selecting" if request.swarm == self.config.swarm
-                                 else "swarm_mismatch")
-        if self.config.mode == "round":
-            if request.epoch < self.state.epoch:
-                return pb.ProbeReply(ok=False, reason="stale_epoch")
-            await self.settled()  # the model the simulator's candidate answers with: its last fusion done
-        try:
-            probe = probe_from_request(request, input_shape=self.ctx.train.input_shape,
-                                       num_classes=self.ctx.train.num_classes)
-            self.take_role(Role.CANDIDATE)
-        except TransferRejected as exc:
-            if exc.reason != "busy":
-                self.on_rejected(exc.reason, exc.detail, request.sender or "?")
-            return pb.ProbeReply(ok=False, reason=exc.reason)
-        try:
-            answer = await asyncio.to_thread(self.algorithm.answer, self.ctx, probe)
-        except AlgorithmError as exc:
-            self.on_rejected("bad_probe", str(exc), request.sender or "?")
-            return pb.ProbeReply(ok=False, reason="bad_probe")
-        finally:
-            self.release_role()
-        self.state.counters["probes_answered"] += 1
-        return probe_reply(answer)
-
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:
+        """Count a refused request by reason (durable, in /status) and log it, rate-limited."""
         self.state.rejected[reason] += 1
         self.refusals.warning(reason, "rejected a request from %s: %s (%s)", sender, reason, detail[:300])
-
-    def on_transferred(self, sent: int, received: int) -> None:
-        self.state.counters.update(bytes_sent=sent, bytes_received=received)
-
-    async def assign(self, request: pb.RoundAssignment) -> pb.Ack:
-        return await self.scheduler.assign(request)
-
-    async def token(self, request: pb.RoundToken) -> pb.Ack:
-        return await self.scheduler.token(request)
 
     # ----- reporting ---------------------------------------------------------------------
     def status(self) -> NodeStatus:

@@ -86,7 +86,7 @@ async def _serve_grpc(node: Node) -> grpc.aio.Server:
     host, port = node.config.host, node.config.grpc_port
     try:
         _listen(host, port).close()
-        server, _ = await start_server(node, host, port, node.security)
+        server, _ = await start_server(node.requests, host, port, node.security)
     except OSError as exc:
         raise _bind_failure("gRPC", "--grpc-port", host, port, exc) from None
     except RuntimeError as exc:  # grpc: "Failed to bind to address …"
@@ -149,7 +149,7 @@ class Bound:
 async def start_up(node: Node) -> Bound:
     """Lock, bind, check, announce: all or nothing. On any failure what was taken is given back and
     :class:`OperatorError` says why; nothing was announced and no checkpoint was written."""
-    config, loop = node.config, asyncio.get_running_loop()
+    config = node.config
     async with contextlib.AsyncExitStack() as undo:
         node.checkpoint.lock.acquire()
         undo.callback(node.checkpoint.lock.release)
