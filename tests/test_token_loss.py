@@ -33,7 +33,7 @@ async def test_holder_lost_with_the_token_is_replaced_by_a_new_epoch(fleet_shard
     victim, survivors = nodes[2], [nodes[i] for i in (0, 1, 3)]
     took_token = asyncio.Event()
 
-    def die_holding_the_token(round_: int, epoch: int) -> None:
+    def die_holding_the_token(round_: int, epoch: int, members: object = ()) -> None:
         took_token.set()  # node-2 acknowledged the token for round 2 (it rotates in id order)…
         stops[2].set()  # …and goes away before planning that round
 
