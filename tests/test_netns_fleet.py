@@ -66,7 +66,7 @@ def test_netns_fleet_discovers_by_mdns_survives_a_kill_and_resumes(tmp_path: Pat
             assert round_at_rejoin < ROUNDS, "the fleet must complete more rounds after the node rejoined"
             # rounds whose pairing involved the dead node are lost; the rest of the fleet kept fusing after the rejoin
             assert sum(s["fusions"] for s in final.values()) > sum(v["fusions"] for v in rejoined.values())
-            assert all(not s["rejected"] for s in final.values())
+            assert all(not s["rejected"] for s in final.values()), {i: s["rejected"] for i, s in final.items()}
         finally:
             for node in nodes:
                 node.stop()

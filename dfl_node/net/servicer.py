@@ -56,9 +56,10 @@ class NodeHandler(Protocol):
 
 
 # Refusals that a node answers (a Pull's result, a ProbeReply, an Ack) rather than raises, and that the servicer
-# counts: all but a busy node (counted apart, busy_refusals), a sender's own transfer that failed (an outcome of
-# the role it took, not a refusal) and a bad probe (the node counts it where it knows the detail).
-_COUNTED_ELSEWHERE = frozenset({"busy", "transfer_failed", "bad_probe"})
+# counts: all but a busy node (counted apart, busy_refusals), a sender's own transfer that failed or that its
+# aggregator did not fuse (outcomes of the role it took, not refusals: round mode's holder plays such a round
+# again) and a bad probe (the node counts it where it knows the detail).
+_COUNTED_ELSEWHERE = frozenset({"busy", "transfer_failed", "not_fused", "bad_probe"})
 
 
 def _assignment_problem(request: pb.RoundAssignment) -> str | None:

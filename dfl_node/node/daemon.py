@@ -20,6 +20,7 @@ from collections import deque
 from typing import Any
 
 import grpc
+import torch
 
 from dfl_node.algorithms import Group, NodeContext, NodeProfile, Role, Step, make_algorithm
 from dfl_node.algorithms.base import equip
@@ -82,6 +83,9 @@ class Node:
         self.clients: dict[str, PeerClient] = {}
         self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up
         self._settling: asyncio.Task | None = None
+        self._idle = asyncio.Event()  # set while no role is held
+        self._idle.set()
+        self._saving = asyncio.Lock()
         self.refusals = RateLimitedLog(log)  # a line per refusal reason at most every 10 s; /status counts them all
         self.handshake = Handshake(self)
         self.peers = PeerTable(config.id, self.handshake.probe, heartbeat=config.heartbeat,
@@ -137,13 +141,23 @@ class Node:
         rounds = self.config.rounds
         return self.config.mode == "round" and rounds > 0 and round_ >= rounds
 
-    async def save(self) -> None:
-        """Checkpoint without copying the model (on a CPU; from another device, a CPU copy): callers hold the
-        learning role, so nothing changes it meanwhile."""
-        await asyncio.to_thread(self._save, self.state.durable())
+    async def save(self, *, copy: bool = False) -> None:
+        """Checkpoint the model and the durable state, one write at a time (two would race on the same
+        temporary files). A role saves the live model without copying it (on a CPU; from another device, a
+        CPU copy): it holds the role, so nothing changes the model meanwhile. ``copy`` is for callers that
+        hold no role (the end of a run, shutdown): it waits until no role runs and copies the model right
+        then, so a role taken during the write cannot tear the checkpoint."""
+        snapshot = None
+        if copy:
+            await self.quiesce()
+            snapshot = {name: t.detach().clone() for name, t in self.ctx.checkpoint_state().items()}
+        durable = self.state.durable()
+        async with self._saving:
+            await asyncio.to_thread(self._save, durable, snapshot)
 
-    def _save(self, durable: dict[str, Any]) -> None:
-        model = {name: tensor.detach().cpu() for name, tensor in self.ctx.checkpoint_state().items()}
+    def _save(self, durable: dict[str, Any], snapshot: dict[str, torch.Tensor] | None) -> None:
+        state = self.ctx.checkpoint_state() if snapshot is None else snapshot
+        model = {name: tensor.detach().cpu() for name, tensor in state.items()}
         self.checkpoint.save(model, self.fingerprint, durable)
 
     # ----- roles -------------------------------------------------------------------------
@@ -152,14 +166,24 @@ class Node:
             self.state.counters["busy_refusals"] += 1
             raise TransferRejected("busy", f"{self.config.id} is {self.state.role.value}")
         self.state.role = role
+        self._idle.clear()
 
     def release_role(self) -> None:
         self.state.role = Role.IDLE
+        self._idle.set()
 
     async def settled(self) -> None:
         """Until this node's last role (its fusion, replies, evaluation and checkpoint) is over."""
         if self._settling is not None:
             await asyncio.shield(self._settling)
+
+    async def quiesce(self) -> None:
+        """Until no role runs here: the last one settled and none (a pull's source, a probed candidate) is held."""
+        while True:
+            await self.settled()
+            if self.state.role is Role.IDLE:
+                return
+            await self._idle.wait()
 
     def fusion_started(self) -> None:
         self.state.fusing += 1
@@ -360,7 +384,7 @@ class Node:
         self.state.round, self.state.done = round_, True
         if self.config.evaluate and self.state.accuracy == (None, None):
             self.state.accuracy = await asyncio.to_thread(self.evaluate)
-        await self.save()
+        await self.save(copy=True)
         log.info("%s: done after %d rounds", self.config.id, round_)
 
     # ----- the scheduler port (dfl_node.node.ports.SchedulerPort) ------------------------
@@ -398,9 +422,10 @@ class Node:
             return None
 
     async def stop_volunteering(self) -> None:
-        await self.settled()
+        """Async mode: the time budget is over. The node still answers others' invitations; its checkpoint
+        says it is done."""
         self.state.done = True
-        await self.save()
+        await self.save(copy=True)
 
     def _forget_client(self, address: str) -> None:
         """The peer table no longer knows ``address``: close our channel to it (fds and memory stay bounded)."""

@@ -217,7 +217,6 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
         await bound.grpc.stop(grace=1.0)
         await _close_clients(node)
         try:
-            await node.settled()
-            await node.save()
+            await node.save(copy=True)
         finally:
             node.checkpoint.lock.release()

@@ -1,0 +1,51 @@
+"""A node's checkpoint writes: one at a time, and from outside a role only once no role runs.
+
+An async fleet once logged ``FileNotFoundError`` from ``os.replace``: a node whose time budget ended
+checkpointed (it holds no role) while a fusion it had accepted checkpointed too, and the two writes
+raced on the same temporary files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dfl_node.algorithms import Role
+from dfl_node.node.config import NodeConfig
+from dfl_node.node.daemon import Node
+from tests.conftest import FLEET
+
+
+def _node(shards: Path, state: Path) -> Node:
+    return Node(NodeConfig(**FLEET.model_dump(include=set(NodeConfig.model_fields)), id="node-0",
+                           data=shards / "node-0", http_port=0, mdns=False, state_dir=state, evaluate=False))
+
+
+@pytest.mark.asyncio
+async def test_concurrent_saves_are_written_one_after_another(fleet_shards: Path, tmp_path: Path) -> None:
+    node = _node(fleet_shards, tmp_path / "state")
+    await asyncio.gather(*(node.save(copy=i % 2 == 0) for i in range(8)))  # raced on the .tmp files before
+    assert node.checkpoint.generation == 8
+    assert node.checkpoint.load(node.fingerprint) is not None
+
+
+@pytest.mark.asyncio
+async def test_a_save_from_outside_a_role_waits_for_the_role_and_takes_its_model(fleet_shards: Path,
+                                                                                 tmp_path: Path) -> None:
+    node = _node(fleet_shards, tmp_path / "state")
+    node.take_role(Role.SOURCE)  # as a pull being served
+    saving = asyncio.create_task(node.save(copy=True))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not saving.done()  # it waits while the role runs …
+    with torch.no_grad():
+        for parameter in node.ctx.model.parameters():
+            parameter.fill_(0.25)  # … whose work changes the model …
+    node.release_role()
+    await saving
+    saved = load_file(str(node.checkpoint.model_path))
+    assert all(torch.all(t == 0.25) for name, t in saved.items() if "weight" in name or "bias" in name)  # … then saves it
