@@ -49,3 +49,25 @@ async def test_a_save_from_outside_a_role_waits_for_the_role_and_takes_its_model
     await saving
     saved = load_file(str(node.checkpoint.model_path))
     assert all(torch.all(t == 0.25) for name, t in saved.items() if "weight" in name or "bias" in name)  # … then saves it
+
+
+@pytest.mark.asyncio
+async def test_a_volunteer_stopped_while_inviting_gives_its_role_back(fleet_shards: Path, tmp_path: Path) -> None:
+    """Shutdown cancels the async scheduler; a node cancelled while its invitations were out kept the
+    aggregator role for good, and its last checkpoint (which waits for no role to run) never came."""
+    node = _node(fleet_shards, tmp_path / "state")
+    invited = asyncio.Event()
+
+    async def peer_that_never_answers(node_id: str, assignment: object) -> object:
+        invited.set()
+        await asyncio.Event().wait()
+
+    node.assign_to = peer_that_never_answers  # type: ignore[method-assign]
+    leading = asyncio.create_task(node.lead(0, ["node-1"], 1))
+    await invited.wait()
+    assert node.state.role is Role.AGGREGATOR and node.collector is not None
+    leading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leading
+    assert node.state.role is Role.IDLE and node.collector is None
+    await asyncio.wait_for(node.save(copy=True), 10)

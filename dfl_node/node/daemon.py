@@ -263,19 +263,25 @@ class Node:
                                                max_bytes=self.max_buffered_bytes, deadline_s=self.config.round_timeout)
         came: list[str] = []
         remaining = list(candidates)
-        while remaining and len(came) < wanted:
-            batch, remaining = remaining[: wanted - len(came)], remaining[wanted - len(came) :]
-            collector.expected.update(batch)
-            acks = await asyncio.gather(*(self.assign_to(peer, self._invitation(round_, peer)) for peer in batch))
-            for peer, ack in zip(batch, acks):
-                if ack.ok:
-                    came.append(peer)
-                else:
-                    collector.withdraw(peer)
+        try:
+            while remaining and len(came) < wanted:
+                batch, remaining = remaining[: wanted - len(came)], remaining[wanted - len(came) :]
+                collector.expected.update(batch)
+                acks = await asyncio.gather(*(self.assign_to(peer, self._invitation(round_, peer)) for peer in batch))
+                for peer, ack in zip(batch, acks):
+                    if ack.ok:
+                        came.append(peer)
+                    else:
+                        collector.withdraw(peer)
+        except asyncio.CancelledError:  # the scheduler stops (shutdown): nobody will aggregate, the role is free
+            came.clear()
+            raise
+        finally:
+            if not came:
+                collector.close()
+                self.collector = None
+                self.release_role()
         if not came:
-            collector.close()
-            self.collector = None
-            self.release_role()
             return False
         step = Step(round_, Group(self.config.id, tuple(sorted(came))))
         collector.step = step
