@@ -1,0 +1,241 @@
+"""The role-playing half of a :class:`~dfl_node.node.daemon.Node`: taking a role, playing it, giving it back.
+
+A node plays at most one role at a time (:class:`Role`). A sender or aggregator role runs as a task
+(``_settling``) through the round runner over :class:`GrpcTransport` and is held until its work is
+checkpointed; the next role, in round mode, waits for it (:meth:`RolePlayer.settled`). Async mode's
+volunteering (:meth:`RolePlayer.lead`) lives here too. The rest of the node (model, state, persistence,
+evaluation, reporting) is :class:`~dfl_node.node.daemon.Node`, which mixes this class in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from dfl_node.algorithms import Algorithm, Group, NodeContext, Role, Step
+from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
+from dfl_node.net.codec import TransferRejected
+from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.net.transport import PeerClient
+from dfl_node.node.collector import Collector
+from dfl_node.node.config import NodeConfig
+from dfl_node.node.exchange import AlreadyPlayed, GrpcTransport, TransferFailed
+from dfl_node.node.state import NodeState
+
+log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
+
+
+class RolePlayer:
+    """Mixed into :class:`~dfl_node.node.daemon.Node`, which provides the attributes declared here."""
+
+    config: NodeConfig
+    state: NodeState
+    ctx: NodeContext
+    algorithm: Algorithm
+    grpc_address: str
+    collector: Collector | None
+    _settling: asyncio.Task | None
+    _idle: asyncio.Event
+    client: Callable[[str], PeerClient]
+    address_of: Callable[[str], str | None]
+    model_changed: Callable[[str, int, str | None], Awaitable[None]]
+
+    def take_role(self, role: Role) -> None:
+        if self.state.role is not Role.IDLE:
+            self.state.counters["busy_refusals"] += 1
+            raise TransferRejected("busy", f"{self.config.id} is {self.state.role.value}")
+        self.state.role = role
+        self._idle.clear()
+
+    def release_role(self) -> None:
+        self.state.role = Role.IDLE
+        self._idle.set()
+
+    async def settled(self) -> None:
+        """Until this node's last role (its fusion, replies, evaluation and checkpoint) is over."""
+        if self._settling is not None:
+            await asyncio.shield(self._settling)
+
+    async def quiesce(self) -> None:
+        """Until no role runs here: the last one settled and none (a pull's source, a probed candidate) is held."""
+        while True:
+            await self.settled()
+            if self.state.role is Role.IDLE:
+                return
+            await self._idle.wait()
+
+    def fusion_started(self) -> None:
+        self.state.fusing += 1
+        self.state.max_fusing = max(self.state.max_fusing, self.state.fusing)
+
+    async def play(self, assignment: pb.RoundAssignment) -> pb.Ack:
+        """Take a group role (from the Assign RPC or from this node's own scheduler); see the proto's Assign.
+
+        Round mode: a round this node already played (its checkpoint says so) is answered ``already_played``
+        and not played again, so a holder that retries a round, or regenerates the token, never makes a
+        node fuse or send twice for it. A sender's Ack, and a pulling aggregator's, comes once the fusion
+        is durable (``ok``) or known not to have happened (``not_fused``): the holder must not move on
+        from a round whose fusion a crash can still undo.
+        """
+        try:
+            role = Role(assignment.role)
+        except ValueError:
+            return pb.Ack(ok=False, reason="unknown_role")
+        if role not in (Role.SENDER, Role.AGGREGATOR) or (assignment.candidates and role is not Role.SENDER):
+            return pb.Ack(ok=False, reason="unknown_role")
+        group = Group(assignment.aggregator, tuple(assignment.senders), assignment.pull, tuple(assignment.candidates))
+        step = Step(assignment.round, group, dict(assignment.state))
+        rounds = self.config.mode == "round"
+        if rounds:
+            await self.settled()  # the plan chose us: the last role's checkpoint first, then this one
+            if assignment.round <= self.state.played:
+                return pb.Ack(ok=True, reason="already_played")
+        try:
+            self.take_role(role)
+        except TransferRejected as exc:
+            return pb.Ack(ok=False, reason=exc.reason)
+        loop = asyncio.get_running_loop()
+        if role is Role.SENDER:
+            accepted: asyncio.Future[bool] = loop.create_future()
+            transport = GrpcTransport(self, assignment.epoch, aggregator_address=assignment.aggregator_address,
+                                      accepted=accepted, assignment=assignment)
+            sending = self._settling = loop.create_task(self._play_sender(step, transport))
+            ok = await asyncio.shield(sending if rounds else accepted)  # async: the inviter waits for "accepted" only
+            return pb.Ack(ok=ok, reason="" if ok else "not_fused" if rounds else "transfer_failed")
+        collector = self.collector = Collector(step, assignment.epoch, max_bytes=self.max_buffered_bytes,
+                                               deadline_s=assignment.deadline_s or self.config.round_timeout)
+        fusing = self._settling = loop.create_task(
+            self._play_aggregator(step, GrpcTransport(self, assignment.epoch, collector=collector)))
+        if group.pull and rounds:
+            ok = await asyncio.shield(fusing)
+            return pb.Ack(ok=ok, reason="" if ok else "not_fused")
+        if group.pull:
+            await asyncio.shield(collector.gathered.wait())
+        return pb.Ack(ok=True)
+
+    @property
+    def max_buffered_bytes(self) -> int:
+        return int(self.config.max_buffered_mb * 1e6)
+
+    async def lead(self, round_: int, candidates: list[str], wanted: int) -> bool:
+        """Async mode: volunteer as an aggregator and invite ``wanted`` of ``candidates`` (in order) to send.
+
+        The collector exists before any invitation goes out, so a fast sender's transfer is never
+        refused; invitations go out in batches until ``wanted`` accepted or the candidates run out.
+        Returns whether anybody came.
+        """
+        if getattr(self.algorithm, "selects", False):  # 001: volunteer as a sender that chooses its receiver
+            limit = self.config.selection_candidates or len(candidates)
+            chooser = pb.RoundAssignment(round=round_, role=Role.SENDER.value, holder=self.config.id,
+                                         senders=[self.config.id], candidates=candidates[:limit],
+                                         deadline_s=self.config.round_timeout)
+            return (await self.play(chooser)).ok
+        if self.algorithm.pulls:  # nobody to invite: pull from the first ``wanted`` candidates
+            pull = pb.RoundAssignment(round=round_, role=Role.AGGREGATOR.value, aggregator=self.config.id,
+                                      senders=candidates[:wanted], pull=True)
+            return (await self.play(pull)).ok
+        try:
+            self.take_role(Role.AGGREGATOR)
+        except TransferRejected:
+            return False
+        collector = self.collector = Collector(Step(round_, Group(self.config.id, ())), 0, expected=(),
+                                               max_bytes=self.max_buffered_bytes, deadline_s=self.config.round_timeout)
+        came: list[str] = []
+        remaining = list(candidates)
+        try:
+            while remaining and len(came) < wanted:
+                batch, remaining = remaining[: wanted - len(came)], remaining[wanted - len(came) :]
+                collector.expected.update(batch)
+                acks = await asyncio.gather(*(self.assign_to(peer, self._invitation(round_, peer)) for peer in batch))
+                for peer, ack in zip(batch, acks):
+                    if ack.ok:
+                        came.append(peer)
+                    else:
+                        collector.withdraw(peer)
+        except asyncio.CancelledError:  # the scheduler stops (shutdown): nobody will aggregate, the role is free
+            came.clear()
+            raise
+        finally:
+            if not came:
+                collector.close()
+                self.collector = None
+                self.release_role()
+        if not came:
+            return False
+        step = Step(round_, Group(self.config.id, tuple(sorted(came))))
+        collector.step = step
+        self._settling = asyncio.get_running_loop().create_task(
+            self._play_aggregator(step, GrpcTransport(self, 0, collector=collector)))
+        return True
+
+    def _invitation(self, round_: int, peer: str) -> pb.RoundAssignment:
+        return pb.RoundAssignment(round=round_, epoch=0, holder=self.config.id, role=Role.SENDER.value,
+                                  aggregator=self.config.id, aggregator_address=self.grpc_address, senders=[peer])
+
+    async def assign_to(self, node_id: str, assignment: pb.RoundAssignment) -> pb.Ack:
+        """A role for ``node_id``: played here if it is us, else sent as an Assign RPC (failures become an Ack)."""
+        if node_id == self.config.id:
+            return await self.play(assignment)
+        address = self.address_of(node_id)
+        if address is None:
+            return pb.Ack(ok=False, reason="unreachable")
+        try:
+            return await self.client(address).assign(assignment, timeout=self.config.round_timeout)
+        except grpc.aio.AioRpcError as exc:
+            return pb.Ack(ok=False, reason=exc.code().name.lower())
+
+    async def _play_sender(self, step: Step, transport: GrpcTransport) -> bool:
+        """Returns whether the round is done for this sender: its aggregator confirmed a durable fusion of
+        its model, and its own checkpoint followed."""
+        try:
+            await play_sender(self.algorithm, self.ctx, step, transport)
+            self._exchanged(step)
+            await self.model_changed("send", step.round + 1, step.group.aggregator)
+            return True
+        except AlreadyPlayed as exc:
+            log.info("%s: round %d: %s", self.config.id, step.round, exc)
+            return True
+        except (TransferFailed, SelectionFailed) as exc:
+            log.info("%s: round %d: %s", self.config.id, step.round, exc)
+        except Exception:  # a bug must not kill the node: the role is given back, the round goes on
+            log.exception("%s: round %d: the sender role failed", self.config.id, step.round)
+        finally:
+            transport._verdict(False)
+            self.release_role()
+        return False
+
+    async def _play_aggregator(self, step: Step, transport: GrpcTransport) -> bool:
+        """Returns whether this node fused (and checkpointed) the group. Its senders hear the outcome only
+        after the checkpoint (their replies, or an end of stream), so a sender never counts a fusion that a
+        crash can still undo; if nothing was fused they are told ``not_fused`` (:meth:`Collector.close`)."""
+        assert transport.collector is not None
+        try:
+            if await play_aggregator(self.algorithm, self.ctx, step, transport):
+                self.state.counters["fusions"] += 1
+                self._exchanged(step)
+                await self.model_changed("fusion", step.round + 1, ",".join(step.group.senders))
+                transport.collector.answer(transport.replies)
+                return True
+        except Exception:  # a bug (check_message passed): keep serving, the senders get no reply
+            log.exception("%s: round %d: aggregating failed", self.config.id, step.round)
+        finally:
+            self.state.fusing = 0
+            transport.collector.close()
+            self.collector = None
+            self.release_role()
+        return False
+
+    def _exchanged(self, step: Step) -> None:
+        """This node completed a role in ``step``: async mode counts its exchanges; round mode records the
+        round as played (checkpointed with the model next) and that rounds up to it are complete."""
+        state = self.state
+        if self.config.mode == "async":
+            state.round += 1
+            return
+        state.played = max(state.played, step.round)
+        if step.round + 1 > state.round:  # the token for the next round would carry the plan's state
+            state.round, state.token_state = step.round + 1, dict(step.state)
+
