@@ -102,6 +102,13 @@ class NodeContext:
         state.update({f"scalar:{name}": torch.tensor(value, dtype=torch.float64) for name, value in self.scalars.items()})
         return state
 
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """A copy of :meth:`checkpoint_state`: what :meth:`restore_checkpoint` puts back. A node takes one before
+        each role and restores it if the role does not complete, so a round played again starts where its
+        first try started (exactly once, and the same result once); a checkpoint taken outside a role uses one
+        so that a role starting meanwhile cannot tear it."""
+        return {name: tensor.detach().clone() for name, tensor in self.checkpoint_state().items()}
+
     def restore_checkpoint(self, state: dict[str, torch.Tensor]) -> None:
         """Inverse of :meth:`checkpoint_state`; auxiliary models a checkpoint lacks keep their ``w0``."""
         own = {key: value for key, value in state.items() if not key.startswith(("aux:", "scalar:"))}

@@ -96,11 +96,17 @@ class PeerClient:
     :meth:`hello` runs the challenge–response (:mod:`dfl_node.net.psk`), and the round RPCs make sure
     our connection authenticated first (a Hello from ``hello_message``), once more if the peer says it
     no longer is (it restarted, or our connection is new).
+
+    A push or a pull first waits for the channel to connect, for at most ``connect_timeout`` seconds: the
+    calls themselves wait for a ready channel (``wait_for_ready``) up to their whole deadline, so a peer that
+    does not accept the connection would otherwise hold the caller's role for a round timeout.
     """
 
     def __init__(self, address: str, wire: WireIdentity, security: Security = NO_SECURITY,
-                 tls_name: str | None = None, hello_message: Callable[[], pb.HelloRequest] | None = None) -> None:
+                 tls_name: str | None = None, hello_message: Callable[[], pb.HelloRequest] | None = None,
+                 connect_timeout: float = 5.0) -> None:
         self.address = address
+        self.connect_timeout = connect_timeout
         self.wire = wire
         self.tls_name = tls_name
         options = channel_options(wire.limits)
@@ -164,6 +170,14 @@ class PeerClient:
         with contextlib.suppress(grpc.aio.AioRpcError, PeerUnauthenticated):  # then the call itself is refused
             await self.hello(self.hello_message(), timeout=5.0)
 
+    async def _reachable(self) -> None:
+        """Until our channel is connected (at once if it is), else :class:`TransferRefused` ``unreachable``."""
+        try:
+            await asyncio.wait_for(self.channel.channel_ready(), self.connect_timeout)
+        except TimeoutError:
+            raise TransferRefused("unreachable", f"{self.address} did not accept a connection within "
+                                                 f"{self.connect_timeout:g} s") from None
+
     # wait_for_ready on the round RPCs: the peer answered a heartbeat, so it is up, but our channel to it
     # may still be connecting (a new peer) or behind its reconnect backoff (a peer that just came back).
     async def assign(self, request: pb.RoundAssignment, timeout: float) -> pb.Ack:
@@ -189,6 +203,7 @@ class PeerClient:
 
         Raises :class:`TransferRefused` when the peer refuses, ``grpc.aio.AioRpcError`` when it is unreachable.
         """
+        await self._reachable()
         result, call, sent = await open_transfer(self.transfer, outgoing.frames(), timeout)
         try:
             if not result.accepted:
@@ -216,6 +231,7 @@ class PeerClient:
         return await self._authenticated(lambda: self._pull(request, timeout=timeout))
 
     async def _pull(self, request: pb.PullRequest, *, timeout: float) -> tuple[ModelMessage, int]:
+        await self._reachable()
         call = self.pull_call(request, timeout=timeout, wait_for_ready=True)
         try:
             first = await call.read()

@@ -57,7 +57,12 @@ class NodeConfig(LearningConfig):
                                "answers again)")
     max_pending_peers: int = Field(32, ge=1, description="peers that said Hello but have not yet answered ours, "
                                    "at most (more are refused: peer_table_full)")
-    round_timeout: float = Field(120.0, gt=0, description="round mode: longest wait for one pairing")
+    round_timeout: float = Field(120.0, gt=0, description="round mode: longest wait for one pairing; also caps "
+                                 "the deadline any Assign may ask of this node")
+    connect_timeout: float = Field(5.0, gt=0, description="a sender (or pulling aggregator) whose peer does not "
+                                   "accept a connection within this many seconds gives its role back")
+    round_window: int = Field(1000, ge=1, description="an Assign for a round more than this many rounds ahead of "
+                              "the fleet's progress as this node knows it is refused (round_window)")
     probe_timeout: float = Field(10.0, gt=0, description="defkt-select: a candidate that has not answered a "
                                  "sender's selection probe after this many seconds is skipped (and counted)")
     token_timeout: float = Field(10.0, gt=0, description="round mode: silence after which a lost token is regenerated")

@@ -89,7 +89,7 @@ class Node(RolePlayer):
         self.handshake = Handshake(self)
         self.peers = PeerTable(config.id, self.handshake.probe, heartbeat=config.heartbeat,
                                timeout=config.peer_timeout, static=config.peers,
-                               on_join=lambda *joined: self.scheduler.on_join(*joined),
+                               on_join=self._peer_joined,
                                expiry=config.peer_expiry, max_pending=config.max_pending_peers,
                                on_forget=self._forget_client, on_lost=self._peer_lost)
         self._restore()
@@ -149,7 +149,7 @@ class Node(RolePlayer):
         snapshot = None
         if copy:
             await self.quiesce()
-            snapshot = {name: t.detach().clone() for name, t in self.ctx.checkpoint_state().items()}
+            snapshot = self.ctx.snapshot()
         durable = self.state.durable()
         async with self._saving:
             await asyncio.to_thread(self._save, durable, snapshot)
@@ -208,6 +208,10 @@ class Node(RolePlayer):
         return pb.RoundProgress(round=state.round, epoch=state.epoch, holding=state.holding, done=state.done,
                                 state=state.token_state, busy=state.role is not Role.IDLE)
 
+    def fleet_round(self) -> int:
+        """The newest round this node knows of: its own, or a live peer's at its last reply to our Hello."""
+        return max([self.state.round, *(p.round for p in self.peers.progress().values())])
+
     def set_round(self, round_: int, token_state: dict[str, str]) -> None:
         """Rounds only advance: an announcement can arrive after the next holder's own (announcements to the
         other members go on after the hand-over), and a node that played a round already counts it."""
@@ -242,11 +246,24 @@ class Node(RolePlayer):
             asyncio.get_running_loop().create_task(client.close())
 
     def _peer_lost(self, peer_id: str) -> None:
-        """A peer stopped answering: an aggregator no longer waits for it (it would only wait for its deadline)."""
+        """A peer stopped answering: an aggregator no longer waits for it (it would only wait for its deadline),
+        unless its transfer is under way (that stream ends on its own, or after ``stream_timeout``)."""
         collector = self.collector
         if collector is not None and peer_id in collector.missing() and peer_id not in collector.receiving:
             log.info("%s: round %d: sender %s is gone; not waiting for it", self.config.id, collector.round, peer_id)
             collector.withdraw(peer_id)
+
+    def _peer_joined(self, peer_id: str, restarted: bool) -> None:
+        """A peer (re)joined. One that *restarted* (a new boot id: it crashed and came back, faster than
+        ``peer_timeout`` perhaps, so it was never seen to leave) cannot still be sending what its old
+        incarnation was assigned: an aggregator stops waiting for it at once, a transfer of it under way
+        included, rather than until its deadline (``round_timeout``: a 130 s stall in a storm)."""
+        collector = self.collector
+        if restarted and collector is not None and peer_id in collector.missing():
+            log.info("%s: round %d: sender %s restarted; not waiting for it", self.config.id, collector.round,
+                     peer_id)
+            collector.abandon(peer_id)
+        self.scheduler.on_join(peer_id, restarted)
 
     def client(self, address: str) -> PeerClient:
         """Our channel to ``address``; with mTLS, one that checks the certificate of the node we know is there."""
@@ -256,7 +273,8 @@ class Node(RolePlayer):
             if client is not None:  # retired, not cut: a call may still be under way on it
                 asyncio.get_running_loop().call_later(self.config.round_timeout,
                                                       lambda old=client: asyncio.ensure_future(old.close()))
-            client = self.clients[address] = PeerClient(address, self.wire, self.security, name, self.handshake.message)
+            client = self.clients[address] = PeerClient(address, self.wire, self.security, name, self.handshake.message,
+                                                        self.config.connect_timeout)
         return client
 
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:

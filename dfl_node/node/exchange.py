@@ -50,12 +50,16 @@ class GrpcTransport:
     def __init__(self, node: Node, epoch: int, *, aggregator_address: str = "", collector: Collector | None = None,
                  accepted: asyncio.Future[bool] | None = None, assignment: pb.RoundAssignment | None = None) -> None:
         self.node = node
-        self.assignment = assignment  # a sender's own assignment: the holder and deadline a chosen aggregator gets
+        self.assignment = assignment  # the role's assignment: the holder's address book; for an open group's
+        # sender, the holder and deadline a chosen aggregator gets
         self.epoch = epoch
         self.aggregator_address = aggregator_address
         self.collector = collector
         self.accepted = accepted
         self.replies: dict[str, ModelMessage] = {}  # an aggregator's replies, until its fusion is durable
+
+    def address_of(self, node_id: str) -> str | None:
+        return self.node.address_in(node_id, self.assignment)
 
     async def compute(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -111,8 +115,10 @@ class GrpcTransport:
         request = pb.PullRequest(aggregator=node.config.id, swarm=node.config.swarm, round=step.round,
                                  epoch=self.epoch, state=dict(step.state))
         try:
-            message, received = await node.client(node.address_of(source) or "").pull(
-                request, timeout=node.config.round_timeout)
+            address = self.address_of(source)
+            if address is None:
+                raise TransferRefused("unreachable", "not in the peer table nor in the assignment")
+            message, received = await node.client(address).pull(request, timeout=node.config.round_timeout)
             message = on_device(message, node.device)
             node.algorithm.check_message(node.ctx, message)
             await asyncio.to_thread(check_received, node.ctx, message, node.config.min_accuracy)
@@ -139,7 +145,7 @@ class GrpcTransport:
         """One candidate's answer, or None (skipped, counted) if it is unknown, silent, refuses or talks nonsense."""
         node = self.node
         node.state.counters["probes_sent"] += 1
-        address = node.address_of(candidate)
+        address = self.address_of(candidate)
         try:
             if address is None:
                 raise TransferRefused("unreachable", "not in the peer table")
@@ -162,10 +168,11 @@ class GrpcTransport:
         node, mine = self.node, self.assignment
         assert mine is not None
         chosen = step.group.aggregator
-        address = node.address_of(chosen) or ""
+        address = self.address_of(chosen) or ""
         role = pb.RoundAssignment(round=step.round, epoch=self.epoch, holder=mine.holder, role=Role.AGGREGATOR.value,
                                   aggregator=chosen, aggregator_address=address, state=dict(step.state),
-                                  senders=step.group.senders, deadline_s=mine.deadline_s or node.config.round_timeout)
+                                  senders=step.group.senders, deadline_s=node.deadline_of(mine),
+                                  addresses=mine.addresses)
         ack = await node.assign_to(chosen, role)
         if ack.reason == "already_played":
             raise AlreadyPlayed(f"{chosen} already played round {step.round}")

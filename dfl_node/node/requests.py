@@ -130,7 +130,17 @@ class PeerRequests:
         self.node.state.counters.update(bytes_sent=sent, bytes_received=received)
 
     async def assign(self, request: pb.RoundAssignment) -> pb.Ack:
-        return await self.node.scheduler.assign(request)
+        """A role from a holder (round mode) or an inviting volunteer (async mode). Its round must lie within
+        ``round_window`` rounds of the fleet's progress as we know it: an honest holder's round is the fleet's
+        newest, so a far larger one is forged or broken, and playing it would carry our round (and the token
+        we may regenerate from it) off to where no honest node is (a refusal, counted)."""
+        node = self.node
+        newest = node.fleet_round()
+        if request.round > newest + node.config.round_window:
+            node.on_rejected("round_window", f"round {request.round} is over {node.config.round_window} rounds "
+                                             f"ahead of the fleet's {newest}", request.holder[:64] or "?")
+            return pb.Ack(ok=False, reason="round_window")
+        return await node.scheduler.assign(request)
 
     async def token(self, request: pb.RoundToken) -> pb.Ack:
         return await self.node.scheduler.token(request)

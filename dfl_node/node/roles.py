@@ -106,15 +106,21 @@ class RolePlayer:
             ok = await asyncio.shield(sending if rounds else accepted)  # async: the inviter waits for "accepted" only
             return pb.Ack(ok=ok, reason="" if ok else "not_fused" if rounds else "transfer_failed")
         collector = self.collector = Collector(step, assignment.epoch, max_bytes=self.max_buffered_bytes,
-                                               deadline_s=assignment.deadline_s or self.config.round_timeout)
-        fusing = self._settling = loop.create_task(
-            self._play_aggregator(step, GrpcTransport(self, assignment.epoch, collector=collector)))
+                                               deadline_s=self.deadline_of(assignment))
+        fusing = self._settling = loop.create_task(self._play_aggregator(
+            step, GrpcTransport(self, assignment.epoch, collector=collector, assignment=assignment)))
         if group.pull and rounds:
             ok = await asyncio.shield(fusing)
             return pb.Ack(ok=ok, reason="" if ok else "not_fused")
         if group.pull:
             await asyncio.shield(collector.gathered.wait())
         return pb.Ack(ok=True)
+
+    def deadline_of(self, assignment: pb.RoundAssignment) -> float:
+        """How long an aggregator waits for its senders: what the assignment asks, never longer than our own
+        ``round_timeout`` (an Assign is a peer's request: it cannot hold our only role for as long as it likes)."""
+        asked = assignment.deadline_s
+        return min(asked, self.config.round_timeout) if asked > 0 else self.config.round_timeout  # 0, < 0, NaN: ours
 
     @property
     def max_buffered_bytes(self) -> int:
@@ -175,11 +181,17 @@ class RolePlayer:
         return pb.RoundAssignment(round=round_, epoch=0, holder=self.config.id, role=Role.SENDER.value,
                                   aggregator=self.config.id, aggregator_address=self.grpc_address, senders=[peer])
 
+    def address_in(self, node_id: str, assignment: pb.RoundAssignment | None) -> str | None:
+        """Where ``node_id`` serves: as our peer table knows it, else as the holder that planned the round knew
+        it (``assignment.addresses``). The plan was made with it, and our table may not have confirmed it yet:
+        a pull, probe or bind that skipped it would play a round other than the simulator's."""
+        return self.address_of(node_id) or (assignment.addresses.get(node_id) if assignment is not None else None) or None
+
     async def assign_to(self, node_id: str, assignment: pb.RoundAssignment) -> pb.Ack:
         """A role for ``node_id``: played here if it is us, else sent as an Assign RPC (failures become an Ack)."""
         if node_id == self.config.id:
             return await self.play(assignment)
-        address = self.address_of(node_id)
+        address = self.address_in(node_id, assignment)
         if address is None:
             return pb.Ack(ok=False, reason="unreachable")
         try:
@@ -189,7 +201,11 @@ class RolePlayer:
 
     async def _play_sender(self, step: Step, transport: GrpcTransport) -> bool:
         """Returns whether the round is done for this sender: its aggregator confirmed a durable fusion of
-        its model, and its own checkpoint followed."""
+        its model, and its own checkpoint followed. A sender whose round is not done puts its models back as
+        they were (:meth:`NodeContext.snapshot`): training in place (Combo, FedAvg, a sender that keeps its
+        trained model) is done again when the round is played again, from the same start, so a replayed
+        round ends as an unfailed one would."""
+        before = self.ctx.snapshot()
         try:
             await play_sender(self.algorithm, self.ctx, step, transport)
             self._exchanged(step)
@@ -200,8 +216,10 @@ class RolePlayer:
             return True
         except (TransferFailed, SelectionFailed) as exc:
             log.info("%s: round %d: %s", self.config.id, step.round, exc)
+            self.ctx.restore_checkpoint(before)
         except Exception:  # a bug must not kill the node: the role is given back, the round goes on
             log.exception("%s: round %d: the sender role failed", self.config.id, step.round)
+            self.ctx.restore_checkpoint(before)
         finally:
             transport._verdict(False)
             self.release_role()
@@ -210,8 +228,10 @@ class RolePlayer:
     async def _play_aggregator(self, step: Step, transport: GrpcTransport) -> bool:
         """Returns whether this node fused (and checkpointed) the group. Its senders hear the outcome only
         after the checkpoint (their replies, or an end of stream), so a sender never counts a fusion that a
-        crash can still undo; if nothing was fused they are told ``not_fused`` (:meth:`Collector.close`)."""
+        crash can still undo; if nothing was fused they are told ``not_fused`` (:meth:`Collector.close`), and
+        the models go back to how the role found them (its own local step undone, as a sender's)."""
         assert transport.collector is not None
+        before = self.ctx.snapshot()
         try:
             if await play_aggregator(self.algorithm, self.ctx, step, transport):
                 self.state.counters["fusions"] += 1
@@ -219,8 +239,10 @@ class RolePlayer:
                 await self.model_changed("fusion", step.round + 1, ",".join(step.group.senders))
                 transport.collector.answer(transport.replies)
                 return True
+            self.ctx.restore_checkpoint(before)
         except Exception:  # a bug (check_message passed): keep serving, the senders get no reply
             log.exception("%s: round %d: aggregating failed", self.config.id, step.round)
+            self.ctx.restore_checkpoint(before)
         finally:
             self.state.fusing = 0
             transport.collector.close()

@@ -222,10 +222,11 @@ class RoundScheduler:
         """Assign one group: its aggregator first (so it expects its senders), then the senders (an open
         group's sender assigns the aggregator it chooses). Returns whether the group's fusion is durable."""
         node = self.node
-        address = (node.address_of(group.aggregator) or "") if group.aggregator else ""
+        addresses = {m: a for m in group.members if (a := node.address_of(m)) is not None}
         common = dict(round=round_, epoch=epoch, holder=node.node_id, aggregator=group.aggregator,
-                      aggregator_address=address, state=state, senders=group.senders, pull=group.pull,
-                      deadline_s=node.config.round_timeout, candidates=group.candidates)
+                      aggregator_address=addresses.get(group.aggregator, ""), state=state, senders=group.senders,
+                      pull=group.pull, deadline_s=node.config.round_timeout, candidates=group.candidates,
+                      addresses=addresses)
         try:
             if not group.open:
                 ack = await node.assign_to(group.aggregator, pb.RoundAssignment(role=Role.AGGREGATOR.value, **common))

@@ -181,8 +181,15 @@ class RoundToken(_message.Message):
     def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., seed: _Optional[int] = ..., state: _Optional[_Mapping[str, str]] = ..., members: _Optional[_Iterable[str]] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class RoundAssignment(_message.Message):
-    __slots__ = ("round", "epoch", "holder", "role", "aggregator", "aggregator_address", "state", "senders", "pull", "deadline_s", "candidates")
+    __slots__ = ("round", "epoch", "holder", "role", "aggregator", "aggregator_address", "state", "senders", "pull", "deadline_s", "candidates", "addresses")
     class StateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class AddressesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +207,7 @@ class RoundAssignment(_message.Message):
     PULL_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     round: int
     epoch: int
     holder: str
@@ -211,7 +219,8 @@ class RoundAssignment(_message.Message):
     pull: bool
     deadline_s: float
     candidates: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., role: _Optional[str] = ..., aggregator: _Optional[str] = ..., aggregator_address: _Optional[str] = ..., state: _Optional[_Mapping[str, str]] = ..., senders: _Optional[_Iterable[str]] = ..., pull: _Optional[bool] = ..., deadline_s: _Optional[float] = ..., candidates: _Optional[_Iterable[str]] = ...) -> None: ...
+    addresses: _containers.ScalarMap[str, str]
+    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., role: _Optional[str] = ..., aggregator: _Optional[str] = ..., aggregator_address: _Optional[str] = ..., state: _Optional[_Mapping[str, str]] = ..., senders: _Optional[_Iterable[str]] = ..., pull: _Optional[bool] = ..., deadline_s: _Optional[float] = ..., candidates: _Optional[_Iterable[str]] = ..., addresses: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("aggregator", "swarm", "round", "epoch", "state")
