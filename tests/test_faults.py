@@ -9,7 +9,8 @@ stored with it — never from what a node said over REST before it died:
   one group a round), and no node fused or sent twice for a round;
 * no accepted model is lost: each transfer a sender counts as done ("send" in its history) was fused
   by its aggregator, durably ("fusion" there, naming the sender);
-* round mode: after each kill the fleet fuses again within a bound set by the configured timeouts.
+* round mode: after each kill the fleet fuses again within a bound set by the configured timeouts — the
+  tighter one of ``dfl_node.node.rounds`` ("Liveness") when the victim was back within ``peer_timeout``.
 
 The two fleet-wide runs print their figures (``pytest -s`` shows them). The other tests each pin one
 failure of issue 13 with a deterministic fault: a slow step makes the moment of the kill certain.
@@ -58,6 +59,16 @@ TIMEOUTS = {"heartbeat": 0.2, "peer_timeout": 1.0, "token_timeout": 2.0, "round_
 # loaded 2-core machine).
 ROUND_MARGIN = 10.0
 STALL_BOUND = TIMEOUTS["peer_timeout"] + TIMEOUTS["token_timeout"] + TIMEOUTS["round_timeout"] + ROUND_MARGIN
+# The round-mode storm's fleet: a peer_timeout longer than a restart (so most victims are back before anyone saw
+# them leave: the 130 s stall of issue 18), and a round_timeout far above the bound such a restart must meet.
+STORM_TIMEOUTS = {**TIMEOUTS, "peer_timeout": 6.0, "round_timeout": 60.0}
+
+
+def stall_bound(timeouts: dict[str, float], back_within_peer_timeout: bool) -> float:
+    """``dfl_node.node.rounds``' liveness bound for one crash, plus one round's own work (ROUND_MARGIN)."""
+    quick = (timeouts["peer_timeout"] + timeouts["token_timeout"] + 2 * timeouts["heartbeat"]
+             + min(1.0, timeouts["token_timeout"] / 4) + ROUND_MARGIN)
+    return quick if back_within_peer_timeout else quick + timeouts["round_timeout"]
 HISTORY_LIMIT = 50_000  # no node of these runs comes near it: its whole history is in its checkpoint
 Statuses = dict[str, dict | None]
 
@@ -73,6 +84,7 @@ class Kill:
     holding: bool
     fusing: bool
     round: int  # the fleet's highest round then
+    back_after: float = float("inf")  # seconds from the kill until the restarted victim answered again
 
 
 @dataclass
@@ -95,6 +107,12 @@ class Chaos:
                     bool(status.get("fusing")), highest_round(statuses))
         self.kills.append(kill)
         return kill
+
+    def restart(self, victim: NodeProcess, kill: Kill) -> None:
+        """Start ``victim`` again at once; note when it answers (its REST status) again."""
+        victim.start()
+        wait_until([victim], lambda s: s[victim.id] is not None, timeout=60, every=0.05)
+        kill.back_after = time.time() - kill.at
 
     def wait(self, predicate: Callable[[Statuses], bool], timeout: float = 90.0) -> Statuses:
         return wait_until(self.nodes, predicate, timeout=timeout, every=0.1)
@@ -231,19 +249,21 @@ def figures(mode: str, chaos: Chaos, ledger: Ledger, runtime: float, **extra: ob
 
 def storm_round_mode(chaos: Chaos, rng: random.Random) -> None:
     """One failure at a time: a victim is killed at a random moment and restarted at once — every fourth
-    kill the token holder, the others any node; the next kill comes once the victim is back and the fleet
-    fused again, so each kill's stall is its own."""
+    kill the token holder, every fourth but one a sender (not holding: while it trains, its aggregator waits
+    for it), the others any node; the next kill comes once the victim is back and the fleet fused again, so
+    each kill's stall is its own."""
     chaos.wait(lambda s: highest_round(s) >= 3)
     for i in range(KILLS):
         time.sleep(rng.uniform(0.1, 1.0))  # a random moment of whatever the fleet is doing
         if i % 4 == 3:
-            statuses = chaos.wait(lambda s: any(v is not None and v["holding"] for v in s.values()))
-            victim = next(n for n in chaos.nodes if (statuses[n.id] or {}).get("holding"))
+            victim, statuses = chaos.wait_for_status(lambda s: s["holding"])
+        elif i % 4 == 1:
+            victim, statuses = chaos.wait_for_status(lambda s: s["role"] == "sender" and not s["holding"])
         else:
             statuses = poll_status(chaos.nodes, timeout=1.0)
             victim = rng.choice(chaos.nodes)
         kill = chaos.kill(victim, statuses)
-        victim.start()
+        chaos.restart(victim, kill)
         chaos.wait(lambda s, k=kill: all_alive(s) and highest_round(s) > k.round)
 
 
@@ -256,7 +276,7 @@ def storm_async_mode(chaos: Chaos, rng: random.Random) -> None:
         statuses = chaos.wait(lambda s: sum(v is not None for v in s.values()) >= 3)
         victim = rng.choice([n for n in chaos.nodes if statuses[n.id] is not None])
         chaos.kill(victim, statuses)
-        victim.start()
+        victim.start()  # at once, and no waiting for it: two of four may be down together
     chaos.wait(all_alive)
     fused = sum(v["fusions"] for v in poll_status(chaos.nodes).values() if v)
     chaos.wait(lambda s: sum(v["fusions"] for v in s.values() if v) >= fused + 4)  # it goes on learning
@@ -266,7 +286,10 @@ def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Pat
     """Two fleets at once, one per mode, each through KILLS random kill -9s (their storms run side by side:
     the time goes into the victims' restarts, not into the CPU)."""
     started = time.monotonic()
-    with (fleet(fleet_shards, tmp_path / "round", "round", FLEET.model_copy(update={"rounds": 0})) as rounds,
+    # The round fleet's senders train for a while (local_epochs), so a sender's kill mostly lands before its
+    # transfer, while its aggregator waits for it.
+    round_config = FLEET.model_copy(update={"rounds": 0, "local_epochs": 10})
+    with (fleet(fleet_shards, tmp_path / "round", "round", round_config, **STORM_TIMEOUTS) as rounds,
           fleet(fleet_shards, tmp_path / "async", "async", interval=0.3, participation=0.8, duration=0,
                 round_timeout=5.0) as async_,
           ThreadPoolExecutor(2) as pool):
@@ -279,15 +302,25 @@ def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Pat
 
     states = durable_states(rounds.nodes, fingerprint_)
     ledger, completed = Ledger.of(states), completed_rounds(states)
-    stalls = [ledger.stall_after(k) for k in rounds.kills]
+    quick = [k for k in rounds.kills if k.back_after < STORM_TIMEOUTS["peer_timeout"]]
+    stalls = {id(k): ledger.stall_after(k) for k in rounds.kills}
+    over = [(k.node, k.role, round(k.back_after, 1), round(stalls[id(k)], 1)) for k in rounds.kills
+            if stalls[id(k)] > stall_bound(STORM_TIMEOUTS, k in quick)]
+    longest_quick = max((stalls[id(k)] for k in quick), default=0.0)
     figures("round", rounds, ledger, runtime, rounds_completed=completed,
             rounds_lost=len(ledger.lost_rounds(completed)), rounds_run_twice=len(ledger.repeated_rounds()),
-            longest_stall_after_a_kill=f"{max(stalls):.1f} s (bound {STALL_BOUND:.0f} s)",
+            senders_killed=sum(k.role == "sender" and not k.holding for k in rounds.kills),
+            back_within_peer_timeout=f"{len(quick)} (senders: {sum(k.role == 'sender' for k in quick)})",
+            longest_stall_after_a_quick_restart=f"{longest_quick:.1f} s "
+                                                f"(bound {stall_bound(STORM_TIMEOUTS, True):.1f} s)",
+            longest_stall_after_a_kill=f"{max(stalls.values()):.1f} s "
+                                       f"(bound {stall_bound(STORM_TIMEOUTS, False):.1f} s)",
             accepted_models_lost=len(ledger.lost_models()), checkpoints_verified=len(states))
     assert sum(k.holding for k in rounds.kills) >= KILLS // 4
+    assert sum(k.role == "sender" and not k.holding for k in quick) >= 3  # the issue: several, back in time
     assert ledger.lost_rounds(completed) == [] and ledger.repeated_rounds() == []
     assert ledger.lost_models() == []
-    assert max(stalls) <= STALL_BOUND, stalls
+    assert over == [], over
 
     states = durable_states(async_.nodes, fingerprint_)
     ledger = Ledger.of(states)

@@ -30,6 +30,15 @@
   at ``epoch + 1`` (over the newest epoch anyone saw) for the highest round any live node completed,
   with that node's algorithm state. Every RPC carries the epoch and nodes refuse older ones; a
   holder that sees a newer epoch drops its token, so a stale holder that comes back is fenced off.
+* **Liveness.** A member that crashes and is serving again within ``peer_timeout`` was never seen to
+  leave, and nobody waits for it to come back: its first Hello after the restart carries a new boot id,
+  and an aggregator that expects it stops waiting at once (:meth:`Node._peer_joined`), as the holder's
+  own Assign to its old incarnation failed with its connection. So the fleet fuses again within
+  ``peer_timeout + token_timeout + 2·heartbeat + min(1 s, token_timeout/4)`` plus one round's own work:
+  the restart, the Hello that reveals it, a lost token's ``token_timeout`` of silence, the watchdog's
+  tick and the holder's replay heartbeat. A member down for longer is waited for up to ``round_timeout``
+  more (it may be the only one that knows the newest round): then add ``round_timeout``.
+  ``tests/test_faults.py``'s round storm checks both bounds after every kill.
 """
 
 from __future__ import annotations
