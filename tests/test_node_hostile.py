@@ -4,6 +4,7 @@ Hello or transfer is refused with a reason counted in /status.rejected, and the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import threading
 import uuid
@@ -21,6 +22,7 @@ from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
+from dfl_node.net.server import start_server
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
 from dfl_node.net.transport import open_transfer
@@ -226,21 +228,103 @@ async def test_an_assignment_while_busy_is_refused(target: Target) -> None:
     await assert_still_serving(target)
 
 
-async def test_standard_grpc_health_and_reflection_answer(target: Target) -> None:
+HEALTH = "/grpc.health.v1.Health/"
+REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+# Bytes no protobuf message decodes from: a truncated tag, a length past the end, an unterminated group,
+# field number 0, and a pickle (of an exception, as p2pfl-style peers would send).
+GARBAGE = [b"\xff", b"\x0a\x05ab", b"\x0b", b"\x07", pickle.dumps(RuntimeError("boom"))]
+
+
+async def _raw_call(channel: grpc.aio.Channel, path: str, raw: bytes, *, client_streams: bool = False,
+                    server_streams: bool = False) -> grpc.StatusCode:
+    """Send ``raw`` as the request of ``path`` (bytes as they are, no serializer) and return the status."""
+    try:
+        if client_streams:
+            async for _ in channel.stream_stream(path)(iter([raw]), timeout=5):
+                pass
+        elif server_streams:
+            async for _ in channel.unary_stream(path)(raw, timeout=5):
+                pass
+        else:
+            await channel.unary_unary(path)(raw, timeout=5)
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+def _tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Log records that are ERRORs or carry a traceback: what a peer's garbage must never cause."""
+    return [r.getMessage()[:200] for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+async def test_standard_grpc_services_refuse_garbage_without_a_traceback(
+        target: Target, caplog: pytest.LogCaptureFixture) -> None:
+    """Health decodes its requests itself, as the node's own RPCs do: garbage is INVALID_ARGUMENT, counted
+    (``undecodable``), with no ERROR line; reflection is not served unless asked (UNIMPLEMENTED, no log)."""
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{target.node.config.grpc_port}")
+    try:
+        with caplog.at_level(logging.WARNING):
+            codes = {(path, raw): await _raw_call(channel, path, raw, **kinds) for path, kinds in [
+                (HEALTH + "Check", {}), (HEALTH + "List", {}), (HEALTH + "Watch", {"server_streams": True}),
+                (REFLECTION, {"client_streams": True, "server_streams": True})] for raw in GARBAGE}
+        assert {code for (path, _), code in codes.items() if path.startswith(HEALTH)} == \
+            {grpc.StatusCode.INVALID_ARGUMENT}
+        assert {code for (path, _), code in codes.items() if path == REFLECTION} == {grpc.StatusCode.UNIMPLEMENTED}
+        assert _tracebacks(caplog) == []
+        assert (await target.rejected()) == {"undecodable": 3 * len(GARBAGE)}
+        reply = await target.stub.Hello(_hello(target), timeout=5)  # and the node still serves
+        assert reply.accepted
+    finally:
+        await channel.close()
+
+
+async def test_standard_grpc_health_answers_check_and_list(target: Target) -> None:
+    """What grpc_health_probe and Kubernetes' gRPC probes ask (Check) answers SERVING for the server and the
+    node's service, NOT_FOUND for another; List names both; Watch is refused plainly (poll Check)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{target.node.config.grpc_port}")
     try:
-        health = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="dfl.v1.DflNode"), timeout=5)
-        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "dfl.v1.DflNode"):
+            health = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        listed = await stub.List(health_pb2.HealthListRequest(), timeout=5)
+        assert {name: s.status for name, s in listed.statuses.items()} == {
+            "": health_pb2.HealthCheckResponse.SERVING, "dfl.v1.DflNode": health_pb2.HealthCheckResponse.SERVING}
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=5):
+                pass
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await channel.close()
+    assert (await target.rejected()) == {}
+
+
+async def test_reflection_when_asked_answers_and_refuses_garbage_without_a_traceback(
+        target: Target, caplog: pytest.LogCaptureFixture) -> None:
+    """``--reflection`` serves gRPC server reflection (grpcurl), decoded like every other request."""
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    server, port = await start_server(target.node.requests, "127.0.0.1", 0, reflection=True)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
         stream = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
         services = {s.name async for r in stream for s in r.list_services_response.service}
-        assert {"dfl.v1.DflNode", "grpc.health.v1.Health"} <= services
+        assert services == {"dfl.v1.DflNode", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
+        with caplog.at_level(logging.WARNING):
+            codes = [await _raw_call(channel, REFLECTION, raw, client_streams=True, server_streams=True)
+                     for raw in GARBAGE]
+        assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * len(GARBAGE)
+        assert _tracebacks(caplog) == []
+        assert (await target.rejected()) == {"undecodable": len(GARBAGE)}
     finally:
         await channel.close()
+        await server.stop(None)
 
 
 async def test_sender_is_answered_once_the_model_is_validated_not_after_fusion(target: Target, monkeypatch) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -33,6 +34,7 @@ class FakeNode:
             models_sent=self.round, models_received=self.round + 1, fusions=self.round,
             rejected={"swarm_mismatch": 2} if self.id == "alpha" else {},
             boot_id=f"boot-{self.id}", uptime_s=1.0, grpc_address="127.0.0.1:1", http_port=self.http_port,
+            unreachable_peers=["nosuchhost.invalid:50051"] if self.id == "alpha" else [],
         )
 
     def history(self) -> list[HistoryEntry]:
@@ -109,6 +111,12 @@ def test_table_of_one_node(fleet, capsys: pytest.CaptureFixture[str]) -> None:
     assert "swarm_mismatch: 2" in out
     assert "1/2 alive" in out
     assert "beta" in out and "ghost" in out  # peer table
+    assert re.search(r"static peers not answering +│? *nosuchhost\.invalid:50051", out)
+
+
+def test_a_node_whose_static_peers_answer_shows_no_such_row(fleet, capsys: pytest.CaptureFixture[str]) -> None:
+    assert show_status(url_of(fleet["beta"])) == 0
+    assert "not answering" not in capsys.readouterr().out
 
 
 def test_json_of_one_node(fleet, capsys: pytest.CaptureFixture[str]) -> None:

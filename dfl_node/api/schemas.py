@@ -70,6 +70,9 @@ class NodeStatus(Counters):
     round: int
     role: str = Field(description='current role: "idle", "sender", "aggregator", "source", "candidate" or "holder"')
     peers: list[PeerInfo] = Field(default_factory=list)
+    unreachable_peers: list[str] = Field(default_factory=list, description="static peers (--peer) whose last Hello "
+                                         "got no answer (the name does not resolve, the port refuses, or silence); "
+                                         "retried every heartbeat, the reason is in the log")
     local_accuracy: float | None = None
     global_accuracy: float | None = None
 

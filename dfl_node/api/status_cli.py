@@ -156,6 +156,9 @@ def _node_table(s: dict[str, Any], url: str) -> Table:
         ("fusions", s.get("fusions")),
         ("rejected", _rejected(s.get("rejected"))),
         ("peers", _peers_summary(s.get("peers"))),
+        # static peers (--peer) that do not answer: shown only then (a typo, or an outage; the log says why)
+        *([("static peers not answering", ", ".join(map(str, s["unreachable_peers"])))]
+          if s.get("unreachable_peers") else []),
         ("gRPC address", s.get("grpc_address")),
         ("version", s.get("version")),
         ("uptime", None if s.get("uptime_s") is None else f"{float(s['uptime_s']):.0f} s"),

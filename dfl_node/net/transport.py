@@ -25,6 +25,19 @@ from dfl_node.net.psk import AUTH_REQUIRED, PeerUnauthenticated, check_reply, si
 from dfl_node.net.wire import SERVICE_NAME, WireIdentity, channel_options, wire_bytes
 
 
+def why_unanswered(exc: grpc.aio.AioRpcError, timeout: float) -> str:
+    """Why a call got no answer, in an operator's words (the rest of a log line "peer ADDRESS …"): gRPC
+    says it in one UNAVAILABLE status with the resolver's or the socket's text inside."""
+    details = (exc.details() or "")[:200]
+    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"does not answer within {timeout:g} s"
+    if "resolv" in details.lower():  # "errors resolving …" (c-ares), "DNS resolution failed …" (native)
+        return f"does not resolve ({details})"
+    if "Connection refused" in details:
+        return "refuses connections (nothing listens on that port)"
+    return f"is unreachable ({exc.code().name}: {details})"
+
+
 class TransferRefused(Exception):
     """The receiving peer said no (busy, incompatible, invalid); ``reason`` is its stable code."""
 

@@ -35,6 +35,8 @@ class NodeConfig(LearningConfig):
                                                "set it where the port is published elsewhere (compose, port-forward)")
     peers: list[str] = Field(default_factory=list, description="static peers HOST:PORT (networks without multicast)")
     mdns: bool = Field(True, description="discover peers by mDNS on the serving interface")
+    reflection: bool = Field(False, description="serve gRPC server reflection (for grpcurl): a debugging aid that "
+                             "describes every service to anyone who reaches the gRPC port")
     swarm: str = Field("default", min_length=1, max_length=32, description="only peers of the same swarm talk")
     tls_dir: Path | None = Field(None, description="mutual TLS: folder with ca.crt, node.crt and node.key (what "
                                  "`dfl-node certs issue` writes); serve and dial only with certificates the swarm "

@@ -290,7 +290,7 @@ class Node(RolePlayer):
         return NodeStatus(
             id=self.config.id, swarm=self.config.swarm, algorithm=self.config.algorithm, mode=self.config.mode,
             model=str(self.ctx.spec), authentication=self.security.mode, round=state.round, role=role,
-            peers=self.peers.infos(),
+            peers=self.peers.infos(), unreachable_peers=sorted(self.peers.unreachable),
             local_accuracy=local, global_accuracy=global_,
             **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
             boot_id=self.boot_id, uptime_s=time.time() - self.started, grpc_address=self.grpc_address,

@@ -23,6 +23,7 @@ from dfl_node import PROTOCOL_VERSION
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.psk import AUTH_REQUIRED, PeerUnauthenticated, same_endpoint
 from dfl_node.net.tls import handshake_failure
+from dfl_node.net.transport import why_unanswered
 
 if TYPE_CHECKING:
     from dfl_node.node.daemon import Node
@@ -91,20 +92,24 @@ class Handshake:
                     other.fingerprint[:12], node.config.swarm, node.wire.model, node.fingerprint[:12])
 
     async def probe(self, address: str) -> pb.HelloReply | None:
-        """Heartbeat: our Hello to ``address``; only compatible peers count as alive."""
+        """Heartbeat: our Hello to ``address``; only compatible peers count as alive. Whether anything answered
+        at all goes to the peer table, which shows static peers that do not (:meth:`PeerTable.unanswered`)."""
         node = self.node
-        client = node.client(address)
+        client, timeout = node.client(address), min(node.config.heartbeat, 2.0)
         try:
-            reply = await client.hello(self.message(), timeout=min(node.config.heartbeat, 2.0))
+            reply = await client.hello(self.message(), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             if failure := handshake_failure(exc):  # mTLS: its certificate failed our checks (or ours its)
                 if "Hostname" in failure:
                     self.names.pop(address, None)  # another node is there now: check the host name, then its id
                 node.on_rejected("tls_handshake", f"{address}: {failure}", address)
+            else:
+                node.peers.unanswered(address, why_unanswered(exc, timeout))
             return None
         except PeerUnauthenticated as exc:  # swarm key: it does not prove ours
             node.on_rejected(exc.reason, f"{address}: {exc.detail}", address)
             return None
+        node.peers.answered(address)
         if reply.node_id == node.config.id:  # ourselves (our own address in a static list), or a duplicate
             if self.is_duplicate(reply):
                 self.on_duplicate(reply.boot_id, address)

@@ -11,6 +11,11 @@ gave: a Hello it sends us (anyone can send one, with any id and address) makes i
 ``max_pending`` at a time (more are refused and counted: ``peer_table_full``); a pending peer is
 probed at once and dropped if it does not answer within ``timeout``. A confirmed peer silent for
 ``expiry`` seconds leaves the table (and its channel is closed, ``on_forget``).
+
+A static address is the operator's word that a node is there, so one that does not answer (its name does
+not resolve, it refuses connections, it is silent) is not left in silence: it is logged at WARNING when it
+first fails, then at most once a minute, listed in ``/status`` (``unreachable_peers``) until it answers,
+and retried at every heartbeat meanwhile.
 """
 
 from __future__ import annotations
@@ -25,8 +30,11 @@ from dataclasses import dataclass
 from dfl_node.algorithms.plan import NodeProfile
 from dfl_node.api.schemas import PeerInfo
 from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.node.logs import RateLimitedLog
 
 log = logging.getLogger(__name__)
+
+UNANSWERED_LOG_INTERVAL = 60.0  # seconds between two WARNINGs about the same silent static peer
 
 HelloFn = Callable[[str], Awaitable[pb.HelloReply | None]]  # address -> accepted reply, or None
 
@@ -70,6 +78,8 @@ class PeerTable:
         self.expiry = max(expiry, timeout)
         self.max_pending = max_pending
         self.static = list(static)
+        self.unreachable: dict[str, str] = {}  # static address -> why our last Hello there got no answer
+        self._silences = RateLimitedLog(log, interval=UNANSWERED_LOG_INTERVAL)
         self.peers: dict[str, Peer] = {}
         self.pending: dict[str, tuple[str, float]] = {}  # id -> (address, when first heard): not yet confirmed
         self.changed = asyncio.Condition()
@@ -151,6 +161,21 @@ class PeerTable:
             log.info("peer %s left (silent or said goodbye)", peer_id)
             asyncio.get_running_loop().create_task(self._notify())
             self.on_lost(peer_id)
+
+    def unanswered(self, address: str, why: str) -> None:
+        """Our Hello to ``address`` got no answer (``why``: "does not resolve (…)", "refuses connections", …).
+        Only static addresses are reported: a discovered or pending peer that falls silent is the ordinary
+        life of a fleet (it leaves the table after ``timeout``)."""
+        if address not in self.static:
+            return
+        self.unreachable[address] = why
+        self._silences.warning(f"unanswered Hellos to {address}", "static peer %s %s; retrying every %g s",
+                               address, why, self.heartbeat)
+
+    def answered(self, address: str) -> None:
+        """Something answered our Hello at ``address`` (compatible or not: it is reachable)."""
+        if self.unreachable.pop(address, None) is not None:
+            log.info("static peer %s answers now", address)
 
     async def probe(self, address: str) -> None:
         reply = await self.hello(address)
