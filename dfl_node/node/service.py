@@ -86,7 +86,7 @@ async def _serve_grpc(node: Node) -> grpc.aio.Server:
     host, port = node.config.host, node.config.grpc_port
     try:
         _listen(host, port).close()
-        server, _ = await start_server(node.requests, host, port, node.security)
+        server, _ = await start_server(node.requests, host, port, node.security, reflection=node.config.reflection)
     except OSError as exc:
         raise _bind_failure("gRPC", "--grpc-port", host, port, exc) from None
     except RuntimeError as exc:  # grpc: "Failed to bind to address …"
