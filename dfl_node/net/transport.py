@@ -184,12 +184,15 @@ class PeerClient:
             await self.hello(self.hello_message(), timeout=5.0)
 
     async def _reachable(self) -> None:
-        """Until our channel is connected (at once if it is), else :class:`TransferRefused` ``unreachable``."""
+        """Until our channel is connected (at once if it is), else :class:`TransferRefused`: ``unreachable``,
+        or ``closed`` when our node closed the channel meanwhile (it stops, or forgot the peer)."""
         try:
             await asyncio.wait_for(self.channel.channel_ready(), self.connect_timeout)
         except TimeoutError:
             raise TransferRefused("unreachable", f"{self.address} did not accept a connection within "
                                                  f"{self.connect_timeout:g} s") from None
+        except grpc.aio.UsageError:
+            raise TransferRefused("closed", f"our channel to {self.address} was closed") from None
 
     # wait_for_ready on the round RPCs: the peer answered a heartbeat, so it is up, but our channel to it
     # may still be connecting (a new peer) or behind its reconnect backoff (a peer that just came back).
