@@ -123,12 +123,16 @@ async def test_missing_shards_are_one_line(fleet_shards: Path, tmp_path: Path) -
 
 async def test_a_state_dir_holds_one_node(fleet_shards: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    async with running(node_config(fleet_shards, state)):
+    async with running(node_config(fleet_shards, state, evaluate=True)):  # evaluating w0 checkpoints it
+        assert (state / "model.safetensors").is_file()
         second = node_config(fleet_shards, state, id="node-1", data=fleet_shards / "node-1")
-        status, lines, _ = await start_cli(second)
+        status, lines, text = await start_cli(second)
     assert status == 1
     assert lines == [f"error: state dir {state} is in use by another running node (pid {os.getpid()}); "
                      "give each node its own --state-dir"]
+    # issue 18: the lock comes before anything reads the state dir, so no "node-1 resuming at round 0
+    # (checkpoint in …)" line from another node's checkpoint precedes the error
+    assert "resuming" not in text and "checkpoint" not in text, text
     async with running(node_config(fleet_shards, state)) as again:  # released when the first node stopped
         assert again.ready.is_set()
 
@@ -223,6 +227,7 @@ async def test_done_is_recomputed_from_the_rounds_configured_now(fleet_shards: P
     finished = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=10))
     finished.state.round, finished.state.done = 10, True
     await finished.save()
+    finished.checkpoint.lock.release()  # a Node holds its state dir from construction; this one never runs
     with caplog.at_level(logging.INFO):
         again = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=rounds))
     assert again.state.round == 10 and again.state.done is done

@@ -92,10 +92,17 @@ class Node(RolePlayer):
                                on_join=lambda *joined: self.scheduler.on_join(*joined),
                                expiry=config.peer_expiry, max_pending=config.max_pending_peers,
                                on_forget=self._forget_client, on_lost=self._peer_lost)
-        self._restore()
-        self.state.digest = param_digest(self.ctx.model.state_dict())
-        self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
-        self.requests = PeerRequests(self)  # what the gRPC server calls
+        # The state dir is locked before anything reads it, and held until run_node ends: a second node
+        # started on it stops with the one-line error, having read (and logged) nothing of the first's state.
+        self.checkpoint.lock.acquire()
+        try:
+            self._restore()
+            self.state.digest = param_digest(self.ctx.model.state_dict())
+            self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
+            self.requests = PeerRequests(self)  # what the gRPC server calls
+        except BaseException:
+            self.checkpoint.lock.release()
+            raise
 
     @property
     def node_id(self) -> str:
