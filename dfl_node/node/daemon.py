@@ -278,7 +278,8 @@ class Node(RolePlayer):
         role = "holder" if state.role is Role.IDLE and state.holding else state.role.value
         return NodeStatus(
             id=self.config.id, swarm=self.config.swarm, algorithm=self.config.algorithm, mode=self.config.mode,
-            model=str(self.ctx.spec), authentication=self.security.mode, round=state.round, role=role,
+            model=str(self.ctx.spec), authentication=self.security.mode, insecure=self.config.open_to_network,
+            round=state.round, role=role,
             peers=self.peers.infos(),
             local_accuracy=local, global_accuracy=global_,
             **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),

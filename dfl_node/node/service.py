@@ -192,6 +192,10 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
     log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s, authentication: %s",
              config.id, config.host, config.grpc_port, node.grpc_address, config.swarm, config.algorithm, config.mode,
              node.security.mode)
+    if config.open_to_network:  # allowed only with --insecure (NodeConfig refuses it otherwise)
+        log.warning("%s is INSECURE: it serves %s with no authentication (--insecure), so anyone who reaches it can "
+                    "push a model into it; use --tls-dir or --swarm-key-file beyond a private network",
+                    config.id, config.host)
     workers: list[asyncio.Task] = []
     http, http_task = None, None
     if bound.http_socket:
