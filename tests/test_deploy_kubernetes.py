@@ -132,7 +132,8 @@ def test_kustomize_tls_overlay_mounts_the_secret_and_sets_the_tls_files() -> Non
     spec = stripped["spec"]["template"]["spec"]
     spec["volumes"].remove(volume)
     spec["containers"][0]["volumeMounts"].remove(mount)
-    spec["containers"][0]["env"] = [e for e in spec["containers"][0]["env"] if e["name"] not in [*tls_vars, "DFL_INSECURE"]]
+    added = [*tls_vars, "DFL_INSECURE"]
+    spec["containers"][0]["env"] = [e for e in spec["containers"][0]["env"] if e["name"] not in added]
     assert stripped == base[sts_key]
 
 

@@ -99,8 +99,8 @@ def test_the_readme_netns_testbed_command_finishes(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}
     env.update(TMPDIR=str(tmp_path), COLUMNS="200", PYTHONUNBUFFERED="1")
     # --timeout only bounds a failing run (its default, 600 s, is too long for a test); the rest is as written
-    testbed = subprocess.Popen([sys.executable, "-m", "dfl_node", "testbed", *args, "--timeout", str(TESTBED_TIMEOUT_S)],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-m", "dfl_node", "testbed", *args, "--timeout", str(TESTBED_TIMEOUT_S)]
+    testbed = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ours = f"dfl-{testbed.pid}-"  # NetnsTopology's tag: prefix "dfl", the testbed's pid
     try:
         stdout, stderr = testbed.communicate(timeout=TESTBED_TIMEOUT_S + 60)

@@ -72,7 +72,8 @@ async def start_cli(config: NodeConfig, **changes: str) -> tuple[int, list[str],
     """``dfl-node start`` with the config as DFL_* variables (``changes``: variables set afterwards, for a
     setting no NodeConfig may hold): its exit status, the stderr lines that are not log records, and all of stderr."""
     node_settings = config.model_dump(exclude=set(LearningConfig.model_fields), exclude_none=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")} | node_env(config, **node_settings) | changes
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}
+    env |= node_env(config, **node_settings) | changes
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "dfl_node", "start", env=env,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:
