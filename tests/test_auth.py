@@ -377,7 +377,7 @@ def test_authenticated_fleet_equals_simulator(fleet_shards: Path, pki: Path, tmp
 
 def test_the_rest_api_binds_loopback_unless_told_even_when_grpc_serves_every_interface(
         fleet_shards: Path, tmp_path: Path) -> None:
-    everywhere = dict(host="0.0.0.0", advertise="127.0.0.1", http_port=free_port())
+    everywhere = dict(host="0.0.0.0", advertise="127.0.0.1", http_port=free_port(), insecure=True)
     for changes, bound in ((everywhere, "127.0.0.1"), ({**everywhere, "http_host": "0.0.0.0"}, "0.0.0.0")):
         sock = _bind_http(node_config(fleet_shards, tmp_path, **changes))
         assert sock is not None

@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 from dfl_node.algorithms import ALGORITHMS
 from dfl_node.cli import cli
 from dfl_node.config import ExperimentConfig
-from dfl_node.config_loader import load_config
+from dfl_node.config_loader import ConfigError, load_config
 from dfl_node.node.config import NodeConfig
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -192,3 +192,37 @@ def test_a_missing_dataset_is_one_line(tmp_path: Path, monkeypatch: pytest.Monke
     [line] = error_lines(result)
     assert re.match(r"error: mnist: neither empty/mnist\.npz nor .* --data-dir / DFL_DATA_DIR", line), line
     assert not (tmp_path / "shards").exists()
+
+
+# ----------------------------------------------------------------------------- beyond loopback: --insecure
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.9.8.7", "::1", "[::1]", "localhost", "LOCALHOST"])
+def test_loopback_needs_no_credentials(host: str) -> None:
+    config = NodeConfig(id="node-0", data=Path("d"), host=host)
+    assert not config.open_to_network and not config.insecure
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.77.0.1", "::", "node-0.lan"])
+def test_beyond_loopback_without_credentials_is_a_settings_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  host: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = invoke(*START, "--host", host, "--advertise", "10.0.0.9")
+    assert result.exit_code == 2
+    assert error_lines(result) == [f"Error: host {host} is reachable from the network but neither mutual TLS "
+                                   "(--tls-dir) nor a swarm key (--swarm-key-file) is set, so anyone there could push "
+                                   "a model into this node; give one, or --insecure (DFL_INSECURE=1) on a private network"]
+
+
+def test_insecure_is_a_flag_a_variable_and_a_config_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    base = {"id": "node-0", "data": Path("d"), "host": "0.0.0.0", "advertise": "10.0.0.9"}
+    assert load_config(NodeConfig, None, {**base, "insecure": True}).open_to_network  # --insecure
+    write(tmp_path / "node.yaml", "insecure: true\n")
+    assert load_config(NodeConfig, Path("node.yaml"), base).insecure
+    monkeypatch.setenv("DFL_INSECURE", "1")
+    assert load_config(NodeConfig, None, base).insecure
+    monkeypatch.setenv("DFL_INSECURE", "0")  # and nothing else makes it so
+    with pytest.raises(ConfigError):
+        load_config(NodeConfig, None, base)
+    key = write(tmp_path / "swarm.key", "k" * 32)  # credentials: no flag needed (the file is read at start)
+    assert not load_config(NodeConfig, None, {**base, "swarm_key_file": key}).open_to_network
+    assert not load_config(NodeConfig, None, {**base, "tls_dir": tmp_path}).open_to_network

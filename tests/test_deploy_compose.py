@@ -138,6 +138,7 @@ def test_compose_nodes_share_the_node_command_line(compose: dict, monkeypatch: p
         assert env["DFL_STATUS_URL"] == f"http://127.0.0.1:{published}"  # what `dfl-node status --all` dials from the host
         config = node_config({**SHARED, **env}, monkeypatch)
         assert (config.id, config.host, config.mdns) == (nid, "0.0.0.0", True)
+        assert config.insecure and config.open_to_network  # said explicitly (node.env): a private bridge
     assert sorted(ids) == fleet_ids(count)  # dfl-node partition's folder names
     assert len(set(host_ports)) == len(host_ports)
 
@@ -155,7 +156,8 @@ def test_compose_tls_override_is_valid_and_adds_only_tls(raw_compose: dict) -> N
     assert set(resolved["services"]) == set(nodes), "every node, and only nodes, get credentials"
     for name, svc in resolved["services"].items():
         assert set(svc) == {"environment", "secrets"}
-        assert set(svc["environment"]) == {"DFL_TLS_DIR"}
+        # node.env's DFL_INSECURE=true cannot be removed by an override, only set back to false
+        assert svc["environment"] == {"DFL_TLS_DIR": "/run/secrets", "DFL_INSECURE": "false"}
         for secret in svc["secrets"]:
             assert resolved["secrets"][secret["source"]] == {"file": f"./certs/{name}/{secret['target']}"}
     assert not any(marker in COMPOSE_TLS.read_text() for marker in SECRET_MARKERS)
@@ -181,6 +183,7 @@ def test_compose_tls_documented_certs_load_where_each_node_reads_them(
         override = tls["services"][name]
         env = {**SHARED, **svc["environment"], **override["environment"]}
         config = node_config(env, monkeypatch)
+        assert not config.insecure and not config.open_to_network
         # a relative secret target is mounted at /run/secrets/<target>; ${CERTS_DIR:-./certs} is ./certs here
         mounts = {Path("/run/secrets") / s["target"]: tmp_path / interpolate(tls["secrets"][s["source"]]["file"], [])
                   for s in override["secrets"]}
@@ -202,7 +205,9 @@ def test_docker_compose_merges_the_tls_override(tmp_path: Path) -> None:
         if "secrets" not in svc:
             assert name == "partition" and svc == base
             continue
-        assert svc["environment"] == {**base["environment"], "DFL_TLS_DIR": "/run/secrets"}  # merged, not replaced
+        assert base["environment"]["DFL_INSECURE"] == "true"  # the plain fleet, from deploy/node.env
+        assert svc["environment"] == {**base["environment"], "DFL_TLS_DIR": "/run/secrets",
+                                      "DFL_INSECURE": "false"}  # merged, not replaced
         files = {s["target"]: merged["secrets"][s["source"]]["file"] for s in svc["secrets"]}
         assert files == {f: str(tmp_path / name / f) for f in (CA_CERT, NODE_CERT, NODE_KEY)}
         assert {k: v for k, v in svc.items() if k not in ("environment", "secrets")} == \

@@ -60,7 +60,7 @@ def test_kubernetes_env_is_node_env(monkeypatch: pytest.MonkeyPatch) -> None:
         env = expand(node["env"], {"POD_NAME": pod_name, "POD_INDEX": str(index)})
         config = node_config({**SHARED, **{k: v for k, v in env.items() if k.startswith("DFL_")}}, monkeypatch)
         assert config.id == fleet_ids(replicas)[index] and config.advertise == f"{pod_name}.{service}"
-        assert not config.mdns
+        assert not config.mdns and config.insecure  # node.env says it: the plain variant trusts its pod network
         assert config.peers == [f"{sts['metadata']['name']}-{i}.{service}:{config.grpc_port}" for i in range(replicas)]
     assert replicas == int(SHARED["DFL_MIN_PEERS"]) + 1
 
@@ -125,13 +125,15 @@ def test_kustomize_tls_overlay_mounts_the_secret_and_sets_the_tls_files() -> Non
     names = [e["name"] for e in node["env"]]
     tls_vars = ["DFL_TLS_CA", "DFL_TLS_CERT", "DFL_TLS_KEY"]
     assert [n for n in names if n.startswith("DFL_TLS")] == tls_vars
+    assert {"name": "DFL_INSECURE", "value": "false"} in node["env"]  # env beats node.env's true (envFrom)
     assert min(names.index(n) for n in tls_vars) > names.index("DFL_ID")  # $(DFL_ID) is expanded only if defined before
     # without the additions, the overlay's StatefulSet is the base's
     stripped = copy.deepcopy(sts)
     spec = stripped["spec"]["template"]["spec"]
     spec["volumes"].remove(volume)
     spec["containers"][0]["volumeMounts"].remove(mount)
-    spec["containers"][0]["env"] = [e for e in spec["containers"][0]["env"] if e["name"] not in tls_vars]
+    added = [*tls_vars, "DFL_INSECURE"]
+    spec["containers"][0]["env"] = [e for e in spec["containers"][0]["env"] if e["name"] not in added]
     assert stripped == base[sts_key]
 
 
@@ -158,6 +160,7 @@ def test_kubernetes_documented_secret_gives_each_pod_its_certificate(
     for index in range(sts["spec"]["replicas"]):
         env = expand(node["env"], {"POD_NAME": f"{sts['metadata']['name']}-{index}", "POD_INDEX": str(index)})
         config = node_config({**SHARED, **{k: v for k, v in env.items() if k.startswith("DFL_")}}, monkeypatch)
+        assert not config.insecure
         files = tls_of(config)
         mounts = {path: volume / path.relative_to(mount) for path in (files.ca, files.cert, files.key)}
         used |= {p.name for p in mounts.values()}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dfl_node.config_loader import ConfigError
 from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY
 from dfl_node.net.tls import load_tls
 from dfl_node.testbed.netns import read_env_file
@@ -44,12 +45,22 @@ def test_systemd_unit_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [v for k, v in service if k == "EnvironmentFile"] == ["/etc/dfl-node/node.env", "/etc/dfl-node/dfl-node.env"]
     assert values["User"] not in ("", "root") and values["ExecStart"].endswith("dfl-node start")
     assert values["Restart"] == "on-failure" and values["StateDirectory"] == "dfl-node"
+    assert values["RestartPreventExitStatus"] == "2"  # unusable settings: restarting cannot fix them
     assert values["NoNewPrivileges"] == "yes" and values["ProtectSystem"] == "strict"
     assert {"AF_INET", "AF_NETLINK"} <= set(values["RestrictAddressFamilies"].split())
-    device = read_env_file(DEPLOY / "systemd" / "dfl-node.env")
-    assert set(device) <= FIELDS and set(device) & set(SHARED) == {"DFL_HOST"}  # a device names its own address
-    config = node_config({**SHARED, **device}, monkeypatch)
+    device_file = DEPLOY / "systemd" / "dfl-node.env"
+    device = read_env_file(device_file)
+    # a device names its own address, and is no testbed: node.env's DFL_INSECURE=true does not reach it
+    assert set(device) <= FIELDS and set(device) & set(SHARED) == {"DFL_HOST", "DFL_INSECURE"}
+    assert SHARED["DFL_INSECURE"] == "true" and device["DFL_INSECURE"] == "false"
+    with pytest.raises(ConfigError, match=r"--swarm-key-file\) is set"):  # its LAN address, no credentials
+        node_config({**SHARED, **device}, monkeypatch)
+    # the documented way out: the fleet's swarm key, the line to uncomment
+    (key_line,) = [line[1:] for line in device_file.read_text().splitlines() if line.startswith("#DFL_SWARM_KEY_FILE=")]
+    name, _, path = key_line.partition("=")
+    config = node_config({**SHARED, **device, name: path}, monkeypatch)
     assert config.host != "0.0.0.0" and config.state_path.is_relative_to("/var/lib/dfl-node")
+    assert not config.open_to_network and config.swarm_key_file.is_relative_to("/etc/dfl-node")
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -87,6 +98,7 @@ def test_systemd_tls_dropin_hands_the_node_its_credentials(tmp_path: Path, monke
     for credential, source in credentials.items():
         shutil.copy(etc / Path(source).name, creds / credential)
     config = node_config({**SHARED, **device, name: str(creds)}, monkeypatch)
+    assert not config.insecure and not config.open_to_network
     assert load_tls(tls_of(config), config.id).node_id == device["DFL_ID"]
 
 

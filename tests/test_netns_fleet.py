@@ -1,24 +1,32 @@
-"""System test: 4 daemons in 4 network namespaces on a bridge — the docker-compose
+"""System tests: 4 daemons in 4 network namespaces on a bridge — the docker-compose
 topology without Docker. They find each other by mDNS only, run Def-KT in round mode, answer
-REST through their namespaces, and a node killed with SIGKILL rejoins from its checkpoint."""
+REST through their namespaces, and a node killed with SIGKILL rejoins from its checkpoint.
+And the README's ``sudo dfl-node testbed --netns --nodes 4``, run as written, finishes."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from dfl_node.learning.fleet import provision, write_fleet
 from dfl_node.testbed.launcher import NodeProcess, all_done, wait_until
-from dfl_node.testbed.netns import NetnsTopology, list_namespaces, node_environment, read_env_file
+from dfl_node.testbed.netns import NetnsTopology, delete_namespace, list_namespaces, node_environment, read_env_file
 from tests.conftest import FLEET
+from tests.test_testbed_cli import summary_rounds
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
-NODE_ENV = Path(__file__).resolve().parents[1] / "deploy" / "node.env"
+ROOT = Path(__file__).resolve().parents[1]
+NODE_ENV = ROOT / "deploy" / "node.env"
 ROUNDS = 60
+TESTBED_TIMEOUT_S = 150  # the verb's own --timeout; a fleet that works is done in about a minute on 2 cores
 
 
 def alive_peers(status: dict) -> set[str]:
@@ -74,3 +82,40 @@ def test_netns_fleet_discovers_by_mdns_survives_a_kill_and_resumes(tmp_path: Pat
                 print(f"--- {node.id} ---\n" + "\n".join(node.log_path.read_text().splitlines()[-12:]))
     assert not [n for n in list_namespaces() if n.startswith(tag)]
     assert all(n.process.poll() is not None for n in nodes)
+
+
+def readme_netns_testbed() -> list[str]:
+    """The arguments of the README's ``sudo dfl-node testbed --netns …`` line, as an operator copies it."""
+    (line,) = [ln for ln in (ROOT / "README.md").read_text().splitlines() if "dfl-node testbed --netns" in ln]
+    argv = shlex.split(line.split("#")[0])
+    assert argv[:3] == ["sudo", "dfl-node", "testbed"], line
+    return argv[3:]
+
+
+def test_the_readme_netns_testbed_command_finishes(tmp_path: Path) -> None:
+    """Issue 18: the README's command failed after 600 s with every node "not answering" (its REST API on
+    127.0.0.1 inside each namespace, polled at 10.77.0.N) although every node had finished its rounds."""
+    args = readme_netns_testbed()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}
+    env.update(TMPDIR=str(tmp_path), COLUMNS="200", PYTHONUNBUFFERED="1")
+    # --timeout only bounds a failing run (its default, 600 s, is too long for a test); the rest is as written
+    argv = [sys.executable, "-m", "dfl_node", "testbed", *args, "--timeout", str(TESTBED_TIMEOUT_S)]
+    testbed = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ours = f"dfl-{testbed.pid}-"  # NetnsTopology's tag: prefix "dfl", the testbed's pid
+    try:
+        stdout, stderr = testbed.communicate(timeout=TESTBED_TIMEOUT_S + 60)
+    finally:
+        if testbed.poll() is None:  # SIGTERM first: the verb stops its daemons and removes its namespaces
+            testbed.terminate()
+            try:
+                testbed.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                testbed.kill()
+                testbed.communicate()
+        leftovers = [name for name in list_namespaces() if name.startswith(ours)]
+        for name in leftovers:  # kills what still runs in them, by pid
+            delete_namespace(name)
+    assert testbed.returncode == 0, f"{stdout}\n{stderr}"
+    assert leftovers == [], "the testbed left namespaces behind"
+    assert summary_rounds(stdout) == 20  # TESTBED_DEFAULTS: every node reached round 20
+    assert re.search(r"testbed: 4 daemons", stdout), stdout

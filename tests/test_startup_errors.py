@@ -1,7 +1,10 @@
 """Start-up is all-or-nothing (issue 8): every operator mistake at ``dfl-node start`` is one line on
 stderr and exit 1, and a failed start leaves nothing bound, announced, locked or written. A second
 node with the same ``--id`` is caught by the Hello handshake; a restarted node resumes against the
-rounds it is configured with now.
+rounds it is configured with now. A node that serves beyond loopback with no credentials starts only
+with ``--insecure`` (issue 18), and then says so.
+
+Tests that bind 0.0.0.0 must run in a private network namespace (``unshare -n``), as all daemon tests do.
 
 The first node of a test runs in this process (its event loop keeps answering while the second,
 a real ``dfl-node start``, is awaited as a subprocess).
@@ -21,10 +24,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 import zeroconf
 
 from dfl_node.config import LearningConfig, OperatorError
+from dfl_node.net.certs import new_swarm_key
 from dfl_node.net.discovery import MdnsDiscovery
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
@@ -63,11 +68,12 @@ async def running(config: NodeConfig) -> AsyncIterator[Node]:
         await task
 
 
-async def start_cli(config: NodeConfig) -> tuple[int, list[str], str]:
-    """``dfl-node start`` with the config as DFL_* variables: its exit status, the stderr lines that are
-    not log records, and all of stderr."""
+async def start_cli(config: NodeConfig, **changes: str) -> tuple[int, list[str], str]:
+    """``dfl-node start`` with the config as DFL_* variables (``changes``: variables set afterwards, for a
+    setting no NodeConfig may hold): its exit status, the stderr lines that are not log records, and all of stderr."""
     node_settings = config.model_dump(exclude=set(LearningConfig.model_fields), exclude_none=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")} | node_env(config, **node_settings)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}
+    env |= node_env(config, **node_settings) | changes
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "dfl_node", "start", env=env,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:
@@ -107,7 +113,7 @@ async def test_an_http_port_in_use_is_refused_before_anything_serves(fleet_shard
 
 
 async def test_a_host_that_is_not_on_this_machine_is_refused(fleet_shards: Path, tmp_path: Path) -> None:
-    config = node_config(fleet_shards, tmp_path / "state", host=NOT_HERE)
+    config = node_config(fleet_shards, tmp_path / "state", host=NOT_HERE, insecure=True)  # off loopback: said so
     status, lines, _ = await start_cli(config)
     assert status == 1
     assert lines == [f"error: cannot bind {NOT_HERE}:{config.grpc_port}: that address is not on this machine "
@@ -123,12 +129,16 @@ async def test_missing_shards_are_one_line(fleet_shards: Path, tmp_path: Path) -
 
 async def test_a_state_dir_holds_one_node(fleet_shards: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    async with running(node_config(fleet_shards, state)):
+    async with running(node_config(fleet_shards, state, evaluate=True)):  # evaluating w0 checkpoints it
+        assert (state / "model.safetensors").is_file()
         second = node_config(fleet_shards, state, id="node-1", data=fleet_shards / "node-1")
-        status, lines, _ = await start_cli(second)
+        status, lines, text = await start_cli(second)
     assert status == 1
     assert lines == [f"error: state dir {state} is in use by another running node (pid {os.getpid()}); "
                      "give each node its own --state-dir"]
+    # issue 18: the lock comes before anything reads the state dir, so no "node-1 resuming at round 0
+    # (checkpoint in …)" line from another node's checkpoint precedes the error
+    assert "resuming" not in text and "checkpoint" not in text, text
     async with running(node_config(fleet_shards, state)) as again:  # released when the first node stopped
         assert again.ready.is_set()
 
@@ -223,6 +233,7 @@ async def test_done_is_recomputed_from_the_rounds_configured_now(fleet_shards: P
     finished = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=10))
     finished.state.round, finished.state.done = 10, True
     await finished.save()
+    finished.checkpoint.lock.release()  # a Node holds its state dir from construction; this one never runs
     with caplog.at_level(logging.INFO):
         again = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=rounds))
     assert again.state.round == 10 and again.state.done is done
@@ -256,3 +267,59 @@ async def test_a_finished_fleet_resumes_when_given_more_rounds(fleet_shards: Pat
     await run_until_finished(resumed)
     assert [(n.state.round, n.state.done) for n in resumed] == [(4, True)] * 2
     assert sum(n.state.counters["models_sent"] for n in resumed) == 4  # two rounds before the restart, two after
+
+
+# ----------------------------------------------------------------------------- beyond loopback without credentials
+EVERYWHERE = {"host": "0.0.0.0", "advertise": "127.0.0.1"}
+OPEN_REFUSED = ("Error: host 0.0.0.0 is reachable from the network but neither mutual TLS (--tls-dir) nor a swarm key "
+                "(--swarm-key-file) is set, so anyone there could push a model into this node; give one, or "
+                "--insecure (DFL_INSECURE=1) on a private network")
+
+
+async def get_status(config: NodeConfig) -> dict:
+    async with httpx.AsyncClient() as client:
+        reply = await client.get(f"http://{config.http_host}:{config.http_port}/status", timeout=5.0)
+    reply.raise_for_status()
+    return reply.json()
+
+
+def insecure_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "INSECURE" in r.getMessage()]
+
+
+async def test_serving_beyond_loopback_without_credentials_is_refused(fleet_shards: Path, tmp_path: Path) -> None:
+    config = node_config(fleet_shards, tmp_path / "state", **EVERYWHERE, insecure=True)
+    status, lines, text = await start_cli(config, DFL_INSECURE="false")  # the operator did not say it
+    assert status == 2 and "serving" not in text
+    assert [line for line in lines if line.lower().startswith("error")] == [OPEN_REFUSED]
+    assert not (tmp_path / "state").exists()  # refused as a setting: nothing locked, bound or written
+
+
+async def test_an_insecure_node_says_so_at_start_and_in_its_status(fleet_shards: Path, tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    config = node_config(fleet_shards, tmp_path / "state", **EVERYWHERE, insecure=True, http_port=free_port())
+    with caplog.at_level(logging.INFO):
+        async with running(config):
+            status = await get_status(config)
+    assert status["insecure"] is True and status["authentication"] == "none"
+    [warning] = insecure_warnings(caplog)
+    assert "node-0 is INSECURE: it serves 0.0.0.0 with no authentication (--insecure)" in warning
+
+
+async def test_a_swarm_key_serves_beyond_loopback_without_the_flag(fleet_shards: Path, tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    key = new_swarm_key(tmp_path / "swarm.key")
+    config = node_config(fleet_shards, tmp_path / "state", **EVERYWHERE, swarm_key_file=key, http_port=free_port())
+    assert not config.insecure
+    with caplog.at_level(logging.INFO):
+        async with running(config):
+            status = await get_status(config)
+    assert status["insecure"] is False and status["authentication"] == "psk"
+    assert insecure_warnings(caplog) == []
+
+
+async def test_loopback_needs_no_flag_and_is_not_insecure(fleet_shards: Path, tmp_path: Path) -> None:
+    config = node_config(fleet_shards, tmp_path / "state", http_port=free_port())
+    assert (config.host, config.insecure) == ("127.0.0.1", False)
+    async with running(config):
+        assert (await get_status(config))["insecure"] is False

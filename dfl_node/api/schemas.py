@@ -67,6 +67,8 @@ class NodeStatus(Counters):
     model: str = Field(default="", description="this node's architecture, a registry spec (e.g. cnn-ln:32,64)")
     authentication: str = Field(default="none", description='how peers prove themselves: "mtls", "psk", '
                                 '"mtls+psk" or "none"')
+    insecure: bool = Field(default=False, description="serving beyond loopback with no authentication (started with "
+                           "--insecure): anyone who reaches the node can push a model into it")
     round: int
     role: str = Field(description='current role: "idle", "sender", "aggregator", "source", "candidate" or "holder"')
     peers: list[PeerInfo] = Field(default_factory=list)

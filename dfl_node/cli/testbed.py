@@ -155,7 +155,8 @@ def save(result: RunResult, out: Path | None) -> None:
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               metavar="SECONDS", help="Async mode: each node volunteers this long once it sees its peers; "
                                       "rounds reported = completed exchanges (fusions).")
-@click.option("--netns", is_flag=True, help="One network namespace per node on a bridge (needs root).")
+@click.option("--netns", is_flag=True, help="One network namespace per node on a bridge (needs root); the nodes serve "
+                                            "it without credentials (--insecure: a private network of this machine).")
 @click.option("--mdns/--no-mdns", default=True, show_default=True, help="Discover by mDNS.")
 @click.option("--static-peers", is_flag=True, help="Also give every node the others' addresses.")
 @click.option("--timeout", type=float, default=600.0, show_default=True,

@@ -7,13 +7,25 @@ key, with the precedence of :func:`dfl_node.config_loader.load_config`.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from dfl_node.config import AlgorithmName, LearningConfig
 from dfl_node.net.announcement import parse_peer
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is only reachable from this machine: 127.0.0.0/8, ::1 or ``localhost``. Any other
+    name counts as reachable from the network (we do not resolve it to find out)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class NodeConfig(LearningConfig):
@@ -47,6 +59,9 @@ class NodeConfig(LearningConfig):
     tls_key: Path | None = Field(None, description="mutual TLS: this node's private key (default: TLS_DIR/node.key)")
     swarm_key_file: Path | None = Field(None, description="swarm-key mode: a file with the swarm's pre-shared key "
                                         "(`dfl-node certs swarm-key`); peers prove it at Hello, without sending it")
+    insecure: bool = Field(False, description="serve beyond loopback with neither mutual TLS nor a swarm key, so "
+                           "that anyone who reaches --host can push a model into this node: only on a private "
+                           "network (a testbed's bridge). Without it such a node refuses to start")
     state_dir: Path | None = Field(None, description="checkpoint folder (default ./dfl-state/<id>)")
     min_peers: int = Field(1, ge=1, description="round mode: peers the lowest id waits for before round 0")
     rounds: int = Field(0, ge=0, description="round mode: stop after T rounds (0: run until stopped)")
@@ -90,6 +105,23 @@ class NodeConfig(LearningConfig):
         for peer in peers:
             parse_peer(peer)
         return peers
+
+    @model_validator(mode="after")
+    def _open_only_when_told(self) -> NodeConfig:
+        """Off loopback, an unauthenticated node fuses whatever model a stranger sends it (one Assign and one
+        Transfer): that must be the operator's explicit choice, never a default (p2pfl's silent fallback)."""
+        if self.open_to_network and not self.insecure:
+            raise ValueError(f"host {self.host} is reachable from the network but neither mutual TLS (--tls-dir) "
+                             "nor a swarm key (--swarm-key-file) is set, so anyone there could push a model into "
+                             "this node; give one, or --insecure (DFL_INSECURE=1) on a private network")
+        return self
+
+    @property
+    def open_to_network(self) -> bool:
+        """Serving beyond loopback while peers prove nothing (no mTLS, no swarm key)."""
+        authenticated = any(path is not None for path in (self.tls_dir, self.tls_ca, self.tls_cert, self.tls_key,
+                                                          self.swarm_key_file))
+        return not authenticated and not is_loopback(self.host)
 
     @property
     def state_path(self) -> Path:

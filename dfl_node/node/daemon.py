@@ -92,10 +92,17 @@ class Node(RolePlayer):
                                on_join=self._peer_joined,
                                expiry=config.peer_expiry, max_pending=config.max_pending_peers,
                                on_forget=self._forget_client, on_lost=self._peer_lost)
-        self._restore()
-        self.state.digest = param_digest(self.ctx.model.state_dict())
-        self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
-        self.requests = PeerRequests(self)  # what the gRPC server calls
+        # The state dir is locked before anything reads it, and held until run_node ends: a second node
+        # started on it stops with the one-line error, having read (and logged) nothing of the first's state.
+        self.checkpoint.lock.acquire()
+        try:
+            self._restore()
+            self.state.digest = param_digest(self.ctx.model.state_dict())
+            self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
+            self.requests = PeerRequests(self)  # what the gRPC server calls
+        except BaseException:
+            self.checkpoint.lock.release()
+            raise
 
     @property
     def node_id(self) -> str:
@@ -289,8 +296,8 @@ class Node(RolePlayer):
         role = "holder" if state.role is Role.IDLE and state.holding else state.role.value
         return NodeStatus(
             id=self.config.id, swarm=self.config.swarm, algorithm=self.config.algorithm, mode=self.config.mode,
-            model=str(self.ctx.spec), authentication=self.security.mode, round=state.round, role=role,
-            peers=self.peers.infos(), unreachable_peers=sorted(self.peers.unreachable),
+            model=str(self.ctx.spec), authentication=self.security.mode, insecure=self.config.open_to_network,
+            round=state.round, role=role, peers=self.peers.infos(), unreachable_peers=sorted(self.peers.unreachable),
             local_accuracy=local, global_accuracy=global_,
             **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
             boot_id=self.boot_id, uptime_s=time.time() - self.started, grpc_address=self.grpc_address,

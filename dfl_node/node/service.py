@@ -1,9 +1,10 @@
 """Running a node: gRPC server, REST server, mDNS, heartbeats and the scheduler, started and stopped in order.
 
-Start-up is all-or-nothing: the state dir is locked, every socket bound and every check passed
-(a duplicate id among the static peers) *before* the node announces itself on mDNS or logs that it
-serves. Any failure releases what was taken and raises :class:`~dfl_node.config.OperatorError`
-with one line that says what to change, so a half-started node never joins a swarm.
+Start-up is all-or-nothing: the state dir is locked (by :class:`Node`, before it reads the checkpoint),
+every socket bound and every check passed (a duplicate id among the static peers) *before* the node
+announces itself on mDNS or logs that it serves. Any failure releases what was taken and raises
+:class:`~dfl_node.config.OperatorError` with one line that says what to change, so a half-started node
+never joins a swarm.
 
 Signal handlers are installed *before* the mDNS announcement: a SIGTERM that arrives while the
 announcement is under way would otherwise end the process with no goodbye, and peers would keep a
@@ -147,12 +148,12 @@ class Bound:
 
 
 async def start_up(node: Node) -> Bound:
-    """Lock, bind, check, announce: all or nothing. On any failure what was taken is given back and
-    :class:`OperatorError` says why; nothing was announced and no checkpoint was written."""
+    """Bind, check, announce (``Node()`` locked the state dir): all or nothing. On any failure what was taken,
+    the lock included, is given back and :class:`OperatorError` says why; nothing was announced and no
+    checkpoint was written."""
     config = node.config
     async with contextlib.AsyncExitStack() as undo:
-        node.checkpoint.lock.acquire()
-        undo.callback(node.checkpoint.lock.release)
+        undo.callback(node.checkpoint.lock.release)  # taken by Node(), before it read its checkpoint
         grpc_server = await _serve_grpc(node)
         undo.push_async_callback(grpc_server.stop, None)
         http_socket = _bind_http(config)
@@ -191,6 +192,10 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
     log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s, authentication: %s",
              config.id, config.host, config.grpc_port, node.grpc_address, config.swarm, config.algorithm, config.mode,
              node.security.mode)
+    if config.open_to_network:  # allowed only with --insecure (NodeConfig refuses it otherwise)
+        log.warning("%s is INSECURE: it serves %s with no authentication (--insecure), so anyone who reaches it can "
+                    "push a model into it; use --tls-dir or --swarm-key-file beyond a private network",
+                    config.id, config.host)
     workers: list[asyncio.Task] = []
     http, http_task = None, None
     if bound.http_socket:

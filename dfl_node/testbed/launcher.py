@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dfl_node.config import ExperimentConfig, LearningConfig
 from dfl_node.learning.fleet import TEST_FILE, Fleet, architectures, fleet_ids
+from dfl_node.node.config import is_loopback
 from dfl_node.results import EvalRecord, NodeResult, RunResult
 from dfl_node.testbed.fetch import fetch_all
 
@@ -118,8 +119,9 @@ def plan_fleet(
 ) -> list[NodeProcess]:
     nodes = []
     for node_id, place in zip(fleet_ids(config.nodes), placements):
-        grpc_port = free_port() if place.host.startswith("127.") else 50051
-        http_port = free_port() if place.host.startswith("127.") else 8080
+        shared_host = is_loopback(place.host)  # every node on one address: each needs ports of its own
+        grpc_port = free_port() if shared_host else 50051
+        http_port = free_port() if shared_host else 8080
         nodes.append(NodeProcess(node_id, place.host, grpc_port, http_port, workdir / "state" / node_id,
                                  workdir / f"{node_id}.log", {}, place.wrap))
     specs = architectures(config)  # each node's own architecture (a mixed fleet when config.architectures)
@@ -131,6 +133,11 @@ def plan_fleet(
             data=shards / node.id, test_data=shards / TEST_FILE, algorithm=algorithm, mode=mode,
             host=node.host, grpc_port=node.grpc_port, http_port=node.http_port, swarm=swarm, mdns=mdns, peers=peers,
             state_dir=node.state_dir, min_peers=len(nodes) - 1, rounds=config.rounds,
+            # REST on the address the node serves on: the driver polls node.url, from another namespace with --netns
+            http_host=node.host,
+            # off loopback (--netns) the nodes serve a bridge inside this machine that only the testbed's namespaces
+            # reach: a private network, where running without credentials is a choice made here, explicitly
+            insecure=not is_loopback(node.host),
         )
         node.env = node_env(config, **{**settings, **(extra or {})})  # ``extra`` wins: tests tune any setting
     return nodes
