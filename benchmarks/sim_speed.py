@@ -17,6 +17,8 @@ also counts the time others held the core; one thread's CPU time does not). Prin
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import platform
@@ -25,21 +27,47 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PRE_ISSUE = "a45e377eed3efff4dd6c652b538d8973bcddb8d7"  # the commit before issue 10's first commit
 
 
-def measure(config_path: Path, rounds: int, data_dir: str | None) -> dict:
-    """In a child: time each algorithm of the config in the imported tree (the same calls in both)."""
-    import torch  # noqa: PLC0415 - imported from the tree under test, in the child only
+class _TreeOnly(importlib.abc.MetaPathFinder):
+    """Finds ``dfl_node`` and its submodules in one tree only, ahead of every other finder.
+
+    ``PYTHONPATH`` alone does not isolate a tree: an editable install (setuptools' ``__editable__``
+    finder on ``sys.meta_path``) still answers for a submodule the tree lacks, so the old tree's
+    ``import dfl_node.config_loader`` used to load the *installed* tree's module on top of the old
+    ``dfl_node.config`` (and failed on ``unusable_here``). A module the tree lacks is missing here.
+    """
+
+    def __init__(self, tree: Path) -> None:
+        self.tree = tree
+
+    def find_spec(self, name: str, path: Sequence[str] | None = None,
+                  target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "dfl_node" and not name.startswith("dfl_node."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, [str(self.tree)] if name == "dfl_node" else path)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {name!r} in {self.tree}", name=name)
+        return spec
+
+
+def measure(tree: Path, config_path: Path, rounds: int, data_dir: str | None) -> dict:
+    """In a child: time each algorithm of the config in ``tree`` (the same calls in both trees)."""
+    sys.meta_path.insert(0, _TreeOnly(tree))
+    import torch  # noqa: PLC0415 - in the child only
 
     import dfl_node  # noqa: PLC0415
     from dfl_node.config import ExperimentConfig  # noqa: PLC0415
     try:  # load_config moved to dfl_node.config_loader after the --before trees this times
         from dfl_node.config_loader import load_config  # noqa: PLC0415
-    except ImportError:
+    except ModuleNotFoundError as missing:
+        if missing.name != "dfl_node.config_loader":
+            raise
         from dfl_node.config import load_config  # noqa: PLC0415
     from dfl_node.learning.fleet import provision  # noqa: PLC0415
     from dfl_node.sim import Simulation  # noqa: PLC0415
@@ -59,16 +87,24 @@ def measure(config_path: Path, rounds: int, data_dir: str | None) -> dict:
         sim.evaluate(rounds, start)
         report[algorithm] = {"rounds_per_s": rounds / elapsed, "cpu_rounds_per_s": rounds / cpu,
                              "eval_s": time.perf_counter() - start}
+    strays = sorted(name for name, module in list(sys.modules.items()) if name.split(".")[0] == "dfl_node"
+                    and getattr(module, "__file__", None) and not Path(module.__file__).resolve().is_relative_to(tree))
+    if strays:
+        raise RuntimeError(f"modules of dfl_node loaded from outside {tree}: {', '.join(strays)}")
     return report
 
 
 def child(tree: Path, args: argparse.Namespace) -> dict:
+    """One pass in a fresh process importing ``dfl_node`` from ``tree`` only (see :class:`_TreeOnly`)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    command = [sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--config", str(args.config)]
+    command = [sys.executable, __file__, "--child", str(tree), "--rounds", str(args.rounds),
+               "--config", str(args.config)]
     if args.data_dir:
         command += ["--data-dir", args.data_dir]
-    out = subprocess.run(command, env=env, cwd=tree, check=True, capture_output=True, text=True).stdout
-    report = json.loads(out)
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
+    if done.returncode:  # the child's traceback, else a bare CalledProcessError hides why
+        raise RuntimeError(f"the pass in {tree} exited {done.returncode}:\n{done.stderr[-4000:]}")
+    report = json.loads(done.stdout)
     if Path(report["tree"]).resolve() != tree.resolve():
         raise RuntimeError(f"the child imported dfl_node from {report['tree']}, not {tree}")
     return report
@@ -81,11 +117,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=3, help="passes per tree, alternating")
     parser.add_argument("--before", default=PRE_ISSUE, help="commit to compare against")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)  # the tree to import
     args = parser.parse_args()
     args.config = args.config.resolve()
     if args.child:
-        print(json.dumps(measure(args.config, args.rounds, args.data_dir)))
+        print(json.dumps(measure(args.child.resolve(), args.config, args.rounds, args.data_dir)))
         return
     with tempfile.TemporaryDirectory(prefix="sim-speed-") as tmp:
         before = Path(tmp) / "before"

@@ -5,15 +5,22 @@ case and after its last.
 Issue 13 asks for at least :data:`MIN_INPUTS` malformed inputs. The suite is two files (the codec
 in-process, the RPCs of a real node), each of which can run alone, so each prints its own figures and
 checks its own share of the minimum: the two shares add up to :data:`MIN_INPUTS`.
+
+A file's figures test checks totals that its flood tests accumulate, so it must not depend on them
+having run before it in the same process: selected alone (``-k``), in another order or after a
+failure, it would see no inputs tried and fail. Flood tests are marked with :meth:`Figures.flood`,
+and the figures test calls :meth:`Figures.complete` first, which runs (the same derandomized cases)
+those that have not run in this process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +64,26 @@ class Figures:
     crashes: list[str] = field(default_factory=list)  # anything but a refusal with a reason (exception, status, log)
     rss: float = 0.0  # MB, at the baseline
     fds: int = 0  # open file descriptors, at the baseline
+    floods: dict[str, Callable[..., None]] = field(default_factory=dict)  # the file's flood tests, by name
+    flooded: set[str] = field(default_factory=set)  # those that ran all their cases in this process
+
+    def flood(self, test: Callable[..., None]) -> Callable[..., None]:
+        """Decorator (outermost, above hypothesis's): ``test`` is part of the flood this file's figures
+        report on; it is recorded once all its cases have run, so :meth:`complete` knows what is missing."""
+        @functools.wraps(test)  # keeps hypothesis's attributes and the signature pytest reads fixtures from
+        def run(*args: object, **kwargs: object) -> None:
+            test(*args, **kwargs)
+            self.flooded.add(test.__name__)
+
+        self.floods[test.__name__] = run
+        return run
+
+    def complete(self, **fixtures: object) -> None:
+        """Run the flood tests that have not run in this process (deselected, or ordered after the figures
+        test), with ``fixtures`` as their arguments: the figures are then always the whole file's."""
+        for name, run in self.floods.items():
+            if name not in self.flooded:
+                run(**fixtures)
 
     def count(self, surface: str, n: int = 1) -> None:
         self.tried[surface] += n

@@ -16,7 +16,8 @@ What the issue asks of the node, checked here for its receive path:
 * nothing unpickled;
 * RSS and open file descriptors bounded (baselines taken before the first case).
 
-The last test checks the totals and prints the figures (run with ``-s`` to see them). Hypothesis is
+The last test checks the totals and prints the figures (run with ``-s`` to see them); flood tests not run
+yet in this process (when it is selected alone with ``-k``, or run first) run in it first. Hypothesis is
 derandomized: the same cases, and the same figures, every run.
 """
 
@@ -141,6 +142,7 @@ def figures() -> Iterator[Figures]:
         yield FIGURES
 
 
+@FIGURES.flood
 @settings(FUZZ, max_examples=500)
 @given(batch=batches(FRAME_BYTES, 6))
 def test_decode_frame_never_raises_and_agrees_with_protobuf(batch: list[bytes]) -> None:
@@ -152,6 +154,7 @@ def test_decode_frame_never_raises_and_agrees_with_protobuf(batch: list[bytes]) 
         check_frame_bytes(raw)
 
 
+@FIGURES.flood
 @settings(FUZZ, max_examples=500)
 @given(batch=batches(st.tuples(mutated_headers(HEADER), st.sampled_from([64, 100, 512, 1000, 4096])), 4))
 def test_mutated_headers_are_refused(batch: list[tuple[pb.TransferHeader, int]]) -> None:
@@ -164,6 +167,7 @@ def test_mutated_headers_are_refused(batch: list[tuple[pb.TransferHeader, int]])
         assert asm.header is None or asm.header.total_size <= len(PAYLOAD)  # what it allocated for
 
 
+@FIGURES.flood
 @settings(FUZZ, max_examples=500)
 @given(batch=batches(mutated_streams(PAYLOAD, HEADER, oversize=LIMITS.max_chunk_bytes + 64), 4))
 def test_mutated_chunks_are_refused(batch: list[list[bytes]]) -> None:
@@ -173,6 +177,7 @@ def test_mutated_chunks_are_refused(batch: list[list[bytes]]) -> None:
         refused_by_codec(map(decode_frame, [RAW[0], *stream]))
 
 
+@FIGURES.flood
 @settings(FUZZ, max_examples=300)
 @given(batch=batches(st.tuples(poisoned_states(STATE), st.sampled_from([256, 1000, 4096, CHUNK_SIZE])), 2))
 def test_non_finite_tensors_pass_the_codec_and_are_refused_by_the_gate(
@@ -185,6 +190,7 @@ def test_non_finite_tensors_pass_the_codec_and_are_refused_by_the_gate(
         assert refused_by_codec(frames) == "non_finite"
 
 
+@FIGURES.flood
 @settings(FUZZ, max_examples=300)
 @given(batch=batches(mutated_probes(PROBE), 5))
 def test_mutated_probes_are_refused(batch: list[pb.ProbeRequest]) -> None:
@@ -196,5 +202,7 @@ def test_mutated_probes_are_refused(batch: list[pb.ProbeRequest]) -> None:
 
 
 def test_the_codec_is_unharmed_and_the_figures(figures: Figures) -> None:
-    """After the cases above: nothing was unpickled, nothing crashed, RSS and fds are bounded. Prints the figures."""
+    """After the cases above (those not run yet in this process are run here first, e.g. when this test is
+    selected alone): nothing was unpickled, nothing crashed, RSS and fds are bounded. Prints the figures."""
+    figures.complete()
     figures.report(rss_mb(), open_fds())
