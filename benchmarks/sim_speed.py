@@ -11,7 +11,8 @@ and by the process's CPU time (``cpu_rounds_per_s``: on a machine shared with ot
 also counts the time others held the core; one thread's CPU time does not). Prints one JSON object;
 ``ratio`` and ``cpu_ratio`` are after/before.
 
-    python benchmarks/sim_speed.py [--rounds 50] [--repeat 3] [--before COMMIT] [--config FILE]
+    python benchmarks/sim_speed.py [--rounds 50] [--repeat 3] [--before COMMIT] [--config FILE] [--data-dir DIR]
+    python benchmarks/sim_speed.py --rounds 40 --repeat 5    # README's figures
 """
 
 from __future__ import annotations
