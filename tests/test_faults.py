@@ -61,7 +61,7 @@ ROUND_MARGIN = 10.0
 STALL_BOUND = TIMEOUTS["peer_timeout"] + TIMEOUTS["token_timeout"] + TIMEOUTS["round_timeout"] + ROUND_MARGIN
 # The round-mode storm's fleet: a peer_timeout longer than a restart (so most victims are back before anyone saw
 # them leave: the 130 s stall of issue 18), and a round_timeout far above the bound such a restart must meet.
-STORM_TIMEOUTS = {**TIMEOUTS, "peer_timeout": 6.0, "round_timeout": 60.0}
+STORM_TIMEOUTS = {**TIMEOUTS, "peer_timeout": 8.0, "round_timeout": 60.0}  # a restart takes 2-5 s here
 
 
 def stall_bound(timeouts: dict[str, float], back_within_peer_timeout: bool) -> float:
@@ -310,7 +310,9 @@ def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Pat
     figures("round", rounds, ledger, runtime, rounds_completed=completed,
             rounds_lost=len(ledger.lost_rounds(completed)), rounds_run_twice=len(ledger.repeated_rounds()),
             senders_killed=sum(k.role == "sender" and not k.holding for k in rounds.kills),
-            back_within_peer_timeout=f"{len(quick)} (senders: {sum(k.role == 'sender' for k in quick)})",
+            back_within_peer_timeout=f"{len(quick)} (senders: {sum(k.role == 'sender' for k in quick)}; back after "
+                                     f"{min(k.back_after for k in rounds.kills):.1f}–"
+                                     f"{max(k.back_after for k in rounds.kills):.1f} s)",
             longest_stall_after_a_quick_restart=f"{longest_quick:.1f} s "
                                                 f"(bound {stall_bound(STORM_TIMEOUTS, True):.1f} s)",
             longest_stall_after_a_kill=f"{max(stalls.values()):.1f} s "
