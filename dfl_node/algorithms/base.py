@@ -25,9 +25,9 @@ from torch import nn
 
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
-from dfl_node.config import LearningConfig
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
+from dfl_node.learning.settings import LearningConfig
 from dfl_node.learning.training import SgdParams, local_sgd
 
 
@@ -161,6 +161,9 @@ def sample_gather(seed: int, round_: int, members: Sequence[str], share: float) 
     return Group(aggregator=chosen[0], senders=tuple(sorted(chosen[1:])))
 
 
+AsyncShape = Literal["select", "pull", "invite"]
+
+
 class Algorithm(ABC):
     """One decentralized algorithm as a protocol of roles. Subclasses hold no per-node state.
 
@@ -168,6 +171,8 @@ class Algorithm(ABC):
     (Def-KT, FullAvg, Combo), or ``any`` registry model for the same data (it clusters them, as
     decentralized FedAvg does, or distils across them). ``replies``: whether ``aggregate`` answers
     the senders. ``pulls``: whether its aggregator fetches the messages rather than being sent them.
+    :attr:`selects` and :attr:`async_shape` declare the shape of its groups, so no driver has to probe
+    for them.
     """
 
     name: ClassVar[str]
@@ -177,6 +182,20 @@ class Algorithm(ABC):
 
     def __init__(self, config: LearningConfig) -> None:
         self.config = config
+
+    @property
+    def selects(self) -> bool:
+        """Whether senders choose their receivers among candidates (001's open groups) rather than being
+        given one. A property, not a class constant: defkt-select selects unless its ``selection`` is
+        ``random`` (then it is 001's plain Def-KT)."""
+        return False
+
+    @property
+    def async_shape(self) -> AsyncShape:
+        """Async mode's group: ``select``, a volunteering sender picks its receiver among candidates
+        (:attr:`selects`); ``pull``, a volunteering aggregator pulls from ``invitations`` sources
+        (:attr:`pulls`); ``invite``, it invites ``invitations`` senders to push to it."""
+        return "select" if self.selects else "pull" if self.pulls else "invite"
 
     def fuses(self, mine: str, theirs: str) -> bool:
         """Whether a node running architecture ``mine`` can take part with a peer running ``theirs``."""
