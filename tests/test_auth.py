@@ -12,12 +12,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import shutil
 import stat
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -37,12 +35,10 @@ from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.tls import TlsError, TlsFiles, dns_names, load_tls
 from dfl_node.node.daemon import Node
-from dfl_node.node.service import announcement
+from dfl_node.node.service import _bind_http, announcement
 from dfl_node.sim import Simulation
-from dfl_node.testbed.launcher import NodeProcess, Placement, all_done, plan_fleet, wait_until
-from tests.conftest import FLEET
-from dfl_node.node.service import _bind_http
-from dfl_node.testbed.launcher import free_port
+from dfl_node.testbed.launcher import all_done, free_port, wait_until
+from tests.conftest import FLEET, loopback_fleet
 from tests.test_startup_errors import node_config, running, start_cli
 
 IDS = [f"node-{i}" for i in range(FLEET.nodes)]
@@ -107,10 +103,10 @@ def test_certs_cli_issues_the_ca_node_certificates_and_a_swarm_key(tmp_path: Pat
 
 def test_tls_files_are_checked_at_load(pki: Path) -> None:
     files = TlsFiles(pki / "node-0" / "ca.crt", pki / "node-0" / "node.crt", pki / "node-0" / "node.key")
-    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=800)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=800)
     with pytest.raises(TlsError, match=r"expired on \d{4}-\d\d-\d\d; issue a new one"):
         load_tls(files, "node-0", now=later)
-    earlier = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)
+    earlier = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
     with pytest.raises(TlsError, match="is not valid before .* clock right"):
         load_tls(files, "node-0", now=earlier)
 
@@ -250,7 +246,7 @@ async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authen
     async with running(config("node-0", [b, c, d], ports[0], key)) as node0, \
             running(config("node-1", [a], ports[1], key)) as node1, \
             running(config("node-2", [a], ports[2], other)) as wrong_key, \
-            running(config("node-3", [a], ports[3], None)) as keyless:
+            running(config("node-3", [a], ports[3], None)):  # keyless
         await until(lambda: node0.peers.alive_ids() == ["node-1"] and node1.peers.alive_ids() == ["node-0"])
         rejected = node0.state.rejected
         await until(lambda: rejected["auth_failed"] >= 3 and rejected["unauthenticated"] >= 6)
@@ -333,23 +329,6 @@ async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path,
 # ----------------------------------------------------------------------------- fleets ≡ the simulator
 
 
-@contextlib.contextmanager
-def authenticated_fleet(shards: Path, workdir: Path, algorithm: str, config, per_node: Callable[[str], dict]
-                        ) -> Iterator[list[NodeProcess]]:
-    nodes = plan_fleet(config, algorithm, shards, workdir, [Placement("127.0.0.1")] * config.nodes,
-                       swarm=f"t-{uuid.uuid4().hex[:8]}", mdns=False, static_peers=True)
-    try:
-        for node in nodes:
-            node.env.update({f"DFL_{k.upper()}": str(v) for k, v in per_node(node.id).items()})
-            node.start()
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
-        for node in nodes:
-            print(f"--- {node.id} log tail ---\n" + "\n".join(node.log_path.read_text().splitlines()[-15:]))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "algorithm"), [("mtls", "defkt-select"), ("psk", "fairavg")])
 def test_authenticated_fleet_equals_simulator(fleet_shards: Path, pki: Path, tmp_path: Path, mode: str,
@@ -358,7 +337,8 @@ def test_authenticated_fleet_equals_simulator(fleet_shards: Path, pki: Path, tmp
     config = FLEET.model_copy(update={"rounds": 10})
     key = new_swarm_key(tmp_path / "swarm.key")
     per_node = (lambda node_id: {"tls_dir": pki / node_id}) if mode == "mtls" else (lambda _: {"swarm_key_file": key})
-    with authenticated_fleet(fleet_shards, tmp_path, algorithm, config, per_node) as nodes:
+    with loopback_fleet(fleet_shards, tmp_path, algorithm, config, mdns=False, static_peers=True,
+                        per_node=per_node) as nodes:
         statuses = wait_until(nodes, all_done, timeout=180)
         logs = "\n".join(n.log_path.read_text() for n in nodes)
     assert logs.count(f"authentication: {mode}") == len(nodes)

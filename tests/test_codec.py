@@ -14,6 +14,7 @@ import tracemalloc
 
 import pytest
 import torch
+from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state, read_frames_of
 
 import dfl_node
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
@@ -21,8 +22,6 @@ from dfl_node.net import codec
 from dfl_node.net.codec import Limits, TransferRejected, prepare
 from dfl_node.net.frames import decode_frame, encode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
-
-from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state, read_frames_of
 
 
 def assert_same_parts(got: tuple[TensorPart, ...], want: tuple[TensorPart, ...]) -> None:

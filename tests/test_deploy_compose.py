@@ -26,8 +26,19 @@ from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY
 from dfl_node.net.tls import load_tls
 from dfl_node.testbed.netns import PER_NODE_KEYS
 from tests.deploy_helpers import (
-    COMPOSE, COMPOSE_TLS, DEPLOY, NODE_ENV, ROOT, SECRET_MARKERS, SHARED, documented_commands, in_readme, mounted,
-    node_config, run_documented, tls_of,
+    COMPOSE,
+    COMPOSE_TLS,
+    DEPLOY,
+    NODE_ENV,
+    ROOT,
+    SECRET_MARKERS,
+    SHARED,
+    documented_commands,
+    in_readme,
+    mounted,
+    node_config,
+    run_documented,
+    tls_of,
 )
 
 SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"

@@ -21,8 +21,17 @@ from dfl_node.learning.fleet import fleet_ids
 from dfl_node.net.tls import dns_names, load_tls
 from dfl_node.testbed.netns import PER_NODE_KEYS
 from tests.deploy_helpers import (
-    DEPLOY, K8S_TLS, NODE_ENV, SECRET_MARKERS, SHARED, documented_commands, in_readme, mounted, node_config,
-    run_documented, tls_of,
+    DEPLOY,
+    K8S_TLS,
+    NODE_ENV,
+    SECRET_MARKERS,
+    SHARED,
+    documented_commands,
+    in_readme,
+    mounted,
+    node_config,
+    run_documented,
+    tls_of,
 )
 
 K8S_DISCOVERY = {"DFL_MDNS", "DFL_PEERS"}  # the one thing Kubernetes does differently: no multicast

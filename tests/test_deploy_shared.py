@@ -14,7 +14,16 @@ import pytest
 from dfl_node.learning.fleet import fleet_ids
 from dfl_node.testbed.netns import PER_NODE_KEYS, NetnsHost, node_environment
 from tests.deploy_helpers import (
-    COMPOSE, COMPOSE_TLS, DEPLOY, FIELDS, K8S_TLS, NODE_ENV, ROOT, SECRET_MARKERS, SHARED, node_config,
+    COMPOSE,
+    COMPOSE_TLS,
+    DEPLOY,
+    FIELDS,
+    K8S_TLS,
+    NODE_ENV,
+    ROOT,
+    SECRET_MARKERS,
+    SHARED,
+    node_config,
 )
 
 

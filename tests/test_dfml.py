@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile, Step, make_algorithm
 from dfl_node.algorithms.base import equip, generator_for
 from dfl_node.algorithms.messages import state_from_parts
+from dfl_node.cli import cli
 from dfl_node.config import ExperimentConfig, LearningConfig
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fleet import provision
@@ -21,7 +22,6 @@ from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import alpha_at, class_proportions, wsm_loss
 from dfl_node.learning.training import SgdParams, local_sgd
 from dfl_node.node.persistence import Checkpoint
-from dfl_node.cli import cli
 from dfl_node.results import cluster_accuracy, comparison, rounds_to_reach, write_results
 from dfl_node.sim import Simulation
 

@@ -8,8 +8,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dfl_node.learning.mutual import (CycleState, alpha_at, class_proportions, cyclic_alpha, dfml_losses, fml_losses,
-                                      kl_weights, peak_threshold, peak_updates, updates_peak, weighted_kl, wsm_loss)
+from dfl_node.learning.mutual import (
+    CycleState,
+    alpha_at,
+    class_proportions,
+    cyclic_alpha,
+    dfml_losses,
+    fml_losses,
+    kl_weights,
+    peak_threshold,
+    peak_updates,
+    updates_peak,
+    weighted_kl,
+    wsm_loss,
+)
 
 
 def test_wsm_is_eq2_by_hand() -> None:

@@ -23,13 +23,13 @@ from dfl_node.learning.models import build_model
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.server import start_server
+from dfl_node.net.transport import open_transfer
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
-from dfl_node.net.transport import open_transfer
 from dfl_node.node.service import run_node
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import FLEET
 from tests.codec_helpers import frames_of
+from tests.conftest import FLEET
 
 
 @dataclass

@@ -5,8 +5,17 @@ from __future__ import annotations
 import torch
 
 from dfl_node.learning.models import ModelSpec, scaled
-from dfl_node.learning.partial import (aggregate_partial, dropout_indices, extract, fedrolex_indices, heterofl_indices,
-                                       hidden_widths, sub_size, tensor_indices, tensor_layers)
+from dfl_node.learning.partial import (
+    aggregate_partial,
+    dropout_indices,
+    extract,
+    fedrolex_indices,
+    heterofl_indices,
+    hidden_widths,
+    sub_size,
+    tensor_indices,
+    tensor_layers,
+)
 
 
 def test_index_sets_of_eqs_7_to_9() -> None:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from dfl_node.learning.fleet import provision, write_fleet
-from dfl_node.testbed.launcher import NodeProcess, all_done, fetch_json, stop_all, wait_until
+from dfl_node.testbed.launcher import NodeProcess, all_done, fetch_json, wait_until
 from dfl_node.testbed.netns import NetnsTopology, list_namespaces, node_environment, read_env_file
-from tests.conftest import FLEET
+from tests.conftest import FLEET, running_daemons
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
@@ -43,14 +43,8 @@ def fleet(tmp_path: Path, settings: dict[str, str]):
             env = node_environment(shared, i, 4, host, tmp_path / "shards", tmp_path / "state")
             nodes.append(NodeProcess(env["DFL_ID"], host.address, int(env["DFL_GRPC_PORT"]), int(env["DFL_HTTP_PORT"]),
                                      Path(env["DFL_STATE_DIR"]), tmp_path / f"{env['DFL_ID']}.log", env, host.wrap))
-        try:
-            for node in nodes:
-                node.start()
+        with running_daemons(nodes, stop_grace=10.0, log_lines=8):
             yield topology, nodes
-        finally:
-            stop_all(nodes)
-            for node in nodes:
-                print(f"--- {node.id} ---\n" + "\n".join(node.log_path.read_text().splitlines()[-8:]))
         tag = topology.tag
     assert not [n for n in list_namespaces() if n.startswith(tag)]
     assert all(n.process.poll() is not None for n in nodes)

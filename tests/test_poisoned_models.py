@@ -15,7 +15,8 @@ import torch
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
 from tests.codec_helpers import frames_of
-from tests.test_node_hostile import Target, assert_still_serving, target  # noqa: F401  (the fixture)
+from tests.test_node_hostile import Target, assert_still_serving
+from tests.test_node_hostile import target as _target  # noqa: F401 - the fixture, registered under its own name
 
 
 def poisoned(t: Target, value: float) -> ModelMessage:

@@ -222,7 +222,7 @@ class Algorithm(ABC):
         return 1
 
     # ----- the roles ---------------------------------------------------------------------
-    def local_step(self, ctx: NodeContext, step: Step) -> None:
+    def local_step(self, ctx: NodeContext, step: Step) -> None:  # noqa: B027 - an optional hook, not abstract
         """The aggregator's own work before it fuses (e.g. local training in 003); none by default."""
 
     @abstractmethod

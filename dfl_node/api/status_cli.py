@@ -1,6 +1,6 @@
 """``dfl-node status [URL] [--all] [--json]``: show what a running node (or its neighbourhood) reports.
 
-The CLI module wires the typer command to :func:`show_status`, which returns the process exit code.
+The CLI module wires the click command to :func:`show_status`, which returns the process exit code.
 
 Responses are handled as plain dicts rather than validated :class:`~dfl_node.api.schemas.NodeStatus`
 objects, so a status client of one version can still show nodes of another (missing fields print

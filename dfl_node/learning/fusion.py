@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dfl_node.learning.tensors import StateDict, TensorPart
 from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.tensors import StateDict, TensorPart
 from dfl_node.learning.training import SgdParams, release, sgd, shuffled_batches
 
 SegmentRange = tuple[str, int, int]  # tensor name, start, stop (flattened element offsets)

@@ -36,10 +36,10 @@ from pydantic_core import ErrorDetails
 from dfl_node.config import ExperimentConfig
 from dfl_node.config_loader import (
     ConfigError,
-    relative_to_file,
     describe_problem,
     load_config,
     read_config_file,
+    relative_to_file,
 )
 
 

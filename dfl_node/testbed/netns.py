@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,10 +110,8 @@ def delete_namespace(name: str) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         pids = _namespace_pids(name)
         for pid in pids:
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + KILL_GRACE_S
         while pids and time.monotonic() < deadline and (pids := _namespace_pids(name)):
             time.sleep(0.05)
