@@ -59,13 +59,14 @@ class ExperimentConfig(LearningConfig):
     partition: PartitionName = Field("iid", description="how the training data is split across the nodes")
     zeta: int = Field(2, ge=1, description="ζ: segments (shards) or classes per client")
     beta: float = Field(0.5, gt=0, description="β of the Dirichlet partition")
-    zeta_max: int = Field(0, ge=0, description="classes partitions: client k holds ζ_k classes drawn from zeta..zeta_max "
-                          "(002: 2..4); 0: every client holds zeta")
+    zeta_max: int = Field(0, ge=0, description="classes partitions: client k holds ζ_k classes drawn from "
+                          "zeta..zeta_max (002: 2..4); 0: every client holds zeta")
     samples: int = Field(0, ge=0, description="iid and classes: samples per client before the validation split "
                          "(002's balanced 800); 0: the partition shares out the whole training set")
     large_nodes: int = Field(2, ge=0, description="unbalanced partitions: clients holding 10,000 samples (002: 2 in "
                              "the non-IID case)")
-    val_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's data held out for local validation")
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's data held out for local "
+                                "validation")
     train_samples: int = Field(0, ge=0, description="the fleet shares a seeded random subset of this many training "
                                "samples (0: the whole training set), for CPU-sized reproductions")
     test_samples: int = Field(0, ge=0, description="global test set: a seeded random subset of this many test samples "
@@ -75,9 +76,9 @@ class ExperimentConfig(LearningConfig):
     nodes: int = Field(10, ge=2, description="K: number of clients")
     rounds: int = Field(100, ge=1, description="T: rounds")
     eval_every: int = Field(10, ge=1, description="evaluate every n rounds (and after the last)")
-    architectures: list[ModelSpecText] = Field(default_factory=list, description="per-node architectures as registry specs "
-                                     "NAME[:W1,W2,...] (e.g. cnn-ln:32,64), spread evenly: node i runs entry i mod A; "
-                                     "empty: every node runs model/hidden")
+    architectures: list[ModelSpecText] = Field(default_factory=list, description="per-node architectures as registry "
+                                               "specs NAME[:W1,W2,...] (e.g. cnn-ln:32,64), spread evenly: node i runs "
+                                               "entry i mod A; empty: every node runs model/hidden")
 
     @model_validator(mode="after")
     def _mixed_fleets_need_algorithms_that_fuse_them(self) -> ExperimentConfig:

@@ -127,7 +127,8 @@ def write_results(result: RunResult, out_dir: Path) -> tuple[Path, Path]:
         writer = csv.writer(f)
         writer.writerow(["round", "global_accuracy", "local_accuracy", "bytes_transmitted", "wall_time_s"])
         for r in result.history:
-            writer.writerow([r.round, f"{r.global_accuracy:.6f}", f"{r.local_accuracy:.6f}", r.bytes_transmitted, f"{r.wall_time_s:.3f}"])
+            writer.writerow([r.round, f"{r.global_accuracy:.6f}", f"{r.local_accuracy:.6f}", r.bytes_transmitted,
+                             f"{r.wall_time_s:.3f}"])
     return json_path, csv_path
 
 

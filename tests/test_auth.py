@@ -85,7 +85,8 @@ def test_certs_cli_issues_the_ca_node_certificates_and_a_swarm_key(tmp_path: Pat
     cert = x509.load_pem_x509_certificate((out / "node.crt").read_bytes())
     cert.verify_directly_issued_by(x509.load_pem_x509_certificate((ca / "ca.crt").read_bytes()))
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert dns_names(cert) == ["node-7", "n7.lan"] and [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
+    assert dns_names(cert) == ["node-7", "n7.lan"]
+    assert [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
     assert (out / "ca.crt").read_bytes() == (ca / "ca.crt").read_bytes()
     for key in (ca / "ca.key", out / "node.key"):
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
@@ -121,16 +122,20 @@ def _settings(pki: Path, tmp_path: Path, case: str) -> tuple[dict, str]:
     shutil.copytree(own, broken)
     if case == "missing certificate":
         (broken / "node.crt").unlink()
-        return {"tls_dir": broken}, f"--tls-cert {broken / 'node.crt'} does not exist (issue one with `dfl-node certs issue`)"
+        return {"tls_dir": broken}, (f"--tls-cert {broken / 'node.crt'} does not exist "
+                                     "(issue one with `dfl-node certs issue`)")
     if case == "another node's certificate":
-        return ({"tls_ca": own / "ca.crt", "tls_cert": pki / "node-1" / "node.crt", "tls_key": pki / "node-1" / "node.key"},
+        return ({"tls_ca": own / "ca.crt", "tls_cert": pki / "node-1" / "node.crt",
+                 "tls_key": pki / "node-1" / "node.key"},
                 f"--tls-cert {pki / 'node-1' / 'node.crt'} is for node 'node-1', not --id 'node-0' (a node certificate "
                 "names its node id as CN and DNS name: `dfl-node certs issue NODE-ID`)")
     if case == "a key of another certificate":
         shutil.copy(pki / "node-1" / "node.key", broken / "node.key")
-        return {"tls_dir": broken}, f"--tls-key {broken / 'node.key'} is not the key of --tls-cert {broken / 'node.crt'}"
+        return {"tls_dir": broken}, (f"--tls-key {broken / 'node.key'} is not the key of "
+                                     f"--tls-cert {broken / 'node.crt'}")
     if case == "a certificate of another CA":
-        return ({"tls_ca": own / "ca.crt", "tls_cert": pki / "intruder" / "node.crt", "tls_key": pki / "intruder" / "node.key"},
+        return ({"tls_ca": own / "ca.crt", "tls_cert": pki / "intruder" / "node.crt",
+                 "tls_key": pki / "intruder" / "node.key"},
                 f"--tls-cert {pki / 'intruder' / 'node.crt'} is not signed by the swarm CA --tls-ca {own / 'ca.crt'}")
     if case == "a node certificate as the CA":
         return ({"tls_dir": own, "tls_ca": own / "node.crt"},
@@ -150,8 +155,9 @@ def _settings(pki: Path, tmp_path: Path, case: str) -> tuple[dict, str]:
             f"(make one with `dfl-node certs swarm-key {tmp_path / 'none.key'}`)")
 
 
-@pytest.mark.parametrize("case", ["missing certificate", "another node's certificate", "a key of another certificate",
-                                  "a certificate of another CA", "a node certificate as the CA", "a key that is not PEM",
+@pytest.mark.parametrize("case", ["missing certificate", "another node's certificate",
+                                  "a key of another certificate", "a certificate of another CA",
+                                  "a node certificate as the CA", "a key that is not PEM",
                                   "a certificate without its key", "a short swarm key", "a missing swarm key"])
 def test_unusable_credentials_stop_the_node_before_anything(fleet_shards: Path, pki: Path, tmp_path: Path,
                                                             case: str) -> None:
@@ -191,7 +197,8 @@ async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_fals
             running(config("node-1", pki / "node-1", [a], ports[1])) as node1, \
             running(config("node-2", pki / "intruder", [a], ports[2])) as intruder:
         await until(lambda: node0.peers.alive_ids() == ["node-1"] and node1.peers.alive_ids() == ["node-0"])
-        await until(lambda: node0.state.rejected["tls_handshake"] >= 3 and intruder.state.rejected["tls_handshake"] >= 3)
+        await until(lambda: node0.state.rejected["tls_handshake"] >= 3
+                    and intruder.state.rejected["tls_handshake"] >= 3)
         assert "node-2" not in node0.peers.peers and not intruder.peers.peers  # neither side took the other in
         assert node0.status().authentication == "mtls" and node0.handshake.names == {b: "node-1"}
 
@@ -202,7 +209,8 @@ async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_fals
             assert (reply.accepted, reply.reason) == (False, "identity_mismatch")
             assert "node-3" not in node0.peers.peers and "node-3" not in node0.peers.pending
             # a transfer and a probe in another node's name
-            frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-3", swarm=node0.config.swarm))]
+            frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-3",
+                                                        swarm=node0.config.swarm))]
             verdicts = [f async for f in stub.Transfer(iter(frames), timeout=5)]
             assert (verdicts[0].result.accepted, verdicts[0].result.reason) == (False, "identity_mismatch")
             with pytest.raises(grpc.aio.AioRpcError) as probe:
@@ -274,7 +282,8 @@ async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authen
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await call
                 assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-9", swarm=node0.config.swarm))]
+            frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-9",
+                                                        swarm=node0.config.swarm))]
             verdicts = [f async for f in unauthenticated.Transfer(iter(frames), timeout=5)]
             assert verdicts[0].result.reason == "unauthenticated"
             pulled = [f async for f in unauthenticated.Pull(pb.PullRequest(aggregator="node-9"), timeout=5)]

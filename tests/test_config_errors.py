@@ -190,7 +190,8 @@ def test_beyond_loopback_without_credentials_is_a_settings_error(tmp_path: Path,
     assert result.exit_code == 2
     assert error_lines(result) == [f"Error: host {host} is reachable from the network but neither mutual TLS "
                                    "(--tls-dir) nor a swarm key (--swarm-key-file) is set, so anyone there could push "
-                                   "a model into this node; give one, or --insecure (DFL_INSECURE=1) on a private network"]
+                                   "a model into this node; give one, or --insecure (DFL_INSECURE=1) on a private "
+                                   "network"]
 
 
 def test_insecure_is_a_flag_a_variable_and_a_config_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

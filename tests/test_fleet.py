@@ -53,7 +53,8 @@ UNRELATED = ["mlp:32,32", "cnn-ln:4,8"]  # two unrelated architectures (digits' 
     ("defkt-select", [], {}),  # open groups: the sender probes its candidates (class profiles) and chooses
     ("defkt-select", [], {"selection": "probe-samples"}),  # … by its least certain samples
     ("fairavg", [], {}),  # 002: pull the pair's model, weight both by accuracy on the own data (eqs. 4–5)
-], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip", "dfml-unrelated", "fml-unrelated", "defkt-select", "defkt-select-probe", "fairavg"])
+], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip", "dfml-unrelated", "fml-unrelated", "defkt-select",
+        "defkt-select-probe", "fairavg"])
 def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm: str, architectures: list[str],
                                   settings: dict) -> None:
     config = FLEET.model_copy(update={"rounds": 20, "architectures": architectures, **settings})
@@ -70,7 +71,8 @@ def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm:
         mine = load_file(str(node.state_dir / "model.safetensors"))
         theirs = sim.nodes[node.id].checkpoint_state()  # with the algorithm's extra models (peak, meme) and α_n
         unequal = [k for k in theirs if not torch.equal(mine[k], theirs[k])]  # bit for bit, as README says
-        assert not unequal, f"{node.id}: max abs difference {max(float((mine[k] - theirs[k]).abs().max()) for k in unequal)}"
+        assert not unequal, (f"{node.id}: max abs difference "
+                             f"{max(float((mine[k] - theirs[k]).abs().max()) for k in unequal)}")
         assert statuses[node.id]["global_accuracy"] == pytest.approx(expected[node.id].global_accuracy,
                                                                   abs=one_sample + 1e-12)
         assert statuses[node.id]["local_accuracy"] == pytest.approx(expected[node.id].local_accuracy, abs=1e-9)

@@ -187,7 +187,8 @@ async def test_bad_transfer_is_rejected_and_node_keeps_serving(target: Target, t
 
 async def test_oversized_chunk_is_rejected(target: Target) -> None:
     big = target.message()
-    frames = frames_of(big, 1 << 30, swarm=target.node.config.swarm, fingerprint=target.node.fingerprint)  # the whole ~10 KB model in one chunk is fine…
+    # the whole ~10 KB model in one chunk is fine…
+    frames = frames_of(big, 1 << 30, swarm=target.node.config.swarm, fingerprint=target.node.fingerprint)
     await target.expect()
     assert (await target.transfer(frames)).accepted
     await target.node.settled()

@@ -99,7 +99,8 @@ class NodeContext:
         state = dict(self.model.state_dict())
         for name, model in self.auxiliary.items():
             state.update({f"aux:{name}:{key}": value for key, value in model.state_dict().items()})
-        state.update({f"scalar:{name}": torch.tensor(value, dtype=torch.float64) for name, value in self.scalars.items()})
+        state.update({f"scalar:{name}": torch.tensor(value, dtype=torch.float64)
+                      for name, value in self.scalars.items()})
         return state
 
     def snapshot(self) -> dict[str, torch.Tensor]:
@@ -264,4 +265,5 @@ class PairAlgorithm(Algorithm):
     """000's round shape: Q disjoint pairs, each a group of one sender and its receiver."""
 
     def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
-        return RoundPlan(round_, sample_pairs(self.config.seed, round_, [p.node_id for p in profiles], self.config.pairs))
+        ids = [p.node_id for p in profiles]
+        return RoundPlan(round_, sample_pairs(self.config.seed, round_, ids, self.config.pairs))

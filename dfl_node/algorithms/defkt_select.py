@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 
 def candidate_pools(seed: int, round_: int, others: Sequence[str], pools: int, limit: int) -> list[tuple[str, ...]]:
-    """``others`` shuffled from (seed, round) and dealt into ``pools`` disjoint pools of at most ``limit`` (0: no limit)."""
+    """``others`` shuffled from (seed, round) and dealt into ``pools`` disjoint pools of at most ``limit``
+    (0: no limit)."""
     order = sorted(others)
     random.Random(derive_seed(seed, round_, "candidates")).shuffle(order)
     dealt = [order[i::pools] for i in range(pools)]

@@ -59,7 +59,8 @@ def simulate(out: Path | None, quiet: bool, config_path: Path | None, **flags: o
             task = progress.add_task(algorithm, total=config.rounds, acc="")
 
             def advance(done: int, record: object, task: int = task) -> None:
-                fields = {"acc": f"global {record.global_accuracy:.3f} local {record.local_accuracy:.3f}"} if record else {}
+                fields = ({"acc": f"global {record.global_accuracy:.3f} local {record.local_accuracy:.3f}"}
+                          if record else {})
                 progress.update(task, completed=done, **fields)
 
             result = sim.run(advance)

@@ -103,7 +103,8 @@ def average_states(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequen
             if not first.is_floating_point():
                 averaged[name] = first.detach().clone()
                 continue
-            acc = first.detach().to(torch.float64 if first.dtype == torch.float64 else torch.float32) * (weights[0] / total)
+            dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
+            acc = first.detach().to(dtype) * (weights[0] / total)
             for state, weight in zip(states[1:], weights[1:]):
                 acc.add_(state[name].detach().to(acc.device), alpha=weight / total)
             averaged[name] = acc.to(first.dtype)

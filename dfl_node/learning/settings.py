@@ -44,17 +44,19 @@ class LearningConfig(BaseModel):
     pairs: int = Field(1, ge=1, description="Q: sender/receiver pairs per round")
     supervision: Literal["ce", "wsm"] | None = Field(
         None, description="supervision loss of local training and mutual learning: ce, or 003's WSM (eq. 2, class "
-                          "proportions of the data trained on); default per algorithm: wsm for dfml, heterofl, fedrolex "
-                          "and feddropout (003), ce for the others (defkt, fullavg, combo always ce)")
+                          "proportions of the data trained on); default per algorithm: wsm for dfml, heterofl, "
+                          "fedrolex and feddropout (003), ce for the others (defkt, fullavg, combo always ce)")
     dfml_epochs: int = Field(10, ge=1, description="dfml: K, passes of weighted mutual learning over the aggregator's "
                              "data (003: 10)")
-    alpha_max: float = Field(0.9, ge=0, le=1, description="dfml: largest α of the cyclic schedule (003: 0.8, 0.9 or 1.0)")
+    alpha_max: float = Field(0.9, ge=0, le=1, description="dfml: largest α of the cyclic schedule "
+                             "(003: 0.8, 0.9 or 1.0)")
     alpha_min: float = Field(0.0, ge=0, le=1, description="dfml: smallest α of the cyclic schedule (003: 0)")
     alpha_period: int = Field(10, ge=2, description="dfml: rounds of the first α cycle (003: 10)")
     alpha_period_growth: int = Field(10, ge=0, description="dfml: rounds each completed α cycle adds to the next")
     peak_updates: int = Field(0, ge=0, description="dfml: how many of a cycle's largest α values update peak models "
                               "(0: 1 with 50 % senders or more, else ceil(N / (2|S|)), 003 A.4.6)")
-    fml_alpha: float = Field(0.5, ge=0, le=1, description="fml: α of the local model's loss α·CE + (1−α)·KL (004 eq. 3)")
+    fml_alpha: float = Field(0.5, ge=0, le=1, description="fml: α of the local model's loss α·CE + (1−α)·KL "
+                             "(004 eq. 3)")
     fml_beta: float = Field(0.5, ge=0, le=1, description="fml: β of the meme model's loss β·CE + (1−β)·KL (004 eq. 3)")
     meme_model: ModelSpecText = Field("cnn-ln:32,64", description="fml: the meme model every node shares, as a "
                                       "registry spec (003 A.4.11: cnn-ln:32,64)")
@@ -88,7 +90,8 @@ class LearningConfig(BaseModel):
                                    "candidate (at most 256, and at most 512 KiB)")
     selection_candidates: int = Field(0, ge=0, description="defkt-select: candidates a sender probes (0: every node "
                                       "of its share of the fleet)")
-    fair_c: float = Field(0.5, description="fairavg (002 eq. 4): the constant C in P_i = (pef_i − pef_j)/(2·pef_max) + C")
+    fair_c: float = Field(0.5, description="fairavg (002 eq. 4): the constant C in "
+                          "P_i = (pef_i − pef_j)/(2·pef_max) + C")
     fair_weight_min: float = Field(0.0, ge=0, le=1, description="fairavg: P_i is clipped to [fair_weight_min, "
                                    "fair_weight_max] (then P_j = 1 − P_i, eq. 5)")
     fair_weight_max: float = Field(1.0, ge=0, le=1, description="fairavg: upper clip of P_i")

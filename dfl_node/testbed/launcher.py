@@ -270,7 +270,8 @@ def accuracy_curve(positions: dict[str, list[tuple[int, dict]]], points: list[in
     return history
 
 
-def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, fleet: Fleet, started: float) -> RunResult:
+def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, fleet: Fleet, started: float
+            ) -> RunResult:
     """The fleet's final state in the simulator's schema, as it happened; ``started``: unix time of the launch.
 
     ``rounds`` and the curve's points count what the fleet did (see :func:`fleet_rounds`), so an
@@ -284,7 +285,8 @@ def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, 
     mode, rounds = fleet_rounds(statuses)
     train_sizes = {c.node_id: len(c.train) for c in fleet.clients}
     results = [
-        NodeResult(id=n.id, global_accuracy=statuses[n.id]["global_accuracy"], local_accuracy=statuses[n.id]["local_accuracy"],
+        NodeResult(id=n.id, global_accuracy=statuses[n.id]["global_accuracy"],
+                   local_accuracy=statuses[n.id]["local_accuracy"],
                    param_sha256=statuses[n.id]["param_sha256"], num_train=train_sizes[n.id],
                    models_sent=statuses[n.id]["models_sent"], models_received=statuses[n.id]["models_received"],
                    model=statuses[n.id]["model"])

@@ -241,8 +241,8 @@ class NetnsTopology:
         """``tc qdisc replace … root <qdisc>`` on both ends of host ``index``'s link (its veth0 and its switch
         port), so both directions are shaped; RuntimeError with tc's message if the kernel lacks the qdisc."""
         for namespace, dev in ((self.hosts[index].name, "veth0"), (self.switch, self.port(index))):
-            res = subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", dev, "root", *qdisc],
-                                 capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+            res = subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", dev, "root",
+                                  *qdisc], capture_output=True, text=True, timeout=IP_TIMEOUT_S)
             if res.returncode != 0:
                 self.unshape(index)
                 raise RuntimeError(f"tc qdisc {' '.join(qdisc)}: {res.stderr.strip() or res.returncode}")
@@ -335,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                     node.start()
                     nodes.append(node)
                     print(f"{node.id}: ip netns exec {host.name} dfl-node status {node.url}", flush=True)
-                print("running (nodes keep serving after their last round); Ctrl-C stops them and removes the namespaces",
-                      flush=True)
+                print("running (nodes keep serving after their last round); Ctrl-C stops them and removes the "
+                      "namespaces", flush=True)
                 codes = [n.process.wait() for n in nodes]
             finally:
                 for node in nodes:  # gracefully first; the teardown then kills anything left, by pid
