@@ -108,7 +108,7 @@ class RunResult(BaseModel):
     def local_accuracy(self) -> float:
         return fmean(n.local_accuracy for n in self.nodes)
 
-    @computed_field  # written with every result (simulate and testbed); ignored when a result is read back
+    @computed_field  # type: ignore[prop-decorator]  # written with every result; ignored when a result is read back
     @property
     def fairness(self) -> Fairness:
         """The distribution of the nodes' final local accuracies (002's Figs. 3–10, Tables 4–5)."""

@@ -147,7 +147,7 @@ def _node_table(s: dict[str, Any], url: str) -> Table:
         ("algorithm", s.get("algorithm")),
         ("mode", s.get("mode")),
         ("round", s.get("round")),
-        ("role", s.get("role") + (" (fusing)" if s.get("fusing") else "") if s.get("role") else None),
+        ("role", f"{s['role']}{' (fusing)' if s.get('fusing') else ''}" if s.get("role") else None),
         ("done", s.get("done")),
         ("local accuracy", _acc(s.get("local_accuracy"))),
         ("global accuracy", _acc(s.get("global_accuracy"))),

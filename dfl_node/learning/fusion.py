@@ -70,7 +70,7 @@ def mutual_knowledge_transfer(
     release(opt_received, opt_local)
 
 
-def weighted_average_(local: StateDict, remote: StateDict, n_local: int, n_remote: int) -> None:
+def weighted_average_(local: StateDict, remote: StateDict, n_local: float, n_remote: float) -> None:
     """000 eq. 9, in place on ``local``: ``(N_r·w_r + N_l·w_l) / (N_r + N_l)`` for floating entries;
     integer buffers stay local. In place because models can be 100s of MB: a new state would cost an
     allocation (and page faults) the size of the model on every fusion."""

@@ -277,11 +277,12 @@ def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, 
     ``rounds`` and the curve's points count what the fleet did (see :func:`fleet_rounds`), so an
     async run, or a round run that stopped early, is never reported as the configured T rounds.
     """
-    statuses = poll_status(nodes)
+    polled = poll_status(nodes)
     histories: dict = fetch_json(nodes, "/history", timeout=5.0)
-    silent = [n.id for n in nodes if statuses[n.id] is None or histories[n.id] is None]
+    silent = [n.id for n in nodes if polled[n.id] is None or histories[n.id] is None]
     if silent:
         raise RuntimeError(f"node(s) {', '.join(silent)} stopped answering before their results were collected")
+    statuses = {node_id: status for node_id, status in polled.items() if status is not None}  # all of them
     mode, rounds = fleet_rounds(statuses)
     train_sizes = {c.node_id: len(c.train) for c in fleet.clients}
     results = [

@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{node.id}: ip netns exec {host.name} dfl-node status {node.url}", flush=True)
                 print("running (nodes keep serving after their last round); Ctrl-C stops them and removes the "
                       "namespaces", flush=True)
-                codes = [n.process.wait() for n in nodes]
+                codes = [n.process.wait() for n in nodes if n.process is not None]  # each one started above
             finally:
                 for node in nodes:  # gracefully first; the teardown then kills anything left, by pid
                     node.stop(timeout=KILL_GRACE_S)
