@@ -15,8 +15,7 @@ import torch
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
 from tests.codec_helpers import frames_of
-from tests.test_node_hostile import Target, assert_still_serving
-from tests.test_node_hostile import target as _target  # noqa: F401 - the fixture, registered under its own name
+from tests.test_node_hostile import Target, assert_still_serving, target  # noqa: F401  (the fixture)
 
 
 def poisoned(t: Target, value: float) -> ModelMessage:
@@ -30,7 +29,7 @@ def poisoned(t: Target, value: float) -> ModelMessage:
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
-async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target, value: float) -> None:
+async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target, value: float) -> None:  # noqa: F811 - the fixture
     node = target.node
     digest, history = node.state.digest, len(node.state.history)
     await target.expect()
@@ -46,7 +45,7 @@ async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target,
     await assert_still_serving(target)
 
 
-async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target) -> None:
+async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target) -> None:  # noqa: F811 - the fixture
     """An untrained model (about 10 % on digits) passes with the gate off and is refused with a floor of 0.5."""
     node = target.node
     node.config.min_accuracy = 0.5
