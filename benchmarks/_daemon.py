@@ -81,11 +81,14 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def daemon(work: Path, algorithm: str, *, node_id: str = RECEIVER_ID, env: dict[str, str] | None = None) -> Iterator[Daemon]:
-    """A ``dfl-node start`` receiving daemon of :data:`HIDDEN` (no peers, no mDNS, no evaluation) until the block ends."""
+def daemon(work: Path, algorithm: str, *, node_id: str = RECEIVER_ID, env: dict[str, str] | None = None
+           ) -> Iterator[Daemon]:
+    """A ``dfl-node start`` receiving daemon of :data:`HIDDEN` (no peers, no mDNS, no evaluation) until the block
+    ends."""
     grpc_port, http_port = free_port(), free_port()
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    environ = {**os.environ, "PYTHONPATH": path, "DFL_HIDDEN": ",".join(map(str, HIDDEN)), "DFL_SEED": "0", **(env or {})}
+    environ = {**os.environ, "PYTHONPATH": path, "DFL_HIDDEN": ",".join(map(str, HIDDEN)), "DFL_SEED": "0",
+               **(env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "dfl_node", "--log-level", "WARNING", "start", "--id", node_id,
          "--data", str(work / "shards" / node_id), "--algorithm", algorithm, "--swarm", SWARM, "--no-mdns",

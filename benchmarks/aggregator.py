@@ -77,7 +77,8 @@ class Repetition:
 
 
 def outgoing_for(base: Outgoing, sender: str, round_: int) -> Outgoing:
-    """``base`` as sent by ``sender`` in ``round_``: the payload and its sha256 are the same, only the header differs."""
+    """``base`` as sent by ``sender`` in ``round_``: the payload and its sha256 are the same, only the header
+    differs."""
     header = pb.TransferHeader()
     header.CopyFrom(base.header)
     header.sender, header.round = sender, round_
@@ -118,7 +119,8 @@ async def play_group(bench: BenchModel, base: Outgoing, agg: Daemon, holder: Pee
     round_peak = max(intake["peak"], sampler.mark(), vm(agg.pid, "VmHWM"))
     received = status["models_received"] - before["models_received"]
     if received != len(clients) or status["rejected"] != before["rejected"]:
-        raise RuntimeError(f"round {round_}: {received} models received of {len(clients)}, rejected {status['rejected']}")
+        raise RuntimeError(f"round {round_}: {received} models received of {len(clients)}, "
+                           f"rejected {status['rejected']}")
     return Repetition(len(clients), round_, max(verdicts) - first_byte, idle_before, int(intake["peak"]), round_peak,
                       round_s, intake["cpu"] - cpu0, intake["client"] - client0, status)
 
@@ -153,7 +155,8 @@ def summary(reps: list[Repetition], size: int, idle: int) -> dict:
         "aggregator_cpu_during_intake": round(statistics.median(r.aggregator_cpu_s / r.intake_s for r in reps), 2),
         "senders_cpu_during_intake": round(statistics.median(r.client_cpu_s / r.intake_s for r in reps), 2),
         "per_repetition": [
-            {"round": r.round, "intake_mb_s": round(rate, 1), "intake_s": round(r.intake_s, 3), "round_s": round(r.round_s, 2),
+            {"round": r.round, "intake_mb_s": round(rate, 1), "intake_s": round(r.intake_s, 3),
+             "round_s": round(r.round_s, 2),
              "idle_before_x_model": x(r.idle_before - idle), "intake_peak_x_model": x(r.intake_peak - idle),
              "round_peak_x_model": x(r.round_peak - idle),
              "aggregator_cpu_s": round(r.aggregator_cpu_s, 2), "senders_cpu_s": round(r.client_cpu_s, 2)}

@@ -173,7 +173,8 @@ async def measure_stream(message: ModelMessage, wire: WireIdentity, address: str
         async def idle() -> None:  # the receiver settles (checkpoints) each fusion before the next push
             await wait_idle(http, status_url)
 
-        await asyncio.wait_for(client.channel.channel_ready(), 120)  # the daemon is up (it has no peers: it only receives)
+        # the daemon is up (it has no peers: it only receives)
+        await asyncio.wait_for(client.channel.channel_ready(), 120)
         rss_before = vm(pid, "VmRSS")
         reset_peak(pid)  # reset the receiver's peak to its current RSS
         times, prepare_times = [], []
@@ -222,12 +223,14 @@ def main() -> None:
         "stream_mb_s": mbps(stream), "raw_tcp_mb_s": mbps(raw), "unary_grpc_mb_s": mbps(unary),
         "prepare_sha256_s": round(statistics.median(prepare_times), 3),
         "stream_with_prepare_mb_s": mbps([a + b for a, b in zip(stream, prepare_times)]),
-        "stream_vs_raw_tcp": round(mbps(stream) / mbps(raw), 2), "stream_vs_unary": round(mbps(stream) / mbps(unary), 2),
+        "stream_vs_raw_tcp": round(mbps(stream) / mbps(raw), 2),
+        "stream_vs_unary": round(mbps(stream) / mbps(unary), 2),
         "bare_grpc_stream_mb_s": mbps(bare), "bare_grpc_stream_sha256_mb_s": mbps(bare_sha256),
         "bare_sha256_vs_unary": round(mbps(bare_sha256) / mbps(unary), 2),
         "receiver_rss_before_mb": round(rss_before / 1e6, 1), "receiver_peak_rss_mb": round(peak / 1e6, 1),
         "receiver_peak_increase_x_model": round((peak - rss_before) / len(payload), 2),
-        "times_s": {"stream": [round(t, 3) for t in stream], "prepare": [round(t, 3) for t in prepare_times], "raw_tcp": [round(t, 3) for t in raw],
+        "times_s": {"stream": [round(t, 3) for t in stream], "prepare": [round(t, 3) for t in prepare_times],
+                    "raw_tcp": [round(t, 3) for t in raw],
                     "unary_grpc": [round(t, 3) for t in unary], "bare_grpc_stream": [round(t, 3) for t in bare],
                     "bare_grpc_stream_sha256": [round(t, 3) for t in bare_sha256]},
     }

@@ -108,7 +108,7 @@ class RunResult(BaseModel):
     def local_accuracy(self) -> float:
         return fmean(n.local_accuracy for n in self.nodes)
 
-    @computed_field  # written with every result (simulate and testbed); ignored when a result is read back
+    @computed_field  # type: ignore[prop-decorator]  # written with every result; ignored when a result is read back
     @property
     def fairness(self) -> Fairness:
         """The distribution of the nodes' final local accuracies (002's Figs. 3–10, Tables 4–5)."""
@@ -127,7 +127,8 @@ def write_results(result: RunResult, out_dir: Path) -> tuple[Path, Path]:
         writer = csv.writer(f)
         writer.writerow(["round", "global_accuracy", "local_accuracy", "bytes_transmitted", "wall_time_s"])
         for r in result.history:
-            writer.writerow([r.round, f"{r.global_accuracy:.6f}", f"{r.local_accuracy:.6f}", r.bytes_transmitted, f"{r.wall_time_s:.3f}"])
+            writer.writerow([r.round, f"{r.global_accuracy:.6f}", f"{r.local_accuracy:.6f}", r.bytes_transmitted,
+                             f"{r.wall_time_s:.3f}"])
     return json_path, csv_path
 
 

@@ -1,14 +1,22 @@
-"""Shared fixtures: a small provisioned fleet on the embedded digits data, and node configs for it."""
+"""Shared fixtures and helpers: a small provisioned fleet on the embedded digits data, real daemons
+running it (:func:`running_daemons`, :func:`loopback_fleet`), and the CLI helpers (``clean_env``,
+:func:`invoke`, :func:`error_lines`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
+from dfl_node.cli import cli
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, stop_all
 
 # The fleet every daemon test uses: 4 nodes on digits, quick to train, and what the simulator runs too.
 FLEET = ExperimentConfig(nodes=4, partition="iid", seed=3, rounds=10, eval_every=5, batch_size=20,
@@ -20,6 +28,69 @@ def fleet_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shards")
     write_fleet(provision(FLEET), out)
     return out
+
+
+# ----------------------------------------------------------------------------- real daemons
+
+
+@contextlib.contextmanager
+def running_daemons(nodes: list[NodeProcess], *, per_node: Callable[[str], dict[str, object]] | None = None,
+                    stop_grace: float | None = None, log_lines: int = 15) -> Iterator[list[NodeProcess]]:
+    """Start ``nodes`` (with ``per_node(id)``'s settings as ``DFL_*`` variables, if given); on exit stop them
+    and print each one's log tail, which pytest shows for a failing test.
+
+    ``stop_grace`` None: each daemon in turn gets SIGTERM and 10 s before SIGKILL; a number: all are
+    signalled at once and reaped against one deadline that far away (:func:`stop_all`)."""
+    try:
+        for node in nodes:
+            if per_node is not None:
+                node.env.update({f"DFL_{k.upper()}": str(v) for k, v in per_node(node.id).items()})
+            node.start()
+        yield nodes
+    finally:
+        if stop_grace is None:
+            for node in nodes:
+                node.stop()
+        else:
+            stop_all(nodes, grace=stop_grace)
+        for node in nodes:
+            print(f"--- {node.id} log tail ---\n" + "\n".join(node.log_path.read_text().splitlines()[-log_lines:]))
+
+
+@contextlib.contextmanager
+def loopback_fleet(shards: Path, workdir: Path, algorithm: str, config: ExperimentConfig = FLEET, *,
+                   mode: str = "round", mdns: bool = True, static_peers: bool = False, extra: dict | None = None,
+                   swarm: str = "t", per_node: Callable[[str], dict[str, object]] | None = None,
+                   stop_grace: float | None = None, log_lines: int = 15) -> Iterator[list[NodeProcess]]:
+    """``config.nodes`` daemons of ``algorithm`` on 127.0.0.1 in a swarm of their own (``swarm``-random),
+    planned by :func:`plan_fleet` (``mode``, ``mdns``, ``static_peers``, ``extra``: its own) and run by
+    :func:`running_daemons`."""
+    nodes = plan_fleet(config, algorithm, shards, workdir, [Placement("127.0.0.1")] * config.nodes,
+                       swarm=f"{swarm}-{uuid.uuid4().hex[:8]}", mode=mode, mdns=mdns, static_peers=static_peers,
+                       extra=extra)
+    with running_daemons(nodes, per_node=per_node, stop_grace=stop_grace, log_lines=log_lines):
+        yield nodes
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No DFL_* variable of the developer's shell (DFL_DATA_DIR…) may decide a test's outcome."""
+    for key in [k for k in os.environ if k.startswith("DFL_")]:
+        monkeypatch.delenv(key)
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
+    """``dfl-node ARGS`` in-process; an exception of ours propagates (a traceback is a bug, not an error line)."""
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def error_lines(result: Result) -> list[str]:
+    """The lines that report the problem: click's ``Error: …`` and ours ``error: …``, nothing else."""
+    assert "Traceback" not in result.output
+    return [line for line in result.output.splitlines() if line.lower().startswith("error: ")]
 
 
 

@@ -75,7 +75,8 @@ def run_documented(commands: list[str], cwd: Path) -> str:
         'sudo() { if [ "$(id -u)" = 0 ]; then "$@"; else echo "not root, skipped: $*" >&2; fi; }',
         'kubectl() { command kubectl "$@" --dry-run=client -o yaml; }',
     ]
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(["bash", "-c", "\n".join([*prelude, *commands])], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, f"{commands} exited {done.returncode}:\n{done.stderr}"

@@ -22,7 +22,17 @@ from dfl_node.net.frames import _varint, chunk_frame, decode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
 from tests.codec_helpers import encoded_frames, make_msg, make_state
 from tests.fuzz_strategies import (
-    NON_FINITE_BITS, digests, dtype_names, int64s, junk_bytes, other, pickled, set_different, texts, uint32s, uint64s,
+    NON_FINITE_BITS,
+    digests,
+    dtype_names,
+    int64s,
+    junk_bytes,
+    other,
+    pickled,
+    set_different,
+    texts,
+    uint32s,
+    uint64s,
 )
 
 LIMITS = Limits()  # what a node runs with

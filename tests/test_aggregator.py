@@ -83,7 +83,8 @@ def test_a_sender_killed_mid_stream_is_left_out_and_the_round_completes(fleet_sh
     aggregator, senders = statuses["node-0"], [statuses["node-1"], statuses["node-2"]]
     assert aggregator["senders_abandoned"] == 1 and aggregator["fusions"] == 1 and aggregator["models_received"] == 2
     assert all(s["models_sent"] == 1 and s["models_received"] == 0 for s in senders)  # a reply is not a model received
-    assert {s["param_sha256"] for s in senders} == {aggregator["param_sha256"]}  # FedAvg: every member holds the average
+    # FedAvg: every member holds the average
+    assert {s["param_sha256"] for s in senders} == {aggregator["param_sha256"]}
     for node in nodes:
         state = load_file(str(node.state_dir / "model.safetensors"))
         assert all(torch.isfinite(t).all() for t in state.values()), node.id
@@ -101,7 +102,8 @@ async def _a_half_open_stream(aggregator: NodeProcess, swarm: str) -> tuple[pb.A
     async with _stalled_sender(common["aggregator_address"], swarm) as victim:
         started = time.monotonic()
         again = {**common, "round": 1, "senders": ["node-1"]}  # the next group: refused while the stream holds the role
-        while (ack := await _assign(common["aggregator_address"], pb.RoundAssignment(role="aggregator", **again))).reason == "busy":
+        while (ack := await _assign(common["aggregator_address"],
+                                    pb.RoundAssignment(role="aggregator", **again))).reason == "busy":
             assert victim.poll() is None  # the stream is still open: only the node's own deadline can free it
             await asyncio.sleep(0.2)
         return ack, time.monotonic() - started

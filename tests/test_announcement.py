@@ -13,12 +13,11 @@ import ipaddress
 import socket
 
 import pytest
+from discovery_helpers import ann  # shared with test_discovery.py
 from zeroconf import InterfaceChoice
 from zeroconf.asyncio import AsyncServiceInfo
 
 from dfl_node.net.announcement import SERVICE_TYPE, Announcement, mdns_interfaces, parse_peer, service_name
-
-from discovery_helpers import ann  # shared with test_discovery.py
 
 
 @pytest.mark.parametrize(

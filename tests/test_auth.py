@@ -12,12 +12,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import shutil
 import stat
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -37,12 +35,10 @@ from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.tls import TlsError, TlsFiles, dns_names, load_tls
 from dfl_node.node.daemon import Node
-from dfl_node.node.service import announcement
+from dfl_node.node.service import _bind_http, announcement
 from dfl_node.sim import Simulation
-from dfl_node.testbed.launcher import NodeProcess, Placement, all_done, plan_fleet, wait_until
-from tests.conftest import FLEET
-from dfl_node.node.service import _bind_http
-from dfl_node.testbed.launcher import free_port
+from dfl_node.testbed.launcher import all_done, free_port, wait_until
+from tests.conftest import FLEET, loopback_fleet
 from tests.test_startup_errors import node_config, running, start_cli
 
 IDS = [f"node-{i}" for i in range(FLEET.nodes)]
@@ -89,7 +85,8 @@ def test_certs_cli_issues_the_ca_node_certificates_and_a_swarm_key(tmp_path: Pat
     cert = x509.load_pem_x509_certificate((out / "node.crt").read_bytes())
     cert.verify_directly_issued_by(x509.load_pem_x509_certificate((ca / "ca.crt").read_bytes()))
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert dns_names(cert) == ["node-7", "n7.lan"] and [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
+    assert dns_names(cert) == ["node-7", "n7.lan"]
+    assert [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
     assert (out / "ca.crt").read_bytes() == (ca / "ca.crt").read_bytes()
     for key in (ca / "ca.key", out / "node.key"):
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
@@ -107,10 +104,10 @@ def test_certs_cli_issues_the_ca_node_certificates_and_a_swarm_key(tmp_path: Pat
 
 def test_tls_files_are_checked_at_load(pki: Path) -> None:
     files = TlsFiles(pki / "node-0" / "ca.crt", pki / "node-0" / "node.crt", pki / "node-0" / "node.key")
-    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=800)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=800)
     with pytest.raises(TlsError, match=r"expired on \d{4}-\d\d-\d\d; issue a new one"):
         load_tls(files, "node-0", now=later)
-    earlier = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)
+    earlier = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
     with pytest.raises(TlsError, match="is not valid before .* clock right"):
         load_tls(files, "node-0", now=earlier)
 
@@ -125,16 +122,20 @@ def _settings(pki: Path, tmp_path: Path, case: str) -> tuple[dict, str]:
     shutil.copytree(own, broken)
     if case == "missing certificate":
         (broken / "node.crt").unlink()
-        return {"tls_dir": broken}, f"--tls-cert {broken / 'node.crt'} does not exist (issue one with `dfl-node certs issue`)"
+        return {"tls_dir": broken}, (f"--tls-cert {broken / 'node.crt'} does not exist "
+                                     "(issue one with `dfl-node certs issue`)")
     if case == "another node's certificate":
-        return ({"tls_ca": own / "ca.crt", "tls_cert": pki / "node-1" / "node.crt", "tls_key": pki / "node-1" / "node.key"},
+        return ({"tls_ca": own / "ca.crt", "tls_cert": pki / "node-1" / "node.crt",
+                 "tls_key": pki / "node-1" / "node.key"},
                 f"--tls-cert {pki / 'node-1' / 'node.crt'} is for node 'node-1', not --id 'node-0' (a node certificate "
                 "names its node id as CN and DNS name: `dfl-node certs issue NODE-ID`)")
     if case == "a key of another certificate":
         shutil.copy(pki / "node-1" / "node.key", broken / "node.key")
-        return {"tls_dir": broken}, f"--tls-key {broken / 'node.key'} is not the key of --tls-cert {broken / 'node.crt'}"
+        return {"tls_dir": broken}, (f"--tls-key {broken / 'node.key'} is not the key of "
+                                     f"--tls-cert {broken / 'node.crt'}")
     if case == "a certificate of another CA":
-        return ({"tls_ca": own / "ca.crt", "tls_cert": pki / "intruder" / "node.crt", "tls_key": pki / "intruder" / "node.key"},
+        return ({"tls_ca": own / "ca.crt", "tls_cert": pki / "intruder" / "node.crt",
+                 "tls_key": pki / "intruder" / "node.key"},
                 f"--tls-cert {pki / 'intruder' / 'node.crt'} is not signed by the swarm CA --tls-ca {own / 'ca.crt'}")
     if case == "a node certificate as the CA":
         return ({"tls_dir": own, "tls_ca": own / "node.crt"},
@@ -154,8 +155,9 @@ def _settings(pki: Path, tmp_path: Path, case: str) -> tuple[dict, str]:
             f"(make one with `dfl-node certs swarm-key {tmp_path / 'none.key'}`)")
 
 
-@pytest.mark.parametrize("case", ["missing certificate", "another node's certificate", "a key of another certificate",
-                                  "a certificate of another CA", "a node certificate as the CA", "a key that is not PEM",
+@pytest.mark.parametrize("case", ["missing certificate", "another node's certificate",
+                                  "a key of another certificate", "a certificate of another CA",
+                                  "a node certificate as the CA", "a key that is not PEM",
                                   "a certificate without its key", "a short swarm key", "a missing swarm key"])
 def test_unusable_credentials_stop_the_node_before_anything(fleet_shards: Path, pki: Path, tmp_path: Path,
                                                             case: str) -> None:
@@ -195,7 +197,8 @@ async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_fals
             running(config("node-1", pki / "node-1", [a], ports[1])) as node1, \
             running(config("node-2", pki / "intruder", [a], ports[2])) as intruder:
         await until(lambda: node0.peers.alive_ids() == ["node-1"] and node1.peers.alive_ids() == ["node-0"])
-        await until(lambda: node0.state.rejected["tls_handshake"] >= 3 and intruder.state.rejected["tls_handshake"] >= 3)
+        await until(lambda: node0.state.rejected["tls_handshake"] >= 3
+                    and intruder.state.rejected["tls_handshake"] >= 3)
         assert "node-2" not in node0.peers.peers and not intruder.peers.peers  # neither side took the other in
         assert node0.status().authentication == "mtls" and node0.handshake.names == {b: "node-1"}
 
@@ -206,7 +209,8 @@ async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_fals
             assert (reply.accepted, reply.reason) == (False, "identity_mismatch")
             assert "node-3" not in node0.peers.peers and "node-3" not in node0.peers.pending
             # a transfer and a probe in another node's name
-            frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-3", swarm=node0.config.swarm))]
+            frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-3",
+                                                        swarm=node0.config.swarm))]
             verdicts = [f async for f in stub.Transfer(iter(frames), timeout=5)]
             assert (verdicts[0].result.accepted, verdicts[0].result.reason) == (False, "identity_mismatch")
             with pytest.raises(grpc.aio.AioRpcError) as probe:
@@ -250,7 +254,7 @@ async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authen
     async with running(config("node-0", [b, c, d], ports[0], key)) as node0, \
             running(config("node-1", [a], ports[1], key)) as node1, \
             running(config("node-2", [a], ports[2], other)) as wrong_key, \
-            running(config("node-3", [a], ports[3], None)) as keyless:
+            running(config("node-3", [a], ports[3], None)):  # keyless
         await until(lambda: node0.peers.alive_ids() == ["node-1"] and node1.peers.alive_ids() == ["node-0"])
         rejected = node0.state.rejected
         await until(lambda: rejected["auth_failed"] >= 3 and rejected["unauthenticated"] >= 6)
@@ -278,7 +282,8 @@ async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authen
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await call
                 assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-9", swarm=node0.config.swarm))]
+            frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-9",
+                                                        swarm=node0.config.swarm))]
             verdicts = [f async for f in unauthenticated.Transfer(iter(frames), timeout=5)]
             assert verdicts[0].result.reason == "unauthenticated"
             pulled = [f async for f in unauthenticated.Pull(pb.PullRequest(aggregator="node-9"), timeout=5)]
@@ -333,23 +338,6 @@ async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path,
 # ----------------------------------------------------------------------------- fleets ≡ the simulator
 
 
-@contextlib.contextmanager
-def authenticated_fleet(shards: Path, workdir: Path, algorithm: str, config, per_node: Callable[[str], dict]
-                        ) -> Iterator[list[NodeProcess]]:
-    nodes = plan_fleet(config, algorithm, shards, workdir, [Placement("127.0.0.1")] * config.nodes,
-                       swarm=f"t-{uuid.uuid4().hex[:8]}", mdns=False, static_peers=True)
-    try:
-        for node in nodes:
-            node.env.update({f"DFL_{k.upper()}": str(v) for k, v in per_node(node.id).items()})
-            node.start()
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
-        for node in nodes:
-            print(f"--- {node.id} log tail ---\n" + "\n".join(node.log_path.read_text().splitlines()[-15:]))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "algorithm"), [("mtls", "defkt-select"), ("psk", "fairavg")])
 def test_authenticated_fleet_equals_simulator(fleet_shards: Path, pki: Path, tmp_path: Path, mode: str,
@@ -358,7 +346,8 @@ def test_authenticated_fleet_equals_simulator(fleet_shards: Path, pki: Path, tmp
     config = FLEET.model_copy(update={"rounds": 10})
     key = new_swarm_key(tmp_path / "swarm.key")
     per_node = (lambda node_id: {"tls_dir": pki / node_id}) if mode == "mtls" else (lambda _: {"swarm_key_file": key})
-    with authenticated_fleet(fleet_shards, tmp_path, algorithm, config, per_node) as nodes:
+    with loopback_fleet(fleet_shards, tmp_path, algorithm, config, mdns=False, static_peers=True,
+                        per_node=per_node) as nodes:
         statuses = wait_until(nodes, all_done, timeout=180)
         logs = "\n".join(n.log_path.read_text() for n in nodes)
     assert logs.count(f"authentication: {mode}") == len(nodes)

@@ -9,13 +9,11 @@ The verbs run in-process (click's runner) up to the config they build, which a s
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 from typing import Any
 
 import click
 import pytest
-from click.testing import CliRunner, Result
 from pydantic import BaseModel
 
 from dfl_node.algorithms import ALGORITHMS
@@ -25,6 +23,7 @@ from dfl_node.config_loader import load_config
 from dfl_node.learning.datasets import DATASETS
 from dfl_node.learning.partitions import PARTITIONS
 from dfl_node.node.config import NodeConfig
+from tests.conftest import error_lines, invoke
 
 EXPERIMENT_VERBS = ("simulate", "testbed", "partition")
 VERB_MODELS: list[tuple[str, type[BaseModel]]] = [*((verb, ExperimentConfig) for verb in EXPERIMENT_VERBS),
@@ -32,13 +31,6 @@ VERB_MODELS: list[tuple[str, type[BaseModel]]] = [*((verb, ExperimentConfig) for
 START = ("start", "--id", "node-0", "--data", "shards/node-0")
 
 pytestmark = pytest.mark.usefixtures("clean_env")
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No DFL_* variable of the developer's shell (DFL_DATA_DIR…) may decide a test's outcome."""
-    for key in [k for k in os.environ if k.startswith("DFL_")]:
-        monkeypatch.delenv(key)
 
 
 class Built(Exception):
@@ -63,10 +55,6 @@ def built(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("dfl_node.node.service.serve", serve)
 
 
-def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
-
-
 def config_of(*args: str, env: dict[str, str] | None = None) -> Any:
     """The config a verb builds from these arguments (needs the ``built`` fixture)."""
     with pytest.raises(Built) as stopped:
@@ -78,11 +66,6 @@ def verb_args(verb: str) -> tuple[str, ...]:
     """The verb with what it needs besides the settings under test."""
     return {"simulate": ("simulate", "--quiet"), "partition": ("partition", "--out", "shards"),
             "start": START}.get(verb, (verb,))
-
-
-def error_lines(result: Result) -> list[str]:
-    assert "Traceback" not in result.output
-    return [line for line in result.output.splitlines() if line.lower().startswith("error: ")]
 
 
 def available(names: object) -> str:

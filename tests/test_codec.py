@@ -14,6 +14,7 @@ import tracemalloc
 
 import pytest
 import torch
+from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state, read_frames_of
 
 import dfl_node
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
@@ -21,8 +22,6 @@ from dfl_node.net import codec
 from dfl_node.net.codec import Limits, TransferRejected, prepare
 from dfl_node.net.frames import decode_frame, encode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
-
-from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state, read_frames_of
 
 
 def assert_same_parts(got: tuple[TensorPart, ...], want: tuple[TensorPart, ...]) -> None:
@@ -272,7 +271,8 @@ def test_buffer_pool_reuses_a_buffer_only_once_nothing_refers_to_it() -> None:
 def test_pooled_assembly_never_overwrites_a_message_still_in_use() -> None:
     pool = codec.BufferPool()
     state = make_state()
-    first_msg, second_msg = make_msg(state), make_msg({k: v + 1 if v.is_floating_point() else v for k, v in state.items()})
+    first_msg = make_msg(state)
+    second_msg = make_msg({k: v + 1 if v.is_floating_point() else v for k, v in state.items()})
     _, first = feed_all(assembler(state, buffers=pool), read_frames_of(first_msg))
     _, second = feed_all(assembler(state, buffers=pool), read_frames_of(second_msg))
     assert_same_parts(first.parts, first_msg.parts)  # untouched by the second transfer

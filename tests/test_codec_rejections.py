@@ -14,13 +14,12 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state
 
 import dfl_node
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.codec import Limits, MessageAssembler, TransferRejected
 from dfl_node.net.proto import dfl_pb2 as pb
-
-from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state
 
 
 def reject(asm: MessageAssembler, frames: list[pb.Frame]) -> tuple[str, int]:
@@ -44,7 +43,8 @@ def forged(mutate: Callable[[pb.TransferHeader], object], msg: ModelMessage | No
 def test_wrong_swarm_fingerprint_and_version_are_refused_at_the_header() -> None:
     assert reject(assembler(swarm="other"), frames_of(make_msg())) == ("swarm_mismatch", 0)
     assert reject(assembler(fingerprint="fp-999"), frames_of(make_msg())) == ("fingerprint_mismatch", 0)
-    assert reject(assembler(protocol_version=dfl_node.PROTOCOL_VERSION + 1), frames_of(make_msg())) == ("protocol_version", 0)
+    newer = assembler(protocol_version=dfl_node.PROTOCOL_VERSION + 1)
+    assert reject(newer, frames_of(make_msg())) == ("protocol_version", 0)
     frames = forged(lambda h: setattr(h, "protocol_version", 99))
     assert reject(assembler(), frames) == ("protocol_version", 0)
 
@@ -223,4 +223,5 @@ def test_another_architecture_passes_only_through_the_resolver_with_its_own_fing
     assert got.model == "other:1" and header.fingerprint == "fp-other"
     assert reject(asm(), frames_of(theirs, fingerprint=FP)) == ("fingerprint_mismatch", 0)
     assert reject(asm(), frames_of(make_msg(model="alien:9"), fingerprint="x")) == ("model_not_fusable", 0)
-    assert reject(assembler(), frames_of(theirs, fingerprint=FP)) == ("fingerprint_mismatch", 0)  # no resolver: own only
+    # no resolver: own only
+    assert reject(assembler(), frames_of(theirs, fingerprint=FP)) == ("fingerprint_mismatch", 0)

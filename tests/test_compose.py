@@ -171,7 +171,8 @@ def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published
     assert sorted(s["id"] for s in statuses) == ["node-0", "node-1", "node-2", "node-3"]
     for s in statuses:
         # No static peers were given: every peer in the table was found by mDNS and answered Hello.
-        assert sorted(p["id"] for p in s["peers"] if p["alive"]) == sorted({"node-0", "node-1", "node-2", "node-3"} - {s["id"]})
+        others = {"node-0", "node-1", "node-2", "node-3"} - {s["id"]}
+        assert sorted(p["id"] for p in s["peers"] if p["alive"]) == sorted(others)
         assert {p["status_url"] for p in s["peers"]} <= {f"http://127.0.0.1:{8080 + i}" for i in range(4)}
         assert s["round"] == rounds and s["rejected"] == {}
         assert s["authentication"] == ("mtls" if tls else "none")

@@ -7,38 +7,19 @@ These run the `dfl-node` verbs in-process (click's runner): each fails before a 
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner, Result
 
 from dfl_node.algorithms import ALGORITHMS
-from dfl_node.cli import cli
 from dfl_node.config import ExperimentConfig
 from dfl_node.config_loader import ConfigError, load_config
 from dfl_node.node.config import NodeConfig
+from tests.conftest import error_lines, invoke
 
 pytestmark = pytest.mark.usefixtures("clean_env")
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No DFL_* variable of the developer's shell (DFL_DATA_DIR…) may decide a test's outcome."""
-    for key in [k for k in os.environ if k.startswith("DFL_")]:
-        monkeypatch.delenv(key)
-
-
-def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
-
-
-def error_lines(result: Result) -> list[str]:
-    """The lines that report the problem: click's ``Error: …`` and ours ``error: …``, nothing else."""
-    assert "Traceback" not in result.output
-    return [line for line in result.output.splitlines() if line.lower().startswith("error: ")]
 
 
 def write(path: Path, text: str) -> Path:
@@ -209,7 +190,8 @@ def test_beyond_loopback_without_credentials_is_a_settings_error(tmp_path: Path,
     assert result.exit_code == 2
     assert error_lines(result) == [f"Error: host {host} is reachable from the network but neither mutual TLS "
                                    "(--tls-dir) nor a swarm key (--swarm-key-file) is set, so anyone there could push "
-                                   "a model into this node; give one, or --insecure (DFL_INSECURE=1) on a private network"]
+                                   "a model into this node; give one, or --insecure (DFL_INSECURE=1) on a private "
+                                   "network"]
 
 
 def test_insecure_is_a_flag_a_variable_and_a_config_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

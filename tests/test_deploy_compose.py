@@ -26,8 +26,19 @@ from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY
 from dfl_node.net.tls import load_tls
 from dfl_node.testbed.netns import PER_NODE_KEYS
 from tests.deploy_helpers import (
-    COMPOSE, COMPOSE_TLS, DEPLOY, NODE_ENV, ROOT, SECRET_MARKERS, SHARED, documented_commands, in_readme, mounted,
-    node_config, run_documented, tls_of,
+    COMPOSE,
+    COMPOSE_TLS,
+    DEPLOY,
+    NODE_ENV,
+    ROOT,
+    SECRET_MARKERS,
+    SHARED,
+    documented_commands,
+    in_readme,
+    mounted,
+    node_config,
+    run_documented,
+    tls_of,
 )
 
 SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
@@ -122,20 +133,23 @@ def test_compose_nodes_share_the_node_command_line(compose: dict, monkeypatch: p
     for name, svc in nodes.items():
         assert [(COMPOSE.parent / f).resolve() for f in svc["env_file"]] == [NODE_ENV]
         env = svc["environment"]
-        assert set(env) == {*PER_NODE_KEYS, "DFL_STATUS_URL"}, "nodes set only per-node values; the rest is deploy/node.env"
+        assert set(env) == {*PER_NODE_KEYS, "DFL_STATUS_URL"}, ("nodes set only per-node values; the rest is "
+                                                                "deploy/node.env")
         nid = env["DFL_ID"]
         ids.append(nid)
         assert env["DFL_DATA"] == f"{out}/{nid}" and env["DFL_TEST_DATA"] == f"{out}/test.safetensors"
         assert env["DFL_ADVERTISE"] == svc["hostname"] == name
         assert f"shards:{out}:ro" in svc["volumes"]
-        assert any(env["DFL_STATE_DIR"].startswith(m.split(":")[1] + "/") for m in svc["volumes"] if m.startswith("state:"))
+        assert any(env["DFL_STATE_DIR"].startswith(m.split(":")[1] + "/")
+                   for m in svc["volumes"] if m.startswith("state:"))
         assert svc["depends_on"] == {init_name: {"condition": "service_completed_successfully"}}
         assert "healthcheck" not in svc  # the image's HEALTHCHECK on /healthz applies
         (port,) = svc["ports"]
         host_ip, published, target = port.split(":")
         assert (host_ip, target) == ("127.0.0.1", SHARED["DFL_HTTP_PORT"])
         host_ports.append(published)
-        assert env["DFL_STATUS_URL"] == f"http://127.0.0.1:{published}"  # what `dfl-node status --all` dials from the host
+        # what `dfl-node status --all` dials from the host
+        assert env["DFL_STATUS_URL"] == f"http://127.0.0.1:{published}"
         config = node_config({**SHARED, **env}, monkeypatch)
         assert (config.id, config.host, config.mdns) == (nid, "0.0.0.0", True)
         assert config.insecure and config.open_to_network  # said explicitly (node.env): a private bridge

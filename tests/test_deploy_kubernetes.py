@@ -21,8 +21,17 @@ from dfl_node.learning.fleet import fleet_ids
 from dfl_node.net.tls import dns_names, load_tls
 from dfl_node.testbed.netns import PER_NODE_KEYS
 from tests.deploy_helpers import (
-    DEPLOY, K8S_TLS, NODE_ENV, SECRET_MARKERS, SHARED, documented_commands, in_readme, mounted, node_config,
-    run_documented, tls_of,
+    DEPLOY,
+    K8S_TLS,
+    NODE_ENV,
+    SECRET_MARKERS,
+    SHARED,
+    documented_commands,
+    in_readme,
+    mounted,
+    node_config,
+    run_documented,
+    tls_of,
 )
 
 K8S_DISCOVERY = {"DFL_MDNS", "DFL_PEERS"}  # the one thing Kubernetes does differently: no multicast
@@ -93,7 +102,8 @@ def test_statefulset_probes_state_volume_and_partition() -> None:
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) not installed")
 def test_kustomize_build_puts_node_env_in_the_configmap() -> None:
-    built = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60, check=True)
+    built = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60,
+                           check=True)
     docs = {d["kind"]: d for d in yaml.safe_load_all(built.stdout)}
     assert docs["ConfigMap"]["data"] == SHARED
     (node,) = docs["StatefulSet"]["spec"]["template"]["spec"]["containers"]
@@ -102,7 +112,8 @@ def test_kustomize_build_puts_node_env_in_the_configmap() -> None:
 
 # ----------------------------------------------------------------------------- the mutual-TLS overlay
 def kustomize(folder: Path) -> dict[tuple[str, str], dict]:
-    built = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=60, check=True)
+    built = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=60,
+                           check=True)
     assert not any(marker in built.stdout for marker in SECRET_MARKERS)
     return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built.stdout)}
 
@@ -118,7 +129,8 @@ def test_kustomize_tls_overlay_mounts_the_secret_and_sets_the_tls_files() -> Non
     (volume,) = [v for v in pod["volumes"] if "secret" in v]
     assert volume["secret"]["secretName"] == "dfl-node-tls"
     mode = volume["secret"]["defaultMode"]
-    assert mode & 0o040 and not mode & 0o007 and pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+    assert mode & 0o040 and not mode & 0o007
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
     (mount,) = [m for m in node["volumeMounts"] if m["name"] == volume["name"]]
     assert mount["readOnly"] is True
     assert not [m for c in pod["initContainers"] for m in c["volumeMounts"] if m["name"] == volume["name"]]

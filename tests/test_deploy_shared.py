@@ -14,7 +14,16 @@ import pytest
 from dfl_node.learning.fleet import fleet_ids
 from dfl_node.testbed.netns import PER_NODE_KEYS, NetnsHost, node_environment
 from tests.deploy_helpers import (
-    COMPOSE, COMPOSE_TLS, DEPLOY, FIELDS, K8S_TLS, NODE_ENV, ROOT, SECRET_MARKERS, SHARED, node_config,
+    COMPOSE,
+    COMPOSE_TLS,
+    DEPLOY,
+    FIELDS,
+    K8S_TLS,
+    NODE_ENV,
+    ROOT,
+    SECRET_MARKERS,
+    SHARED,
+    node_config,
 )
 
 
@@ -68,7 +77,9 @@ def test_netns_testbed_uses_node_env(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 def test_certificates_stay_out_of_git_and_the_image() -> None:
     ignored = (ROOT / ".gitignore").read_text().splitlines()
     assert {"/certs/", "/swarm-ca/", "/tls/"} <= set(ignored)  # where the documented commands write keys
-    docker_ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
-    assert docker_ignore[0] == "*" and not [line for line in docker_ignore if "cert" in line or "swarm" in line or "tls" in line]
+    docker_ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines()
+                     if line and not line.startswith("#")]
+    assert docker_ignore[0] == "*"
+    assert not [line for line in docker_ignore if "cert" in line or "swarm" in line or "tls" in line]
     for path in [COMPOSE, COMPOSE_TLS, *(p for d in (DEPLOY, K8S_TLS) for p in d.rglob("*") if p.is_file())]:
         assert not any(marker in path.read_text(errors="replace") for marker in SECRET_MARKERS), path

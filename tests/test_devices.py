@@ -6,15 +6,12 @@ This suite runs on CPUs: what a CUDA machine does is checked only as far as choo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner, Result
 
 from dfl_node.algorithms.messages import ModelMessage, on_device, parts_from_state
-from dfl_node.cli import cli
 from dfl_node.config import ExperimentConfig, LearningConfig
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.devices import device_problem, resolve_device
@@ -22,26 +19,13 @@ from dfl_node.learning.fleet import provision
 from dfl_node.node.config import NodeConfig
 from dfl_node.sim import Simulation
 from dfl_node.testbed.launcher import node_env
+from tests.conftest import error_lines, invoke
 
+pytestmark = pytest.mark.usefixtures("clean_env")
 NO_CUDA = not torch.cuda.is_available()
 needs_no_cuda = pytest.mark.skipif(not NO_CUDA, reason="checks the error of a machine without CUDA")
 VERBS = {"simulate": ("simulate", "--quiet"), "testbed": ("testbed",), "partition": ("partition", "--out", "shards"),
          "start": ("start", "--id", "node-0", "--data", "shards/node-0")}
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in [k for k in os.environ if k.startswith("DFL_")]:
-        monkeypatch.delenv(key)
-
-
-def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
-
-
-def error_lines(result: Result) -> list[str]:
-    assert "Traceback" not in result.output
-    return [line for line in result.output.splitlines() if line.lower().startswith("error: ")]
 
 
 def test_cpu_is_the_default_of_every_config() -> None:

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile, Step, make_algorithm
 from dfl_node.algorithms.base import equip, generator_for
 from dfl_node.algorithms.messages import state_from_parts
+from dfl_node.cli import cli
 from dfl_node.config import ExperimentConfig, LearningConfig
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fleet import provision
@@ -21,7 +22,6 @@ from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import alpha_at, class_proportions, wsm_loss
 from dfl_node.learning.training import SgdParams, local_sgd
 from dfl_node.node.persistence import Checkpoint
-from dfl_node.cli import cli
 from dfl_node.results import cluster_accuracy, comparison, rounds_to_reach, write_results
 from dfl_node.sim import Simulation
 
@@ -130,7 +130,8 @@ def test_fml_only_meme_models_travel_and_are_averaged_unweighted() -> None:
     for n in (agg, b, c):  # aggregation never touches a local model (only the DML before it did)
         assert torch.equal(_vector(n.model), locals_before[n.node_id])
     assert list(algo.reported_models(agg)) == ["local", "meme"]
-    local_model = replace(messages[0], model="mlp:16", parts=tuple(make_algorithm("dfml", CONFIG).transmit(c, step).parts))
+    local_model = replace(messages[0], model="mlp:16",
+                          parts=tuple(make_algorithm("dfml", CONFIG).transmit(c, step).parts))
     with pytest.raises(AlgorithmError, match="meme model"):
         algo.check_message(agg, local_model)  # a local model offered as a meme is refused
 
@@ -200,7 +201,8 @@ def test_dfml_fml_and_partial_training_learn_in_the_simulator(tmp_path) -> None:
     assert all(r.history[-1].global_accuracy > r.history[0].global_accuracy + 0.2 for r in runs)
     table = comparison([dfml, *runs], "fedavg")
     reached = rounds_to_reach(runs[-1], table["baseline_final_global_accuracy"])  # fedavg's own: at most 12
-    assert table["runs"]["fedavg"]["rounds_to_baseline_final"] == reached and table["runs"]["fedavg"]["speedup"] == 12 / reached
+    assert table["runs"]["fedavg"]["rounds_to_baseline_final"] == reached
+    assert table["runs"]["fedavg"]["speedup"] == 12 / reached
     assert set(table["runs"]["dfml"]["series"]) == {"regular"}
     # dfl-node plot: dashed series, the per-cluster figure (003 Fig. 5) and the --baseline comparison (Table 8)
     paths = []

@@ -108,7 +108,8 @@ def _result(algorithm: str, local: list[float], name: str = "case") -> RunResult
     nodes = [NodeResult(id=f"n{i}", global_accuracy=0.5, local_accuracy=a, param_sha256="", num_train=1)
              for i, a in enumerate(local)]
     last = EvalRecord(round=1, global_accuracy=0.5, local_accuracy=sum(local) / len(local),
-                      per_node_global={n.id: 0.5 for n in nodes}, per_node_local={n.id: n.local_accuracy for n in nodes},
+                      per_node_global={n.id: 0.5 for n in nodes},
+                      per_node_local={n.id: n.local_accuracy for n in nodes},
                       bytes_transmitted=0, wall_time_s=0.0)
     return RunResult(driver="simulate", algorithm=algorithm, config={"name": name}, rounds=1, history=[last],
                      nodes=nodes, bytes_transmitted=0, models_transmitted=0, wall_time_s=0.0)

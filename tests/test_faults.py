@@ -22,7 +22,6 @@ import contextlib
 import random
 import signal
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -39,13 +38,10 @@ from dfl_node.learning.models import ModelSpec, fingerprint
 from dfl_node.node.persistence import Checkpoint
 from dfl_node.testbed.launcher import (
     NodeProcess,
-    Placement,
-    plan_fleet,
     poll_status,
-    stop_all,
     wait_until,
 )
-from tests.conftest import FLEET
+from tests.conftest import FLEET, loopback_fleet
 
 pytestmark = pytest.mark.slow
 
@@ -139,24 +135,17 @@ def all_alive(statuses: Statuses) -> bool:
 
 
 @contextlib.contextmanager
-def fleet(shards: Path, workdir: Path, mode: str, config: ExperimentConfig = FLEET, **settings: object
-          ) -> Iterator[Chaos]:
+def chaos_fleet(shards: Path, workdir: Path, mode: str, config: ExperimentConfig = FLEET, **settings: object
+                ) -> Iterator[Chaos]:
     """Four Def-KT daemons on loopback with static peers and the short timeouts of these tests, started
     and (gracefully) stopped; their logs' tails are printed for a failing test."""
     workdir.mkdir(parents=True, exist_ok=True)
-    nodes = plan_fleet(config, "defkt", shards, workdir, [Placement("127.0.0.1")] * config.nodes,
-                       swarm=f"f-{uuid.uuid4().hex[:8]}", mode=mode, mdns=False, static_peers=True,
-                       extra={**TIMEOUTS, "evaluate": False, "history_limit": HISTORY_LIMIT, **settings})
-    try:
-        for node in nodes:
-            node.start()
+    with loopback_fleet(shards, workdir, "defkt", config, mode=mode, mdns=False, static_peers=True,
+                        extra={**TIMEOUTS, "evaluate": False, "history_limit": HISTORY_LIMIT, **settings},
+                        swarm="f", stop_grace=20.0, log_lines=12) as nodes:
         chaos = Chaos(nodes)
         chaos.wait(all_alive)
         yield chaos
-    finally:
-        stop_all(nodes, grace=20.0)
-        for node in nodes:
-            print(f"--- {node.id} log tail ---\n" + "\n".join(node.log_path.read_text().splitlines()[-12:]))
 
 
 # ----------------------------------------------------------------------------- what the nodes made durable
@@ -289,9 +278,9 @@ def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Pat
     # The round fleet's senders train for a while (local_epochs), so a sender's kill mostly lands before its
     # transfer, while its aggregator waits for it.
     round_config = FLEET.model_copy(update={"rounds": 0, "local_epochs": 10})
-    with (fleet(fleet_shards, tmp_path / "round", "round", round_config, **STORM_TIMEOUTS) as rounds,
-          fleet(fleet_shards, tmp_path / "async", "async", interval=0.3, participation=0.8, duration=0,
-                round_timeout=5.0) as async_,
+    with (chaos_fleet(fleet_shards, tmp_path / "round", "round", round_config, **STORM_TIMEOUTS) as rounds,
+          chaos_fleet(fleet_shards, tmp_path / "async", "async", interval=0.3, participation=0.8, duration=0,
+                      round_timeout=5.0) as async_,
           ThreadPoolExecutor(2) as pool):
         storms = [pool.submit(storm_round_mode, rounds, random.Random(SEED)),
                   pool.submit(storm_async_mode, async_, random.Random(SEED + 1))]
@@ -339,7 +328,7 @@ def test_a_round_whose_sender_died_before_its_transfer_is_played_again(fleet_sha
     The sender (not the holder: the token would die with it) trains slowly here, so it is surely killed
     before it transfers."""
     config = FLEET.model_copy(update={"rounds": 4, "local_epochs": 400})
-    with fleet(fleet_shards, tmp_path, "round", config) as chaos:
+    with chaos_fleet(fleet_shards, tmp_path, "round", config) as chaos:
         victim, statuses = chaos.wait_for_status(lambda s: s["role"] == "sender" and not s["holding"])
         chaos.kill(victim, statuses)
         victim.start()
@@ -356,7 +345,7 @@ def test_an_aggregator_killed_after_accepting_loses_no_model(fleet_shards: Path,
     round mode the holder) counted the exchange as done. Fusion is slow here, so the kill lands in it."""
     config = FLEET.model_copy(update={"rounds": 4 if mode == "round" else 0, "mkt_epochs": 60})
     settings = {"interval": 0.3, "participation": 0.5} if mode == "async" else {}
-    with fleet(fleet_shards, tmp_path, mode, config, **settings) as chaos:
+    with chaos_fleet(fleet_shards, tmp_path, mode, config, **settings) as chaos:
         victim, statuses = chaos.wait_for_status(lambda s: s["fusing"])
         chaos.kill(victim, statuses)
         victim.start()
@@ -377,7 +366,7 @@ def test_a_restarted_lowest_node_regenerates_from_the_fleets_round(fleet_shards:
     together, when node-0's checkpoint is behind the fleet; token_timeout is longer than a restart, so
     node-0 is back before anyone else would act."""
     config = FLEET.model_copy(update={"rounds": 14})
-    with fleet(fleet_shards, tmp_path, "round", config, token_timeout=8.0) as chaos:
+    with chaos_fleet(fleet_shards, tmp_path, "round", config, token_timeout=8.0) as chaos:
         node0 = chaos.by_id("node-0")
         holder, statuses = chaos.wait_for_status(
             lambda s: s["holding"] and s["id"] != "node-0" and s["round"] >= 4)
@@ -402,7 +391,7 @@ def test_members_killed_in_turn_neither_stall_the_token_nor_repeat_a_round(fleet
     in turn (as far as a poll can tell) is killed at a random moment here and restarted, three times."""
     rng = random.Random(SEED)
     config = FLEET.model_copy(update={"rounds": 0})
-    with fleet(fleet_shards, tmp_path, "round", config) as chaos:
+    with chaos_fleet(fleet_shards, tmp_path, "round", config) as chaos:
         chaos.wait(lambda s: highest_round(s) >= 3)
         for _ in range(3):
             time.sleep(rng.uniform(0.1, 1.0))

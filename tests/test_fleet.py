@@ -6,11 +6,8 @@ and the simulator, with the same config and seed, end with the same models.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,29 +16,14 @@ from safetensors.torch import load_file
 
 from dfl_node.learning.fleet import provision
 from dfl_node.sim import Simulation, initial_models
-from dfl_node.testbed.launcher import NodeProcess, Placement, all_done, done_twice, plan_fleet, wait_until
-from tests.conftest import FLEET
+from dfl_node.testbed.launcher import all_done, done_twice, wait_until
+from tests.conftest import FLEET, loopback_fleet
 
 pytestmark = pytest.mark.slow
 
 
-@contextlib.contextmanager
-def fleet(shards: Path, workdir: Path, algorithm: str, config=FLEET, **options) -> Iterator[list[NodeProcess]]:
-    nodes = plan_fleet(config, algorithm, shards, workdir, [Placement("127.0.0.1")] * config.nodes,
-                       swarm=f"t-{uuid.uuid4().hex[:8]}", **options)
-    try:
-        for node in nodes:
-            node.start()
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
-        for node in nodes:
-            print(f"--- {node.id} log tail ---\n" + "\n".join(node.log_path.read_text().splitlines()[-15:]))
-
-
 def test_four_daemons_discover_by_mdns_and_run_ten_defkt_rounds(fleet_shards: Path, tmp_path: Path) -> None:
-    with fleet(fleet_shards, tmp_path, "defkt", mdns=True, static_peers=False) as nodes:
+    with loopback_fleet(fleet_shards, tmp_path, "defkt", mdns=True, static_peers=False) as nodes:
         wait_until(nodes, lambda s: all(v is not None for v in s.values()), timeout=60)
         up = time.monotonic()
         wait_until(nodes, lambda s: all(sum(p["alive"] for p in v["peers"]) == 3 for v in s.values()), timeout=10)
@@ -71,11 +53,12 @@ UNRELATED = ["mlp:32,32", "cnn-ln:4,8"]  # two unrelated architectures (digits' 
     ("defkt-select", [], {}),  # open groups: the sender probes its candidates (class profiles) and chooses
     ("defkt-select", [], {"selection": "probe-samples"}),  # … by its least certain samples
     ("fairavg", [], {}),  # 002: pull the pair's model, weight both by accuracy on the own data (eqs. 4–5)
-], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip", "dfml-unrelated", "fml-unrelated", "defkt-select", "defkt-select-probe", "fairavg"])
+], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip", "dfml-unrelated", "fml-unrelated", "defkt-select",
+        "defkt-select-probe", "fairavg"])
 def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm: str, architectures: list[str],
                                   settings: dict) -> None:
     config = FLEET.model_copy(update={"rounds": 20, "architectures": architectures, **settings})
-    with fleet(fleet_shards, tmp_path, algorithm, config=config, mdns=False, static_peers=True) as nodes:
+    with loopback_fleet(fleet_shards, tmp_path, algorithm, config=config, mdns=False, static_peers=True) as nodes:
         statuses = wait_until(nodes, all_done, timeout=180)
         taken = [t for n in nodes for t in re.findall(r": taking (\S+) \((\S+)\) from ", n.log_path.read_text())]
     sim = Simulation(config, algorithm, provision(config))
@@ -88,7 +71,8 @@ def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm:
         mine = load_file(str(node.state_dir / "model.safetensors"))
         theirs = sim.nodes[node.id].checkpoint_state()  # with the algorithm's extra models (peak, meme) and α_n
         unequal = [k for k in theirs if not torch.equal(mine[k], theirs[k])]  # bit for bit, as README says
-        assert not unequal, f"{node.id}: max abs difference {max(float((mine[k] - theirs[k]).abs().max()) for k in unequal)}"
+        assert not unequal, (f"{node.id}: max abs difference "
+                             f"{max(float((mine[k] - theirs[k]).abs().max()) for k in unequal)}")
         assert statuses[node.id]["global_accuracy"] == pytest.approx(expected[node.id].global_accuracy,
                                                                   abs=one_sample + 1e-12)
         assert statuses[node.id]["local_accuracy"] == pytest.approx(expected[node.id].local_accuracy, abs=1e-9)
@@ -114,8 +98,8 @@ def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm:
 
 
 def test_async_mode_every_node_fuses_and_never_two_at_once(fleet_shards: Path, tmp_path: Path) -> None:
-    with fleet(fleet_shards, tmp_path, "defkt", mode="async", mdns=True,
-               extra={"duration": 60, "interval": 1.0, "participation": 0.8}) as nodes:
+    with loopback_fleet(fleet_shards, tmp_path, "defkt", mode="async", mdns=True,
+                        extra={"duration": 60, "interval": 1.0, "participation": 0.8}) as nodes:
         statuses = wait_until(nodes, done_twice(), timeout=180, every=2.0)
         assert all(n.process.poll() is None for n in nodes)  # still serving after the budget
     for s in statuses.values():
@@ -127,8 +111,8 @@ def test_async_mode_every_node_fuses_and_never_two_at_once(fleet_shards: Path, t
 
 def test_fedavg_groups_run_in_async_mode_for_two_minutes(fleet_shards: Path, tmp_path: Path) -> None:
     """No global clock: volunteers invite senders (2 of 4: 50 %), aggregate, send the average back."""
-    with fleet(fleet_shards, tmp_path, "fedavg", mode="async", mdns=True,
-               extra={"duration": 120, "interval": 1.0, "participation": 0.5}) as nodes:
+    with loopback_fleet(fleet_shards, tmp_path, "fedavg", mode="async", mdns=True,
+                        extra={"duration": 120, "interval": 1.0, "participation": 0.5}) as nodes:
         statuses = wait_until(nodes, done_twice(), timeout=240, every=2.0)
         assert all(n.process.poll() is None for n in nodes)
         logs = "\n".join(n.log_path.read_text() for n in nodes)
@@ -147,8 +131,8 @@ def test_fedavg_groups_run_in_async_mode_for_two_minutes(fleet_shards: Path, tmp
 ], ids=["defkt-select", "fairavg"])
 def test_issue_11_algorithms_run_in_async_mode(fleet_shards: Path, tmp_path: Path, algorithm: str,
                                                settings: dict) -> None:
-    with fleet(fleet_shards, tmp_path, algorithm, mode="async", mdns=False, static_peers=True,
-               extra={"duration": 20, "interval": 1.0, "participation": 0.8, **settings}) as nodes:
+    with loopback_fleet(fleet_shards, tmp_path, algorithm, mode="async", mdns=False, static_peers=True,
+                        extra={"duration": 20, "interval": 1.0, "participation": 0.8, **settings}) as nodes:
         statuses = wait_until(nodes, done_twice(), timeout=90, every=1.0)
         assert all(n.process.poll() is None for n in nodes)
         logs = "\n".join(n.log_path.read_text() for n in nodes)

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.tensors import TensorPart
 from dfl_node.learning.fusion import (
     average_parts_,
     mkt_losses,
@@ -17,6 +16,7 @@ from dfl_node.learning.fusion import (
     segment_ranges,
     weighted_average_,
 )
+from dfl_node.learning.tensors import TensorPart
 from dfl_node.learning.training import SgdParams
 
 

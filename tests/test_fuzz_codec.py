@@ -43,7 +43,16 @@ from dfl_node.node.gate import check_finite
 from tests.codec_helpers import FP, SWARM, encoded_frames, make_msg
 from tests.fuzz_figures import MIN_CODEC_INPUTS, Figures, open_fds, rss_mb
 from tests.fuzz_frames import (
-    FRAME_BYTES, HEADER, LIMITS, MSG, PAYLOAD, RAW, STATE, mutated_headers, mutated_streams, poisoned_states,
+    FRAME_BYTES,
+    HEADER,
+    LIMITS,
+    MSG,
+    PAYLOAD,
+    RAW,
+    STATE,
+    mutated_headers,
+    mutated_streams,
+    poisoned_states,
 )
 from tests.fuzz_strategies import CLASSES, FUZZ, INPUT_SHAPE, genuine_probe, mutated_probes
 

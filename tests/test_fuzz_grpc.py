@@ -46,7 +46,15 @@ from tests.fuzz_figures import open_fds, rss_mb
 from tests.fuzz_frames import FRAME_BYTES, LIMITS, mutated_headers, mutated_streams, poisoned_states
 from tests.fuzz_node import FIGURES, REQUESTS, STATE_CHANGES, LiveNode, flood, identity, send_genuine
 from tests.fuzz_strategies import (
-    FUZZ, genuine_probe, junk_bytes, mutated_probes, other, set_different, texts, uint32s, uint64s,
+    FUZZ,
+    genuine_probe,
+    junk_bytes,
+    mutated_probes,
+    other,
+    set_different,
+    texts,
+    uint32s,
+    uint64s,
 )
 
 GRPC_MAX = LIMITS.max_message_bytes  # a bigger message is refused by gRPC itself, before the node sees it

@@ -24,7 +24,8 @@ CONFIG = LearningConfig(batch_size=8, lr=0.1, momentum=0.0)
 
 def _node(node_id: str, spec: str, samples: int, seed: int) -> NodeContext:
     g = torch.Generator().manual_seed(seed)
-    data = ArrayDataset(torch.randn(samples + 4, 1, 8, 8, generator=g), torch.randint(0, 10, (samples + 4,), generator=g), 10)
+    data = ArrayDataset(torch.randn(samples + 4, 1, 8, 8, generator=g),
+                        torch.randint(0, 10, (samples + 4,), generator=g), 10)
     parsed = ModelSpec.parse(spec)
     model = parsed.build((1, 8, 8), 10, seed=seed)
     return NodeContext(node_id, model, parsed, data.subset(range(samples)), data.subset(range(samples, samples + 4)),
@@ -38,7 +39,8 @@ def _vector(model: torch.nn.Module) -> torch.Tensor:
 def test_gather_plan_one_aggregator_and_a_share_of_senders() -> None:
     ids = [f"n{i}" for i in range(4)]
     group = sample_gather(0, 3, ids, 0.5)
-    assert len(group.senders) == 2 and group.aggregator not in group.senders and list(group.senders) == sorted(group.senders)
+    assert len(group.senders) == 2 and group.aggregator not in group.senders
+    assert list(group.senders) == sorted(group.senders)
     assert group == sample_gather(0, 3, list(reversed(ids)), 0.5)
     assert {sample_gather(0, t, ids, 0.5).aggregator for t in range(20)} == set(ids)  # the role moves around
     assert [senders_for(n, 0.5) for n in (2, 4, 10, 50)] == [1, 2, 5, 25]  # 003: 5 of 10, 25 of 50

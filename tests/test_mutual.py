@@ -8,8 +8,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dfl_node.learning.mutual import (CycleState, alpha_at, class_proportions, cyclic_alpha, dfml_losses, fml_losses,
-                                      kl_weights, peak_threshold, peak_updates, updates_peak, weighted_kl, wsm_loss)
+from dfl_node.learning.mutual import (
+    CycleState,
+    alpha_at,
+    class_proportions,
+    cyclic_alpha,
+    dfml_losses,
+    fml_losses,
+    kl_weights,
+    peak_threshold,
+    peak_updates,
+    updates_peak,
+    weighted_kl,
+    wsm_loss,
+)
 
 
 def test_wsm_is_eq2_by_hand() -> None:
@@ -23,7 +35,8 @@ def test_wsm_is_eq2_by_hand() -> None:
     # a batch: the mean of its samples
     batch = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 3.0]])
     beta = torch.tensor([0.25, 0.25, 0.5])
-    by_hand = [-(2 - math.log(0.25 * math.e + 0.25 * math.e ** 2 + 0.5)), -(3 - math.log(0.25 + 0.25 + 0.5 * math.e ** 3))]
+    by_hand = [-(2 - math.log(0.25 * math.e + 0.25 * math.e ** 2 + 0.5)),
+               -(3 - math.log(0.25 + 0.25 + 0.5 * math.e ** 3))]
     assert wsm_loss(batch, torch.tensor([1, 2]), beta).item() == pytest.approx(sum(by_hand) / 2, abs=1e-6)
 
 
@@ -111,7 +124,8 @@ def test_the_peak_rule_by_hand() -> None:
     # A.4.6, five peak updates per cycle: the second cycle's five largest α (rounds 25 … 29) update too
     assert run(5) == [2, 5, 9, 25, 29]
     assert peak_threshold(CycleState(10, 20), 5, 0.0, 1.0) == pytest.approx(0.5 * (1 - math.cos(math.pi * 15 / 19)))
-    assert peak_threshold(CycleState(0, 10), 1, 0.0, 0.8) == 0.8 and peak_threshold(CycleState(0, 3), 5, 0.1, 0.8) == 0.1
+    assert peak_threshold(CycleState(0, 10), 1, 0.0, 0.8) == 0.8
+    assert peak_threshold(CycleState(0, 3), 5, 0.1, 0.8) == 0.1
     # a node that missed the maximum updates whenever α is back at its own α_n
     assert updates_peak(0.6, 0.587, 1.0) and not updates_peak(0.5, 0.587, 1.0)
     assert [peak_updates(10, 5), peak_updates(50, 25), peak_updates(50, 10), peak_updates(50, 5)] == [1, 1, 3, 5]

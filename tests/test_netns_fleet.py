@@ -38,7 +38,8 @@ def test_netns_fleet_discovers_by_mdns_survives_a_kill_and_resumes(tmp_path: Pat
     shared = read_env_file(NODE_ENV)  # the one shared node command line (compose, k8s, systemd use it too)
     assert "DFL_PEERS" not in shared and shared["DFL_MDNS"] == "true"  # discovery by mDNS only
     # heavy enough local training (15 epochs of a tiny MLP) that the fleet is still running when the victim returns
-    quick = {"DFL_ROUNDS": str(ROUNDS), "DFL_LOCAL_EPOCHS": "15", "DFL_LR": "0.05", "DFL_BATCH_SIZE": "20", "DFL_MKT_BATCH_SIZE": "20",
+    quick = {"DFL_ROUNDS": str(ROUNDS), "DFL_LOCAL_EPOCHS": "15", "DFL_LR": "0.05", "DFL_BATCH_SIZE": "20",
+             "DFL_MKT_BATCH_SIZE": "20",
              "DFL_HIDDEN": "32,32", "DFL_SEED": str(FLEET.seed), "DFL_SWARM": f"netns-{os.getpid()}"}
     with NetnsTopology(4, prefix="dfltest") as topology:
         tag = topology.tag

@@ -117,11 +117,10 @@ def test_three_hosts_unicast_multicast_and_cleanup() -> None:
 @pytest.mark.netns
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_cleanup_when_the_body_raises(error: type[BaseException]) -> None:
-    with pytest.raises(error):
-        with NetnsTopology(2, prefix="dfltest") as topo:
-            # a live process would keep its namespace alive after `ip netns del`: it must be killed
-            sleeper = subprocess.Popen(topo.hosts[0].wrap(["sleep", "60"]))
-            raise error("boom")
+    with pytest.raises(error), NetnsTopology(2, prefix="dfltest") as topo:
+        # a live process would keep its namespace alive after `ip netns del`: it must be killed
+        sleeper = subprocess.Popen(topo.hosts[0].wrap(["sleep", "60"]))
+        raise error("boom")
     assert sleeper.wait(timeout=TIMEOUT_S) != 0
     assert ours(topo.tag) == []
 

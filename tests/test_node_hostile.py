@@ -23,13 +23,13 @@ from dfl_node.learning.models import build_model
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.server import start_server
+from dfl_node.net.transport import open_transfer
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
-from dfl_node.net.transport import open_transfer
 from dfl_node.node.service import run_node
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import FLEET
 from tests.codec_helpers import frames_of
+from tests.conftest import FLEET
 
 
 @dataclass
@@ -187,7 +187,8 @@ async def test_bad_transfer_is_rejected_and_node_keeps_serving(target: Target, t
 
 async def test_oversized_chunk_is_rejected(target: Target) -> None:
     big = target.message()
-    frames = frames_of(big, 1 << 30, swarm=target.node.config.swarm, fingerprint=target.node.fingerprint)  # the whole ~10 KB model in one chunk is fine…
+    # the whole ~10 KB model in one chunk is fine…
+    frames = frames_of(big, 1 << 30, swarm=target.node.config.swarm, fingerprint=target.node.fingerprint)
     await target.expect()
     assert (await target.transfer(frames)).accepted
     await target.node.settled()

@@ -48,7 +48,8 @@ async def test_a_save_from_outside_a_role_waits_for_the_role_and_takes_its_model
     node.release_role()
     await saving
     saved = load_file(str(node.checkpoint.model_path))
-    assert all(torch.all(t == 0.25) for name, t in saved.items() if "weight" in name or "bias" in name)  # … then saves it
+    # … then saves it
+    assert all(torch.all(t == 0.25) for name, t in saved.items() if "weight" in name or "bias" in name)
 
 
 @pytest.mark.asyncio

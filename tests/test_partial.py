@@ -5,8 +5,17 @@ from __future__ import annotations
 import torch
 
 from dfl_node.learning.models import ModelSpec, scaled
-from dfl_node.learning.partial import (aggregate_partial, dropout_indices, extract, fedrolex_indices, heterofl_indices,
-                                       hidden_widths, sub_size, tensor_indices, tensor_layers)
+from dfl_node.learning.partial import (
+    aggregate_partial,
+    dropout_indices,
+    extract,
+    fedrolex_indices,
+    heterofl_indices,
+    hidden_widths,
+    sub_size,
+    tensor_indices,
+    tensor_layers,
+)
 
 
 def test_index_sets_of_eqs_7_to_9() -> None:
@@ -17,7 +26,8 @@ def test_index_sets_of_eqs_7_to_9() -> None:
     assert fedrolex_indices(8, 4, 13).tolist() == [5, 6, 7, 0]  # t̃ = 13 mod 8
     assert fedrolex_indices(8, 8, 3).tolist() == [3, 4, 5, 6, 7, 0, 1, 2]
     drawn = dropout_indices(8, 4, torch.Generator().manual_seed(1))  # eq. 7
-    assert len(set(drawn.tolist())) == 4 and drawn.tolist() == sorted(drawn.tolist()) and 0 <= min(drawn) < max(drawn) < 8
+    assert len(set(drawn.tolist())) == 4 and drawn.tolist() == sorted(drawn.tolist())
+    assert 0 <= min(drawn) < max(drawn) < 8
     assert drawn.tolist() == dropout_indices(8, 4, torch.Generator().manual_seed(1)).tolist()
     assert dropout_indices(8, 8, torch.Generator().manual_seed(2)).tolist() == list(range(8))
 
@@ -45,7 +55,8 @@ def test_eq6_averages_each_element_over_the_models_that_hold_it() -> None:
     assert [i.tolist() for i in index_small["3.weight"]] == [[0, 1], [3, 0]]  # all classes × hidden units
     merged = aggregate_partial(shapes, [big.state_dict(), small.state_dict()], [index_big, index_small])
     b, s = big.state_dict(), small.state_dict()
-    # first layer's bias: units 1, 2 only in the big model; unit 3 = mean(big[3], small[0]), unit 0 = mean(big[0], small[1])
+    # first layer's bias: units 1, 2 only in the big model; unit 3 = mean(big[3], small[0]),
+    # unit 0 = mean(big[0], small[1])
     assert merged["1.bias"].tolist() == [(b["1.bias"][0] + s["1.bias"][1]).item() / 2, b["1.bias"][1].item(),
                                          b["1.bias"][2].item(), (b["1.bias"][3] + s["1.bias"][0]).item() / 2]
     assert torch.equal(merged["3.bias"], (b["3.bias"] + s["3.bias"]) / 2)  # the classifier's bias: everybody's
@@ -60,7 +71,8 @@ def test_a_classifier_after_convolutions_slices_whole_channels_of_features() -> 
     big = ModelSpec("cnn-ln", (4,)).build((1, 4, 4), 3)
     shapes = {k: tuple(v.shape) for k, v in big.state_dict().items()}
     layers = tensor_layers(model)
-    assert layers["0.weight"] == (0, None, 1) and layers["3.weight"] == (0, None, 1) and layers["5.weight"] == (None, 0, 4)
+    assert layers["0.weight"] == (0, None, 1) and layers["3.weight"] == (0, None, 1)
+    assert layers["5.weight"] == (None, 0, 4)
     index = tensor_indices(layers, [fedrolex_indices(4, 2, 3)], shapes)
     assert index["5.weight"][1].tolist() == [12, 13, 14, 15, 0, 1, 2, 3]  # channel 3's 2×2 features, then channel 0's
     assert [i.tolist() for i in index["3.weight"]] == [[3, 0], [0, 1]]  # LayerNorm [C, H, W]: channels sliced

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from dfl_node.learning.fleet import provision, write_fleet
-from dfl_node.testbed.launcher import NodeProcess, all_done, fetch_json, stop_all, wait_until
+from dfl_node.testbed.launcher import NodeProcess, all_done, fetch_json, wait_until
 from dfl_node.testbed.netns import NetnsTopology, list_namespaces, node_environment, read_env_file
-from tests.conftest import FLEET
+from tests.conftest import FLEET, running_daemons
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
@@ -33,7 +33,7 @@ def alive_peers(status: dict) -> set[str]:
 
 
 @contextmanager
-def fleet(tmp_path: Path, settings: dict[str, str]):
+def netns_fleet(tmp_path: Path, settings: dict[str, str]):
     """4 daemons from deploy/node.env plus ``settings``, one per namespace; stopped and torn down on exit."""
     write_fleet(provision(FLEET), tmp_path / "shards")
     shared = {**read_env_file(NODE_ENV), **QUICK, "DFL_SWARM": f"faults-{os.getpid()}", **settings}
@@ -43,14 +43,8 @@ def fleet(tmp_path: Path, settings: dict[str, str]):
             env = node_environment(shared, i, 4, host, tmp_path / "shards", tmp_path / "state")
             nodes.append(NodeProcess(env["DFL_ID"], host.address, int(env["DFL_GRPC_PORT"]), int(env["DFL_HTTP_PORT"]),
                                      Path(env["DFL_STATE_DIR"]), tmp_path / f"{env['DFL_ID']}.log", env, host.wrap))
-        try:
-            for node in nodes:
-                node.start()
+        with running_daemons(nodes, stop_grace=10.0, log_lines=8):
             yield topology, nodes
-        finally:
-            stop_all(nodes)
-            for node in nodes:
-                print(f"--- {node.id} ---\n" + "\n".join(node.log_path.read_text().splitlines()[-8:]))
         tag = topology.tag
     assert not [n for n in list_namespaces() if n.startswith(tag)]
     assert all(n.process.poll() is not None for n in nodes)
@@ -66,7 +60,7 @@ def test_partition_both_sides_go_on_then_heal_and_merge(tmp_path: Path) -> None:
     # whose both nodes were waiting on the other side then stalls that long. 15 s bounds the stall here.
     settings = {"DFL_MODE": "async", "DFL_INTERVAL": "1.0", "DFL_PARTICIPATION": "0.8", "DFL_DURATION": "0",
                 "DFL_ROUND_TIMEOUT": "15"}
-    with fleet(tmp_path, settings) as (topology, nodes):
+    with netns_fleet(tmp_path, settings) as (topology, nodes):
         wait_until(nodes, lambda s: all(v and len(alive_peers(v)) == 3 for v in s.values()), timeout=60)
         wait_until(nodes, lambda s: all(v and v["fusions"] >= 1 for v in s.values()), timeout=90)
 
@@ -156,7 +150,7 @@ def test_slow_lossy_link_fleet_still_completes_its_rounds(tmp_path: Path) -> Non
     # round_timeout bounds a pairing that hangs on the lossy link (once seen here: the token holder waited on
     # a pairing with no role taken for the whole default 120 s, and no watchdog steps in while the holder lives)
     settings = {"DFL_MODE": "round", "DFL_ROUNDS": str(rounds), "DFL_LOCAL_EPOCHS": "1", "DFL_ROUND_TIMEOUT": "20"}
-    with fleet(tmp_path, settings) as (topology, nodes):
+    with netns_fleet(tmp_path, settings) as (topology, nodes):
         slow = 3  # the last node: not the lowest id, which starts round 0
         try:
             how = impair(topology, slow)

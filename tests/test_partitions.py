@@ -199,7 +199,7 @@ def test_random_classes_exact_zeta_and_equal_split() -> None:
         parts = random_classes(y, 10, zeta, np.random.default_rng(zeta))
         _assert_disjoint(parts, y.size)
         owners: dict[int, list[int]] = {}
-        for k, p in enumerate(parts):
+        for p in parts:
             held = np.unique(y[p])
             assert held.size == zeta  # labels of a client are exactly its zeta classes
             for c in held:

@@ -29,7 +29,7 @@ def poisoned(t: Target, value: float) -> ModelMessage:
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
-async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target, value: float) -> None:
+async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target, value: float) -> None:  # noqa: F811 - the fixture
     node = target.node
     digest, history = node.state.digest, len(node.state.history)
     await target.expect()
@@ -45,7 +45,7 @@ async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target,
     await assert_still_serving(target)
 
 
-async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target) -> None:
+async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target) -> None:  # noqa: F811 - the fixture
     """An untrained model (about 10 % on digits) passes with the gate off and is refused with a floor of 0.5."""
     node = target.node
     node.config.min_accuracy = 0.5

@@ -22,7 +22,8 @@ async def test_holder_lost_with_the_token_is_replaced_by_a_new_epoch(fleet_shard
     swarm = f"loss-{uuid.uuid4().hex[:6]}"
     nodes = [
         Node(NodeConfig(
-            **FLEET.model_dump(include=set(NodeConfig.model_fields) - {"rounds"}), id=f"node-{i}", data=fleet_shards / f"node-{i}",
+            **FLEET.model_dump(include=set(NodeConfig.model_fields) - {"rounds"}), id=f"node-{i}",
+            data=fleet_shards / f"node-{i}",
             grpc_port=port, http_port=0, mdns=False, swarm=swarm, state_dir=tmp_path / f"node-{i}",
             peers=[f"127.0.0.1:{p}" for p in ports if p != port], min_peers=3, rounds=ROUNDS,
             heartbeat=0.2, peer_timeout=1.0, token_timeout=1.0, round_timeout=5.0, evaluate=False,

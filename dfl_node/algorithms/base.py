@@ -25,9 +25,9 @@ from torch import nn
 
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
-from dfl_node.config import LearningConfig
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
+from dfl_node.learning.settings import LearningConfig
 from dfl_node.learning.training import SgdParams, local_sgd
 
 
@@ -99,7 +99,8 @@ class NodeContext:
         state = dict(self.model.state_dict())
         for name, model in self.auxiliary.items():
             state.update({f"aux:{name}:{key}": value for key, value in model.state_dict().items()})
-        state.update({f"scalar:{name}": torch.tensor(value, dtype=torch.float64) for name, value in self.scalars.items()})
+        state.update({f"scalar:{name}": torch.tensor(value, dtype=torch.float64)
+                      for name, value in self.scalars.items()})
         return state
 
     def snapshot(self) -> dict[str, torch.Tensor]:
@@ -161,6 +162,9 @@ def sample_gather(seed: int, round_: int, members: Sequence[str], share: float) 
     return Group(aggregator=chosen[0], senders=tuple(sorted(chosen[1:])))
 
 
+AsyncShape = Literal["select", "pull", "invite"]
+
+
 class Algorithm(ABC):
     """One decentralized algorithm as a protocol of roles. Subclasses hold no per-node state.
 
@@ -168,6 +172,8 @@ class Algorithm(ABC):
     (Def-KT, FullAvg, Combo), or ``any`` registry model for the same data (it clusters them, as
     decentralized FedAvg does, or distils across them). ``replies``: whether ``aggregate`` answers
     the senders. ``pulls``: whether its aggregator fetches the messages rather than being sent them.
+    :attr:`selects` and :attr:`async_shape` declare the shape of its groups, so no driver has to probe
+    for them.
     """
 
     name: ClassVar[str]
@@ -177,6 +183,20 @@ class Algorithm(ABC):
 
     def __init__(self, config: LearningConfig) -> None:
         self.config = config
+
+    @property
+    def selects(self) -> bool:
+        """Whether senders choose their receivers among candidates (001's open groups) rather than being
+        given one. A property, not a class constant: defkt-select selects unless its ``selection`` is
+        ``random`` (then it is 001's plain Def-KT)."""
+        return False
+
+    @property
+    def async_shape(self) -> AsyncShape:
+        """Async mode's group: ``select``, a volunteering sender picks its receiver among candidates
+        (:attr:`selects`); ``pull``, a volunteering aggregator pulls from ``invitations`` sources
+        (:attr:`pulls`); ``invite``, it invites ``invitations`` senders to push to it."""
+        return "select" if self.selects else "pull" if self.pulls else "invite"
 
     def fuses(self, mine: str, theirs: str) -> bool:
         """Whether a node running architecture ``mine`` can take part with a peer running ``theirs``."""
@@ -203,7 +223,7 @@ class Algorithm(ABC):
         return 1
 
     # ----- the roles ---------------------------------------------------------------------
-    def local_step(self, ctx: NodeContext, step: Step) -> None:
+    def local_step(self, ctx: NodeContext, step: Step) -> None:  # noqa: B027 - an optional hook, not abstract
         """The aggregator's own work before it fuses (e.g. local training in 003); none by default."""
 
     @abstractmethod
@@ -245,4 +265,5 @@ class PairAlgorithm(Algorithm):
     """000's round shape: Q disjoint pairs, each a group of one sender and its receiver."""
 
     def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
-        return RoundPlan(round_, sample_pairs(self.config.seed, round_, [p.node_id for p in profiles], self.config.pairs))
+        ids = [p.node_id for p in profiles]
+        return RoundPlan(round_, sample_pairs(self.config.seed, round_, ids, self.config.pairs))

@@ -37,7 +37,8 @@ class Combo(PairAlgorithm):
     def _check(self, ctx: NodeContext, message: ModelMessage, purpose: str, indices: list[int]) -> None:
         self.check_purpose(message, purpose)
         if message.model != str(ctx.spec):
-            raise AlgorithmError(f"{message.purpose} from {message.sender} is from a {message.model} model, not {ctx.spec}")
+            raise AlgorithmError(f"{message.purpose} from {message.sender} is from a {message.model} model, "
+                                 f"not {ctx.spec}")
         carried = [(p.name, p.start, p.start + p.values.numel()) for p in message.parts]
         if carried != expected_ranges(ctx.model.state_dict(), indices, self.config.segments):
             raise AlgorithmError(f"{message.purpose} from {message.sender} does not carry segments {indices}")

@@ -38,13 +38,14 @@ from dfl_node.algorithms.selection import (
     rank_by_profile,
     rank_by_samples,
 )
-from dfl_node.config import LearningConfig
+from dfl_node.learning.settings import LearningConfig
 
 log = logging.getLogger(__name__)
 
 
 def candidate_pools(seed: int, round_: int, others: Sequence[str], pools: int, limit: int) -> list[tuple[str, ...]]:
-    """``others`` shuffled from (seed, round) and dealt into ``pools`` disjoint pools of at most ``limit`` (0: no limit)."""
+    """``others`` shuffled from (seed, round) and dealt into ``pools`` disjoint pools of at most ``limit``
+    (0: no limit)."""
     order = sorted(others)
     random.Random(derive_seed(seed, round_, "candidates")).shuffle(order)
     dealt = [order[i::pools] for i in range(pools)]

@@ -26,8 +26,15 @@ from dfl_node.algorithms.gather import GatherAlgorithm
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import Step
 from dfl_node.learning.models import ModelSpec
-from dfl_node.learning.mutual import (CycleState, alpha_at, cyclic_alpha, peak_threshold, peak_updates, updates_peak,
-                                      weighted_mutual_learning)
+from dfl_node.learning.mutual import (
+    CycleState,
+    alpha_at,
+    cyclic_alpha,
+    peak_threshold,
+    peak_updates,
+    updates_peak,
+    weighted_mutual_learning,
+)
 from dfl_node.learning.training import SgdParams
 
 STATE = "dfml"  # prefix of this algorithm's keys in a plan's state

@@ -38,5 +38,6 @@ class ModelMessage:
 def on_device(message: ModelMessage, device: torch.device | str) -> ModelMessage:
     """``message`` with its tensors on ``device``; the message itself where they are there already. The
     daemon sends and checkpoints from the CPU and fuses on its node's device (:mod:`dfl_node.learning.devices`)."""
-    parts = tuple(p if (values := p.values.to(device)) is p.values else replace(p, values=values) for p in message.parts)
+    parts = tuple(p if (values := p.values.to(device)) is p.values else replace(p, values=values)
+                  for p in message.parts)
     return message if all(a is b for a, b in zip(parts, message.parts)) else replace(message, parts=parts)

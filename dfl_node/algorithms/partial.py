@@ -21,8 +21,16 @@ from dfl_node.algorithms.gather import GatherAlgorithm
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import Step
 from dfl_node.learning.models import ModelSpec
-from dfl_node.learning.partial import (aggregate_partial, dropout_indices, extract, fedrolex_indices,
-                                       heterofl_indices, hidden_widths, tensor_indices, tensor_layers)
+from dfl_node.learning.partial import (
+    aggregate_partial,
+    dropout_indices,
+    extract,
+    fedrolex_indices,
+    heterofl_indices,
+    hidden_widths,
+    tensor_indices,
+    tensor_layers,
+)
 
 
 class PartialTraining(GatherAlgorithm):

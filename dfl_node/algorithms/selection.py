@@ -154,7 +154,8 @@ def check_probe(probe: Probe, input_shape: Sequence[int], num_classes: int, mode
         raise SelectionError(f"probe samples must be float32 with int64 labels, got {x.dtype} / {y.dtype}")
     n = y.numel()
     if not 1 <= n <= probe_budget(MAX_PROBE_SAMPLES, input_shape) or tuple(x.shape) != (n, *input_shape):
-        raise SelectionError(f"probe samples of shape {tuple(x.shape)}: expected (n, {', '.join(map(str, input_shape))})"
+        raise SelectionError(f"probe samples of shape {tuple(x.shape)}: "
+                             f"expected (n, {', '.join(map(str, input_shape))})"
                              f" with 1 ≤ n ≤ {probe_budget(MAX_PROBE_SAMPLES, input_shape)}")
     if int(y.min()) < 0 or int(y.max()) >= num_classes or not bool(torch.isfinite(x).all()):
         raise SelectionError(f"probe labels outside 0..{num_classes - 1} or non-finite samples")

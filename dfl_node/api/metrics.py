@@ -78,7 +78,8 @@ COUNTER_HELP = {
     "rounds_completed": "Rounds this node completed.",
     "busy_refusals": "Transfers refused because a node was busy.",
     "senders_abandoned": "Senders an aggregator left out: their transfer never came in time.",
-    "groups_abandoned": "Round mode: groups skipped because their live members refused their roles for a round_timeout.",
+    "groups_abandoned": "Round mode: groups skipped because their live members refused their roles for a "
+                        "round_timeout.",
     "probes_sent": "Client-selection probes sent to candidate receivers.",
     "probes_unanswered": "Client-selection probes that got no valid answer in time (the candidate was skipped).",
     "probes_answered": "Client-selection probes answered as a candidate.",

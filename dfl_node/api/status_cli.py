@@ -1,6 +1,6 @@
 """``dfl-node status [URL] [--all] [--json]``: show what a running node (or its neighbourhood) reports.
 
-The CLI module wires the typer command to :func:`show_status`, which returns the process exit code.
+The CLI module wires the click command to :func:`show_status`, which returns the process exit code.
 
 Responses are handled as plain dicts rather than validated :class:`~dfl_node.api.schemas.NodeStatus`
 objects, so a status client of one version can still show nodes of another (missing fields print
@@ -147,7 +147,7 @@ def _node_table(s: dict[str, Any], url: str) -> Table:
         ("algorithm", s.get("algorithm")),
         ("mode", s.get("mode")),
         ("round", s.get("round")),
-        ("role", s.get("role") + (" (fusing)" if s.get("fusing") else "") if s.get("role") else None),
+        ("role", f"{s['role']}{' (fusing)' if s.get('fusing') else ''}" if s.get("role") else None),
         ("done", s.get("done")),
         ("local accuracy", _acc(s.get("local_accuracy"))),
         ("global accuracy", _acc(s.get("global_accuracy"))),

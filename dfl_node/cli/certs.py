@@ -30,7 +30,8 @@ def certs() -> None:
 @click.option("--out", type=DIR, default=Path("swarm-ca"), show_default=True, help="Folder for ca.crt and ca.key.")
 @click.option("--name", default="dfl-node swarm CA", show_default=True, help="Subject CN of the CA certificate.")
 @click.option("--days", type=click.IntRange(1), default=3650, show_default=True, help="Validity of the CA.")
-@click.option("--force", is_flag=True, help="Replace an existing CA (every node certificate must then be issued again).")
+@click.option("--force", is_flag=True,
+              help="Replace an existing CA (every node certificate must then be issued again).")
 def init(out: Path, name: str, days: int, force: bool) -> None:
     """Create the swarm CA: ca.crt goes to every node, ca.key stays with whoever issues certificates."""
     try:
@@ -45,7 +46,8 @@ def init(out: Path, name: str, days: int, force: bool) -> None:
 @click.option("--ca", "ca_dir", type=DIR, default=Path("swarm-ca"), show_default=True,
               help="Folder of the swarm CA (`dfl-node certs init`).")
 @click.option("--out", type=DIR, default=None, help="Folder for node.crt, node.key and ca.crt  [default: tls/NODE_ID]")
-@click.option("--dns", multiple=True, help="A DNS name peers dial this node by (repeatable); the node id is always one.")
+@click.option("--dns", multiple=True,
+              help="A DNS name peers dial this node by (repeatable); the node id is always one.")
 @click.option("--ip", multiple=True, help="An IP address peers dial this node by (repeatable).")
 @click.option("--days", type=click.IntRange(1), default=730, show_default=True, help="Validity (at most the CA's).")
 @click.option("--force", is_flag=True, help="Replace an existing certificate and key.")
@@ -55,7 +57,8 @@ def issue(node_id: str, ca_dir: Path, out: Path | None, dns: tuple[str, ...], ip
     try:
         TypeAdapter(Annotated[str, NodeConfig.model_fields["id"]]).validate_python(node_id)  # --id's own rules
     except ValidationError as exc:
-        raise click.BadParameter(f"{node_id!r} is not a node id: {exc.errors()[0]['msg']}", param_hint="NODE_ID") from None
+        raise click.BadParameter(f"{node_id!r} is not a node id: {exc.errors()[0]['msg']}",
+                                 param_hint="NODE_ID") from None
     out = out or Path("tls") / node_id
     try:
         issued = issue_node(ca_dir, node_id, out, dns=dns, ips=ip, days=days, force=force)

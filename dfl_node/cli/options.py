@@ -39,8 +39,8 @@ class RegistryChoice(click.Choice):
         self.registry = registry
         self.case_sensitive = True
 
-    @property  # type: ignore[override]
-    def choices(self) -> tuple[str, ...]:
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]  # read live, never assigned
         return tuple(self.registry.names())
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:

@@ -13,7 +13,8 @@ from dfl_node.results import RunResult, read_results
 
 @click.command()
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Figure (.png, .pdf, .svg).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Figure (.png, .pdf, .svg).")
 @click.option("--title", default=None, help="Figure title (default: from the first run's config).")
 @click.option("--baseline", metavar="ALGORITHM", default=None, help="Compare every run with this algorithm's run "
               "(003 Table 8): the rounds each needs to reach its final global accuracy, printed and written to "

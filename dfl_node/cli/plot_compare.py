@@ -67,7 +67,8 @@ def cluster_figure(runs: list[RunResult], clusters: list[dict[str, float]]) -> A
 
 
 def comparison_table(table: dict) -> Table:
-    out = Table(title=f"against {table['baseline']}'s final global accuracy {table['baseline_final_global_accuracy']:.4f}")
+    out = Table(title=f"against {table['baseline']}'s final global accuracy "
+                      f"{table['baseline_final_global_accuracy']:.4f}")
     for col in ("algorithm", "global acc", "other models", "rounds", "rounds to reach it", "speed-up"):
         out.add_column(col, justify="left" if col == "algorithm" else "right")
     for name, row in table["runs"].items():

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dfl_node.cli.options import DEMO_DEFAULTS, experiment_config, experiment_options
 from dfl_node.learning.fleet import provision
-from dfl_node.results import RunResult, write_results
+from dfl_node.results import EvalRecord, RunResult, write_results
 from dfl_node.sim import Simulation
 
 
@@ -58,9 +58,10 @@ def simulate(out: Path | None, quiet: bool, config_path: Path | None, **flags: o
         ) as progress:
             task = progress.add_task(algorithm, total=config.rounds, acc="")
 
-            def advance(done: int, record: object, task: int = task) -> None:
-                fields = {"acc": f"global {record.global_accuracy:.3f} local {record.local_accuracy:.3f}"} if record else {}
-                progress.update(task, completed=done, **fields)
+            def advance(done: int, record: EvalRecord | None, task: TaskID = task) -> None:
+                fields = ({"acc": f"global {record.global_accuracy:.3f} local {record.local_accuracy:.3f}"}
+                          if record else {})
+                progress.update(task, completed=done, **fields)  # type: ignore[arg-type]  # rich's **fields: Any
 
             result = sim.run(advance)
         results.append(result)

@@ -10,8 +10,8 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from types import FrameType
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click

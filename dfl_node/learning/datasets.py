@@ -28,7 +28,8 @@ _STATS = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
 }
 _IDX = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-_SUBDIRS = {"mnist": ("mnist", "MNIST/raw", "."), "fashion_mnist": ("fashion_mnist", "fashion-mnist", "FashionMNIST/raw", ".")}
+_SUBDIRS = {"mnist": ("mnist", "MNIST/raw", "."),
+            "fashion_mnist": ("fashion_mnist", "fashion-mnist", "FashionMNIST/raw", ".")}
 _DIGITS_SEED = 0  # fixed so every node of a fleet sees the same digits train/test split
 
 
@@ -149,7 +150,8 @@ def _find_idx(folder: Path) -> list[Path] | None:
 
 def _check_split(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...], where: object) -> None:
     if x.dtype != np.uint8 or x.shape[1:] != shape or y.shape != (x.shape[0],):
-        raise ValueError(f"{where}: expected uint8 images (N, {shape}) and N labels, got {x.dtype} {x.shape}, {y.shape}")
+        raise ValueError(f"{where}: expected uint8 images (N, {shape}) and N labels, "
+                         f"got {x.dtype} {x.shape}, {y.shape}")
     if y.size and (y.min() < 0 or y.max() > 9):
         raise ValueError(f"{where}: labels outside 0..9")
 

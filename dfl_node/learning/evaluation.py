@@ -30,7 +30,7 @@ import copy
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -261,7 +261,7 @@ def _conv_step(layers: list[nn.Module]) -> Step:
     convs: list[nn.Conv2d] = layers  # type: ignore[assignment]
     conv, count = convs[0], len(convs)
     weight = torch.cat([c.weight for c in convs])  # (G·Cout, Cin/groups, kh, kw)
-    bias = torch.cat([c.bias for c in convs]) if conv.bias is not None else None
+    bias = torch.cat([cast(torch.Tensor, c.bias) for c in convs]) if conv.bias is not None else None
     grouped = weight.contiguous(memory_format=torch.channels_last)
     shared_im2col = conv.groups == 1 and not isinstance(conv.padding, str)
     matrix = weight.flatten(1).T.contiguous() if shared_im2col else None  # (Cin·kh·kw, G·Cout)
@@ -281,6 +281,7 @@ def _im2col_conv(conv: nn.Conv2d, x: torch.Tensor, matrix: torch.Tensor, bias: t
     every model's output channels, and the result comes out channels-last without a copy."""
     n, _, height, width = x.shape
     kernel, stride, padding, dilation = conv.kernel_size, conv.stride, conv.padding, conv.dilation
+    assert not isinstance(padding, str), "_conv_step sends only numeric padding here"
     out_h, out_w = (
         math.floor((size + 2 * padding[d] - dilation[d] * (kernel[d] - 1) - 1) / stride[d] + 1)
         for d, size in enumerate((height, width))

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dfl_node.learning.tensors import StateDict, TensorPart
 from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.tensors import StateDict, TensorPart
 from dfl_node.learning.training import SgdParams, release, sgd, shuffled_batches
 
 SegmentRange = tuple[str, int, int]  # tensor name, start, stop (flattened element offsets)
@@ -70,7 +70,7 @@ def mutual_knowledge_transfer(
     release(opt_received, opt_local)
 
 
-def weighted_average_(local: StateDict, remote: StateDict, n_local: int, n_remote: int) -> None:
+def weighted_average_(local: StateDict, remote: StateDict, n_local: float, n_remote: float) -> None:
     """000 eq. 9, in place on ``local``: ``(N_r·w_r + N_l·w_l) / (N_r + N_l)`` for floating entries;
     integer buffers stay local. In place because models can be 100s of MB: a new state would cost an
     allocation (and page faults) the size of the model on every fusion."""
@@ -103,7 +103,8 @@ def average_states(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequen
             if not first.is_floating_point():
                 averaged[name] = first.detach().clone()
                 continue
-            acc = first.detach().to(torch.float64 if first.dtype == torch.float64 else torch.float32) * (weights[0] / total)
+            dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
+            acc = first.detach().to(dtype) * (weights[0] / total)
             for state, weight in zip(states[1:], weights[1:]):
                 acc.add_(state[name].detach().to(acc.device), alpha=weight / total)
             averaged[name] = acc.to(first.dtype)

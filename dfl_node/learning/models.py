@@ -154,7 +154,7 @@ def param_digest(state: Mapping[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name, tensor in state.items():
         h.update(name.encode())
-        h.update(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())  # zero-copy buffer
+        h.update(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # zero-copy buffer
     return h.hexdigest()
 
 

@@ -25,7 +25,8 @@ from torch import nn
 
 from dfl_node.learning.tensors import StateDict
 
-TensorLayers = dict[str, tuple[int | None, int | None, int]]  # name -> (layer of dim 0, layer of dim 1, features per unit of dim 1)
+# name -> (layer of dim 0, layer of dim 1, features per unit of dim 1)
+TensorLayers = dict[str, tuple[int | None, int | None, int]]
 
 
 def sub_size(width: int, rate: float) -> int:

@@ -199,7 +199,7 @@ def sized(labels: np.ndarray, sizes: np.ndarray | list[int], rng: np.random.Gene
         raise ValueError(f"every client needs at least 1 sample, got sizes {sizes.tolist()}")
     if zetas is None:
         if sizes.sum() > y.size:
-            sizes = np.maximum(1, np.floor(sizes * (y.size / sizes.sum()))).astype(np.int64)
+            sizes = np.asarray(np.maximum(1, np.floor(sizes * (y.size / sizes.sum()))).astype(np.int64))
         perm = rng.permutation(y.size)
         return _out(np.split(perm[: sizes.sum()], np.cumsum(sizes)[:-1]))
     classes = np.unique(y)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import torch
 
@@ -63,7 +64,7 @@ class Simulation:
 
     async def play_round(self, round_: int) -> None:
         plan = self.plan(round_)
-        roles = []
+        roles: list[Coroutine[Any, Any, object]] = []
         for group in plan:
             step = Step(round_, group, plan.state)
             if not group.open:  # an open group's aggregator is started by its sender's choice (bind)

@@ -42,9 +42,12 @@ def run_sweep(grid_path: Path, out: Path, *, workers: int, ray: str | None = Non
     out.mkdir(parents=True, exist_ok=True)
     remove_leftovers(out)
     outcome = SweepOutcome(tasks)
-    todo = []
+    todo: list[RunTask] = []
     for task in tasks:
-        (outcome.skipped if read_result(result_path(out, task)) is not None else todo).append(task)
+        if read_result(result_path(out, task)) is not None:
+            outcome.skipped.append(task.name)
+        else:
+            todo.append(task)
     if outcome.skipped:
         echo(f"{len(outcome.skipped)} of {len(tasks)} runs already done in {out}")
 

@@ -36,10 +36,10 @@ from pydantic_core import ErrorDetails
 from dfl_node.config import ExperimentConfig
 from dfl_node.config_loader import (
     ConfigError,
-    relative_to_file,
     describe_problem,
     load_config,
     read_config_file,
+    relative_to_file,
 )
 
 
@@ -111,7 +111,8 @@ def expand(path: Path) -> list[RunTask]:
     tasks: list[RunTask] = []
     for values in itertools.product(*(grid.grid[k] for k in keys)):
         point = dict(zip(keys, values))
-        for seed in grid.seeds or [None]:
+        seeds: list[int | None] = [*(grid.seeds or [])] or [None]
+        for seed in seeds:
             config = _point_config(path, base, grid, point, seed)
             for algorithm in config.algorithms:
                 one = config.model_copy(update={"algorithms": [algorithm]})

@@ -270,21 +270,24 @@ def accuracy_curve(positions: dict[str, list[tuple[int, dict]]], points: list[in
     return history
 
 
-def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, fleet: Fleet, started: float) -> RunResult:
+def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, fleet: Fleet, started: float
+            ) -> RunResult:
     """The fleet's final state in the simulator's schema, as it happened; ``started``: unix time of the launch.
 
     ``rounds`` and the curve's points count what the fleet did (see :func:`fleet_rounds`), so an
     async run, or a round run that stopped early, is never reported as the configured T rounds.
     """
-    statuses = poll_status(nodes)
+    polled = poll_status(nodes)
     histories: dict = fetch_json(nodes, "/history", timeout=5.0)
-    silent = [n.id for n in nodes if statuses[n.id] is None or histories[n.id] is None]
+    silent = [n.id for n in nodes if polled[n.id] is None or histories[n.id] is None]
     if silent:
         raise RuntimeError(f"node(s) {', '.join(silent)} stopped answering before their results were collected")
+    statuses = {node_id: status for node_id, status in polled.items() if status is not None}  # all of them
     mode, rounds = fleet_rounds(statuses)
     train_sizes = {c.node_id: len(c.train) for c in fleet.clients}
     results = [
-        NodeResult(id=n.id, global_accuracy=statuses[n.id]["global_accuracy"], local_accuracy=statuses[n.id]["local_accuracy"],
+        NodeResult(id=n.id, global_accuracy=statuses[n.id]["global_accuracy"],
+                   local_accuracy=statuses[n.id]["local_accuracy"],
                    param_sha256=statuses[n.id]["param_sha256"], num_train=train_sizes[n.id],
                    models_sent=statuses[n.id]["models_sent"], models_received=statuses[n.id]["models_received"],
                    model=statuses[n.id]["model"])

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,10 +110,8 @@ def delete_namespace(name: str) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         pids = _namespace_pids(name)
         for pid in pids:
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + KILL_GRACE_S
         while pids and time.monotonic() < deadline and (pids := _namespace_pids(name)):
             time.sleep(0.05)
@@ -243,8 +241,8 @@ class NetnsTopology:
         """``tc qdisc replace … root <qdisc>`` on both ends of host ``index``'s link (its veth0 and its switch
         port), so both directions are shaped; RuntimeError with tc's message if the kernel lacks the qdisc."""
         for namespace, dev in ((self.hosts[index].name, "veth0"), (self.switch, self.port(index))):
-            res = subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", dev, "root", *qdisc],
-                                 capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+            res = subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", dev, "root",
+                                  *qdisc], capture_output=True, text=True, timeout=IP_TIMEOUT_S)
             if res.returncode != 0:
                 self.unshape(index)
                 raise RuntimeError(f"tc qdisc {' '.join(qdisc)}: {res.stderr.strip() or res.returncode}")
@@ -337,9 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                     node.start()
                     nodes.append(node)
                     print(f"{node.id}: ip netns exec {host.name} dfl-node status {node.url}", flush=True)
-                print("running (nodes keep serving after their last round); Ctrl-C stops them and removes the namespaces",
-                      flush=True)
-                codes = [n.process.wait() for n in nodes]
+                print("running (nodes keep serving after their last round); Ctrl-C stops them and removes the "
+                      "namespaces", flush=True)
+                codes = [n.process.wait() for n in nodes if n.process is not None]  # each one started above
             finally:
                 for node in nodes:  # gracefully first; the teardown then kills anything left, by pid
                     node.stop(timeout=KILL_GRACE_S)
