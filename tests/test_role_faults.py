@@ -50,13 +50,13 @@ async def serving(node: Node) -> AsyncIterator[str]:
 
 def pull_assignment(aggregator: str, source: str, **extra: object) -> Assignment:
     return Assignment(round=0, epoch=1, holder=aggregator, role=Role.AGGREGATOR.value, aggregator=aggregator,
-                              senders=(source,), pull=True, **extra)
+                      senders=(source,), pull=True, **extra)
 
 
 def know(node: Node, peer_id: str, address: str, boot_id: str = "boot-1") -> None:
     """``node``'s peer table confirms ``peer_id`` at ``address`` (as a reply to its Hello would)."""
     node.peers.seen(HelloReply(node_id=peer_id, grpc_address=address, boot_id=boot_id, model=node.wire.model,
-                                  num_samples=1, algorithm=node.config.algorithm))
+                               num_samples=1, algorithm=node.config.algorithm))
 
 
 def weights(node: Node) -> dict[str, torch.Tensor]:
@@ -93,7 +93,7 @@ async def test_a_sender_whose_transfer_failed_keeps_its_model(fleet_shards: Path
         address = f"127.0.0.1:{closed.getsockname()[1]}"
     before = weights(sender)
     ack = await sender.play(Assignment(round=0, epoch=1, holder="node-0", role=Role.SENDER.value,
-                                               aggregator="node-1", aggregator_address=address, senders=("node-0",)))
+                                       aggregator="node-1", aggregator_address=address, senders=("node-0",)))
     assert (ack.ok, ack.reason) == (False, "not_fused")
     after = weights(sender)
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -145,7 +145,7 @@ async def test_an_assign_holds_the_aggregator_role_no_longer_than_our_round_time
     node = make_node(fleet_shards, tmp_path, "node-0", "defkt", round_timeout=1.0, mode="async")
     started = time.monotonic()
     ack = await node.requests.assign(Assignment(round=0, epoch=0, holder="node-9", role=Role.AGGREGATOR.value,
-                                                        aggregator="node-0", senders=("node-9",), deadline_s=1000))
+                                                aggregator="node-0", senders=("node-9",), deadline_s=1000))
     assert ack.ok
     await asyncio.wait_for(node.quiesce(), timeout=20)
     assert time.monotonic() - started < 5
@@ -158,12 +158,12 @@ async def test_an_assign_far_ahead_of_the_fleet_is_refused_and_counted(fleet_sha
     know(node, "node-1", "127.0.0.1:1")
     node.peers.peers["node-1"].progress = Progress(round=500, epoch=1)
     forged = Assignment(round=2**63, epoch=1, holder="node-9", role=Role.AGGREGATOR.value, aggregator="node-0",
-                                senders=("node-9",), deadline_s=1)
+                        senders=("node-9",), deadline_s=1)
     ack = await node.requests.assign(forged)
     assert (ack.ok, ack.reason) == (False, "round_window")
     assert node.state.rejected["round_window"] == 1 and node.state.role is Role.IDLE
     honest = Assignment(round=600, epoch=1, holder="node-1", role=Role.AGGREGATOR.value, aggregator="node-0",
-                                senders=("node-1",), deadline_s=0.2)
+                        senders=("node-1",), deadline_s=0.2)
     assert (await node.requests.assign(honest)).reason != "round_window"  # within 100 of the fleet's round 500
     await asyncio.wait_for(node.quiesce(), timeout=20)
 
@@ -175,7 +175,7 @@ async def test_an_aggregator_stops_waiting_for_a_sender_that_restarted(fleet_sha
     node = make_node(fleet_shards, tmp_path, "node-0", "defkt", round_timeout=60.0)
     know(node, "node-1", "127.0.0.1:1", boot_id="before")
     ack = await node.play(Assignment(round=0, epoch=1, holder="node-1", role=Role.AGGREGATOR.value,
-                                             aggregator="node-0", senders=("node-1",)))
+                                     aggregator="node-0", senders=("node-1",)))
     assert ack.ok and node.collector is not None and node.collector.missing() == {"node-1"}
     started = time.monotonic()
     know(node, "node-1", "127.0.0.1:1", boot_id="after")  # it answers a Hello again, as a new incarnation

@@ -1,4 +1,4 @@
-"""The port's messages ⇄ protobuf: the one place where :mod:`dfl_node.peering`'s types meet ``dfl_pb2``.
+"""The port's messages ⇄ protobuf: every conversion between :mod:`dfl_node.peering`'s types and ``dfl_pb2``.
 
 The domain messages mirror the proto's field by field under the same names, so one pair of functions
 converts them all: maps become dicts, repeated fields tuples, a nested message

@@ -90,7 +90,7 @@ class Node(RolePlayer):
         self._idle.set()
         self._saving = asyncio.Lock()
         # a line per refusal reason at most every 10 s; /status counts them all
-        self.refusals = RateLimitedLog(log, clock=self.clock.monotonic)
+        self.refusals = RateLimitedLog(log, self.clock.monotonic)
         self.handshake = Handshake(self)
         self.network = GrpcNetwork(self.wire, self.security, self.handshake.message,
                                    connect_timeout=config.connect_timeout, retire_after=config.round_timeout)

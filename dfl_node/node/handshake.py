@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.net.psk import AUTH_REQUIRED, same_endpoint
 from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
-from dfl_node.peering.messages import Hello, HelloReply
+from dfl_node.peering.messages import Hello, HelloReply, Progress
 
 if TYPE_CHECKING:
     from dfl_node.node.daemon import Node
@@ -34,12 +34,17 @@ class Handshake:
         self.duplicate: str | None = None  # why start-up must stop: another live node has our id
         self._impostors: set[str] = set()  # boot ids of live nodes with our id, each reported once
 
-    def message(self, cls: type[Hello] = Hello, **extra: object) -> Hello:
+    def message(self) -> Hello:
+        """Our Hello: who we are."""
         node, cfg = self.node, self.node.config
-        return cls(protocol_version=PROTOCOL_VERSION, swarm=cfg.swarm, node_id=cfg.id, fingerprint=node.fingerprint,
-                   algorithm=cfg.algorithm, boot_id=node.boot_id, grpc_address=node.grpc_address,
-                   http_port=cfg.http_port, status_url=cfg.status_url or "", model=node.wire.model,
-                   num_samples=node.ctx.num_samples, **extra)
+        return Hello(protocol_version=PROTOCOL_VERSION, swarm=cfg.swarm, node_id=cfg.id, fingerprint=node.fingerprint,
+                     algorithm=cfg.algorithm, boot_id=node.boot_id, grpc_address=node.grpc_address,
+                     http_port=cfg.http_port, status_url=cfg.status_url or "", model=node.wire.model,
+                     num_samples=node.ctx.num_samples)
+
+    def reply(self, accepted: bool, reason: str = "", progress: Progress | None = None) -> HelloReply:
+        """Our answer to a Hello: who we are, and our verdict on the peer."""
+        return HelloReply(**vars(self.message()), accepted=accepted, reason=reason, progress=progress or Progress())
 
     def incompatibility(self, other: Hello) -> str | None:
         node = self.node
@@ -63,10 +68,10 @@ class Handshake:
         if reason:
             if reason != AUTH_REQUIRED:
                 self._refused(reason, request, peer)
-            return self.message(HelloReply, accepted=False, reason=reason)
+            return self.reply(False, reason)
         if self.is_duplicate(request):
             self.on_duplicate(request.boot_id, request.grpc_address or peer)
-            return self.message(HelloReply, accepted=False, reason="duplicate_id")
+            return self.reply(False, "duplicate_id")
         if not self.node.peers.heard(request):  # still compatible: only our table has no room for a stranger
             self.node.on_rejected("peer_table_full", f"{request.node_id[:64]!r} at {peer}: too many unconfirmed peers",
                                   request.node_id[:64])
@@ -74,7 +79,7 @@ class Handshake:
             # its certificate proved its id: that is the name to check where it says it serves (our dial
             # still checks the certificate there; a false address fails that check and is forgotten)
             self.node.network.names.setdefault(request.grpc_address, request.node_id)
-        return self.message(HelloReply, accepted=True, progress=self.node.progress())
+        return self.reply(True, progress=self.node.progress())
 
     def _refused(self, reason: str, other: Hello, where: str) -> None:
         node = self.node

@@ -81,7 +81,7 @@ class PeerTable:
         self.max_pending = max_pending
         self.static = list(static)
         self.unreachable: dict[str, str] = {}  # static address -> why our last Hello there got no answer
-        self._silences = RateLimitedLog(log, interval=UNANSWERED_LOG_INTERVAL, clock=clock.monotonic)
+        self._silences = RateLimitedLog(log, clock.monotonic, interval=UNANSWERED_LOG_INTERVAL)
         self.peers: dict[str, Peer] = {}
         self.pending: dict[str, tuple[str, float]] = {}  # id -> (address, when first heard): not yet confirmed
         self.changed = asyncio.Condition()

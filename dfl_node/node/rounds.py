@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 from dfl_node.algorithms import Group, Role
 from dfl_node.node.ports import SchedulerPort
@@ -231,19 +232,19 @@ class RoundScheduler:
         group's sender assigns the aggregator it chooses). Returns whether the group's fusion is durable."""
         node = self.node
         addresses = {m: a for m in group.members if (a := node.address_of(m)) is not None}
-        common = dict(round=round_, epoch=epoch, holder=node.node_id, aggregator=group.aggregator,
-                      aggregator_address=addresses.get(group.aggregator, ""), state=state, senders=group.senders,
-                      pull=group.pull, deadline_s=node.config.round_timeout, candidates=group.candidates,
-                      addresses=addresses)
+        common = Assignment(round=round_, epoch=epoch, holder=node.node_id, aggregator=group.aggregator,
+                            aggregator_address=addresses.get(group.aggregator, ""), state=state, senders=group.senders,
+                            pull=group.pull, deadline_s=node.config.round_timeout, candidates=group.candidates,
+                            addresses=addresses)
         try:
             if not group.open:
-                ack = await node.assign_to(group.aggregator, Assignment(role=Role.AGGREGATOR.value, **common))
+                ack = await node.assign_to(group.aggregator, replace(common, role=Role.AGGREGATOR.value))
                 if ack.ok and (group.pull or ack.reason == "already_played"):
                     return True  # a pulling aggregator acks once it fused
                 if not ack.ok:
                     log.warning("round %d: aggregator %s refused: %s", round_, group.aggregator, ack.reason)
                     return False
-            acks = await asyncio.gather(*(node.assign_to(s, Assignment(role=Role.SENDER.value, **common))
+            acks = await asyncio.gather(*(node.assign_to(s, replace(common, role=Role.SENDER.value))
                                           for s in group.senders))
         except Exception:  # a bug in one group must not kill the token: log it and play the round again
             log.exception("round %d: the group of %s crashed", round_, group.aggregator)
