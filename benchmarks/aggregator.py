@@ -57,6 +57,7 @@ from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.codec import Outgoing
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.transport import PeerClient
+from dfl_node.peering.messages import Assignment
 
 HOLDER = "bench-holder"
 DEADLINE_S = 300.0
@@ -95,8 +96,8 @@ async def play_group(bench: BenchModel, base: Outgoing, agg: Daemon, holder: Pee
     reset_peak(agg.pid)
     sampler.mark()
     started = time.perf_counter()
-    ack = await holder.assign(pb.RoundAssignment(
-        role="aggregator", round=round_, epoch=0, holder=HOLDER, aggregator=RECEIVER_ID, senders=senders,
+    ack = await holder.assign(Assignment(
+        role="aggregator", round=round_, epoch=0, holder=HOLDER, aggregator=RECEIVER_ID, senders=tuple(senders),
         deadline_s=DEADLINE_S), timeout=60)
     if not ack.ok:
         raise RuntimeError(f"the aggregator refused round {round_}: {ack.reason}")
@@ -111,7 +112,7 @@ async def play_group(bench: BenchModel, base: Outgoing, agg: Daemon, holder: Pee
 
     cpu0, client0 = cpu_seconds(agg.pid), time.process_time()
     first_byte = time.perf_counter()
-    results = await asyncio.gather(*(c.push(o, timeout=DEADLINE_S, on_accepted=accepted)
+    results = await asyncio.gather(*(c.send(o, timeout=DEADLINE_S, on_accepted=accepted)
                                      for c, o in zip(clients, outgoing)))
     del results  # the replies (fedavg's averages), read so that the round completes
     status = await wait_idle(http, agg.status_url)

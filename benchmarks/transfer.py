@@ -52,9 +52,9 @@ from _daemon import (  # benchmarks/_daemon.py
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.codec import CHUNK_SIZE, prepare
-from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.transport import PeerClient
 from dfl_node.net.wire import WireIdentity
+from dfl_node.peering.messages import Assignment
 from dfl_node.testbed.launcher import free_port
 
 RAW_TCP_SINK = textwrap.dedent("""
@@ -181,14 +181,14 @@ async def measure_stream(message: ModelMessage, wire: WireIdentity, address: str
         for round_ in range(repeat):
             await idle()
             # protocol v2: the receiver takes a transfer only as the aggregator of a group naming its sender
-            ack = await client.assign(pb.RoundAssignment(role="aggregator", round=round_, aggregator=RECEIVER_ID,
-                                                         senders=[message.sender], deadline_s=300), timeout=60)
+            ack = await client.assign(Assignment(role="aggregator", round=round_, aggregator=RECEIVER_ID,
+                                                 senders=(message.sender,), deadline_s=300), timeout=60)
             assert ack.ok, ack
             start = time.perf_counter()
             outgoing = prepare(dataclasses.replace(message, round=round_), swarm=wire.swarm,
                                fingerprint=wire.fingerprint)  # the daemon does this in its worker thread
             prepared = time.perf_counter()  # right after training, once per message
-            await client.push(outgoing, timeout=300)
+            await client.send(outgoing, timeout=300)
             times.append(time.perf_counter() - prepared)
             prepare_times.append(prepared - start)
         await idle()

@@ -23,15 +23,17 @@ import grpc
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import ModelSpec, fingerprint
-from dfl_node.net.codec import Limits, TransferRejected, manifest_of, prepare
+from dfl_node.net.codec import Limits, manifest_of, prepare
 from dfl_node.net.handlers import method_handlers
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.servicer import DflServicer
 from dfl_node.net.wire import SERVICE_NAME, WireIdentity
+from dfl_node.peering.errors import TransferRejected
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Token
 
 
 class FakeNode:
-    """The NodeHandler of a node that is compatible on paper and useless in practice."""
+    """The PeerHandler of a node that is compatible on paper and useless in practice."""
 
     def __init__(self, node_id: str, swarm: str, algorithm: str, spec: str, size: int, classes: int, port: int) -> None:
         parsed = ModelSpec.parse(spec)
@@ -43,19 +45,19 @@ class FakeNode:
         self.idle_timeout = 30.0
         self.boot_id = uuid.uuid4().hex
 
-    def hello(self, request: pb.HelloRequest, peer: str, refused: str | None = None) -> pb.HelloReply:
-        return pb.HelloReply(protocol_version=PROTOCOL_VERSION, swarm=self.swarm, node_id=self.node_id,
-                             fingerprint=self.fingerprint, algorithm=self.algorithm, boot_id=self.boot_id,
-                             grpc_address=self.address, model=self.spec, num_samples=50, accepted=True)
+    def hello(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply:
+        return HelloReply(protocol_version=PROTOCOL_VERSION, swarm=self.swarm, node_id=self.node_id,
+                          fingerprint=self.fingerprint, algorithm=self.algorithm, boot_id=self.boot_id,
+                          grpc_address=self.address, model=self.spec, num_samples=50, accepted=True)
 
-    async def admit(self, header: pb.TransferHeader) -> None:
+    async def admit(self, offer: Offer) -> None:
         raise TransferRejected("busy", "a fake peer")
 
-    async def assign(self, request: pb.RoundAssignment) -> pb.Ack:
-        return pb.Ack(ok=False, reason="busy")
+    async def assign(self, request: Assignment) -> Ack:
+        return Ack(ok=False, reason="busy")
 
-    async def token(self, request: pb.RoundToken) -> pb.Ack:
-        return pb.Ack(ok=False, reason="busy")
+    async def token(self, request: Token) -> Ack:
+        return Ack(ok=False, reason="busy")
 
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:
         pass

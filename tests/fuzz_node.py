@@ -26,6 +26,7 @@ from dfl_node.net.transport import open_transfer
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
 from dfl_node.node.service import run_node
+from dfl_node.peering.messages import Ack, Assignment
 from tests.codec_helpers import encoded_frames
 from tests.fuzz_figures import MIN_GRPC_INPUTS, Figures
 from tests.fuzz_strategies import CLASSES, INPUT_SHAPE
@@ -132,7 +133,7 @@ class LiveNode:
             return Snapshot(
                 weights=weights_digest(node.ctx.checkpoint_state()), files=files,
                 peers=tuple(sorted(node.peers.peers)), pending=tuple(sorted(node.peers.pending)),
-                clients=tuple(sorted(node.clients)),
+                clients=tuple(sorted(node.network.clients)),
                 progress=(state.round, state.epoch, dict(state.token_state), state.holding,
                           getattr(node.scheduler, "holder", None), state.done, state.role, len(state.history),
                           node.collector is None),
@@ -148,10 +149,10 @@ class LiveNode:
 
     def expect(self) -> None:
         """Make the node the aggregator of a round-0 group whose one sender is "stranger" (as a holder would)."""
-        async def play() -> pb.Ack:
+        async def play() -> Ack:
             await self.node.settled()
-            return await self.node.play(pb.RoundAssignment(round=0, role="aggregator", aggregator=self.config.id,
-                                                           senders=["stranger"], deadline_s=30))
+            return await self.node.play(Assignment(round=0, role="aggregator", aggregator=self.config.id,
+                                                   senders=("stranger",), deadline_s=30))
 
         ack = self.run(play())
         assert ack.ok, ack

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import datetime as dt
 import shutil
 import stat
@@ -31,6 +33,7 @@ from dfl_node.config import OperatorError
 from dfl_node.learning.fleet import provision
 from dfl_node.net import psk
 from dfl_node.net.certs import init_ca, issue_node, new_swarm_key
+from dfl_node.net.convert import to_wire
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.tls import TlsError, TlsFiles, dns_names, load_tls
@@ -66,10 +69,7 @@ async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
 
 def hello_from(node: Node, **changes: object) -> pb.HelloRequest:
     """A compatible Hello in another node's name (what a stranger that copied our settings would send)."""
-    request = node.handshake.message()
-    for key, value in changes.items():
-        setattr(request, key, value)
-    return request
+    return to_wire(dataclasses.replace(node.handshake.message(), **changes))
 
 
 # ----------------------------------------------------------------------------- issuing credentials
@@ -200,7 +200,7 @@ async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_fals
         await until(lambda: node0.state.rejected["tls_handshake"] >= 3
                     and intruder.state.rejected["tls_handshake"] >= 3)
         assert "node-2" not in node0.peers.peers and not intruder.peers.peers  # neither side took the other in
-        assert node0.status().authentication == "mtls" and node0.handshake.names == {b: "node-1"}
+        assert node0.status().authentication == "mtls" and node0.network.names == {b: "node-1"}
 
         # node-1's certificate, a Hello in node-3's name: refused at Hello, counted
         async with _channel(a, pki / "node-1", "node-0") as channel:

@@ -20,6 +20,7 @@ import dfl_node
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.net import codec
 from dfl_node.net.codec import Limits, TransferRejected, prepare
+from dfl_node.net.convert import transfer_result
 from dfl_node.net.frames import decode_frame, encode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
 
@@ -217,7 +218,7 @@ async def test_transfer_over_real_grpc_on_loopback() -> None:
             try:
                 _, got = await codec.assemble(request_iterator, assembler(state))
             except TransferRejected as e:
-                yield pb.Frame(result=e.result())
+                yield pb.Frame(result=transfer_result(e))
                 return
             yield pb.Frame(result=pb.TransferResult(accepted=True))
             doubled = tuple(

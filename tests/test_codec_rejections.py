@@ -19,6 +19,7 @@ from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, m
 import dfl_node
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.codec import Limits, MessageAssembler, TransferRejected
+from dfl_node.net.convert import transfer_result
 from dfl_node.net.proto import dfl_pb2 as pb
 
 
@@ -203,7 +204,7 @@ def test_pickle_payload_is_never_unpickled(monkeypatch: pytest.MonkeyPatch) -> N
 def test_rejection_carries_a_result_frame() -> None:
     with pytest.raises(TransferRejected) as info:
         assembler(swarm="other").feed(frames_of(make_msg())[0])
-    res = info.value.result()
+    res = transfer_result(info.value)
     assert not res.accepted and res.reason == "swarm_mismatch" and "other" in res.detail
 
 

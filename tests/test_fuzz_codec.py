@@ -37,9 +37,10 @@ from hypothesis import strategies as st
 from dfl_node.algorithms.selection import SelectionError, check_probe
 from dfl_node.net.codec import CHUNK_SIZE, BufferPool, MessageAssembler, TransferRejected, manifest_of
 from dfl_node.net.frames import ReadFrame, decode_frame
-from dfl_node.net.probes import probe_from_request
+from dfl_node.net.convert import from_wire
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.node.gate import check_finite
+from dfl_node.peering.probes import ProbeRequest, probe_from_request
 from tests.codec_helpers import FP, SWARM, encoded_frames, make_msg
 from tests.fuzz_figures import MIN_CODEC_INPUTS, Figures, open_fds, rss_mb
 from tests.fuzz_frames import (
@@ -132,7 +133,7 @@ PROBE = genuine_probe(SWARM)
 def check_probe_request(request: pb.ProbeRequest) -> None:
     """``request`` as a Probe: refused by the wire check (``bad_probe``) or by the algorithm's."""
     try:
-        probe = probe_from_request(request, input_shape=INPUT_SHAPE, num_classes=CLASSES)
+        probe = probe_from_request(from_wire(request, ProbeRequest), input_shape=INPUT_SHAPE, num_classes=CLASSES)
         with pytest.raises(SelectionError):
             check_probe(probe, INPUT_SHAPE, CLASSES, "probe-samples")
     except TransferRejected as exc:

@@ -125,12 +125,12 @@ async def test_a_hello_flood_of_fake_peers_leaves_a_bounded_table(fleet_shards: 
         assert all(rep.accepted for rep in replies)  # compatible: the table is what has no room
         assert len(node.peers.pending) <= 8 and not node.peers.peers
         assert node.state.rejected["peer_table_full"] == 300 - 8
-        assert len(node.clients) <= 3  # one channel per probed address, not per fake
+        assert len(node.network.clients) <= 3  # one channel per probed address, not per fake
         for _ in range(50):
             await asyncio.sleep(0.1)
-            if not node.peers.pending and not node.clients:
+            if not node.peers.pending and not node.network.clients:
                 break
-        assert not node.peers.pending and not node.peers.peers and not node.clients
+        assert not node.peers.pending and not node.peers.peers and not node.network.clients
         assert not node.peers.alive_ids()
 
 
@@ -149,4 +149,4 @@ async def test_a_dead_peer_is_forgotten_after_the_expiry(fleet_shards: Path, tmp
             await asyncio.sleep(0.1)
             if "node-1" not in a.node.peers.peers:
                 break
-        assert "node-1" not in a.node.peers.peers and f"127.0.0.1:{second.grpc_port}" not in a.node.clients
+        assert "node-1" not in a.node.peers.peers and f"127.0.0.1:{second.grpc_port}" not in a.node.network.clients

@@ -27,6 +27,7 @@ from dfl_node.net.transport import open_transfer
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
 from dfl_node.node.service import run_node
+from dfl_node.peering.messages import Assignment
 from dfl_node.testbed.launcher import free_port
 from tests.codec_helpers import frames_of
 from tests.conftest import FLEET
@@ -45,8 +46,8 @@ class Target:
     async def expect(self, sender: str = "stranger", round_: int = 0) -> None:
         """Make the node the aggregator of a group of ``round_`` whose one sender is ``sender`` (as a holder
         would). A node plays each round once: after a fusion, the next group must be of a later round."""
-        ack = await self.node.play(pb.RoundAssignment(round=round_, role="aggregator", aggregator=self.node.config.id,
-                                                      senders=[sender], deadline_s=30))
+        ack = await self.node.play(Assignment(round=round_, role="aggregator", aggregator=self.node.config.id,
+                                              senders=(sender,), deadline_s=30))
         assert ack.ok and ack.reason != "already_played", ack
 
     async def transfer(self, frames: Iterable[pb.Frame]) -> pb.TransferResult:
@@ -221,8 +222,7 @@ async def test_a_transfer_nobody_expects_is_refused(target: Target) -> None:
 async def test_an_assignment_while_busy_is_refused(target: Target) -> None:
     target.node.take_role(Role.SENDER)
     try:
-        ack = await target.node.play(pb.RoundAssignment(round=0, role="aggregator", aggregator="node-0",
-                                                        senders=["stranger"]))
+        ack = await target.node.play(Assignment(round=0, role="aggregator", aggregator="node-0", senders=("stranger",)))
         assert not ack.ok and ack.reason == "busy"
     finally:
         target.node.release_role()

@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from dfl_node.algorithms import Role
-from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.server import start_server
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
+from dfl_node.peering.messages import Assignment, HelloReply, Progress
 from tests.conftest import FLEET
 
 
@@ -48,15 +48,15 @@ async def serving(node: Node) -> AsyncIterator[str]:
         await server.stop(None)
 
 
-def pull_assignment(aggregator: str, source: str, **extra: object) -> pb.RoundAssignment:
-    return pb.RoundAssignment(round=0, epoch=1, holder=aggregator, role=Role.AGGREGATOR.value, aggregator=aggregator,
-                              senders=[source], pull=True, **extra)
+def pull_assignment(aggregator: str, source: str, **extra: object) -> Assignment:
+    return Assignment(round=0, epoch=1, holder=aggregator, role=Role.AGGREGATOR.value, aggregator=aggregator,
+                      senders=(source,), pull=True, **extra)
 
 
 def know(node: Node, peer_id: str, address: str, boot_id: str = "boot-1") -> None:
     """``node``'s peer table confirms ``peer_id`` at ``address`` (as a reply to its Hello would)."""
-    node.peers.seen(pb.HelloReply(node_id=peer_id, grpc_address=address, boot_id=boot_id, model=node.wire.model,
-                                  num_samples=1, algorithm=node.config.algorithm))
+    node.peers.seen(HelloReply(node_id=peer_id, grpc_address=address, boot_id=boot_id, model=node.wire.model,
+                               num_samples=1, algorithm=node.config.algorithm))
 
 
 def weights(node: Node) -> dict[str, torch.Tensor]:
@@ -92,8 +92,8 @@ async def test_a_sender_whose_transfer_failed_keeps_its_model(fleet_shards: Path
         closed.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{closed.getsockname()[1]}"
     before = weights(sender)
-    ack = await sender.play(pb.RoundAssignment(round=0, epoch=1, holder="node-0", role=Role.SENDER.value,
-                                               aggregator="node-1", aggregator_address=address, senders=["node-0"]))
+    ack = await sender.play(Assignment(round=0, epoch=1, holder="node-0", role=Role.SENDER.value,
+                                       aggregator="node-1", aggregator_address=address, senders=("node-0",)))
     assert (ack.ok, ack.reason) == (False, "not_fused")
     after = weights(sender)
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -129,9 +129,9 @@ async def test_a_sender_gives_its_role_back_when_its_aggregator_accepts_no_conne
                        mode="async")
     with silent_listener() as address:
         started = time.monotonic()
-        ack = await asyncio.wait_for(sender.requests.assign(pb.RoundAssignment(
+        ack = await asyncio.wait_for(sender.requests.assign(Assignment(
             round=0, epoch=0, holder="node-1", role=Role.SENDER.value, aggregator="node-1",
-            aggregator_address=address, senders=["node-0"])), timeout=20)
+            aggregator_address=address, senders=("node-0",))), timeout=20)
         await asyncio.wait_for(sender.quiesce(), timeout=20)
         held = time.monotonic() - started
     assert (ack.ok, ack.reason) == (False, "transfer_failed")
@@ -144,8 +144,8 @@ async def test_an_assign_holds_the_aggregator_role_no_longer_than_our_round_time
     """One Assign with a sender that never comes and deadline_s=40 held the only role 40 s."""
     node = make_node(fleet_shards, tmp_path, "node-0", "defkt", round_timeout=1.0, mode="async")
     started = time.monotonic()
-    ack = await node.requests.assign(pb.RoundAssignment(round=0, epoch=0, holder="node-9", role=Role.AGGREGATOR.value,
-                                                        aggregator="node-0", senders=["node-9"], deadline_s=1000))
+    ack = await node.requests.assign(Assignment(round=0, epoch=0, holder="node-9", role=Role.AGGREGATOR.value,
+                                                aggregator="node-0", senders=("node-9",), deadline_s=1000))
     assert ack.ok
     await asyncio.wait_for(node.quiesce(), timeout=20)
     assert time.monotonic() - started < 5
@@ -156,14 +156,14 @@ async def test_an_assign_holds_the_aggregator_role_no_longer_than_our_round_time
 async def test_an_assign_far_ahead_of_the_fleet_is_refused_and_counted(fleet_shards: Path, tmp_path: Path) -> None:
     node = make_node(fleet_shards, tmp_path, "node-0", "defkt", round_window=100)
     know(node, "node-1", "127.0.0.1:1")
-    node.peers.peers["node-1"].progress = pb.RoundProgress(round=500, epoch=1)
-    forged = pb.RoundAssignment(round=2**63, epoch=1, holder="node-9", role=Role.AGGREGATOR.value, aggregator="node-0",
-                                senders=["node-9"], deadline_s=1)
+    node.peers.peers["node-1"].progress = Progress(round=500, epoch=1)
+    forged = Assignment(round=2**63, epoch=1, holder="node-9", role=Role.AGGREGATOR.value, aggregator="node-0",
+                        senders=("node-9",), deadline_s=1)
     ack = await node.requests.assign(forged)
     assert (ack.ok, ack.reason) == (False, "round_window")
     assert node.state.rejected["round_window"] == 1 and node.state.role is Role.IDLE
-    honest = pb.RoundAssignment(round=600, epoch=1, holder="node-1", role=Role.AGGREGATOR.value, aggregator="node-0",
-                                senders=["node-1"], deadline_s=0.2)
+    honest = Assignment(round=600, epoch=1, holder="node-1", role=Role.AGGREGATOR.value, aggregator="node-0",
+                        senders=("node-1",), deadline_s=0.2)
     assert (await node.requests.assign(honest)).reason != "round_window"  # within 100 of the fleet's round 500
     await asyncio.wait_for(node.quiesce(), timeout=20)
 
@@ -174,8 +174,8 @@ async def test_an_aggregator_stops_waiting_for_a_sender_that_restarted(fleet_sha
     its whole round_timeout (a 130 s stall). Its new boot id says the old incarnation will not send."""
     node = make_node(fleet_shards, tmp_path, "node-0", "defkt", round_timeout=60.0)
     know(node, "node-1", "127.0.0.1:1", boot_id="before")
-    ack = await node.play(pb.RoundAssignment(round=0, epoch=1, holder="node-1", role=Role.AGGREGATOR.value,
-                                             aggregator="node-0", senders=["node-1"]))
+    ack = await node.play(Assignment(round=0, epoch=1, holder="node-1", role=Role.AGGREGATOR.value,
+                                     aggregator="node-0", senders=("node-1",)))
     assert ack.ok and node.collector is not None and node.collector.missing() == {"node-1"}
     started = time.monotonic()
     know(node, "node-1", "127.0.0.1:1", boot_id="after")  # it answers a Hello again, as a new incarnation

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from dfl_node.algorithms import NodeProfile, make_algorithm
-from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.node.clock import Clock
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.rounds import RoundScheduler
 from dfl_node.node.state import NodeState
+from dfl_node.peering.messages import Ack, Assignment, HelloReply, Progress, Token
 from tests.conftest import FLEET
 
 MEMBERS = ["node-0", "node-1", "node-2", "node-3"]
@@ -32,19 +33,20 @@ class MinimalNode:
         self.config = NodeConfig(id=node_id, data=Path("unused"), algorithm="combo", seed=FLEET.seed,
                                  peer_timeout=peer_timeout, rounds=2, heartbeat=0.05)
         self.algorithm = make_algorithm("combo", FLEET)
-        self.peers = PeerTable(node_id, self._no_hello, heartbeat=0.05, timeout=peer_timeout, static=[])
+        self.clock = Clock()
+        self.peers = PeerTable(node_id, self._no_hello, self.clock, heartbeat=0.05, timeout=peer_timeout, static=[])
         self.state = NodeState()
         self.node_id = node_id
-        self.assigned: list[tuple[str, pb.RoundAssignment]] = []
+        self.assigned: list[tuple[str, Assignment]] = []
         self.finished = asyncio.Event()
 
-    async def _no_hello(self, address: str) -> pb.HelloReply | None:
+    async def _no_hello(self, address: str) -> HelloReply | None:
         return None
 
     def join(self, peer_id: str) -> None:
         """``peer_id`` answered a Hello of ours."""
-        self.peers.seen(pb.HelloReply(node_id=peer_id, grpc_address=f"{peer_id}:1", boot_id="b", model="mlp:32,32",
-                                      num_samples=1))
+        self.peers.seen(HelloReply(node_id=peer_id, grpc_address=f"{peer_id}:1", boot_id="b", model="mlp:32,32",
+                                   num_samples=1))
 
     def profiles(self) -> list[NodeProfile]:
         return [NodeProfile(self.node_id, "mlp:32,32", 1), *self.peers.profiles()]
@@ -52,15 +54,15 @@ class MinimalNode:
     def address_of(self, node_id: str) -> str | None:
         return f"{node_id}:1"
 
-    def progress(self) -> pb.RoundProgress:
-        return pb.RoundProgress(round=self.state.round, epoch=self.state.epoch)
+    def progress(self) -> Progress:
+        return Progress(round=self.state.round, epoch=self.state.epoch)
 
-    async def assign_to(self, node_id: str, assignment: pb.RoundAssignment) -> pb.Ack:
+    async def assign_to(self, node_id: str, assignment: Assignment) -> Ack:
         self.assigned.append((node_id, assignment))
-        return pb.Ack(ok=True)
+        return Ack(ok=True)
 
-    async def pass_token(self, node_id: str, token: pb.RoundToken) -> pb.Ack | None:
-        return pb.Ack(ok=True)
+    async def pass_token(self, node_id: str, token: Token) -> Ack | None:
+        return Ack(ok=True)
 
     def enter_epoch(self, epoch: int) -> bool:
         if epoch < self.state.epoch:
@@ -83,7 +85,7 @@ async def _hold_round_one(node: MinimalNode, late: str, after: float) -> list[tu
     Returns the (node, role) pairs the holder assigned for round 1."""
     scheduler = RoundScheduler(node)  # type: ignore[arg-type]  # the port's methods a holder uses
     joining = asyncio.get_running_loop().call_later(after, node.join, late)
-    token = pb.RoundToken(round=1, epoch=1, holder=node.node_id, seed=FLEET.seed, members=MEMBERS)
+    token = Token(round=1, epoch=1, holder=node.node_id, seed=FLEET.seed, members=tuple(MEMBERS))
     try:
         assert (await scheduler.token(token)).ok
         while node.state.holding:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
@@ -26,8 +27,9 @@ from dfl_node.config import ExperimentConfig, LearningConfig
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fleet import provision
 from dfl_node.learning.models import ModelSpec
-from dfl_node.net.codec import TransferRejected
-from dfl_node.net.probes import answer_from_reply, probe_from_request, probe_reply, probe_request
+from dfl_node.net.convert import from_wire, to_wire
+from dfl_node.peering.errors import TransferRejected
+from dfl_node.peering.probes import ProbeRequest, answer_from_reply, probe_from_request, probe_reply, probe_request
 from dfl_node.sim import Simulation
 from dfl_node.sim.transport import InMemoryTransport
 
@@ -186,7 +188,8 @@ def _probe(n: int = 3) -> Probe:
 
 def test_a_probe_round_trips_the_wire_and_its_bounds_hold() -> None:
     probe = _probe()
-    back = probe_from_request(probe_request(probe, swarm="w", epoch=3), input_shape=(1, 28, 28), num_classes=10)
+    on_the_wire = to_wire(probe_request(probe, swarm="w", epoch=3))
+    back = probe_from_request(from_wire(on_the_wire), input_shape=(1, 28, 28), num_classes=10)
     assert torch.equal(back.x, probe.x) and torch.equal(back.y, probe.y) and back.sender == "s" and back.round == 2
     profile = probe_from_request(probe_request(Probe("s", 0, "class-profile", weights=(1.0,)), swarm="w", epoch=0),
                                  input_shape=(1, 28, 28), num_classes=10)
@@ -194,19 +197,13 @@ def test_a_probe_round_trips_the_wire_and_its_bounds_hold() -> None:
     assert probe_budget(20, (1, 28, 28)) == 20 and probe_budget(500, (1, 28, 28)) == 167  # 512 KiB of 28x28
     assert probe_budget(500, (3, 32, 32)) == 42 and probe_budget(500, (1, 8, 8)) == 256
     answer = ProbeAnswer("b", class_accuracy=(0.5, math.nan))
-    again = answer_from_reply(probe_reply(answer), "b")
+    again = answer_from_reply(from_wire(to_wire(probe_reply(answer))), "b")
     assert again.class_accuracy[0] == 0.5 and math.isnan(again.class_accuracy[1])
 
 
-def _request(**changes: object):
-    request = probe_request(_probe(), swarm="w", epoch=0)
-    for name, value in changes.items():
-        if isinstance(value, list):
-            del getattr(request, name)[:]
-            getattr(request, name).extend(value)
-        else:
-            setattr(request, name, value)
-    return request
+def _request(**changes: object) -> ProbeRequest:
+    changed = {name: tuple(value) if isinstance(value, list) else value for name, value in changes.items()}
+    return dataclasses.replace(probe_request(_probe(), swarm="w", epoch=0), **changed)
 
 
 @pytest.mark.parametrize("changes", [

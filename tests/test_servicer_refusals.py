@@ -15,18 +15,19 @@ from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.server import start_server
 from dfl_node.net.wire import WireIdentity
+from dfl_node.peering.messages import Ack, Assignment
 
 
 class AnsweringNode:
-    """A NodeHandler that answers every Assign with the Ack it is told to, and records what it counts."""
+    """A PeerHandler that answers every Assign with the Ack it is told to, and records what it counts."""
 
     def __init__(self) -> None:
         self.wire = WireIdentity("s", "mlp:4", "fp", {}, Limits())
         self.idle_timeout = 5.0
-        self.answer = pb.Ack(ok=True)
+        self.answer = Ack(ok=True)
         self.counted: list[str] = []
 
-    async def assign(self, request: pb.RoundAssignment) -> pb.Ack:
+    async def assign(self, request: Assignment) -> Ack:
         return self.answer
 
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:
@@ -41,7 +42,7 @@ async def test_role_outcomes_are_not_counted_as_rejections_and_refusals_are() ->
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.DflNodeStub(channel)
             for reason in ("not_fused", "transfer_failed", "busy", "stale_epoch", "seed_mismatch"):
-                node.answer = pb.Ack(ok=False, reason=reason)
+                node.answer = Ack(ok=False, reason=reason)
                 ack = await stub.Assign(pb.RoundAssignment(round=1, epoch=1, role="sender", senders=["a"]), timeout=10)
                 assert ack.reason == reason
     finally:

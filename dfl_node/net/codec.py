@@ -28,6 +28,7 @@ import dfl_node
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.net.frames import ReadFrame, WireFrame, chunk_frame
 from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.peering.errors import TransferRejected
 
 if sys.byteorder != "little":  # the payload is the in-memory layout; every supported target is little-endian
     raise ImportError("dfl_node.net.codec requires a little-endian host")
@@ -62,19 +63,6 @@ class Limits:
     def max_message_bytes(self) -> int:
         """A safe ``grpc.max_receive_message_length`` for a Transfer stream (largest frame plus framing)."""
         return max(self.max_chunk_bytes, self.max_header_bytes) + 1024
-
-
-class TransferRejected(Exception):
-    """A transfer refused before fusion; ``reason`` is a short stable code, ``detail`` is human-readable."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
-
-    def result(self) -> pb.TransferResult:
-        """The ``TransferResult`` a server sends back for this rejection."""
-        return pb.TransferResult(accepted=False, reason=self.reason, detail=self.detail)
 
 
 def manifest_of(state: Mapping[str, torch.Tensor]) -> Manifest:

@@ -23,7 +23,7 @@ from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.servicer import DflServicer
 
 Codec = tuple[Callable[[bytes], object], Callable[[object], bytes]]  # request decoder, response encoder
-OnRejected = Callable[[str, str, str], None]  # (reason, detail, sender): NodeHandler.on_rejected
+OnRejected = Callable[[str, str, str], None]  # (reason, detail, sender): PeerHandler.on_rejected
 
 _HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
     (False, False): grpc.unary_unary_rpc_method_handler,

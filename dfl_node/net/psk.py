@@ -39,6 +39,7 @@ from pathlib import Path
 
 from dfl_node.net.announcement import parse_peer
 from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.peering.errors import PeerUnauthenticated
 
 NONCE_BYTES = 32
 MIN_KEY_BYTES = 32
@@ -51,14 +52,6 @@ AUTH_REQUIRED = "auth_required"  # the first step of every handshake: not a refu
 
 class PskError(ValueError):
     """The swarm key file cannot be used (one line for the operator)."""
-
-
-class PeerUnauthenticated(Exception):
-    """A peer answered our Hello without proving the swarm key."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
 
 
 def read_swarm_key(path: Path) -> bytes:

@@ -9,12 +9,12 @@ import grpc
 from dfl_node.net.auth import NO_SECURITY, Authenticator, Security
 from dfl_node.net.handlers import method_handlers, register
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.net.servicer import DflServicer, NodeHandler
+from dfl_node.net.servicer import DflServicer, ServedNode
 from dfl_node.net.standard import add_standard_services
 from dfl_node.net.wire import SERVICE_NAME, channel_options
 
 
-async def start_server(node: NodeHandler, host: str, port: int,
+async def start_server(node: ServedNode, host: str, port: int,
                        security: Security = NO_SECURITY, *, reflection: bool = False) -> tuple[grpc.aio.Server, int]:
     """Serve the node (plus health, and reflection if asked) on ``host:port``; returns the server and the
     bound port. With TLS material in ``security`` the port speaks mutual TLS only (a client certificate signed by the

@@ -1,4 +1,5 @@
-"""The RPC side of a node: each call of the ``DflNode`` service turned into a call on its :class:`NodeHandler`.
+"""The RPC side of a node: each call of the ``DflNode`` service turned into a call on its
+:class:`~dfl_node.peering.port.PeerHandler`, in the port's own messages (converted here, :mod:`dfl_node.net.convert`).
 
 The servicer does all the byte work itself: it validates a Transfer's stream with
 :class:`~dfl_node.net.codec.MessageAssembler` *before* the node sees a model, refuses and counts what a
@@ -18,41 +19,25 @@ import grpc
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Role
 from dfl_node.net.auth import Authenticator
-from dfl_node.net.codec import TransferRejected, assemble
+from dfl_node.net.codec import assemble
+from dfl_node.net.convert import from_wire, to_wire, transfer_result
 from dfl_node.net.frames import ReadFrame, WireFrame, wire_size
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.wire import WireIdentity, wire_bytes
+from dfl_node.peering.errors import TransferRejected
+from dfl_node.peering.messages import Assignment, Hello, Offer, PullRequest, Token
+from dfl_node.peering.port import Intake, PeerHandler
+from dfl_node.peering.probes import ProbeRequest
 
 log = logging.getLogger(__name__)
 
 
-class Intake(Protocol):
-    """One admitted transfer: the node takes its message (or learns that it never came)."""
-
-    async def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None: ...
-    def abandon(self) -> None: ...
-
-
-class NodeHandler(Protocol):
-    """The daemon side of the RPCs; every method runs on the event loop."""
+class ServedNode(PeerHandler, Protocol):
+    """A node as the gRPC server serves it: the port's handler, plus what the wire needs of it."""
 
     wire: WireIdentity
     idle_timeout: float  # a Transfer stream silent this long is dropped: it never holds a role or a buffer
-
-    # A Hello; ``refused``: why the Authenticator refuses it (the node counts it and answers with its identity).
-    def hello(self, request: pb.HelloRequest, peer: str, refused: str | None = None) -> pb.HelloReply: ...
-    # Whether this transfer is wanted (raise TransferRejected, e.g. "not_expected"). Its Intake's deliver()
-    # checks the message for the algorithm (raise TransferRejected) and returns a future of the reply (None:
-    # no reply), resolved once the fusion is durable, or failed with TransferRejected if it never happens;
-    # abandon() is called instead when the stream fails after admission.
-    async def admit(self, header: pb.TransferHeader) -> Intake: ...
-    async def pull(self, request: pb.PullRequest) -> ModelMessage: ...  # raise TransferRejected (e.g. "busy")
-    async def probe(self, request: pb.ProbeRequest) -> pb.ProbeReply: ...  # a selection probe (001); never raises
-    def on_rejected(self, reason: str, detail: str, sender: str) -> None: ...
-    def on_transferred(self, sent: int, received: int) -> None: ...  # byte counters
-    async def assign(self, request: pb.RoundAssignment) -> pb.Ack: ...
-    async def token(self, request: pb.RoundToken) -> pb.Ack: ...
 
 
 # Refusals that a node answers (a Pull's result, a ProbeReply, an Ack) rather than raises, and that the servicer
@@ -74,12 +59,12 @@ def _assignment_problem(request: pb.RoundAssignment) -> str | None:
 
 
 class DflServicer(pb_grpc.DflNodeServicer):
-    def __init__(self, node: NodeHandler, auth: Authenticator | None = None) -> None:
+    def __init__(self, node: ServedNode, auth: Authenticator | None = None) -> None:
         self.node = node
         self.auth = auth or Authenticator()  # mTLS / swarm key: who may call, as whom (dfl_node.net.auth)
 
     async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloReply:
-        reply = self.node.hello(request, context.peer(), self.auth.hello(request, context))
+        reply = to_wire(self.node.hello(from_wire(request, Hello), context.peer(), self.auth.hello(request, context)))
         self.auth.sign(request, reply)
         return reply
 
@@ -117,7 +102,7 @@ class DflServicer(pb_grpc.DflNodeServicer):
             if refused := self._refuse(context, claimed):
                 raise refused  # unauthenticated, or in another's name: nothing more of it is parsed
             assembler.feed(first)  # the header: swarm, fingerprint, manifest, sizes checked here
-            intake = await self.node.admit(assembler.header)
+            intake = await self.node.admit(from_wire(assembler.header, Offer))
             header, message = await assemble(frames, assembler)
             self.node.on_transferred(0, wire_bytes(header))
             pending_reply = await intake.deliver(message)
@@ -126,7 +111,7 @@ class DflServicer(pb_grpc.DflNodeServicer):
             sender = assembler.header.sender if assembler.header is not None else "?"
             if exc.reason not in ("unauthenticated", "identity_mismatch"):  # those are counted by _refuse
                 self.node.on_rejected(exc.reason, exc.detail, sender)
-            yield pb.Frame(result=exc.result())
+            yield pb.Frame(result=transfer_result(exc))
             return
         except Exception:  # a bug, not the peer's fault: say where (gRPC would only answer UNKNOWN), keep serving
             log.exception("Transfer from %s failed", assembler.header.sender if assembler.header else "?")
@@ -153,23 +138,23 @@ class DflServicer(pb_grpc.DflNodeServicer):
 
     async def Pull(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[WireFrame]:
         if refused := self._refuse(context, request.aggregator):
-            yield pb.Frame(result=refused.result())
+            yield pb.Frame(result=transfer_result(refused))
             return
         try:
-            message = await self.node.pull(request)
+            message = await self.node.pull(from_wire(request, PullRequest))
         except TransferRejected as exc:
             self._refused(exc.reason, exc.detail, request.aggregator[:64] or context.peer())
-            yield pb.Frame(result=exc.result())
+            yield pb.Frame(result=transfer_result(exc))
             return
         async for frame in self._stream(message):
             yield frame
 
     async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeReply:
         await self._check_unary(context, request.sender)
-        reply = await self.node.probe(request)
+        reply = await self.node.probe(from_wire(request, ProbeRequest))
         if not reply.ok:
             self._refused(reply.reason, f"probe of round {request.round}", request.sender[:64] or context.peer())
-        return reply
+        return to_wire(reply)
 
     # Assign and PassToken name no caller: a selecting sender binds its choice in its holder's name.
     async def Assign(self, request: pb.RoundAssignment, context: grpc.aio.ServicerContext) -> pb.Ack:
@@ -177,19 +162,19 @@ class DflServicer(pb_grpc.DflNodeServicer):
         if problem := _assignment_problem(request):
             self._refused("unknown_role", problem, request.holder[:64] or context.peer())
             return pb.Ack(ok=False, reason="unknown_role")
-        ack = await self.node.assign(request)
+        ack = await self.node.assign(from_wire(request, Assignment))
         if not ack.ok:
             self._refused(ack.reason, f"{request.role[:40]!r} of round {request.round}, epoch {request.epoch}",
                           request.holder[:64] or context.peer())
-        return ack
+        return to_wire(ack)
 
     async def PassToken(self, request: pb.RoundToken, context: grpc.aio.ServicerContext) -> pb.Ack:
         await self._check_unary(context)
-        ack = await self.node.token(request)
+        ack = await self.node.token(from_wire(request, Token))
         if not ack.ok:
             self._refused(ack.reason, f"token of round {request.round}, epoch {request.epoch}",
                           request.holder[:64] or context.peer())
-        return ack
+        return to_wire(ack)
 
 
 async def _idle_limited(frames: AsyncIterator[ReadFrame], timeout: float) -> AsyncIterator[ReadFrame]:

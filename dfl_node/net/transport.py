@@ -1,9 +1,11 @@
 """How a node reaches its peers: one :class:`PeerClient` per peer, for every RPC it makes to it.
 
-It streams a model out and reads the verdict concurrently (:func:`open_transfer`), assembles and checks
-a reply or a pulled model as the server does (:class:`~dfl_node.net.wire.WireIdentity`), and, with a
-swarm key, authenticates its connection before the round RPCs. The server side is
-:mod:`dfl_node.net.servicer` and :mod:`dfl_node.net.server`.
+The client half of the peer network port (:class:`~dfl_node.peering.port.PeerLink`): it takes and returns
+the port's messages, converting them at this edge (:mod:`dfl_node.net.convert`), and turns gRPC's
+failures into the port's (:mod:`dfl_node.peering.errors`). It streams a model out and reads the verdict
+concurrently (:func:`open_transfer`), assembles and checks a reply or a pulled model as the server does
+(:class:`~dfl_node.net.wire.WireIdentity`), and, with a swarm key, authenticates its connection before the
+round RPCs. The server side is :mod:`dfl_node.net.servicer` and :mod:`dfl_node.net.server`.
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ import grpc
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.auth import NO_SECURITY, Security
-from dfl_node.net.codec import Outgoing, TransferRejected, assemble
+from dfl_node.net.codec import Outgoing, assemble
+from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.net.frames import ReadFrame, WireFrame, decode_frame, encode_frame, wire_size
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.net.psk import AUTH_REQUIRED, PeerUnauthenticated, check_reply, sign_request
+from dfl_node.net.psk import AUTH_REQUIRED, check_reply, sign_request
+from dfl_node.net.tls import handshake_failure
 from dfl_node.net.wire import SERVICE_NAME, WireIdentity, channel_options, wire_bytes
+from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable, TransferRefused, TransferRejected
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, PullRequest, Token
+from dfl_node.peering.probes import ProbeReply, ProbeRequest
 
 
 def why_unanswered(exc: grpc.aio.AioRpcError, timeout: float) -> str:
@@ -38,12 +45,8 @@ def why_unanswered(exc: grpc.aio.AioRpcError, timeout: float) -> str:
     return f"is unreachable ({exc.code().name}: {details})"
 
 
-class TransferRefused(Exception):
-    """The receiving peer said no (busy, incompatible, invalid); ``reason`` is its stable code."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason, self.detail = reason, detail
+def _unreachable(exc: grpc.aio.AioRpcError, timeout: float) -> PeerUnreachable:
+    return PeerUnreachable(exc.code().name.lower(), why_unanswered(exc, timeout))
 
 
 async def open_transfer(
@@ -102,7 +105,8 @@ def _unauthenticated(exc: Exception) -> bool:
 
 
 class PeerClient:
-    """One channel to one peer; cheap to keep per peer and reuse for every RPC.
+    """One channel to one peer (a :class:`~dfl_node.peering.port.PeerLink`); cheap to keep per peer and reuse
+    for every RPC.
 
     With TLS material the channel is mutual TLS, and the peer's certificate must be valid for
     ``tls_name`` (the node id we expect there) or, without one, for the host we dial. With a swarm key,
@@ -116,12 +120,12 @@ class PeerClient:
     """
 
     def __init__(self, address: str, wire: WireIdentity, security: Security = NO_SECURITY,
-                 tls_name: str | None = None, hello_message: Callable[[], pb.HelloRequest] | None = None,
+                 tls_name: str | None = None, hello_message: Callable[[], Hello] | None = None,
                  connect_timeout: float = 5.0) -> None:
         self.address = address
         self.connect_timeout = connect_timeout
         self.wire = wire
-        self.tls_name = tls_name
+        self.checked_id = tls_name
         options = channel_options(wire.limits)
         if security.swarm_key is not None:  # our own connection: the one our Hello authenticates
             options.append(("grpc.use_local_subchannel_pool", 1))
@@ -145,10 +149,20 @@ class PeerClient:
             response_deserializer=decode_frame,
         )  # fmt: skip
 
-    async def hello(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
-        """Our Hello and the peer's reply. With a swarm key: signed with the peer's last challenge (at first
-        contact the peer answers ``auth_required`` with one and we ask again), and the reply must prove the
-        key over our nonce, else :class:`~dfl_node.net.psk.PeerUnauthenticated`."""
+    async def hello(self, hello: Hello, timeout: float) -> HelloReply:
+        """Our Hello and the peer's reply. :class:`~dfl_node.peering.errors.PeerUnauthenticated` when the peer
+        does not prove who it is (``tls_handshake``: its certificate failed our checks, or ours its)."""
+        try:
+            return from_wire(await self._hello(to_wire(hello), timeout))
+        except grpc.aio.AioRpcError as exc:
+            if failure := handshake_failure(exc):
+                raise PeerUnauthenticated("tls_handshake", failure) from exc
+            raise _unreachable(exc, timeout) from exc
+
+    async def _hello(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
+        """With a swarm key: signed with the peer's last challenge (at first contact the peer answers
+        ``auth_required`` with one and we ask again), and the reply must prove the key over our nonce,
+        else :class:`~dfl_node.peering.errors.PeerUnauthenticated`."""
         if self.swarm_key is None:
             return await self.stub.Hello(request, timeout=timeout)
         async with self._auth_lock:  # one challenge, one Hello: concurrent Hellos would reuse it (a replay)
@@ -181,7 +195,7 @@ class PeerClient:
     async def _authenticate(self) -> None:
         assert self.hello_message is not None
         with contextlib.suppress(grpc.aio.AioRpcError, PeerUnauthenticated):  # then the call itself is refused
-            await self.hello(self.hello_message(), timeout=5.0)
+            await self._hello(to_wire(self.hello_message()), timeout=5.0)
 
     async def _reachable(self) -> None:
         """Until our channel is connected (at once if it is), else :class:`TransferRefused`: ``unreachable``,
@@ -196,29 +210,52 @@ class PeerClient:
 
     # wait_for_ready on the round RPCs: the peer answered a heartbeat, so it is up, but our channel to it
     # may still be connecting (a new peer) or behind its reconnect backoff (a peer that just came back).
-    async def assign(self, request: pb.RoundAssignment, timeout: float) -> pb.Ack:
-        return await self._authenticated(lambda: self.stub.Assign(request, timeout=timeout, wait_for_ready=True))
+    async def _call(self, call: Callable[[], Awaitable[T]], timeout: float) -> T:
+        """``call()`` on an authenticated connection; gRPC's failure to reach the peer becomes the port's."""
+        try:
+            return await self._authenticated(call)
+        except grpc.aio.AioRpcError as exc:
+            raise _unreachable(exc, timeout) from exc
 
-    async def pass_token(self, request: pb.RoundToken, timeout: float) -> pb.Ack:
-        return await self._authenticated(lambda: self.stub.PassToken(request, timeout=timeout, wait_for_ready=True))
+    async def assign(self, assignment: Assignment, timeout: float) -> Ack:
+        request = to_wire(assignment)
+        return from_wire(await self._call(lambda: self.stub.Assign(request, timeout=timeout, wait_for_ready=True),
+                                          timeout))
 
-    async def probe(self, request: pb.ProbeRequest, timeout: float) -> pb.ProbeReply:
-        return await self._authenticated(lambda: self.stub.Probe(request, timeout=timeout, wait_for_ready=True))
+    async def pass_token(self, token: Token, timeout: float) -> Ack:
+        request = to_wire(token)
+        return from_wire(await self._call(lambda: self.stub.PassToken(request, timeout=timeout, wait_for_ready=True),
+                                          timeout))
 
-    async def push(self, outgoing: Outgoing, *, timeout: float,
+    async def probe(self, probe: ProbeRequest, timeout: float) -> ProbeReply:
+        request = to_wire(probe)
+        return from_wire(await self._call(lambda: self.stub.Probe(request, timeout=timeout, wait_for_ready=True),
+                                          timeout))
+
+    async def push(self, message: ModelMessage, epoch: int, *, timeout: float,
                    on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:
-        """Stream a message prepared by :func:`~dfl_node.net.codec.prepare` to the peer; returns (its reply model or None, bytes sent, bytes received).
+        """Stream ``message`` (encoded off the event loop) to the peer; returns (its reply model or None, bytes
+        sent, bytes received) once the stream ended: the aggregator's confirmation of a durable fusion.
 
-        Raises :class:`TransferRefused` when the peer refuses, ``grpc.aio.AioRpcError`` when it is unreachable.
+        Raises :class:`TransferRefused` when the peer refuses (``closed``: our channel closed under the call,
+        as our node stops), :class:`PeerUnreachable` when it cannot be reached.
         """
-        return await self._authenticated(lambda: self._push(outgoing, timeout=timeout, on_accepted=on_accepted))
+        outgoing = await asyncio.to_thread(self.wire.prepare, message, epoch)
+        return await self.send(outgoing, timeout=timeout, on_accepted=on_accepted)
+
+    async def send(self, outgoing: Outgoing, *, timeout: float,
+                   on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:
+        """:meth:`push` of a message already encoded (:func:`~dfl_node.net.codec.prepare`)."""
+        try:
+            return await self._call(lambda: self._push(outgoing, timeout=timeout, on_accepted=on_accepted), timeout)
+        except asyncio.CancelledError:  # the call, not the caller's task: our channel closed as the node stops
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            raise TransferRefused("closed", "our channel closed before it confirmed") from None
 
     async def _push(self, outgoing: Outgoing, *, timeout: float,
                     on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:
-        """Stream a message prepared by :func:`~dfl_node.net.codec.prepare` to the peer; returns (its reply model or None, bytes sent, bytes received).
-
-        Raises :class:`TransferRefused` when the peer refuses, ``grpc.aio.AioRpcError`` when it is unreachable.
-        """
         await self._reachable()
         result, call, sent = await open_transfer(self.transfer, outgoing.frames(), timeout)
         try:
@@ -238,13 +275,14 @@ class PeerClient:
             call.cancel()
         return reply, sent, wire_bytes(header)
 
-    async def pull(self, request: pb.PullRequest, *, timeout: float) -> tuple[ModelMessage, int]:
+    async def pull(self, request: PullRequest, *, timeout: float) -> tuple[ModelMessage, int]:
         """Fetch the peer's model for a pull group; returns (message, bytes received).
 
         Raises :class:`TransferRefused` when the peer refuses or sends something invalid,
-        ``grpc.aio.AioRpcError`` when it is unreachable or dies mid-stream.
+        :class:`PeerUnreachable` when it is unreachable or dies mid-stream.
         """
-        return await self._authenticated(lambda: self._pull(request, timeout=timeout))
+        wire_request = to_wire(request)
+        return await self._call(lambda: self._pull(wire_request, timeout=timeout), timeout)
 
     async def _pull(self, request: pb.PullRequest, *, timeout: float) -> tuple[ModelMessage, int]:
         await self._reachable()

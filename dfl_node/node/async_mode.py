@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 
 from dfl_node.algorithms.base import derive_seed
 from dfl_node.algorithms.plan import Role
-from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.node.ports import SchedulerPort
+from dfl_node.peering.messages import Ack, Assignment, Token
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +31,8 @@ class AsyncScheduler:
     async def run(self) -> None:
         node, cfg = self.node, self.node.config
         await node.peers.wait_for(cfg.min_peers)
-        deadline = time.monotonic() + cfg.duration if cfg.duration else None
-        while deadline is None or time.monotonic() < deadline:
+        deadline = node.clock.monotonic() + cfg.duration if cfg.duration else None
+        while deadline is None or node.clock.monotonic() < deadline:
             await asyncio.sleep(cfg.interval * self.rng.uniform(0.5, 1.5))
             if self.rng.random() >= cfg.participation or node.state.role is not Role.IDLE:
                 continue
@@ -47,11 +46,11 @@ class AsyncScheduler:
     def on_join(self, peer_id: str, restarted: bool) -> None:
         """Nothing to tell a newcomer: there is no shared round state in async mode."""
 
-    async def assign(self, request: pb.RoundAssignment) -> pb.Ack:
+    async def assign(self, request: Assignment) -> Ack:
         """An invitation from a volunteering aggregator (epoch 0): taken if this node is free."""
         if request.epoch != 0:
-            return pb.Ack(ok=False, reason="async_mode")
+            return Ack(ok=False, reason="async_mode")
         return await self.node.play(request)
 
-    async def token(self, request: pb.RoundToken) -> pb.Ack:
-        return pb.Ack(ok=False, reason="async_mode")
+    async def token(self, request: Token) -> Ack:
+        return Ack(ok=False, reason="async_mode")

@@ -12,21 +12,23 @@ resolve only once the fusion is checkpointed, so the end of a sender's stream co
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Mapping
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
-from dfl_node.net.codec import TransferRejected, trim_heap
-from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.net.codec import trim_heap
+from dfl_node.node.clock import Clock
+from dfl_node.peering.errors import TransferRejected
+from dfl_node.peering.messages import Offer
 
 
 class Collector:
-    def __init__(self, step: Step, epoch: int, *, deadline_s: float, max_bytes: int,
+    def __init__(self, step: Step, epoch: int, clock: Clock, *, deadline_s: float, max_bytes: int,
                  expected: Iterable[str] | None = None) -> None:
         self.step = step
         self.epoch = epoch
-        self.deadline = time.monotonic() + deadline_s
+        self.clock = clock
+        self.deadline = clock.monotonic() + deadline_s
         self.max_bytes = max_bytes
         self.expected = set(step.group.senders if expected is None else expected)
         self.messages: dict[str, ModelMessage] = {}
@@ -39,22 +41,22 @@ class Collector:
     def round(self) -> int:
         return self.step.round
 
-    def matches(self, header: pb.TransferHeader) -> bool:
-        return header.round == self.round and header.epoch == self.epoch
+    def matches(self, offer: Offer) -> bool:
+        return offer.round == self.round and offer.epoch == self.epoch
 
-    def admit(self, header: pb.TransferHeader) -> None:
-        """Reserve room for ``header``'s payload, or refuse it with a reason."""
-        sender = header.sender
+    def admit(self, offer: Offer) -> None:
+        """Reserve room for ``offer``'s payload, or refuse it with a reason."""
+        sender = offer.sender
         if self.gathered.is_set():
             raise TransferRejected("too_late", f"round {self.round}'s aggregation already began")
         if sender not in self.expected:
             raise TransferRejected("not_expected", f"{sender!r} is not a sender of round {self.round} here")
         if sender in self.messages or sender in self.receiving:
             raise TransferRejected("duplicate", f"{sender!r} already sent its round {self.round} model")
-        if self.reserved + header.total_size > self.max_bytes:
-            raise TransferRejected("over_memory", f"{header.total_size} bytes over the aggregator's bound of "
+        if self.reserved + offer.total_size > self.max_bytes:
+            raise TransferRejected("over_memory", f"{offer.total_size} bytes over the aggregator's bound of "
                                                   f"{self.max_bytes} ({self.reserved} reserved)")
-        self.receiving[sender] = header.total_size
+        self.receiving[sender] = offer.total_size
 
     @property
     def reserved(self) -> int:
@@ -84,7 +86,7 @@ class Collector:
 
     async def wait(self) -> list[ModelMessage]:
         """Until every expected sender delivered, or the deadline; the messages that arrived."""
-        while self.missing() and not self.gathered.is_set() and (left := self.deadline - time.monotonic()) > 0:
+        while self.missing() and not self.gathered.is_set() and (left := self.deadline - self.clock.monotonic()) > 0:
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), left)

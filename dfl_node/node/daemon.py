@@ -3,23 +3,24 @@
 It owns the node's model (through a :class:`NodeContext`), its :class:`NodeState` and its peer table;
 what it answers its peers' RPCs is :mod:`.requests`. A node plays at most one role at a
 time (:class:`Role`: sender, aggregator or pulled source), through the round runner of
-:mod:`dfl_node.algorithms.runner` over :class:`GrpcTransport`; training and fusion run in worker
+:mod:`dfl_node.algorithms.runner` over :class:`PeerTransport`; training and fusion run in worker
 threads, so Hello, status and transfers stay responsive, and a role is held until its work is
 evaluated and checkpointed, so a model being fused is never touched by a concurrent transfer.
 *When* and *with whom* a node plays is decided by its scheduler (:mod:`.rounds` for token rounds,
 :mod:`.async_mode`), which sees the node only through :class:`~dfl_node.node.ports.SchedulerPort`.
+
+It reaches its peers only through the peer network port (:mod:`dfl_node.peering`; over gRPC, its
+:class:`~dfl_node.net.links.GrpcNetwork`) and reads time only from its :class:`~dfl_node.node.clock.Clock`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections import deque
 from typing import Any
 
-import grpc
 import torch
 
 from dfl_node.algorithms import NodeContext, NodeProfile, Role, make_algorithm
@@ -33,10 +34,10 @@ from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.training import evaluate
 from dfl_node.net.auth import load_security
 from dfl_node.net.codec import Limits, Manifest, manifest_of
-from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.net.transport import PeerClient
+from dfl_node.net.links import GrpcNetwork
 from dfl_node.net.wire import WireIdentity
 from dfl_node.node.async_mode import AsyncScheduler
+from dfl_node.node.clock import Clock
 from dfl_node.node.collector import Collector
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.handshake import Handshake
@@ -47,6 +48,9 @@ from dfl_node.node.requests import PeerRequests
 from dfl_node.node.roles import RolePlayer
 from dfl_node.node.rounds import RoundScheduler
 from dfl_node.node.state import NodeState
+from dfl_node.peering.errors import PeerUnreachable
+from dfl_node.peering.messages import Ack, Progress, Token
+from dfl_node.peering.port import PeerLink
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +64,8 @@ class Node(RolePlayer):
                                           swarm_key_file=config.swarm_key_file)
         except ValueError as exc:
             raise OperatorError(str(exc)) from None
-        self.started = time.time()
+        self.clock = Clock()
+        self.started = self.clock.wall()
         self.boot_id = uuid.uuid4().hex
         self.device = resolve_device(config.device)  # the shard, the test set and the model move there once
         train, val = read_node_data(config.data)
@@ -79,19 +84,21 @@ class Node(RolePlayer):
         self.checkpoint = Checkpoint(config.state_path)
         self.state = NodeState(history=deque(maxlen=config.history_limit))
         self.collector: Collector | None = None  # the group this node aggregates now
-        self.clients: dict[str, PeerClient] = {}
         self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up
         self._settling: asyncio.Task | None = None
         self._idle = asyncio.Event()  # set while no role is held
         self._idle.set()
         self._saving = asyncio.Lock()
-        self.refusals = RateLimitedLog(log)  # a line per refusal reason at most every 10 s; /status counts them all
+        # a line per refusal reason at most every 10 s; /status counts them all
+        self.refusals = RateLimitedLog(log, self.clock.monotonic)
         self.handshake = Handshake(self)
-        self.peers = PeerTable(config.id, self.handshake.probe, heartbeat=config.heartbeat,
+        self.network = GrpcNetwork(self.wire, self.security, self.handshake.message,
+                                   connect_timeout=config.connect_timeout, retire_after=config.round_timeout)
+        self.peers = PeerTable(config.id, self.handshake.probe, self.clock, heartbeat=config.heartbeat,
                                timeout=config.peer_timeout, static=config.peers,
                                on_join=self._peer_joined,
                                expiry=config.peer_expiry, max_pending=config.max_pending_peers,
-                               on_forget=self._forget_client, on_lost=self._peer_lost)
+                               on_forget=self.network.forget, on_lost=self._peer_lost)
         # The state dir is locked before anything reads it, and held until run_node ends: a second node
         # started on it stops with the one-line error, having read (and logged) nothing of the first's state.
         self.checkpoint.lock.acquire()
@@ -177,7 +184,7 @@ class Node(RolePlayer):
         if event in ("send", "fusion"):
             state.counters["rounds_completed"] += 1
         local, global_ = state.accuracy
-        state.history.append(HistoryEntry(round=round_, time=time.time(), event=event, role=state.role.value,
+        state.history.append(HistoryEntry(round=round_, time=self.clock.wall(), event=event, role=state.role.value,
                                           peer=peer, local_accuracy=local, global_accuracy=global_))
         await self.save()
 
@@ -209,11 +216,11 @@ class Node(RolePlayer):
         self.state.epoch = epoch
         return True
 
-    def progress(self) -> pb.RoundProgress:
-        """Where this node stands in round mode, for the HelloReply (:class:`~dfl_node.net.proto.dfl_pb2.RoundProgress`)."""
+    def progress(self) -> Progress:
+        """Where this node stands in round mode, for the HelloReply."""
         state = self.state
-        return pb.RoundProgress(round=state.round, epoch=state.epoch, holding=state.holding, done=state.done,
-                                state=state.token_state, busy=state.role is not Role.IDLE)
+        return Progress(round=state.round, epoch=state.epoch, holding=state.holding, done=state.done,
+                        state=dict(state.token_state), busy=state.role is not Role.IDLE)
 
     def fleet_round(self) -> int:
         """The newest round this node knows of: its own, or a live peer's at its last reply to our Hello."""
@@ -231,13 +238,13 @@ class Node(RolePlayer):
     def count(self, counter: str, n: int = 1) -> None:
         self.state.counters[counter] += n
 
-    async def pass_token(self, node_id: str, token: pb.RoundToken) -> pb.Ack | None:
+    async def pass_token(self, node_id: str, token: Token) -> Ack | None:
         address = self.peers.address_of(node_id)
         if address is None:
             return None
         try:
             return await self.client(address).pass_token(token, timeout=5.0)
-        except grpc.aio.AioRpcError:
+        except PeerUnreachable:
             return None
 
     async def stop_volunteering(self) -> None:
@@ -245,12 +252,6 @@ class Node(RolePlayer):
         says it is done."""
         self.state.done = True
         await self.save(copy=True)
-
-    def _forget_client(self, address: str) -> None:
-        """The peer table no longer knows ``address``: close our channel to it (fds and memory stay bounded)."""
-        client = self.clients.pop(address, None)
-        if client is not None:
-            asyncio.get_running_loop().create_task(client.close())
 
     def _peer_lost(self, peer_id: str) -> None:
         """A peer stopped answering: an aggregator no longer waits for it (it would only wait for its deadline),
@@ -272,17 +273,9 @@ class Node(RolePlayer):
             collector.abandon(peer_id)
         self.scheduler.on_join(peer_id, restarted)
 
-    def client(self, address: str) -> PeerClient:
-        """Our channel to ``address``; with mTLS, one that checks the certificate of the node we know is there."""
-        name = self.handshake.names.get(address) if self.security.tls else None
-        client = self.clients.get(address)
-        if client is None or client.tls_name != name:
-            if client is not None:  # retired, not cut: a call may still be under way on it
-                asyncio.get_running_loop().call_later(self.config.round_timeout,
-                                                      lambda old=client: asyncio.ensure_future(old.close()))
-            client = self.clients[address] = PeerClient(address, self.wire, self.security, name, self.handshake.message,
-                                                        self.config.connect_timeout)
-        return client
+    def client(self, address: str) -> PeerLink:
+        """Our link to the peer at ``address``."""
+        return self.network.link(address)
 
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:
         """Count a refused request by reason (durable, in /status) and log it, rate-limited."""
@@ -300,7 +293,7 @@ class Node(RolePlayer):
             round=state.round, role=role, peers=self.peers.infos(), unreachable_peers=sorted(self.peers.unreachable),
             local_accuracy=local, global_accuracy=global_,
             **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
-            boot_id=self.boot_id, uptime_s=time.time() - self.started, grpc_address=self.grpc_address,
+            boot_id=self.boot_id, uptime_s=self.clock.wall() - self.started, grpc_address=self.grpc_address,
             http_port=self.config.http_port, param_sha256=state.digest, fusing=state.fusing > 0,
             max_concurrent_fusions=state.max_fusing, epoch=state.epoch, holding=state.holding,
             done=state.done and state.role is Role.IDLE,

@@ -1,11 +1,12 @@
-"""The daemon's transport for the round runner: algorithm calls in a worker thread, messages over gRPC.
+"""The daemon's transport for the round runner: algorithm calls in a worker thread, messages over the
+peer network port (:mod:`dfl_node.peering`; gRPC in a daemon).
 
-One :class:`GrpcTransport` serves one role of one node (:mod:`dfl_node.algorithms.runner`): a
+One :class:`PeerTransport` serves one role of one node (:mod:`dfl_node.algorithms.runner`): a
 sender's push goes to its aggregator's address and reports the aggregator's verdict as soon as it
 comes (``accepted``), before any reply, but completes only when the aggregator confirms that its fusion
 is durable (the reply, or the end of the stream); an aggregator gathers from its :class:`Collector` (pushed
 messages) or pulls from its sources, and hands the replies back to the senders' open streams. The
-sender of an open group (001's client selection) probes its candidates over the Probe RPC — one that
+sender of an open group (001's client selection) probes its candidates — one that
 does not answer within ``probe_timeout`` is skipped and counted — and binds the one its algorithm
 chose by assigning it the aggregator role itself, with the epoch and holder of its own assignment.
 """
@@ -17,18 +18,15 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
-import grpc
-
 from dfl_node.algorithms import AlgorithmError
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.plan import Role, Step
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectionError, check_answer
-from dfl_node.net.probes import answer_from_reply, probe_request
-from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.net.codec import TransferRejected
-from dfl_node.net.transport import TransferRefused
 from dfl_node.node.collector import Collector
 from dfl_node.node.gate import check_finite, check_received
+from dfl_node.peering.errors import PeerUnreachable, TransferRefused, TransferRejected
+from dfl_node.peering.messages import Assignment, PullRequest
+from dfl_node.peering.probes import ProbeRequest, answer_from_reply, probe_request
 
 if TYPE_CHECKING:
     from dfl_node.node.daemon import Node
@@ -46,9 +44,9 @@ class AlreadyPlayed(Exception):
     confirmation): the sender's round is over, without a second transfer."""
 
 
-class GrpcTransport:
+class PeerTransport:
     def __init__(self, node: Node, epoch: int, *, aggregator_address: str = "", collector: Collector | None = None,
-                 accepted: asyncio.Future[bool] | None = None, assignment: pb.RoundAssignment | None = None) -> None:
+                 accepted: asyncio.Future[bool] | None = None, assignment: Assignment | None = None) -> None:
         self.node = node
         self.assignment = assignment  # the role's assignment: the holder's address book; for an open group's
         # sender, the holder and deadline a chosen aggregator gets
@@ -70,20 +68,12 @@ class GrpcTransport:
 
     async def push(self, step: Step, message: ModelMessage) -> ModelMessage | None:
         node = self.node
-        outgoing = await asyncio.to_thread(node.wire.prepare, message, self.epoch)
         try:
             reply, sent, received = await node.client(self.aggregator_address).push(
-                outgoing, timeout=node.config.round_timeout, on_accepted=lambda: self._verdict(True))
-        except (TransferRefused, grpc.aio.AioRpcError) as exc:
+                message, self.epoch, timeout=node.config.round_timeout, on_accepted=lambda: self._verdict(True))
+        except (TransferRefused, PeerUnreachable) as exc:
             self._verdict(False)
-            reason = exc.reason if isinstance(exc, TransferRefused) else exc.code().name
-            raise TransferFailed(f"{step.group.aggregator} did not take it: {reason}") from exc
-        except asyncio.CancelledError:  # the call, not this task: our channel closed as the node stops
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            self._verdict(False)
-            raise TransferFailed(f"{step.group.aggregator}: our channel closed before it confirmed") from None
+            raise TransferFailed(f"{step.group.aggregator} did not take it: {exc.reason}") from exc
         node.state.counters.update(models_sent=1, bytes_sent=sent, bytes_received=received)
         if reply is not None:
             try:
@@ -112,8 +102,8 @@ class GrpcTransport:
 
     async def _pull(self, step: Step, source: str) -> ModelMessage | None:
         node = self.node
-        request = pb.PullRequest(aggregator=node.config.id, swarm=node.config.swarm, round=step.round,
-                                 epoch=self.epoch, state=dict(step.state))
+        request = PullRequest(aggregator=node.config.id, swarm=node.config.swarm, round=step.round,
+                              epoch=self.epoch, state=dict(step.state))
         try:
             address = self.address_of(source)
             if address is None:
@@ -125,7 +115,7 @@ class GrpcTransport:
         except TransferRejected as exc:  # well-formed, but poisoned or too poor: counted like a refused push
             node.on_rejected(exc.reason, exc.detail, source)
             return None
-        except (TransferRefused, grpc.aio.AioRpcError, AlgorithmError) as exc:
+        except (TransferRefused, PeerUnreachable, AlgorithmError) as exc:
             log.warning("%s: pulling from %s failed: %s", node.config.id, source, exc)
             return None
         node.state.counters.update(models_received=1, bytes_received=received)
@@ -141,7 +131,7 @@ class GrpcTransport:
         answers = await asyncio.gather(*(self._probe(c, request, probe) for c in candidates))
         return {c: a for c, a in zip(candidates, answers) if a is not None}
 
-    async def _probe(self, candidate: str, request: pb.ProbeRequest, probe: Probe) -> ProbeAnswer | None:
+    async def _probe(self, candidate: str, request: ProbeRequest, probe: Probe) -> ProbeAnswer | None:
         """One candidate's answer, or None (skipped, counted) if it is unknown, silent, refuses or talks nonsense."""
         node = self.node
         node.state.counters["probes_sent"] += 1
@@ -154,11 +144,11 @@ class GrpcTransport:
                 raise TransferRefused(reply.reason or "refused")
             answer = answer_from_reply(reply, candidate)
             check_answer(answer, probe, node.ctx.train.num_classes)
-        except (TransferRefused, grpc.aio.AioRpcError, SelectionError) as exc:
+        except (TransferRefused, PeerUnreachable, SelectionError) as exc:
             node.state.counters["probes_unanswered"] += 1
             if isinstance(exc, SelectionError):
                 node.state.rejected["bad_probe_answer"] += 1
-            why = exc.code().name.lower() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            why = exc.reason if isinstance(exc, PeerUnreachable) else str(exc)
             log.warning("%s: round %d: candidate %s skipped: %s", node.config.id, request.round, candidate, why)
             return None
         return answer
@@ -169,10 +159,9 @@ class GrpcTransport:
         assert mine is not None
         chosen = step.group.aggregator
         address = self.address_of(chosen) or ""
-        role = pb.RoundAssignment(round=step.round, epoch=self.epoch, holder=mine.holder, role=Role.AGGREGATOR.value,
-                                  aggregator=chosen, aggregator_address=address, state=dict(step.state),
-                                  senders=step.group.senders, deadline_s=node.deadline_of(mine),
-                                  addresses=mine.addresses)
+        role = Assignment(round=step.round, epoch=self.epoch, holder=mine.holder, role=Role.AGGREGATOR.value,
+                          aggregator=chosen, aggregator_address=address, state=dict(step.state),
+                          senders=step.group.senders, deadline_s=node.deadline_of(mine), addresses=mine.addresses)
         ack = await node.assign_to(chosen, role)
         if ack.reason == "already_played":
             raise AlreadyPlayed(f"{chosen} already played round {step.round}")

@@ -16,7 +16,7 @@ import torch
 from dfl_node.algorithms.base import NodeContext
 from dfl_node.algorithms.messages import ModelMessage, state_from_parts
 from dfl_node.learning.training import evaluate
-from dfl_node.net.codec import TransferRejected
+from dfl_node.peering.errors import TransferRejected
 
 
 def check_finite(message: ModelMessage) -> None:

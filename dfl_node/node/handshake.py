@@ -17,21 +17,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import grpc
-
 from dfl_node import PROTOCOL_VERSION
-from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.net.psk import AUTH_REQUIRED, PeerUnauthenticated, same_endpoint
-from dfl_node.net.tls import handshake_failure
-from dfl_node.net.transport import why_unanswered
+from dfl_node.net.psk import AUTH_REQUIRED, same_endpoint
+from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
+from dfl_node.peering.messages import Hello, HelloReply, Progress
 
 if TYPE_CHECKING:
     from dfl_node.node.daemon import Node
 
 log = logging.getLogger(__name__)
-
-Hello = pb.HelloRequest | pb.HelloReply
-
 
 class Handshake:
     def __init__(self, node: Node) -> None:
@@ -39,15 +33,18 @@ class Handshake:
         self.starting = True  # until start-up has passed its checks: a duplicate id then aborts it
         self.duplicate: str | None = None  # why start-up must stop: another live node has our id
         self._impostors: set[str] = set()  # boot ids of live nodes with our id, each reported once
-        # mTLS: address -> the node id whose certificate we check there (verified, or announced on mDNS)
-        self.names: dict[str, str] = {}
 
-    def message(self, cls: type = pb.HelloRequest, **extra: object) -> Hello:
+    def message(self) -> Hello:
+        """Our Hello: who we are."""
         node, cfg = self.node, self.node.config
-        return cls(protocol_version=PROTOCOL_VERSION, swarm=cfg.swarm, node_id=cfg.id, fingerprint=node.fingerprint,
-                   algorithm=cfg.algorithm, boot_id=node.boot_id, grpc_address=node.grpc_address,
-                   http_port=cfg.http_port, status_url=cfg.status_url or "", model=node.wire.model,
-                   num_samples=node.ctx.num_samples, **extra)
+        return Hello(protocol_version=PROTOCOL_VERSION, swarm=cfg.swarm, node_id=cfg.id, fingerprint=node.fingerprint,
+                     algorithm=cfg.algorithm, boot_id=node.boot_id, grpc_address=node.grpc_address,
+                     http_port=cfg.http_port, status_url=cfg.status_url or "", model=node.wire.model,
+                     num_samples=node.ctx.num_samples)
+
+    def reply(self, accepted: bool, reason: str = "", progress: Progress | None = None) -> HelloReply:
+        """Our answer to a Hello: who we are, and our verdict on the peer."""
+        return HelloReply(**vars(self.message()), accepted=accepted, reason=reason, progress=progress or Progress())
 
     def incompatibility(self, other: Hello) -> str | None:
         node = self.node
@@ -63,7 +60,7 @@ class Handshake:
             return "architecture_mismatch"
         return "fingerprint_mismatch" if other.fingerprint != expected else None
 
-    def answer(self, request: pb.HelloRequest, peer: str, refused: str | None = None) -> pb.HelloReply:
+    def answer(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply:
         """The Hello RPC: refuse an incompatible peer (counted), else record it as alive. ``refused``: why
         authentication failed (mTLS: a certificate of another node; swarm key: no or a wrong proof, a
         replay), refused and counted alike, except the first step of every swarm-key handshake."""
@@ -71,42 +68,39 @@ class Handshake:
         if reason:
             if reason != AUTH_REQUIRED:
                 self._refused(reason, request, peer)
-            return self.message(pb.HelloReply, accepted=False, reason=reason)
+            return self.reply(False, reason)
         if self.is_duplicate(request):
             self.on_duplicate(request.boot_id, request.grpc_address or peer)
-            return self.message(pb.HelloReply, accepted=False, reason="duplicate_id")
+            return self.reply(False, "duplicate_id")
         if not self.node.peers.heard(request):  # still compatible: only our table has no room for a stranger
             self.node.on_rejected("peer_table_full", f"{request.node_id[:64]!r} at {peer}: too many unconfirmed peers",
                                   request.node_id[:64])
         elif self.node.security.tls is not None and request.grpc_address:
             # its certificate proved its id: that is the name to check where it says it serves (our dial
             # still checks the certificate there; a false address fails that check and is forgotten)
-            self.names.setdefault(request.grpc_address, request.node_id)
-        return self.message(pb.HelloReply, accepted=True, progress=self.node.progress())
+            self.node.network.names.setdefault(request.grpc_address, request.node_id)
+        return self.reply(True, progress=self.node.progress())
 
-    def _refused(self, reason: str, other: pb.HelloRequest, where: str) -> None:
+    def _refused(self, reason: str, other: Hello, where: str) -> None:
         node = self.node
         node.state.rejected[reason] += 1
         node.refusals.warning(reason, "refused %s (%s) at hello: %s (theirs swarm=%r model=%r fingerprint=%s…, ours swarm=%r "
                     "model=%r fingerprint=%s…)", other.node_id, where, reason, other.swarm, other.model,
                     other.fingerprint[:12], node.config.swarm, node.wire.model, node.fingerprint[:12])
 
-    async def probe(self, address: str) -> pb.HelloReply | None:
+    async def probe(self, address: str) -> HelloReply | None:
         """Heartbeat: our Hello to ``address``; only compatible peers count as alive. Whether anything answered
         at all goes to the peer table, which shows static peers that do not (:meth:`PeerTable.unanswered`)."""
         node = self.node
         client, timeout = node.client(address), min(node.config.heartbeat, 2.0)
         try:
             reply = await client.hello(self.message(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            if failure := handshake_failure(exc):  # mTLS: its certificate failed our checks (or ours its)
-                if "Hostname" in failure:
-                    self.names.pop(address, None)  # another node is there now: check the host name, then its id
-                node.on_rejected("tls_handshake", f"{address}: {failure}", address)
-            else:
-                node.peers.unanswered(address, why_unanswered(exc, timeout))
+        except PeerUnreachable as exc:
+            node.peers.unanswered(address, exc.detail)
             return None
-        except PeerUnauthenticated as exc:  # swarm key: it does not prove ours
+        except PeerUnauthenticated as exc:  # mTLS: its certificate failed our checks (or ours its); swarm key
+            if exc.reason == "tls_handshake" and "Hostname" in exc.detail:
+                self.node.network.names.pop(address, None)  # another node is there now: check the host name, then its id
             node.on_rejected(exc.reason, f"{address}: {exc.detail}", address)
             return None
         node.peers.answered(address)
@@ -118,26 +112,26 @@ class Handshake:
         if reason:  # the peer counts its refusal of us; we just leave it out of the table
             log.debug("%s at %s is incompatible: %s", reply.node_id, address, reason)
             return None
-        return reply if await self._proven(address, client.tls_name, reply) else None
+        return reply if await self._proven(address, client.checked_id, reply) else None
 
-    async def _proven(self, address: str, checked: str | None, reply: pb.HelloReply) -> bool:
+    async def _proven(self, address: str, checked: str | None, reply: HelloReply) -> bool:
         """Whether the node that answered at ``address`` is the node its reply names. mTLS: our channel
         checked the certificate for ``checked``; if that was not the reply's id (the host name we dialed,
         or an mDNS announcement that was wrong), one more Hello on a channel that checks the id decides.
         Swarm key: its address must be the endpoint we dialed (no relaying of another node's answers)."""
         node = self.node
         if node.security.tls is not None and checked != reply.node_id:
-            self.names[address] = reply.node_id
+            self.node.network.names[address] = reply.node_id
             try:
                 again = await node.client(address).hello(self.message(), timeout=min(node.config.heartbeat, 2.0))
-            except (grpc.aio.AioRpcError, PeerUnauthenticated) as exc:
-                self.names.pop(address, None)
-                if isinstance(exc, grpc.aio.AioRpcError) and handshake_failure(exc):
+            except (PeerUnreachable, PeerUnauthenticated) as exc:
+                self.node.network.names.pop(address, None)
+                if exc.reason == "tls_handshake":
                     node.on_rejected("identity_mismatch", f"{address} answers as {reply.node_id[:64]!r}, but its "
                                      "certificate is not that node's", reply.node_id[:64])
                 return False
             if again.node_id != reply.node_id:
-                self.names.pop(address, None)
+                self.node.network.names.pop(address, None)
                 return False
         if node.security.swarm_key is not None and not await same_endpoint(address, reply.grpc_address):
             node.on_rejected("address_mismatch", f"{address} answers for {reply.grpc_address[:100]!r}: a relay, or "

@@ -9,7 +9,6 @@ Tracebacks stay for bugs (``log.exception`` where a failure is ours, not the pee
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -17,8 +16,8 @@ MAX_KEYS = 256  # reasons are our own stable codes; the bound only guards agains
 
 
 class RateLimitedLog:
-    def __init__(self, logger: logging.Logger, interval: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, logger: logging.Logger, clock: Callable[[], float], interval: float = 10.0) -> None:
+        """``clock``: the node's (:meth:`~dfl_node.node.clock.Clock.monotonic`), so a virtual clock paces it too."""
         self.logger, self.interval, self.clock = logger, interval, clock
         self._last: dict[str, float] = {}
         self.suppressed: Counter[str] = Counter()

@@ -23,20 +23,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 from dfl_node.algorithms.plan import NodeProfile
 from dfl_node.api.schemas import PeerInfo
-from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.node.clock import Clock
 from dfl_node.node.logs import RateLimitedLog
+from dfl_node.peering.messages import Hello, HelloReply, Progress
 
 log = logging.getLogger(__name__)
 
 UNANSWERED_LOG_INTERVAL = 60.0  # seconds between two WARNINGs about the same silent static peer
 
-HelloFn = Callable[[str], Awaitable[pb.HelloReply | None]]  # address -> accepted reply, or None
+HelloFn = Callable[[str], Awaitable[HelloReply | None]]  # address -> accepted reply, or None
 
 
 @dataclass
@@ -46,12 +46,13 @@ class Peer:
     http_port: int
     boot_id: str
     algorithm: str
-    last_seen: float
+    last_seen: float  # wall clock, for people
+    heard_at: float  # the loop's clock: how long it has been silent
     status_url: str = ""
     model: str = ""
     num_samples: int = 0
     alive: bool = True
-    progress: pb.RoundProgress | None = None  # round mode: where it stood at its last reply to our Hello
+    progress: Progress | None = None  # round mode: where it stood at its last reply to our Hello
 
     def info(self) -> PeerInfo:
         return PeerInfo(id=self.id, address=self.address, http_port=self.http_port or None,
@@ -63,7 +64,7 @@ class Peer:
 
 
 class PeerTable:
-    def __init__(self, self_id: str, hello: HelloFn, *, heartbeat: float, timeout: float, static: list[str],
+    def __init__(self, self_id: str, hello: HelloFn, clock: Clock, *, heartbeat: float, timeout: float, static: list[str],
                  on_join: Callable[[str, bool], None] = lambda peer_id, restarted: None,
                  expiry: float = 300.0, max_pending: int = 32,
                  on_forget: Callable[[str], None] = lambda address: None,
@@ -73,13 +74,14 @@ class PeerTable:
         self.on_forget = on_forget  # an address nobody in the table uses any more: its channel can go
         self.on_lost = on_lost  # a confirmed peer stopped answering (or said goodbye)
         self.hello = hello
+        self.clock = clock
         self.heartbeat = heartbeat
         self.timeout = timeout
         self.expiry = max(expiry, timeout)
         self.max_pending = max_pending
         self.static = list(static)
         self.unreachable: dict[str, str] = {}  # static address -> why our last Hello there got no answer
-        self._silences = RateLimitedLog(log, interval=UNANSWERED_LOG_INTERVAL)
+        self._silences = RateLimitedLog(log, clock.monotonic, interval=UNANSWERED_LOG_INTERVAL)
         self.peers: dict[str, Peer] = {}
         self.pending: dict[str, tuple[str, float]] = {}  # id -> (address, when first heard): not yet confirmed
         self.changed = asyncio.Condition()
@@ -115,28 +117,28 @@ class PeerTable:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait_for(lambda: others <= set(self.alive_ids())), timeout)
 
-    def seen(self, reply: pb.HelloReply | pb.HelloRequest) -> None:
+    def seen(self, reply: Hello) -> None:
         """Record a live, compatible peer (from its Hello or its reply to ours)."""
         if reply.node_id == self.self_id or not reply.grpc_address:
             return
-        now = time.time()
+        now, heard_at = self.clock.wall(), self.clock.monotonic()
         peer = self.peers.get(reply.node_id)
         restarted = peer is not None and peer.boot_id != reply.boot_id
         rejoined = peer is None or not peer.alive or restarted
         if peer is None:
             peer = self.peers[reply.node_id] = Peer(reply.node_id, reply.grpc_address, reply.http_port,
-                                                    reply.boot_id, reply.algorithm, now)
+                                                    reply.boot_id, reply.algorithm, now, heard_at)
         peer.address, peer.http_port, peer.boot_id = reply.grpc_address, reply.http_port, reply.boot_id
         peer.status_url, peer.model, peer.num_samples = reply.status_url, reply.model, reply.num_samples
-        peer.last_seen, peer.alive = now, True
-        if isinstance(reply, pb.HelloReply):
+        peer.last_seen, peer.heard_at, peer.alive = now, heard_at, True
+        if isinstance(reply, HelloReply):
             peer.progress = reply.progress
         if rejoined:
             log.info("peer %s at %s is alive", peer.id, peer.address)
             asyncio.get_running_loop().create_task(self._notify())
             self.on_join(peer.id, restarted)
 
-    def heard(self, request: pb.HelloRequest) -> bool:
+    def heard(self, request: Hello) -> bool:
         """A Hello a peer sent us. A confirmed peer (same boot, same address) is alive again; anyone else
         is pending until it answers a Hello of ours (probed now). False: the pending table is full."""
         if request.node_id == self.self_id or not request.grpc_address:
@@ -149,7 +151,7 @@ class PeerTable:
             return True
         if len(self.pending) >= self.max_pending:
             return False
-        self.pending[request.node_id] = (request.grpc_address, time.monotonic())
+        self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())
         asyncio.get_running_loop().create_task(self.probe(request.grpc_address))
         return True
 
@@ -189,17 +191,17 @@ class PeerTable:
 
     def prune(self) -> None:
         """Mark the silent dead, drop the long dead and the pending that never answered."""
-        now, mono = time.time(), time.monotonic()
+        now = self.clock.monotonic()
         for peer in list(self.peers.values()):
-            if peer.alive and now - peer.last_seen > self.timeout:
+            if peer.alive and now - peer.heard_at > self.timeout:
                 self.lost(peer.id)
-            if not peer.alive and now - peer.last_seen > self.expiry:
+            if not peer.alive and now - peer.heard_at > self.expiry:
                 del self.peers[peer.id]
-                log.info("peer %s forgotten (silent for %.0f s)", peer.id, now - peer.last_seen)
+                log.info("peer %s forgotten (silent for %.0f s)", peer.id, now - peer.heard_at)
                 if not self._in_use(peer.address):
                     self.on_forget(peer.address)
         for peer_id, (address, since) in list(self.pending.items()):
-            if mono - since > self.timeout:
+            if now - since > self.timeout:
                 del self.pending[peer_id]
                 if not self._in_use(address):
                     self.on_forget(address)
@@ -213,7 +215,7 @@ class PeerTable:
             self.prune()
             await asyncio.sleep(self.heartbeat)
 
-    def progress(self) -> dict[str, pb.RoundProgress]:
+    def progress(self) -> dict[str, Progress]:
         """Round mode: where each live peer stood at its last reply (those that never replied left out)."""
         return {p.id: p.progress for p in self.peers.values() if p.alive and p.progress is not None}
 

@@ -9,16 +9,18 @@ from __future__ import annotations
 from typing import Protocol
 
 from dfl_node.algorithms import Algorithm, NodeProfile
-from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.node.clock import Clock
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.state import NodeState
+from dfl_node.peering.messages import Ack, Assignment, Progress, Token
 
 
 class SchedulerPort(Protocol):
     config: NodeConfig
     algorithm: Algorithm
     peers: PeerTable
+    clock: Clock  # every wait and deadline of a scheduler reads it
 
     @property
     def state(self) -> NodeState: ...  # read only: change it through the methods below
@@ -27,11 +29,11 @@ class SchedulerPort(Protocol):
 
     def profiles(self) -> list[NodeProfile]: ...  # this node and its live peers
     def address_of(self, node_id: str) -> str | None: ...  # gRPC address of a peer, or of this node
-    def progress(self) -> pb.RoundProgress: ...  # where this node stands (what its HelloReply says)
-    async def play(self, assignment: pb.RoundAssignment) -> pb.Ack: ...  # a role for this node
-    async def assign_to(self, node_id: str, assignment: pb.RoundAssignment) -> pb.Ack: ...  # a role for anyone
+    def progress(self) -> Progress: ...  # where this node stands (what its HelloReply says)
+    async def play(self, assignment: Assignment) -> Ack: ...  # a role for this node
+    async def assign_to(self, node_id: str, assignment: Assignment) -> Ack: ...  # a role for anyone
     async def lead(self, round_: int, candidates: list[str], wanted: int) -> bool: ...  # async: volunteer
-    async def pass_token(self, node_id: str, token: pb.RoundToken) -> pb.Ack | None: ...  # None: unreachable
+    async def pass_token(self, node_id: str, token: Token) -> Ack | None: ...  # None: unreachable
     def enter_epoch(self, epoch: int) -> bool: ...  # fencing: False (and nothing changes) for an old epoch
     def set_round(self, round_: int, token_state: dict[str, str]) -> None: ...
     def set_holding(self, holding: bool) -> None: ...

@@ -1,4 +1,4 @@
-"""What a node answers its peers: the daemon side of every RPC (:class:`~dfl_node.net.servicer.NodeHandler`).
+"""What a node answers its peers: the :class:`~dfl_node.peering.port.PeerHandler` of the daemon.
 
 Kept apart from :class:`~dfl_node.node.daemon.Node`, which owns the model and plays the roles its
 scheduler gives it: everything here starts from a peer's request, which is checked (epoch fencing,
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 from dfl_node.algorithms import AlgorithmError, Group, Role, Step
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.selection import SelectsReceiver
-from dfl_node.net.codec import TransferRejected
-from dfl_node.net.probes import probe_from_request, probe_reply
-from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.node.collector import Collector
 from dfl_node.node.gate import check_received
+from dfl_node.peering.errors import TransferRejected
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, PullRequest, Token
+from dfl_node.peering.probes import ProbeReply, ProbeRequest, probe_from_request, probe_reply
 
 if TYPE_CHECKING:
     from dfl_node.node.daemon import Node
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class Intake:
-    """One transfer admitted into an aggregator's collector (:class:`dfl_node.net.servicer.Intake`)."""
+    """One transfer admitted into an aggregator's collector (:class:`dfl_node.peering.port.Intake`)."""
 
     def __init__(self, node: Node, collector: Collector, sender: str) -> None:
         self.node, self.collector, self.sender = node, collector, sender
@@ -52,31 +52,32 @@ class Intake:
 
 
 class PeerRequests:
-    """The :class:`~dfl_node.net.servicer.NodeHandler` of one node."""
+    """The :class:`~dfl_node.peering.port.PeerHandler` of one node; ``wire`` and ``idle_timeout`` are what
+    the gRPC server needs besides (:class:`~dfl_node.net.servicer.ServedNode`)."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.wire = node.wire
         self.idle_timeout = node.config.stream_timeout
 
-    def hello(self, request: pb.HelloRequest, peer: str, refused: str | None = None) -> pb.HelloReply:
+    def hello(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply:
         return self.node.handshake.answer(request, peer, refused)
 
-    async def admit(self, header: pb.TransferHeader) -> Intake:
+    async def admit(self, offer: Offer) -> Intake:
         """A transfer is wanted only by an aggregator whose group names its sender, for that round and epoch."""
         node = self.node
-        if node.config.mode == "round" and header.epoch < node.state.epoch:
-            raise TransferRejected("stale_epoch", f"epoch {header.epoch} < {node.state.epoch}")
+        if node.config.mode == "round" and offer.epoch < node.state.epoch:
+            raise TransferRejected("stale_epoch", f"epoch {offer.epoch} < {node.state.epoch}")
         collector = node.collector
-        if collector is None or not collector.matches(header):
-            raise TransferRejected("not_expected", f"{node.config.id} aggregates no group of round {header.round} "
-                                                   f"(epoch {header.epoch}) now")
-        collector.admit(header)
-        log.info("%s: round %d: taking %s (%s) from %s", node.config.id, header.round, header.purpose, header.model,
-                 header.sender)  # the transfer log: what reached this node, and of which architecture
-        return Intake(node, collector, header.sender)
+        if collector is None or not collector.matches(offer):
+            raise TransferRejected("not_expected", f"{node.config.id} aggregates no group of round {offer.round} "
+                                                   f"(epoch {offer.epoch}) now")
+        collector.admit(offer)
+        log.info("%s: round %d: taking %s (%s) from %s", node.config.id, offer.round, offer.purpose, offer.model,
+                 offer.sender)  # the transfer log: what reached this node, and of which architecture
+        return Intake(node, collector, offer.sender)
 
-    async def pull(self, request: pb.PullRequest) -> ModelMessage:
+    async def pull(self, request: PullRequest) -> ModelMessage:
         """Serve our model to a pulling aggregator (a pull group's source), as the algorithm transmits it."""
         node = self.node
         if request.swarm != node.config.swarm:
@@ -95,15 +96,15 @@ class PeerRequests:
         finally:
             node.release_role()
 
-    async def probe(self, request: pb.ProbeRequest) -> pb.ProbeReply:
+    async def probe(self, request: ProbeRequest) -> ProbeReply:
         """Answer a selecting sender's probe (001) with our current model, after our last role settled."""
         node = self.node
         if not isinstance(node.algorithm, SelectsReceiver) or request.swarm != node.config.swarm:
-            return pb.ProbeReply(ok=False, reason="not_selecting" if request.swarm == node.config.swarm
-                                 else "swarm_mismatch")
+            return ProbeReply(ok=False, reason="not_selecting" if request.swarm == node.config.swarm
+                              else "swarm_mismatch")
         if node.config.mode == "round":
             if request.epoch < node.state.epoch:
-                return pb.ProbeReply(ok=False, reason="stale_epoch")
+                return ProbeReply(ok=False, reason="stale_epoch")
             await node.settled()  # the model the simulator's candidate answers with: its last fusion done
         try:
             probe = probe_from_request(request, input_shape=node.ctx.train.input_shape,
@@ -112,12 +113,12 @@ class PeerRequests:
         except TransferRejected as exc:
             if exc.reason != "busy":
                 node.on_rejected(exc.reason, exc.detail, request.sender or "?")
-            return pb.ProbeReply(ok=False, reason=exc.reason)
+            return ProbeReply(ok=False, reason=exc.reason)
         try:
             answer = await asyncio.to_thread(node.algorithm.answer, node.ctx, probe)
         except AlgorithmError as exc:
             node.on_rejected("bad_probe", str(exc), request.sender or "?")
-            return pb.ProbeReply(ok=False, reason="bad_probe")
+            return ProbeReply(ok=False, reason="bad_probe")
         finally:
             node.release_role()
         node.state.counters["probes_answered"] += 1
@@ -129,7 +130,7 @@ class PeerRequests:
     def on_transferred(self, sent: int, received: int) -> None:
         self.node.state.counters.update(bytes_sent=sent, bytes_received=received)
 
-    async def assign(self, request: pb.RoundAssignment) -> pb.Ack:
+    async def assign(self, request: Assignment) -> Ack:
         """A role from a holder (round mode) or an inviting volunteer (async mode). Its round must lie within
         ``round_window`` rounds of the fleet's progress as we know it: an honest holder's round is the fleet's
         newest, so a far larger one is forged or broken, and playing it would carry our round (and the token
@@ -139,8 +140,8 @@ class PeerRequests:
         if request.round > newest + node.config.round_window:
             node.on_rejected("round_window", f"round {request.round} is over {node.config.round_window} rounds "
                                              f"ahead of the fleet's {newest}", request.holder[:64] or "?")
-            return pb.Ack(ok=False, reason="round_window")
+            return Ack(ok=False, reason="round_window")
         return await node.scheduler.assign(request)
 
-    async def token(self, request: pb.RoundToken) -> pb.Ack:
+    async def token(self, request: Token) -> Ack:
         return await self.node.scheduler.token(request)

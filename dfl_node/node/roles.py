@@ -1,7 +1,7 @@
 """The role-playing half of a :class:`~dfl_node.node.daemon.Node`: taking a role, playing it, giving it back.
 
 A node plays at most one role at a time (:class:`Role`). A sender or aggregator role runs as a task
-(``_settling``) through the round runner over :class:`GrpcTransport` and is held until its work is
+(``_settling``) through the round runner over :class:`PeerTransport` and is held until its work is
 checkpointed; the next role, in round mode, waits for it (:meth:`RolePlayer.settled`). Async mode's
 volunteering (:meth:`RolePlayer.lead`) lives here too. The rest of the node (model, state, persistence,
 evaluation, reporting) is :class:`~dfl_node.node.daemon.Node`, which mixes this class in.
@@ -13,17 +13,16 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-import grpc
-
 from dfl_node.algorithms import Algorithm, Group, NodeContext, Role, Step
 from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
-from dfl_node.net.codec import TransferRejected
-from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.net.transport import PeerClient
+from dfl_node.node.clock import Clock
 from dfl_node.node.collector import Collector
 from dfl_node.node.config import NodeConfig
-from dfl_node.node.exchange import AlreadyPlayed, GrpcTransport, TransferFailed
+from dfl_node.node.exchange import AlreadyPlayed, PeerTransport, TransferFailed
 from dfl_node.node.state import NodeState
+from dfl_node.peering.errors import PeerUnreachable, TransferRejected
+from dfl_node.peering.messages import Ack, Assignment
+from dfl_node.peering.port import PeerLink
 
 log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
 
@@ -36,10 +35,11 @@ class RolePlayer:
     ctx: NodeContext
     algorithm: Algorithm
     grpc_address: str
+    clock: Clock
     collector: Collector | None
     _settling: asyncio.Task | None
     _idle: asyncio.Event
-    client: Callable[[str], PeerClient]
+    client: Callable[[str], PeerLink]
     address_of: Callable[[str], str | None]
     model_changed: Callable[[str, int, str | None], Awaitable[None]]
 
@@ -71,7 +71,7 @@ class RolePlayer:
         self.state.fusing += 1
         self.state.max_fusing = max(self.state.max_fusing, self.state.fusing)
 
-    async def play(self, assignment: pb.RoundAssignment) -> pb.Ack:
+    async def play(self, assignment: Assignment) -> Ack:
         """Take a group role (from the Assign RPC or from this node's own scheduler); see the proto's Assign.
 
         Round mode: a round this node already played (its checkpoint says so) is answered ``already_played``
@@ -83,40 +83,40 @@ class RolePlayer:
         try:
             role = Role(assignment.role)
         except ValueError:
-            return pb.Ack(ok=False, reason="unknown_role")
+            return Ack(ok=False, reason="unknown_role")
         if role not in (Role.SENDER, Role.AGGREGATOR) or (assignment.candidates and role is not Role.SENDER):
-            return pb.Ack(ok=False, reason="unknown_role")
+            return Ack(ok=False, reason="unknown_role")
         group = Group(assignment.aggregator, tuple(assignment.senders), assignment.pull, tuple(assignment.candidates))
         step = Step(assignment.round, group, dict(assignment.state))
         rounds = self.config.mode == "round"
         if rounds:
             await self.settled()  # the plan chose us: the last role's checkpoint first, then this one
             if assignment.round <= self.state.played:
-                return pb.Ack(ok=True, reason="already_played")
+                return Ack(ok=True, reason="already_played")
         try:
             self.take_role(role)
         except TransferRejected as exc:
-            return pb.Ack(ok=False, reason=exc.reason)
+            return Ack(ok=False, reason=exc.reason)
         loop = asyncio.get_running_loop()
         if role is Role.SENDER:
             accepted: asyncio.Future[bool] = loop.create_future()
-            transport = GrpcTransport(self, assignment.epoch, aggregator_address=assignment.aggregator_address,
+            transport = PeerTransport(self, assignment.epoch, aggregator_address=assignment.aggregator_address,
                                       accepted=accepted, assignment=assignment)
             sending = self._settling = loop.create_task(self._play_sender(step, transport))
             ok = await asyncio.shield(sending if rounds else accepted)  # async: the inviter waits for "accepted" only
-            return pb.Ack(ok=ok, reason="" if ok else "not_fused" if rounds else "transfer_failed")
-        collector = self.collector = Collector(step, assignment.epoch, max_bytes=self.max_buffered_bytes,
+            return Ack(ok=ok, reason="" if ok else "not_fused" if rounds else "transfer_failed")
+        collector = self.collector = Collector(step, assignment.epoch, self.clock, max_bytes=self.max_buffered_bytes,
                                                deadline_s=self.deadline_of(assignment))
         fusing = self._settling = loop.create_task(self._play_aggregator(
-            step, GrpcTransport(self, assignment.epoch, collector=collector, assignment=assignment)))
+            step, PeerTransport(self, assignment.epoch, collector=collector, assignment=assignment)))
         if group.pull and rounds:
             ok = await asyncio.shield(fusing)
-            return pb.Ack(ok=ok, reason="" if ok else "not_fused")
+            return Ack(ok=ok, reason="" if ok else "not_fused")
         if group.pull:
             await asyncio.shield(collector.gathered.wait())
-        return pb.Ack(ok=True)
+        return Ack(ok=True)
 
-    def deadline_of(self, assignment: pb.RoundAssignment) -> float:
+    def deadline_of(self, assignment: Assignment) -> float:
         """How long an aggregator waits for its senders: what the assignment asks, never longer than our own
         ``round_timeout`` (an Assign is a peer's request: it cannot hold our only role for as long as it likes)."""
         asked = assignment.deadline_s
@@ -135,19 +135,19 @@ class RolePlayer:
         """
         if getattr(self.algorithm, "selects", False):  # 001: volunteer as a sender that chooses its receiver
             limit = self.config.selection_candidates or len(candidates)
-            chooser = pb.RoundAssignment(round=round_, role=Role.SENDER.value, holder=self.config.id,
-                                         senders=[self.config.id], candidates=candidates[:limit],
-                                         deadline_s=self.config.round_timeout)
+            chooser = Assignment(round=round_, role=Role.SENDER.value, holder=self.config.id,
+                                 senders=(self.config.id,), candidates=tuple(candidates[:limit]),
+                                 deadline_s=self.config.round_timeout)
             return (await self.play(chooser)).ok
         if self.algorithm.pulls:  # nobody to invite: pull from the first ``wanted`` candidates
-            pull = pb.RoundAssignment(round=round_, role=Role.AGGREGATOR.value, aggregator=self.config.id,
-                                      senders=candidates[:wanted], pull=True)
+            pull = Assignment(round=round_, role=Role.AGGREGATOR.value, aggregator=self.config.id,
+                              senders=tuple(candidates[:wanted]), pull=True)
             return (await self.play(pull)).ok
         try:
             self.take_role(Role.AGGREGATOR)
         except TransferRejected:
             return False
-        collector = self.collector = Collector(Step(round_, Group(self.config.id, ())), 0, expected=(),
+        collector = self.collector = Collector(Step(round_, Group(self.config.id, ())), 0, self.clock, expected=(),
                                                max_bytes=self.max_buffered_bytes, deadline_s=self.config.round_timeout)
         came: list[str] = []
         remaining = list(candidates)
@@ -174,32 +174,32 @@ class RolePlayer:
         step = Step(round_, Group(self.config.id, tuple(sorted(came))))
         collector.step = step
         self._settling = asyncio.get_running_loop().create_task(
-            self._play_aggregator(step, GrpcTransport(self, 0, collector=collector)))
+            self._play_aggregator(step, PeerTransport(self, 0, collector=collector)))
         return True
 
-    def _invitation(self, round_: int, peer: str) -> pb.RoundAssignment:
-        return pb.RoundAssignment(round=round_, epoch=0, holder=self.config.id, role=Role.SENDER.value,
-                                  aggregator=self.config.id, aggregator_address=self.grpc_address, senders=[peer])
+    def _invitation(self, round_: int, peer: str) -> Assignment:
+        return Assignment(round=round_, epoch=0, holder=self.config.id, role=Role.SENDER.value,
+                          aggregator=self.config.id, aggregator_address=self.grpc_address, senders=(peer,))
 
-    def address_in(self, node_id: str, assignment: pb.RoundAssignment | None) -> str | None:
+    def address_in(self, node_id: str, assignment: Assignment | None) -> str | None:
         """Where ``node_id`` serves: as our peer table knows it, else as the holder that planned the round knew
         it (``assignment.addresses``). The plan was made with it, and our table may not have confirmed it yet:
         a pull, probe or bind that skipped it would play a round other than the simulator's."""
         return self.address_of(node_id) or (assignment.addresses.get(node_id) if assignment is not None else None) or None
 
-    async def assign_to(self, node_id: str, assignment: pb.RoundAssignment) -> pb.Ack:
+    async def assign_to(self, node_id: str, assignment: Assignment) -> Ack:
         """A role for ``node_id``: played here if it is us, else sent as an Assign RPC (failures become an Ack)."""
         if node_id == self.config.id:
             return await self.play(assignment)
         address = self.address_in(node_id, assignment)
         if address is None:
-            return pb.Ack(ok=False, reason="unreachable")
+            return Ack(ok=False, reason="unreachable")
         try:
             return await self.client(address).assign(assignment, timeout=self.config.round_timeout)
-        except grpc.aio.AioRpcError as exc:
-            return pb.Ack(ok=False, reason=exc.code().name.lower())
+        except PeerUnreachable as exc:
+            return Ack(ok=False, reason=exc.reason)
 
-    async def _play_sender(self, step: Step, transport: GrpcTransport) -> bool:
+    async def _play_sender(self, step: Step, transport: PeerTransport) -> bool:
         """Returns whether the round is done for this sender: its aggregator confirmed a durable fusion of
         its model, and its own checkpoint followed. A sender whose round is not done puts its models back as
         they were (:meth:`NodeContext.snapshot`): training in place (Combo, FedAvg, a sender that keeps its
@@ -225,7 +225,7 @@ class RolePlayer:
             self.release_role()
         return False
 
-    async def _play_aggregator(self, step: Step, transport: GrpcTransport) -> bool:
+    async def _play_aggregator(self, step: Step, transport: PeerTransport) -> bool:
         """Returns whether this node fused (and checkpointed) the group. Its senders hear the outcome only
         after the checkpoint (their replies, or an end of stream), so a sender never counts a fusion that a
         crash can still undo; if nothing was fused they are told ``not_fused`` (:meth:`Collector.close`), and

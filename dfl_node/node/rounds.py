@@ -21,7 +21,7 @@
   the next holder (the next id in sorted order), and only then, holding nothing any more, announces
   it to the other members: an announcement that waits on a crashed member must not keep a node
   holding while the token comes round to it again (it would ignore the token and the fleet stall).
-* **Loss.** Every HelloReply carries the replier's :class:`RoundProgress` (round, epoch, whether it
+* **Loss.** Every HelloReply carries the replier's :class:`~dfl_node.peering.messages.Progress` (round, epoch, whether it
   holds the token or plays a role). When no live node has held the token nor sent an RPC of it for
   ``token_timeout``, the lowest *live* id — re-evaluated at every tick, as the peer table changes —
   waits (up to ``round_timeout`` more) until every known member answers again, as a crashed one may be
@@ -45,12 +45,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from dfl_node.algorithms import Group, Role
-from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.node.ports import SchedulerPort
+from dfl_node.peering.messages import Ack, Assignment, Progress, Token
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 class RoundScheduler:
     def __init__(self, node: SchedulerPort) -> None:
         self.node = node
-        self.last_activity = time.monotonic()  # when a token was last seen at work (an RPC of it, a holder)
+        self.last_activity = 0.0  # when a token was last seen at work (an RPC of it, a holder), on the node's clock
         self.finished = asyncio.Event()
         self._holding: asyncio.Task | None = None
         self._holding_epoch = 0
@@ -67,7 +67,7 @@ class RoundScheduler:
     def _is_lowest(self) -> bool:
         return all(self.node.node_id < p for p in self.node.peers.alive_ids())
 
-    def _token_at_work(self, progress: dict[str, pb.RoundProgress]) -> bool:
+    def _token_at_work(self, progress: dict[str, Progress]) -> bool:
         """Whether a token of our epoch (or newer) is held somewhere, or a role that may complete a round is
         still being played."""
         epoch = self.node.state.epoch
@@ -79,7 +79,7 @@ class RoundScheduler:
             self.finished.set()
             return
         await node.peers.wait_for(node.config.min_peers)
-        self.last_activity = time.monotonic()
+        self.last_activity = node.clock.monotonic()
         progress = node.peers.progress()
         if state.epoch == 0 and self._is_lowest() and all(p.epoch == 0 for p in progress.values()):
             self._start_holding(state.round, 1)
@@ -96,9 +96,9 @@ class RoundScheduler:
             await self.finish(max(done))
             return
         if self._token_at_work(progress):
-            self.last_activity = time.monotonic()
+            self.last_activity = node.clock.monotonic()
             return
-        silent = time.monotonic() - self.last_activity
+        silent = node.clock.monotonic() - self.last_activity
         if silent <= node.config.token_timeout or not self._is_lowest():
             return
         if node.peers.dead_ids() and silent <= node.config.token_timeout + node.config.round_timeout:
@@ -134,8 +134,8 @@ class RoundScheduler:
                 members = sorted(p.node_id for p in node.profiles())
                 state = dict(node.state.token_state)
                 if node.config.rounds and round_ >= node.config.rounds:
-                    await self._announce(pb.RoundToken(round=round_, epoch=epoch, holder=node.node_id,
-                                                       seed=node.config.seed, members=members, state=state, done=True))
+                    await self._announce(Token(round=round_, epoch=epoch, holder=node.node_id, seed=node.config.seed,
+                                               members=tuple(members), state=state, done=True))
                     await self.finish(round_)
                     return
                 next_state = await self._play_round(round_, epoch, state)
@@ -147,8 +147,8 @@ class RoundScheduler:
                 members = sorted(p.node_id for p in node.profiles())
                 me = members.index(node.node_id)
                 later = members[me + 1 :] + members[:me]
-                token = pb.RoundToken(round=round_, epoch=epoch, holder=later[0], seed=node.config.seed,
-                                      members=members, state=next_state)
+                token = Token(round=round_, epoch=epoch, holder=later[0], seed=node.config.seed,
+                              members=tuple(members), state=next_state)
                 ack = await node.pass_token(later[0], token)
                 if ack is not None and ack.reason == "stale_epoch":
                     log.warning("%s: fenced off by a newer epoch; dropping token", node.node_id)
@@ -162,7 +162,7 @@ class RoundScheduler:
                 log.warning("%s: next holder %s unreachable; keeping the token", node.node_id, later[0])
         finally:
             self._release()
-            self.last_activity = time.monotonic()
+            self.last_activity = node.clock.monotonic()
 
     def _release(self) -> None:
         """The calling hold ends: this node holds no token any more, unless a later hold already started."""
@@ -181,7 +181,7 @@ class RoundScheduler:
         node = self.node
         plan = node.algorithm.plan_round(round_, node.profiles(), state)
         pending, failed_since = list(plan), None
-        calm_since, seen = time.monotonic(), None  # since when the failing groups' members all lived on unchanged
+        calm_since, seen = node.clock.monotonic(), None  # since when the failing groups' members all lived on unchanged
         while node.state.epoch == epoch:
             done = await asyncio.gather(*(self._group(g, round_, epoch, dict(plan.state)) for g in pending))
             pending = [g for g, ok in zip(pending, done) if not ok]
@@ -189,7 +189,7 @@ class RoundScheduler:
                 return dict(plan.state)
             log.warning("%s: round %d: %d group(s) did not fuse; playing them again", node.node_id, round_,
                         len(pending))
-            failed_since = failed_since or time.monotonic()
+            failed_since = failed_since or node.clock.monotonic()
             await asyncio.sleep(node.config.heartbeat)  # the peer table sees who crashed (or came back)
             pending = await self._unfused(pending, round_, failed_since)
             if any(m not in node.peers.alive_ids() and m != node.node_id for g in pending for m in g.members):
@@ -197,8 +197,8 @@ class RoundScheduler:
                 pending = list(plan)
             now = self._incarnations(pending)
             if now != seen or None in now.values():
-                seen, calm_since = now, time.monotonic()  # a crash, a restart or a new plan: replays go on
-            elif pending and time.monotonic() - calm_since >= node.config.round_timeout:
+                seen, calm_since = now, node.clock.monotonic()  # a crash, a restart or a new plan: replays go on
+            elif pending and node.clock.monotonic() - calm_since >= node.config.round_timeout:
                 log.warning("%s: round %d: abandoning %d group(s) (%s): their members are alive and refuse",
                             node.node_id, round_, len(pending), ", ".join("/".join(g.members) for g in pending))
                 node.count("groups_abandoned", len(pending))
@@ -219,11 +219,11 @@ class RoundScheduler:
         while True:
             await node.peers.refresh()
             known = {g.aggregator: self._progress_of(g.aggregator) for g in groups if g.aggregator}
-            if all(p is not None and not p.busy for p in known.values()) or time.monotonic() > deadline:
+            if all(p is not None and not p.busy for p in known.values()) or node.clock.monotonic() > deadline:
                 return [g for g in groups if (p := known.get(g.aggregator)) is None or p.round <= round_]
             await asyncio.sleep(node.config.heartbeat)
 
-    def _progress_of(self, node_id: str) -> pb.RoundProgress | None:
+    def _progress_of(self, node_id: str) -> Progress | None:
         """Where ``node_id`` stands (None: it does not answer)."""
         return self.node.progress() if node_id == self.node.node_id else self.node.peers.progress().get(node_id)
 
@@ -232,19 +232,19 @@ class RoundScheduler:
         group's sender assigns the aggregator it chooses). Returns whether the group's fusion is durable."""
         node = self.node
         addresses = {m: a for m in group.members if (a := node.address_of(m)) is not None}
-        common = dict(round=round_, epoch=epoch, holder=node.node_id, aggregator=group.aggregator,
-                      aggregator_address=addresses.get(group.aggregator, ""), state=state, senders=group.senders,
-                      pull=group.pull, deadline_s=node.config.round_timeout, candidates=group.candidates,
-                      addresses=addresses)
+        common = Assignment(round=round_, epoch=epoch, holder=node.node_id, aggregator=group.aggregator,
+                            aggregator_address=addresses.get(group.aggregator, ""), state=state, senders=group.senders,
+                            pull=group.pull, deadline_s=node.config.round_timeout, candidates=group.candidates,
+                            addresses=addresses)
         try:
             if not group.open:
-                ack = await node.assign_to(group.aggregator, pb.RoundAssignment(role=Role.AGGREGATOR.value, **common))
+                ack = await node.assign_to(group.aggregator, replace(common, role=Role.AGGREGATOR.value))
                 if ack.ok and (group.pull or ack.reason == "already_played"):
                     return True  # a pulling aggregator acks once it fused
                 if not ack.ok:
                     log.warning("round %d: aggregator %s refused: %s", round_, group.aggregator, ack.reason)
                     return False
-            acks = await asyncio.gather(*(node.assign_to(s, pb.RoundAssignment(role=Role.SENDER.value, **common))
+            acks = await asyncio.gather(*(node.assign_to(s, replace(common, role=Role.SENDER.value))
                                           for s in group.senders))
         except Exception:  # a bug in one group must not kill the token: log it and play the round again
             log.exception("round %d: the group of %s crashed", round_, group.aggregator)
@@ -255,7 +255,7 @@ class RoundScheduler:
                             group.aggregator or "/".join(group.candidates), ack.reason)
         return any(ack.ok for ack in acks)
 
-    async def _announce(self, token: pb.RoundToken, skip: str = "") -> dict[str, pb.Ack | None]:
+    async def _announce(self, token: Token, skip: str = "") -> dict[str, Ack | None]:
         """Send the token to every other member (but ``skip``); returns each one's ack (None: unreachable)."""
         others = [m for m in token.members if m not in (self.node.node_id, skip)]
         acks = await asyncio.gather(*(self.node.pass_token(m, token) for m in others))
@@ -271,8 +271,8 @@ class RoundScheduler:
         node, state = self.node, self.node.state
         if not state.done:
             return  # it learns the round from the next announcement
-        token = pb.RoundToken(round=state.round, epoch=state.epoch, holder=node.node_id, seed=node.config.seed,
-                              members=[peer_id], state=state.token_state, done=True)
+        token = Token(round=state.round, epoch=state.epoch, holder=node.node_id, seed=node.config.seed,
+                      members=(peer_id,), state=dict(state.token_state), done=True)
         asyncio.get_running_loop().create_task(self._announce(token))
 
     # ----- RPCs --------------------------------------------------------------------------
@@ -286,26 +286,26 @@ class RoundScheduler:
             self._holding.cancel()
             self._holding = None
             self.node.set_holding(False)
-        self.last_activity = time.monotonic()
+        self.last_activity = self.node.clock.monotonic()
         return True
 
-    async def assign(self, request: pb.RoundAssignment) -> pb.Ack:
+    async def assign(self, request: Assignment) -> Ack:
         if not self._fresh(request.epoch):
-            return pb.Ack(ok=False, reason="stale_epoch")
+            return Ack(ok=False, reason="stale_epoch")
         ack = await self.node.play(request)
-        self.last_activity = time.monotonic()
+        self.last_activity = self.node.clock.monotonic()
         return ack
 
-    async def token(self, request: pb.RoundToken) -> pb.Ack:
+    async def token(self, request: Token) -> Ack:
         node = self.node
         if request.seed != node.config.seed:
-            return pb.Ack(ok=False, reason="seed_mismatch")
+            return Ack(ok=False, reason="seed_mismatch")
         if not self._fresh(request.epoch):
-            return pb.Ack(ok=False, reason="stale_epoch")
+            return Ack(ok=False, reason="stale_epoch")
         node.set_round(request.round, dict(request.state))
         if request.done:
             if not node.state.done:
                 asyncio.get_running_loop().create_task(self.finish(request.round))
         elif request.holder == node.node_id and not node.state.holding:
             self._start_holding(request.round, request.epoch, request.members)
-        return pb.Ack(ok=True)
+        return Ack(ok=True)

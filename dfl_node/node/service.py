@@ -129,13 +129,8 @@ async def _announce_on_mdns(node: Node, on_found: Callable[[Announcement], objec
 def _found(node: Node, found: Announcement) -> None:
     """A peer announced on mDNS: say Hello. With mTLS its certificate must be for the id it announced
     (mDNS gives an IP address, which no certificate names)."""
-    node.handshake.names[found.grpc_address] = found.node_id
+    node.network.names[found.grpc_address] = found.node_id
     asyncio.get_running_loop().create_task(node.peers.probe(found.grpc_address))
-
-
-async def _close_clients(node: Node) -> None:
-    for client in node.clients.values():
-        await client.close()
 
 
 @dataclass
@@ -159,7 +154,7 @@ async def start_up(node: Node) -> Bound:
         http_socket = _bind_http(config)
         if http_socket:
             undo.callback(http_socket.close)
-        undo.push_async_callback(_close_clients, node)
+        undo.push_async_callback(node.network.close)
         await _check_static_peers(node)
         discovery = None
         if config.mdns:
@@ -220,7 +215,7 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
         if bound.http_socket:
             bound.http_socket.close()
         await bound.grpc.stop(grace=1.0)
-        await _close_clients(node)
+        await node.network.close()
         try:
             await node.save(copy=True)
         finally:

@@ -1,0 +1,61 @@
+"""The port's messages ⇄ protobuf: every conversion between :mod:`dfl_node.peering`'s types and ``dfl_pb2``.
+
+The domain messages mirror the proto's field by field under the same names, so one pair of functions
+converts them all: maps become dicts, repeated fields tuples, a nested message
+its own domain type. Fields only the wire has (a Hello's swarm-key nonces and proofs) are left to
+:mod:`dfl_node.net.psk`, which signs and checks the protobuf message itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
+
+from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.peering.errors import TransferRejected
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Progress, PullRequest, Token
+from dfl_node.peering.probes import ProbeReply, ProbeRequest
+
+D = TypeVar("D")
+
+_WIRE: dict[type, type[Message]] = {
+    Hello: pb.HelloRequest, HelloReply: pb.HelloReply, Progress: pb.RoundProgress, Assignment: pb.RoundAssignment,
+    Token: pb.RoundToken, Ack: pb.Ack, PullRequest: pb.PullRequest, ProbeRequest: pb.ProbeRequest,
+    ProbeReply: pb.ProbeReply,
+}
+_DOMAIN: dict[type[Message], type] = {wire: domain for domain, wire in _WIRE.items()} | {pb.TransferHeader: Offer}
+
+
+def to_wire(value: Any) -> Any:
+    """The protobuf message of a domain message."""
+    fields = {}
+    for f in dataclasses.fields(value):
+        v = getattr(value, f.name)
+        fields[f.name] = to_wire(v) if dataclasses.is_dataclass(v) else dict(v) if isinstance(v, Mapping) else v
+    return _WIRE[type(value)](**fields)
+
+
+def from_wire(message: Message, cls: type[D] | None = None) -> D:
+    """The domain message of a protobuf message (``cls``: its domain type, where that is not the usual one)."""
+    cls = cls or _DOMAIN[type(message)]
+    by_name = message.DESCRIPTOR.fields_by_name
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        v, wire = getattr(message, f.name), by_name[f.name]
+        if wire.message_type is not None and wire.message_type.GetOptions().map_entry:
+            fields[f.name] = dict(v)
+        elif wire.is_repeated:
+            fields[f.name] = tuple(v)
+        elif wire.message_type is not None:
+            fields[f.name] = from_wire(v)
+        else:
+            fields[f.name] = v
+    return cls(**fields)
+
+
+def transfer_result(refusal: TransferRejected) -> pb.TransferResult:
+    """The ``TransferResult`` a server sends back for a refusal."""
+    return pb.TransferResult(accepted=False, reason=refusal.reason, detail=refusal.detail)

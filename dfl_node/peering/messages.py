@@ -1,0 +1,112 @@
+"""The messages of the peer network port, as frozen dataclasses.
+
+Each mirrors one message of ``proto/dfl/v1/dfl.proto`` field by field, under the same names (so
+:mod:`dfl_node.net.convert` converts them generically) and with protobuf's defaults (so a message
+that leaves a field out means what it means on the wire). What only the wire needs stays on the wire:
+a Hello's swarm-key nonces and proofs (:mod:`dfl_node.net.psk`), a transfer's manifest and sha256
+(:mod:`dfl_node.net.codec`). Maps are typed as read-only mappings and repeated fields are tuples: a
+message that crossed to a node is never changed there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hello:
+    """Who a node is: sent first to any peer, so an incompatible one fails before any transfer."""
+
+    protocol_version: int = 0
+    swarm: str = ""
+    node_id: str = ""
+    fingerprint: str = ""  # model fingerprint (architecture + names, shapes, dtypes)
+    algorithm: str = ""
+    boot_id: str = ""  # changes at every start of the process: a new one means the node restarted
+    grpc_address: str = ""  # where the node serves its peers
+    http_port: int = 0
+    status_url: str = ""
+    model: str = ""  # architecture spec, e.g. "cnn-ln:32,64"
+    num_samples: int = 0  # training samples: the node's profile, read by round plans
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """Round mode: where a node stands, as every HelloReply says (read when a token is lost)."""
+
+    round: int = 0  # rounds completed as far as this node knows
+    epoch: int = 0  # the newest token epoch it has seen
+    holding: bool = False  # it holds the token of that epoch now
+    done: bool = False  # the fleet reached its last round
+    state: Mapping[str, str] = field(default_factory=dict)  # the algorithm state the token for ``round`` carries
+    busy: bool = False  # it plays a role now: its fusion may still complete a round
+
+
+@dataclass(frozen=True, kw_only=True)
+class HelloReply(Hello):
+    """A peer's answer to our Hello: its own identity, whether it accepts us, and its progress."""
+
+    accepted: bool = False
+    reason: str = ""  # short stable code when not accepted, e.g. "swarm_mismatch"
+    progress: Progress = field(default_factory=Progress)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assignment:
+    """A member's role in one group of round ``round``, from the token holder or an inviting volunteer."""
+
+    round: int = 0  # async mode: the aggregator's own exchange counter
+    epoch: int = 0  # token epoch (fencing); 0 in async mode
+    holder: str = ""  # the token holder (async mode: the aggregator)
+    role: str = ""  # "sender" or "aggregator" (dfl_node.algorithms.plan.Role)
+    aggregator: str = ""
+    aggregator_address: str = ""  # where a sender pushes
+    state: Mapping[str, str] = field(default_factory=dict)  # the round plan's algorithm state (Step.state)
+    senders: tuple[str, ...] = ()  # the group's senders (sources, for a pull)
+    pull: bool = False  # the aggregator pulls from the senders instead
+    deadline_s: float = 0.0  # aggregator: longest wait for the senders' messages
+    candidates: tuple[str, ...] = ()  # an open group (001): the sender chooses its aggregator among these
+    addresses: Mapping[str, str] = field(default_factory=dict)  # where the members and candidates serve, as the holder knew it
+
+
+@dataclass(frozen=True, kw_only=True)
+class Token:
+    """The round-mode token; exactly one lives per epoch."""
+
+    round: int = 0  # the round its receiver plans
+    epoch: int = 0  # fencing number; bumped when the token is regenerated
+    holder: str = ""  # the new holder
+    seed: int = 0
+    state: Mapping[str, str] = field(default_factory=dict)  # the last round plan's algorithm state
+    members: tuple[str, ...] = ()  # the fleet as the sender knew it
+    done: bool = False  # the fleet reached its last round: stop
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ack:
+    ok: bool = False
+    reason: str = ""  # short stable code when not ok, e.g. "stale_epoch"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PullRequest:
+    """An aggregator asks a source for its model (a pull group)."""
+
+    aggregator: str = ""
+    swarm: str = ""
+    round: int = 0
+    epoch: int = 0
+    state: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Offer:
+    """What a pushed model announces before its payload: the receiver decides from it whether it wants it."""
+
+    sender: str = ""
+    round: int = 0
+    epoch: int = 0
+    purpose: str = ""  # e.g. "defkt.model"
+    model: str = ""  # the architecture spec of what it carries
+    total_size: int = 0  # payload bytes that follow

@@ -1,0 +1,74 @@
+"""The peer network port, as protocols: a node's calls to its peers, and what it answers them.
+
+A node reaches a peer through a :class:`PeerLink` from its :class:`PeerNetwork`, and serves its peers
+as a :class:`PeerHandler`. Implementations: :mod:`dfl_node.net` over gRPC and mDNS (links:
+:class:`~dfl_node.net.transport.PeerClient` from :class:`~dfl_node.net.links.GrpcNetwork`; the handler
+is called by :class:`~dfl_node.net.servicer.DflServicer`). Every method runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, PullRequest, Token
+from dfl_node.peering.probes import ProbeReply, ProbeRequest
+
+
+class PeerLink(Protocol):
+    """One peer as this node reaches it. Every call raises :class:`~dfl_node.peering.errors.PeerUnreachable`
+    when nothing answers in time; what else it raises is said for each."""
+
+    checked_id: str | None  # the node id whose identity this link checks at the peer (mTLS), if any
+
+    # Raises PeerUnauthenticated when the peer does not prove who it is.
+    async def hello(self, hello: Hello, timeout: float) -> HelloReply: ...
+    async def assign(self, assignment: Assignment, timeout: float) -> Ack: ...
+    async def pass_token(self, token: Token, timeout: float) -> Ack: ...
+    async def probe(self, request: ProbeRequest, timeout: float) -> ProbeReply: ...
+    # Push a model for round mode's ``epoch`` (0: async); returns (the aggregator's reply or None, bytes sent,
+    # bytes received) once the aggregator confirmed a durable fusion; ``on_accepted`` is called as soon as it
+    # took the message. Raises TransferRefused when it refuses (or never fuses it).
+    async def push(self, message: ModelMessage, epoch: int, *, timeout: float,
+                   on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]: ...
+    # A source's model for a pull group; returns (message, bytes received). Raises TransferRefused.
+    async def pull(self, request: PullRequest, *, timeout: float) -> tuple[ModelMessage, int]: ...
+    async def close(self) -> None: ...
+
+
+class PeerNetwork(Protocol):
+    """Where a node's links to its peers come from: one per address, reused for every call."""
+
+    # address -> the node id whose identity a link to it checks (mTLS; a network without identities ignores it)
+    names: dict[str, str]
+
+    def link(self, address: str) -> PeerLink: ...
+    def forget(self, address: str) -> None: ...  # the node no longer talks to ``address``: its link may go
+    async def close(self) -> None: ...
+
+
+class Intake(Protocol):
+    """One admitted transfer: the node takes its message (or learns that it never came)."""
+
+    # Checks the message for the algorithm (raise TransferRejected) and returns a future of the reply (None:
+    # no reply), resolved once the fusion is durable, or failed with TransferRejected if it never happens.
+    async def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None: ...
+    def abandon(self) -> None: ...  # the stream failed after admission
+
+
+class PeerHandler(Protocol):
+    """What a node answers its peers: the server side of every call of :class:`PeerLink`."""
+
+    # A Hello; ``refused``: why the network's authentication refuses it (the node counts it and answers with
+    # its identity); ``peer``: where it came from, for the log.
+    def hello(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply: ...
+    # Whether this pushed transfer is wanted (raise TransferRejected, e.g. "not_expected").
+    async def admit(self, offer: Offer) -> Intake: ...
+    async def pull(self, request: PullRequest) -> ModelMessage: ...  # raise TransferRejected (e.g. "busy")
+    async def probe(self, request: ProbeRequest) -> ProbeReply: ...  # a selection probe (001); never raises
+    async def assign(self, request: Assignment) -> Ack: ...
+    async def token(self, request: Token) -> Ack: ...
+    def on_rejected(self, reason: str, detail: str, sender: str) -> None: ...  # count a refusal
+    def on_transferred(self, sent: int, received: int) -> None: ...  # byte counters
