@@ -52,7 +52,8 @@ FP_PREFIX_LEN = 16  # longer fingerprints are announced as this prefix
 _INSTANCE_BAD = re.compile(r"[^A-Za-z0-9_-]")
 _HOST_BAD = re.compile(r"[^a-z0-9-]")
 _DIGITS = re.compile(r"[0-9]{1,5}")
-_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?")
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 
 
 # --------------------------------------------------------------------------- #

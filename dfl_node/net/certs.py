@@ -37,7 +37,7 @@ class Issued:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:

@@ -256,7 +256,8 @@ class MessageAssembler:
         return self._failed
 
     def feed(self, frame: ReadFrame) -> None:
-        """Take the next frame: a protobuf ``Frame``, or a chunk's payload as decoded by :func:`~dfl_node.net.frames.decode_frame`."""
+        """Take the next frame: a protobuf ``Frame``, or a chunk's payload as decoded by
+        :func:`~dfl_node.net.frames.decode_frame`."""
         if self._failed is not None:
             raise self._failed
         kind = "chunk" if isinstance(frame, memoryview) else frame.WhichOneof("kind")
@@ -333,7 +334,8 @@ class MessageAssembler:
         except ValueError as exc:
             raise self._reject("model_not_fusable", str(exc)) from None
         if h.fingerprint != fingerprint:
-            raise self._reject("fingerprint_mismatch", f"{h.model} is {fingerprint!r} here, the peer says {h.fingerprint!r}")
+            raise self._reject("fingerprint_mismatch",
+                               f"{h.model} is {fingerprint!r} here, the peer says {h.fingerprint!r}")
         return manifest
 
     def finish(self) -> tuple[pb.TransferHeader, ModelMessage]:

@@ -59,7 +59,8 @@ def read_swarm_key(path: Path) -> bytes:
     try:
         key = path.read_bytes().strip()
     except FileNotFoundError:
-        raise PskError(f"swarm key file {path} does not exist (make one with `dfl-node certs swarm-key {path}`)") from None
+        raise PskError(f"swarm key file {path} does not exist "
+                       f"(make one with `dfl-node certs swarm-key {path}`)") from None
     except OSError as exc:
         raise PskError(f"cannot read swarm key file {path}: {exc.strerror or exc}") from None
     if len(key) < MIN_KEY_BYTES:

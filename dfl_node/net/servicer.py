@@ -84,7 +84,8 @@ class DflServicer(pb_grpc.DflNodeServicer):
     async def _check_unary(self, context: grpc.aio.ServicerContext, claimed: str | None = None) -> None:
         refused = self._refuse(context, claimed)
         if refused is not None:
-            code = grpc.StatusCode.UNAUTHENTICATED if refused.reason == "unauthenticated" else grpc.StatusCode.PERMISSION_DENIED
+            code = (grpc.StatusCode.UNAUTHENTICATED if refused.reason == "unauthenticated"
+                    else grpc.StatusCode.PERMISSION_DENIED)
             await context.abort(code, f"{refused.reason}: {refused.detail}")
 
     async def Transfer(

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -69,7 +68,8 @@ class TlsMaterial:
         return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert)
+        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
+                                            certificate_chain=self.cert)
 
 
 def _read(flag: str, path: Path) -> bytes:
@@ -105,8 +105,9 @@ def dns_names(cert: x509.Certificate) -> list[str]:
 def load_tls(files: TlsFiles, node_id: str, now: dt.datetime | None = None) -> TlsMaterial:
     """Read and check the files: the CA is a CA, the certificate is signed by it, valid now, for
     ``node_id`` (CN and DNS name) and for both TLS roles, and the key is its key."""
-    now = now or dt.datetime.now(dt.timezone.utc)
-    ca_pem, cert_pem, key_pem = _read("--tls-ca", files.ca), _read("--tls-cert", files.cert), _read("--tls-key", files.key)
+    now = now or dt.datetime.now(dt.UTC)
+    ca_pem, cert_pem = _read("--tls-ca", files.ca), _read("--tls-cert", files.cert)
+    key_pem = _read("--tls-key", files.key)
     ca, cert = _certificate("--tls-ca", files.ca, ca_pem), _certificate("--tls-cert", files.cert, cert_pem)
     try:
         constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
@@ -117,7 +118,8 @@ def load_tls(files: TlsFiles, node_id: str, now: dt.datetime | None = None) -> T
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except TypeError:
-        raise TlsError(f"--tls-key {files.key} is encrypted; a node needs its key unencrypted (keep the file 0600)") from None
+        raise TlsError(f"--tls-key {files.key} is encrypted; a node needs its key unencrypted "
+                       "(keep the file 0600)") from None
     except (ValueError, UnsupportedAlgorithm):
         raise TlsError(f"--tls-key {files.key} is not a PEM private key") from None
     if key.public_key() != cert.public_key():

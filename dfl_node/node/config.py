@@ -31,10 +31,12 @@ def is_loopback(host: str) -> bool:
 class NodeConfig(LearningConfig):
     id: str = Field(..., min_length=1, max_length=48, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                     description="node id, unique in the swarm")
-    data: Path = Field(..., description="folder with this node's train.safetensors and val.safetensors (dfl-node partition)")
+    data: Path = Field(..., description="folder with this node's train.safetensors and val.safetensors "
+                       "(dfl-node partition)")
     test_data: Path | None = Field(None, description="global test set (test.safetensors) for global accuracy")
     algorithm: AlgorithmName = Field("defkt", description="algorithm this node runs, the same on every node")
-    mode: Literal["round", "async"] = Field("round", description="round: token-scheduled, reproducible; async: deployment")
+    mode: Literal["round", "async"] = Field("round", description="round: token-scheduled, reproducible; "
+                                            "async: deployment")
     host: str = Field("127.0.0.1", description="address to serve on; loopback unless told otherwise")
     advertise: str | None = Field(None, description="address peers should dial (default: host; required with 0.0.0.0)")
     grpc_port: int = Field(50051, ge=1, le=65535, description="port peers stream models to (gRPC)")

@@ -74,7 +74,7 @@ class Node(RolePlayer):
         model = spec.build(train.input_shape, train.num_classes, seed=config.seed).to(self.device)  # w0 from the CPU
         self.ctx = NodeContext(config.id, model, spec, train.to(self.device), val.to(self.device), config)
         self.algorithm = make_algorithm(config.algorithm, config)
-        equip(self.algorithm, self.ctx, config.seed)  # its extra models (DFML's peak, FML's meme), w0 as the simulator's
+        equip(self.algorithm, self.ctx, config.seed)  # its extra models (DFML's peak, FML's meme), w0 as the sim's
         layout = model.state_dict()
         self.fingerprint = fingerprint(config.model, layout)
         self._layouts: dict[str, tuple[str, Manifest]] = {}

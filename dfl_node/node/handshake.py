@@ -84,7 +84,8 @@ class Handshake:
     def _refused(self, reason: str, other: Hello, where: str) -> None:
         node = self.node
         node.state.rejected[reason] += 1
-        node.refusals.warning(reason, "refused %s (%s) at hello: %s (theirs swarm=%r model=%r fingerprint=%s…, ours swarm=%r "
+        node.refusals.warning(reason, "refused %s (%s) at hello: %s (theirs swarm=%r model=%r fingerprint=%s…, "
+                    "ours swarm=%r "
                     "model=%r fingerprint=%s…)", other.node_id, where, reason, other.swarm, other.model,
                     other.fingerprint[:12], node.config.swarm, node.wire.model, node.fingerprint[:12])
 
@@ -100,7 +101,7 @@ class Handshake:
             return None
         except PeerUnauthenticated as exc:  # mTLS: its certificate failed our checks (or ours its); swarm key
             if exc.reason == "tls_handshake" and "Hostname" in exc.detail:
-                self.node.network.names.pop(address, None)  # another node is there now: check the host name, then its id
+                self.node.network.names.pop(address, None)  # another node is there now: the host name, then its id
             node.on_rejected(exc.reason, f"{address}: {exc.detail}", address)
             return None
         node.peers.answered(address)

@@ -64,7 +64,8 @@ class Peer:
 
 
 class PeerTable:
-    def __init__(self, self_id: str, hello: HelloFn, clock: Clock, *, heartbeat: float, timeout: float, static: list[str],
+    def __init__(self, self_id: str, hello: HelloFn, clock: Clock, *, heartbeat: float, timeout: float,
+                 static: list[str],
                  on_join: Callable[[str, bool], None] = lambda peer_id, restarted: None,
                  expiry: float = 300.0, max_pending: int = 32,
                  on_forget: Callable[[str], None] = lambda address: None,

@@ -101,7 +101,8 @@ class Checkpoint:
 
     def save(self, model_state: dict[str, torch.Tensor], fingerprint: str, state: dict[str, Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        model = save({k: v.detach().contiguous() for k, v in model_state.items()}, metadata={"fingerprint": fingerprint})
+        model = save({k: v.detach().contiguous() for k, v in model_state.items()},
+                     metadata={"fingerprint": fingerprint})
         self.generation = (self._newest_generation() if self.generation is None else self.generation) + 1
         check = dict(zip(CHECK_KEYS, (self.generation, hashlib.sha256(model).hexdigest())))
         staged = {MODEL_FILE: model, STATE_FILE: json.dumps({**state, **check}).encode()}

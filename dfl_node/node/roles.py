@@ -185,7 +185,8 @@ class RolePlayer:
         """Where ``node_id`` serves: as our peer table knows it, else as the holder that planned the round knew
         it (``assignment.addresses``). The plan was made with it, and our table may not have confirmed it yet:
         a pull, probe or bind that skipped it would play a round other than the simulator's."""
-        return self.address_of(node_id) or (assignment.addresses.get(node_id) if assignment is not None else None) or None
+        told = assignment.addresses.get(node_id) if assignment is not None else None
+        return self.address_of(node_id) or told or None
 
     async def assign_to(self, node_id: str, assignment: Assignment) -> Ack:
         """A role for ``node_id``: played here if it is us, else sent as an Assign RPC (failures become an Ack)."""

@@ -21,7 +21,8 @@
   the next holder (the next id in sorted order), and only then, holding nothing any more, announces
   it to the other members: an announcement that waits on a crashed member must not keep a node
   holding while the token comes round to it again (it would ignore the token and the fleet stall).
-* **Loss.** Every HelloReply carries the replier's :class:`~dfl_node.peering.messages.Progress` (round, epoch, whether it
+* **Loss.** Every HelloReply carries the replier's :class:`~dfl_node.peering.messages.Progress` (round, epoch,
+  whether it
   holds the token or plays a role). When no live node has held the token nor sent an RPC of it for
   ``token_timeout``, the lowest *live* id — re-evaluated at every tick, as the peer table changes —
   waits (up to ``round_timeout`` more) until every known member answers again, as a crashed one may be

@@ -65,7 +65,8 @@ def _bind_failure(what: str, flag: str, host: str, port: int, exc: OSError, host
     """Why ``host:port`` cannot be bound, in the operator's terms (the errno alone says little)."""
     where = f"{host}:{port}"
     if isinstance(exc, socket.gaierror):  # its errno is a resolver code, not an errno
-        return OperatorError(f"cannot bind {where}: {host_flag} {host!r} does not resolve to an address ({exc.strerror})")
+        return OperatorError(f"cannot bind {where}: {host_flag} {host!r} does not resolve to an address "
+                             f"({exc.strerror})")
     if exc.errno == errno.EADDRINUSE:
         return OperatorError(f"{what} port {where} is already in use (another node? choose {flag})")
     if exc.errno == errno.EADDRNOTAVAIL:

@@ -67,7 +67,8 @@ class Assignment:
     pull: bool = False  # the aggregator pulls from the senders instead
     deadline_s: float = 0.0  # aggregator: longest wait for the senders' messages
     candidates: tuple[str, ...] = ()  # an open group (001): the sender chooses its aggregator among these
-    addresses: Mapping[str, str] = field(default_factory=dict)  # where the members and candidates serve, as the holder knew it
+    # where the members and candidates serve, as the holder knew it
+    addresses: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -81,7 +81,8 @@ def probe_from_request(request: ProbeRequest, *, input_shape: Sequence[int], num
     if any(label >= num_classes for label in request.labels):
         raise bad(f"probe labels outside 0..{num_classes - 1}")
     x = torch.frombuffer(bytearray(request.samples), dtype=torch.float32).reshape(shape)
-    return Probe(request.sender, request.round, request.mode, x=x, y=torch.tensor(list(request.labels), dtype=torch.int64))
+    labels = torch.tensor(list(request.labels), dtype=torch.int64)
+    return Probe(request.sender, request.round, request.mode, x=x, y=labels)
 
 
 def probe_reply(answer: ProbeAnswer) -> ProbeReply:
