@@ -165,7 +165,6 @@ def test_layers_import_only_downwards(graph: dict[str, set[str]], layer: str) ->
     assert violations(graph, layer, LAYERS[layer]) == []
 
 
-@pytest.mark.xfail(strict=True, reason="h-ports in progress")
 def test_node_imports_no_protobuf(graph: dict[str, set[str]]) -> None:
     node = [m for m in graph if m.startswith("dfl_node.node")]
     assert violations(graph, "dfl_node.node", PROTOBUF) == []

@@ -133,13 +133,14 @@ class RolePlayer:
         refused; invitations go out in batches until ``wanted`` accepted or the candidates run out.
         Returns whether anybody came.
         """
-        if getattr(self.algorithm, "selects", False):  # 001: volunteer as a sender that chooses its receiver
+        shape = self.algorithm.async_shape
+        if shape == "select":  # 001: volunteer as a sender that chooses its receiver
             limit = self.config.selection_candidates or len(candidates)
             chooser = Assignment(round=round_, role=Role.SENDER.value, holder=self.config.id,
                                  senders=(self.config.id,), candidates=tuple(candidates[:limit]),
                                  deadline_s=self.config.round_timeout)
             return (await self.play(chooser)).ok
-        if self.algorithm.pulls:  # nobody to invite: pull from the first ``wanted`` candidates
+        if shape == "pull":  # nobody to invite: pull from the first ``wanted`` candidates
             pull = Assignment(round=round_, role=Role.AGGREGATOR.value, aggregator=self.config.id,
                               senders=tuple(candidates[:wanted]), pull=True)
             return (await self.play(pull)).ok
