@@ -84,7 +84,7 @@ def _raw(part: TensorPart) -> memoryview:
         raise ValueError(f"part {part.name!r}: dtype {values.dtype} cannot be sent")
     if part.start < 0 or part.start + values.numel() > _numel(part.shape):
         raise ValueError(f"part {part.name!r}: range exceeds shape {part.shape}")
-    return memoryview(values.view(torch.uint8).numpy())
+    return values.view(torch.uint8).numpy().data  # the array's own buffer: no copy
 
 
 @dataclass(frozen=True)
@@ -262,13 +262,14 @@ class MessageAssembler:
             raise self._failed
         kind = "chunk" if isinstance(frame, memoryview) else frame.WhichOneof("kind")
         if self._header is None:
-            if kind != "header":
+            if isinstance(frame, memoryview) or kind != "header":
                 raise self._reject("unexpected_frame", f"expected a header first, got {kind or 'an empty frame'}")
             self._check_header(frame.header)
             self._header = frame.header
             size = frame.header.total_size  # safe to allocate: bounded by the checks
             self._buf = self._buffers.take(size) if self._buffers is not None else bytearray(size)
             return
+        assert self._buf is not None  # taken with the header
         if kind != "chunk":
             raise self._reject("unexpected_frame", f"expected a chunk after the header, got {kind or 'nothing'}")
         data = frame if isinstance(frame, memoryview) else memoryview(frame.chunk.data)

@@ -30,6 +30,7 @@ from ``dfl_node.net.discovery`` keep working.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import socket
@@ -93,7 +94,7 @@ def _resolve_ipv4(name: str) -> list[str]:
         infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ValueError(f"cannot resolve the advertised host {name!r} to an IPv4 address ({exc.strerror})") from None
-    return sorted({info[4][0] for info in infos})
+    return sorted({str(info[4][0]) for info in infos})
 
 
 # --------------------------------------------------------------------------- #
@@ -245,7 +246,12 @@ class MdnsDiscovery:
             return
         task = asyncio.get_running_loop().create_task(self._resolve(zeroconf, service_type, name, key))
         self._resolving[key] = task
-        task.add_done_callback(lambda t, k=key: self._resolving.pop(k, None) if self._resolving.get(k) is t else None)
+        task.add_done_callback(functools.partial(self._resolved, key))
+
+    def _resolved(self, key: str, task: asyncio.Task[None]) -> None:
+        """A resolution ended: forget it, unless a newer one for the same key replaced it meanwhile."""
+        if self._resolving.get(key) is task:
+            del self._resolving[key]
 
     async def _resolve(self, zc: Zeroconf, service_type: str, name: str, key: str) -> None:
         info = AsyncServiceInfo(service_type, name)

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, ServiceDescriptor
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from dfl_node.net.frames import decode_frame, encode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.servicer import DflServicer
 
-Codec = tuple[Callable[[bytes], object], Callable[[object], bytes]]  # request decoder, response encoder
+Codec = tuple[Callable[[bytes], Any], Callable[[Any], bytes]]  # request decoder, response encoder
 OnRejected = Callable[[str, str, str], None]  # (reason, detail, sender): PeerHandler.on_rejected
 
 _HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
@@ -42,7 +43,7 @@ class Undecodable:
     error: str
 
 
-def _parser(cls: type) -> Callable[[bytes], object]:
+def _parser(cls: type[Message]) -> Callable[[bytes], object]:
     def parse(raw: bytes) -> object:
         try:
             return cls.FromString(raw)

@@ -29,8 +29,8 @@ class GrpcNetwork:
         client = self.clients.get(address)
         if client is None or client.checked_id != name:
             if client is not None:  # retired, not cut: a call may still be under way on it
-                asyncio.get_running_loop().call_later(self.retire_after,
-                                                      lambda old=client: asyncio.ensure_future(old.close()))
+                retired = client
+                asyncio.get_running_loop().call_later(self.retire_after, lambda: asyncio.ensure_future(retired.close()))
             client = self.clients[address] = PeerClient(address, self.wire, self.security, name, self.hello_message,
                                                         self.connect_timeout)
         return client

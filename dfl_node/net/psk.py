@@ -131,7 +131,7 @@ async def same_endpoint(dialed: str, advertised: str) -> bool:
             infos = await asyncio.wait_for(loop.getaddrinfo(name, port, type=socket.SOCK_STREAM), 2.0)
         except (OSError, TimeoutError):
             return set()
-        return {info[4][0] for info in infos}
+        return {str(info[4][0]) for info in infos}
 
     ours, theirs = await asyncio.gather(resolve(host), resolve(other_host))
     return bool(ours & theirs)

@@ -47,11 +47,12 @@ def tls_files(tls_dir: Path | None, ca: Path | None, cert: Path | None, key: Pat
     chosen = {"--tls-ca": ca or (tls_dir / CA_CERT if tls_dir else None),
               "--tls-cert": cert or (tls_dir / NODE_CERT if tls_dir else None),
               "--tls-key": key or (tls_dir / NODE_KEY if tls_dir else None)}
-    missing = [flag for flag, path in chosen.items() if path is None]
-    if missing:
+    ca, cert, key = chosen.values()
+    if ca is None or cert is None or key is None:
+        missing = [flag for flag, path in chosen.items() if path is None]
         raise TlsError(f"TLS is configured but {' and '.join(missing)} is not: mutual TLS needs the swarm CA, this "
                        "node's certificate and its key (or --tls-dir with ca.crt, node.crt and node.key)")
-    return TlsFiles(chosen["--tls-ca"], chosen["--tls-cert"], chosen["--tls-key"])
+    return TlsFiles(ca, cert, key)
 
 
 @dataclass(frozen=True)

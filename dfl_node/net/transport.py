@@ -72,8 +72,9 @@ async def open_transfer(
     try:
         first = await call.read()
     except grpc.aio.AioRpcError:
-        if writer.done() and not writer.cancelled() and writer.exception():
-            raise writer.exception() from None
+        failed = writer.exception() if writer.done() and not writer.cancelled() else None
+        if failed is not None:
+            raise failed from None
         raise
     if not isinstance(first, pb.Frame) or first.WhichOneof("kind") != "result":
         writer.cancel()
@@ -126,7 +127,7 @@ class PeerClient:
         self.connect_timeout = connect_timeout
         self.wire = wire
         self.checked_id = tls_name
-        options = channel_options(wire.limits)
+        options: list[tuple[str, int | str]] = list(channel_options(wire.limits))
         if security.swarm_key is not None:  # our own connection: the one our Hello authenticates
             options.append(("grpc.use_local_subchannel_pool", 1))
         if security.tls is not None:

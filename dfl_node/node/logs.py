@@ -31,7 +31,7 @@ class RateLimitedLog:
             self.suppressed[key] += 1
             return False
         left_out = self.suppressed.pop(key, 0)
-        if left_out:
+        if left_out and last is not None:  # something was left out only after a line went out
             message, args = f"{message} (and %d more %s in the last %.0f s)", (*args, left_out, key, now - last)
         if len(self._last) >= MAX_KEYS and key not in self._last:
             self._last.clear()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, cast
 
 from dfl_node.algorithms import Algorithm, Group, NodeContext, Role, Step
 from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
@@ -23,6 +24,9 @@ from dfl_node.node.state import NodeState
 from dfl_node.peering.errors import PeerUnreachable, TransferRejected
 from dfl_node.peering.messages import Ack, Assignment
 from dfl_node.peering.port import PeerLink
+
+if TYPE_CHECKING:
+    from dfl_node.node.daemon import Node
 
 log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
 
@@ -42,6 +46,12 @@ class RolePlayer:
     client: Callable[[str], PeerLink]
     address_of: Callable[[str], str | None]
     model_changed: Callable[[str, int, str | None], Awaitable[None]]
+
+    @property
+    def node(self) -> Node:
+        """This object as the :class:`Node` it is mixed into (the only class that mixes it in): what a
+        role's :class:`PeerTransport` works for."""
+        return cast("Node", self)
 
     def take_role(self, role: Role) -> None:
         if self.state.role is not Role.IDLE:
@@ -100,7 +110,7 @@ class RolePlayer:
         loop = asyncio.get_running_loop()
         if role is Role.SENDER:
             accepted: asyncio.Future[bool] = loop.create_future()
-            transport = PeerTransport(self, assignment.epoch, aggregator_address=assignment.aggregator_address,
+            transport = PeerTransport(self.node, assignment.epoch, aggregator_address=assignment.aggregator_address,
                                       accepted=accepted, assignment=assignment)
             sending = self._settling = loop.create_task(self._play_sender(step, transport))
             ok = await asyncio.shield(sending if rounds else accepted)  # async: the inviter waits for "accepted" only
@@ -108,7 +118,7 @@ class RolePlayer:
         collector = self.collector = Collector(step, assignment.epoch, self.clock, max_bytes=self.max_buffered_bytes,
                                                deadline_s=self.deadline_of(assignment))
         fusing = self._settling = loop.create_task(self._play_aggregator(
-            step, PeerTransport(self, assignment.epoch, collector=collector, assignment=assignment)))
+            step, PeerTransport(self.node, assignment.epoch, collector=collector, assignment=assignment)))
         if group.pull and rounds:
             ok = await asyncio.shield(fusing)
             return Ack(ok=ok, reason="" if ok else "not_fused")
@@ -175,7 +185,7 @@ class RolePlayer:
         step = Step(round_, Group(self.config.id, tuple(sorted(came))))
         collector.step = step
         self._settling = asyncio.get_running_loop().create_task(
-            self._play_aggregator(step, PeerTransport(self, 0, collector=collector)))
+            self._play_aggregator(step, PeerTransport(self.node, 0, collector=collector)))
         return True
 
     def _invitation(self, round_: int, peer: str) -> Assignment:

@@ -20,7 +20,7 @@ import errno
 import logging
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -43,8 +43,9 @@ log = logging.getLogger(__name__)
 class _EmbeddedUvicorn(uvicorn.Server):
     """uvicorn inside our event loop: the node, not uvicorn, owns SIGINT/SIGTERM."""
 
-    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def announcement(node: Node) -> Announcement:
@@ -112,7 +113,7 @@ async def _check_static_peers(node: Node) -> None:
         raise OperatorError(node.handshake.duplicate)
 
 
-async def _announce_on_mdns(node: Node, on_found: Callable[[Announcement], object]) -> MdnsDiscovery:
+async def _announce_on_mdns(node: Node, on_found: Callable[[Announcement], None]) -> MdnsDiscovery:
     """Register on mDNS (after every other check passed); zeroconf's probe may also catch a duplicate id."""
     config = node.config
     try:
