@@ -28,9 +28,10 @@ Every delay is an ``asyncio.sleep`` on the loop's clock: free in wall time on a
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -41,6 +42,10 @@ from dfl_node.peering.port import PeerHandler
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
 
 T = TypeVar("T")
+
+# The address of the node whose work the current task is: set for a node's own tasks (:meth:`MemoryFabric.spawn`)
+# and for each call it serves, and inherited by every task they start, so that a kill can find them all.
+_OWNER: contextvars.ContextVar[str | None] = contextvars.ContextVar("dfl_sim_owner", default=None)
 
 # What a transfer's header adds to its payload on the wire (sender, swarm, fingerprint, sha256…, and a manifest
 # entry per tensor part): an estimate, so that the simulator's byte counts stay close to a daemon's.
@@ -82,7 +87,39 @@ class MemoryFabric:
         self.groups: dict[str, int] = {}  # a partition: address -> its side (addresses not listed reach everyone)
         self.profile: ProfileFn = profile or (lambda src, dst: LinkProfile())
         self.served: dict[str, set[asyncio.Task[Any]]] = defaultdict(set)  # calls in progress, by callee
+        self.owned: dict[str, set[asyncio.Task[Any]]] = defaultdict(set)  # every live task of a node, by address
         self._changed = asyncio.Event()  # set (and replaced) whenever reachability changes
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ----- whose work a task is -----------------------------------------------------------
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Track on ``loop`` which node each task works for (its task factory): a task started by a node's task,
+        or by a call it serves, is that node's, so :meth:`kill` cancels whatever the node was doing — its
+        scheduler, its hold of the token, a role it plays, an announcement it sends — as kill -9 would."""
+        self._loop = loop
+        loop.set_task_factory(self._task_factory)
+
+    def _task_factory(self, loop: asyncio.AbstractEventLoop,
+                      coro: Coroutine[Any, Any, T] | Generator[Any, None, T], /, *,
+                      context: contextvars.Context | None = None) -> asyncio.Task[T]:
+        task = asyncio.Task(coro, loop=loop, context=context)
+        owner = (context or contextvars.copy_context()).get(_OWNER)
+        if owner is not None:
+            owned = self.owned[owner]
+            owned.add(task)
+            task.add_done_callback(owned.discard)
+        return task
+
+    def _as(self, address: str) -> contextvars.Context:
+        context = contextvars.copy_context()
+        context.run(_OWNER.set, address)
+        return context
+
+    def spawn(self, address: str, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Start ``work`` as a task of the node at ``address`` (one that :meth:`kill` cancels)."""
+        if self._loop is None:
+            self.install(asyncio.get_running_loop())
+        return asyncio.get_running_loop().create_task(work, context=self._as(address))
 
     # ----- the fleet ----------------------------------------------------------------------
     def endpoint(self, address: str, *, connect_timeout: float = 5.0) -> MemoryNetwork:
@@ -96,11 +133,11 @@ class MemoryFabric:
         self._notify()
 
     def kill(self, address: str) -> None:
-        """The node at ``address`` is gone: nothing answers there, and the calls it was serving are cancelled
-        (its callers see the connection drop). Its own tasks are the caller's to cancel."""
+        """kill -9 of the node at ``address``: nothing answers there any more, the calls it was serving are
+        cancelled (its callers see the connection drop), and so is every task of its own (:meth:`install`)."""
         self.down.add(address)
         self.handlers.pop(address, None)
-        for task in list(self.served.pop(address, ())):
+        for task in [*self.served.pop(address, ()), *self.owned.pop(address, ())]:
             task.cancel()
         self._notify()
 
@@ -144,7 +181,7 @@ class MemoryFabric:
 
     async def call(self, dst: str, work: Coroutine[Any, Any, T], timeout: float) -> T:
         """Run ``work`` as a call served by ``dst`` (a task of its own), for at most ``timeout`` seconds."""
-        task = asyncio.get_running_loop().create_task(work)
+        task = asyncio.get_running_loop().create_task(work, context=self._as(dst))  # the callee's work
         served = self.served[dst]
         served.add(task)
         task.add_done_callback(served.discard)
