@@ -9,6 +9,8 @@ silent fallback; ``auto`` is the one setting that picks for itself.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,3 +42,21 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Torch's intra-op threads set to ``count`` (the ``threads`` setting) for the block, then put back.
+
+    The number is process-wide and it decides the order of a float sum, so two drivers that must agree bit for
+    bit run with the same one: a daemon sets it for its process (``serve``); an in-process driver (the
+    simulator, K nodes on one loop) sets it here and puts the caller's back, so that what runs next in the
+    process (another simulation, a test) starts from the same state as it would alone."""
+    import torch  # noqa: PLC0415
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -25,7 +25,7 @@ from dfl_node.net.frames import ReadFrame, WireFrame, wire_size
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.wire import WireIdentity, wire_bytes
-from dfl_node.peering.errors import TransferRejected
+from dfl_node.peering.errors import UNCOUNTED_REFUSALS, TransferRejected
 from dfl_node.peering.messages import Assignment, Hello, Offer, PullRequest, Token
 from dfl_node.peering.port import Intake, PeerHandler
 from dfl_node.peering.probes import ProbeRequest
@@ -38,13 +38,6 @@ class ServedNode(PeerHandler, Protocol):
 
     wire: WireIdentity
     idle_timeout: float  # a Transfer stream silent this long is dropped: it never holds a role or a buffer
-
-
-# Refusals that a node answers (a Pull's result, a ProbeReply, an Ack) rather than raises, and that the servicer
-# counts: all but a busy node (counted apart, busy_refusals), a sender's own transfer that failed or that its
-# aggregator did not fuse (outcomes of the role it took, not refusals: round mode's holder plays such a round
-# again) and a bad probe (the node counts it where it knows the detail).
-_COUNTED_ELSEWHERE = frozenset({"busy", "transfer_failed", "not_fused", "bad_probe"})
 
 
 def _assignment_problem(request: pb.RoundAssignment) -> str | None:
@@ -77,8 +70,8 @@ class DflServicer(pb_grpc.DflNodeServicer):
         return TransferRejected(*refusal)
 
     def _refused(self, reason: str, detail: str, who: str) -> None:
-        """Count a refusal that the node answered rather than raised (see ``_COUNTED_ELSEWHERE``)."""
-        if reason not in _COUNTED_ELSEWHERE:
+        """Count a refusal that the node answered rather than raised (see ``UNCOUNTED_REFUSALS``)."""
+        if reason not in UNCOUNTED_REFUSALS:
             self.node.on_rejected(reason, detail, who)
 
     async def _check_unary(self, context: grpc.aio.ServicerContext, claimed: str | None = None) -> None:

@@ -50,13 +50,17 @@ from dfl_node.node.rounds import RoundScheduler
 from dfl_node.node.state import NodeState
 from dfl_node.peering.errors import PeerUnreachable
 from dfl_node.peering.messages import Ack, Progress, Token
-from dfl_node.peering.port import PeerLink
+from dfl_node.peering.port import PeerLink, PeerNetwork
 
 log = logging.getLogger(__name__)
 
 
 class Node(RolePlayer):
-    def __init__(self, config: NodeConfig) -> None:
+    """One node. ``network`` and ``clock`` are its two ports to the outside: left out, the daemon's own (gRPC
+    with the config's security, and the real clock); the simulator passes its in-memory network and a clock
+    that follows its virtual-time loop (:mod:`dfl_node.sim`), and everything else runs unchanged."""
+
+    def __init__(self, config: NodeConfig, *, network: PeerNetwork | None = None, clock: Clock | None = None) -> None:
         self.config = config
         try:  # mutual TLS and/or the swarm key: checked first, and never silently left out
             self.security = load_security(config.id, tls_dir=config.tls_dir, tls_ca=config.tls_ca,
@@ -64,7 +68,7 @@ class Node(RolePlayer):
                                           swarm_key_file=config.swarm_key_file)
         except ValueError as exc:
             raise OperatorError(str(exc)) from None
-        self.clock = Clock()
+        self.clock = clock or Clock()
         self.started = self.clock.wall()
         self.boot_id = uuid.uuid4().hex
         self.device = resolve_device(config.device)  # the shard, the test set and the model move there once
@@ -92,8 +96,9 @@ class Node(RolePlayer):
         # a line per refusal reason at most every 10 s; /status counts them all
         self.refusals = RateLimitedLog(log, self.clock.monotonic)
         self.handshake = Handshake(self)
-        self.network = GrpcNetwork(self.wire, self.security, self.handshake.message,
-                                   connect_timeout=config.connect_timeout, retire_after=config.round_timeout)
+        self.network: PeerNetwork = network or GrpcNetwork(
+            self.wire, self.security, self.handshake.message, connect_timeout=config.connect_timeout,
+            retire_after=config.round_timeout)
         self.peers = PeerTable(config.id, self.handshake.probe, self.clock, heartbeat=config.heartbeat,
                                timeout=config.peer_timeout, static=config.peers,
                                on_join=self._peer_joined,

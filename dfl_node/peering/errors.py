@@ -3,6 +3,13 @@
 
 from __future__ import annotations
 
+# Refusals that a node answers (a Pull's result, a ProbeReply, an Ack) rather than raises, and that the network
+# does not count (every network counts the others with PeerHandler.on_rejected): a busy node (counted apart,
+# busy_refusals), a sender's own transfer that failed or that its aggregator did not fuse (outcomes of the role
+# it took, not refusals: round mode's holder plays such a round again) and a bad probe (the node counts it where
+# it knows the detail).
+UNCOUNTED_REFUSALS = frozenset({"busy", "transfer_failed", "not_fused", "bad_probe"})
+
 
 class PeerError(Exception):
     def __init__(self, reason: str, detail: str = "") -> None:

@@ -20,7 +20,7 @@ from dfl_node.algorithms.base import equip
 from dfl_node.algorithms.plan import RoundPlan, Step
 from dfl_node.algorithms.runner import play_aggregator, play_sender
 from dfl_node.config import ExperimentConfig
-from dfl_node.learning.devices import resolve_device
+from dfl_node.learning.devices import resolve_device, torch_threads
 from dfl_node.learning.evaluation import evaluate_many
 from dfl_node.learning.fleet import Fleet, architectures
 from dfl_node.learning.models import param_digest
@@ -99,10 +99,10 @@ class Simulation:
         )
 
     def run(self, progress: ProgressCallback | None = None) -> RunResult:
-        return asyncio.run(self._run(progress))
+        with torch_threads(self.config.threads):  # as a daemon sets them; the caller's are put back after
+            return asyncio.run(self._run(progress))
 
     async def _run(self, progress: ProgressCallback | None) -> RunResult:
-        torch.set_num_threads(self.config.threads)
         started = time.perf_counter()
         history = [self.evaluate(0, started)]
         for t in range(self.config.rounds):

@@ -1,0 +1,120 @@
+"""Virtual time for the simulator: an asyncio loop whose clock jumps to its next timer when nothing is ready.
+
+Why our own loop rather than ``looptime`` (PyPI, 0.9): looptime is built for tests (a pytest plugin that
+patches loops) and, while an executor future is pending, moves its clock in steps *of real time* — so
+anything run with ``asyncio.to_thread`` makes the virtual timeline depend on how fast the machine is, and a
+run is no longer deterministic for its seed. It also spends 42 no-op loop cycles before each jump. The
+node runs its training, evaluation and checkpoints with ``asyncio.to_thread``, so that case is the normal
+one here. What we need is ~40 lines over asyncio's own scheduling:
+
+* :class:`VirtualTimeLoop`: ``time()`` is a number the loop owns. asyncio asks its selector to wait only
+  when no callback is ready, for exactly the time until the next timer; our selector polls the real one
+  without waiting and, if nothing came, moves the clock by that much instead. Every ``asyncio.sleep``,
+  ``wait_for`` and ``timeout`` of the node reads ``loop.time()`` (:class:`~dfl_node.node.clock.Clock`), so a
+  120 s token timeout costs no wall time. A loop with nothing ready and no timer is deadlocked (nothing can
+  wake it: the simulator has no sockets): it raises :class:`Deadlock` instead of hanging.
+* :class:`InlineExecutor`, the loop's default executor: ``to_thread`` work runs *inline*, on the loop's
+  thread, in the order it was asked for, and its result is delivered ``cost(fn)`` virtual seconds later.
+  That is how compute is charged: the work itself takes no virtual time, the device profile says what it
+  costs. (Default cost 0: free.)
+* :class:`VirtualClock`: the node's clock port on such a loop, its wall time following the loop's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import selectors
+from collections.abc import Callable
+from typing import Any
+
+from dfl_node.node.clock import Clock
+
+# Where virtual wall time starts: 2020-01-01T00:00:00Z, a fixed epoch so that timestamps are reproducible.
+VIRTUAL_EPOCH = 1_577_836_800.0
+
+CostFn = Callable[[Callable[..., Any]], float]  # a function run off the loop -> its cost in virtual seconds
+
+
+class Deadlock(RuntimeError):
+    """Every task waits and no timer is set: in a simulation, nothing can ever wake the loop again."""
+
+
+class _VirtualSelector(selectors.DefaultSelector):
+    """The real selector, polled without waiting; a wait it was asked for becomes a jump of the loop's clock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop: VirtualTimeLoop | None = None
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(0)
+        if ready or timeout == 0:
+            return ready
+        assert self.loop is not None
+        if timeout is None:
+            raise Deadlock("every task waits and no timer is set (a simulated node waits for something that "
+                           "can never come)")
+        self.loop.advance(timeout)
+        return []
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time (see the module's docstring). ``cost`` charges executor work."""
+
+    def __init__(self, cost: CostFn | None = None) -> None:
+        selector = _VirtualSelector()
+        super().__init__(selector)
+        selector.loop = self
+        self._now = 0.0
+        self.set_default_executor(InlineExecutor(self, cost or (lambda fn: 0.0)))
+
+    def time(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward (never back): the loop then runs the timers that fell due."""
+        self._now += max(seconds, 0.0)
+
+
+class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
+    """Runs each submitted function at once on the calling (the loop's) thread; its future resolves ``cost(fn)``
+    virtual seconds later. A ThreadPoolExecutor only because asyncio accepts no other as its default; it
+    never starts a thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, cost: CostFn) -> None:
+        super().__init__(max_workers=1)
+        self._loop, self._cost = loop, cost
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # delivered to the awaiting task, as a worker thread would
+            self._loop.call_later(self._cost(fn), future.set_exception, exc)
+        else:
+            self._loop.call_later(self._cost(fn), future.set_result, result)
+        return future
+
+
+def _underlying(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``asyncio.to_thread`` submits ``functools.partial(contextvars.Context.run, fn, ...)``: the ``fn``."""
+    args = getattr(fn, "args", ())
+    return args[0] if getattr(fn, "func", None) is not None and args and callable(args[0]) else fn
+
+
+def cost_by_name(costs: dict[str, float], default: float = 0.0) -> CostFn:
+    """A device profile in its simplest form: virtual seconds per call, by the called function's name
+    (``__name__``, e.g. ``"local_step"``); names not listed cost ``default``."""
+    def cost(fn: Callable[..., Any]) -> float:
+        return costs.get(getattr(_underlying(fn), "__name__", ""), default)
+    return cost
+
+
+class VirtualClock(Clock):
+    """The clock port on a :class:`VirtualTimeLoop`: waits on the loop's (virtual) time, and wall time that
+    follows it from :data:`VIRTUAL_EPOCH`, so histories and ``/status`` read in virtual seconds."""
+
+    def wall(self) -> float:
+        return VIRTUAL_EPOCH + asyncio.get_running_loop().time()

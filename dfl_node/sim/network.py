@@ -1,0 +1,366 @@
+"""The peer network port in memory: K real nodes in one process, each a :class:`PeerHandler` at an address.
+
+:class:`MemoryFabric` is the medium every node shares: which address serves which node's handler, which
+addresses are down (a killed node) or cut off from each other (a partition), and what each link costs
+(:class:`LinkProfile`). A node gets its own :class:`MemoryNetwork` from it (its side of every link), and
+passes it to :class:`~dfl_node.node.daemon.Node` in place of the gRPC network.
+
+A call on a :class:`MemoryLink` drives the callee's handler exactly as :class:`~dfl_node.net.servicer.DflServicer`
+does — same order, same counting, same errors — so node code cannot tell the two networks apart:
+
+* each call runs as a task of its own, as an RPC does on a server: a deadline or a caller that gives up
+  cancels it, and a kill of the callee cancels it (the caller then sees ``PeerUnreachable("unavailable")``);
+* a push: ``admit`` (its refusal counted, raised as :class:`TransferRefused`), the payload's transfer time,
+  ``deliver`` (abandoned if anything fails before it returned), then ``on_accepted`` once the verdict is back,
+  then the reply future (a failure is the servicer's ``ABORTED``: :class:`PeerUnreachable`); epoch checks
+  happen in the handler, as they do over gRPC;
+* models cross without serialization, but copied (a receiver over gRPC gets tensors of its own; a shared one
+  would change under it when the sender trains on), and counted as the wire would count them:
+  :func:`wire_size`, payload plus a header estimate;
+* reaching a peer fails as gRPC fails: a Hello to a dead address at once (connection refused), one across a
+  partition at its deadline; the round RPCs wait for the peer to become reachable up to their deadline
+  (gRPC's ``wait_for_ready``), and a push or pull refuses after ``connect_timeout`` (``PeerClient._reachable``).
+
+Every delay is an ``asyncio.sleep`` on the loop's clock: free in wall time on a
+:class:`~dfl_node.sim.clock.VirtualTimeLoop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import math
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.peering.errors import UNCOUNTED_REFUSALS, PeerUnreachable, TransferRefused, TransferRejected
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, PullRequest, Token
+from dfl_node.peering.port import PeerHandler
+from dfl_node.peering.probes import ProbeReply, ProbeRequest
+
+T = TypeVar("T")
+
+# The address of the node whose work the current task is: set for a node's own tasks (:meth:`MemoryFabric.spawn`)
+# and for each call it serves, and inherited by every task they start, so that a kill can find them all.
+_OWNER: contextvars.ContextVar[str | None] = contextvars.ContextVar("dfl_sim_owner", default=None)
+
+# What a transfer's header adds to its payload on the wire (sender, swarm, fingerprint, sha256…, and a manifest
+# entry per tensor part): an estimate, so that the simulator's byte counts stay close to a daemon's.
+HEADER_BYTES = 160
+PART_HEADER_BYTES = 48
+
+
+def wire_size(message: ModelMessage) -> int:
+    """The bytes ``message`` would take on the wire: its payload plus an estimate of its header."""
+    return message.nbytes + HEADER_BYTES + PART_HEADER_BYTES * len(message.parts)
+
+
+def _copied(message: ModelMessage) -> ModelMessage:
+    """``message`` with tensors of its own, as a receiver over gRPC has them (no serialization, one copy)."""
+    return replace(message, parts=tuple(replace(p, values=p.values.detach().clone()) for p in message.parts),
+                   metadata=dict(message.metadata))
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """What one direction of a link costs: ``latency_s`` per message, plus its bytes at ``bandwidth`` bytes/s."""
+
+    latency_s: float = 0.0
+    bandwidth: float = math.inf
+
+    def delay(self, nbytes: int = 0) -> float:
+        return self.latency_s + nbytes / self.bandwidth
+
+
+ProfileFn = Callable[[str, str], LinkProfile]  # (from address, to address) -> that direction's profile
+
+
+class MemoryFabric:
+    """The medium shared by all nodes of a simulation (see the module's docstring)."""
+
+    def __init__(self, profile: ProfileFn | None = None) -> None:
+        self.handlers: dict[str, PeerHandler] = {}
+        self.down: set[str] = set()
+        self.groups: dict[str, int] = {}  # a partition: address -> its side (addresses not listed reach everyone)
+        self.profile: ProfileFn = profile or (lambda src, dst: LinkProfile())
+        self.served: dict[str, set[asyncio.Task[Any]]] = defaultdict(set)  # calls in progress, by callee
+        self.owned: dict[str, set[asyncio.Task[Any]]] = defaultdict(set)  # every live task of a node, by address
+        self._changed = asyncio.Event()  # set (and replaced) whenever reachability changes
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ----- whose work a task is -----------------------------------------------------------
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Track on ``loop`` which node each task works for (its task factory): a task started by a node's task,
+        or by a call it serves, is that node's, so :meth:`kill` cancels whatever the node was doing — its
+        scheduler, its hold of the token, a role it plays, an announcement it sends — as kill -9 would."""
+        self._loop = loop
+        loop.set_task_factory(self._task_factory)
+
+    def _task_factory(self, loop: asyncio.AbstractEventLoop,
+                      coro: Coroutine[Any, Any, T] | Generator[Any, None, T], /, *,
+                      context: contextvars.Context | None = None) -> asyncio.Task[T]:
+        task = asyncio.Task(coro, loop=loop, context=context)
+        owner = (context or contextvars.copy_context()).get(_OWNER)
+        if owner is not None:
+            owned = self.owned[owner]
+            owned.add(task)
+            task.add_done_callback(owned.discard)
+        return task
+
+    def _as(self, address: str) -> contextvars.Context:
+        context = contextvars.copy_context()
+        context.run(_OWNER.set, address)
+        return context
+
+    def spawn(self, address: str, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Start ``work`` as a task of the node at ``address`` (one that :meth:`kill` cancels)."""
+        if self._loop is None:
+            self.install(asyncio.get_running_loop())
+        return asyncio.get_running_loop().create_task(work, context=self._as(address))
+
+    # ----- the fleet ----------------------------------------------------------------------
+    def endpoint(self, address: str, *, connect_timeout: float = 5.0) -> MemoryNetwork:
+        """The network of the node that will serve at ``address`` (:meth:`serve` it once it is built)."""
+        return MemoryNetwork(self, address, connect_timeout)
+
+    def serve(self, address: str, handler: PeerHandler) -> None:
+        """``handler`` answers at ``address`` from now on (a node started, or restarted)."""
+        self.handlers[address] = handler
+        self.down.discard(address)
+        self._notify()
+
+    def kill(self, address: str) -> None:
+        """kill -9 of the node at ``address``: nothing answers there any more, the calls it was serving are
+        cancelled (its callers see the connection drop), and so is every task of its own (:meth:`install`)."""
+        self.down.add(address)
+        self.handlers.pop(address, None)
+        for task in [*self.served.pop(address, ()), *self.owned.pop(address, ())]:
+            task.cancel()
+        self._notify()
+
+    def partition(self, *sides: set[str]) -> None:
+        """Cut the links between ``sides`` (each a set of addresses) until :meth:`heal`."""
+        self.groups = {address: i for i, side in enumerate(sides) for address in side}
+        self._notify()
+
+    def heal(self) -> None:
+        self.groups = {}
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # ----- reachability -------------------------------------------------------------------
+    def listening(self, address: str) -> bool:
+        return address in self.handlers and address not in self.down
+
+    def cut(self, src: str, dst: str) -> bool:
+        a, b = self.groups.get(src), self.groups.get(dst)
+        return a is not None and b is not None and a != b
+
+    def reachable(self, src: str, dst: str) -> bool:
+        return self.listening(dst) and not self.cut(src, dst)
+
+    async def until_reachable(self, src: str, dst: str, timeout: float) -> bool:
+        """Whether ``dst`` became reachable from ``src`` within ``timeout`` (at once if it is)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.reachable(src, dst):
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return False
+        return True
+
+    async def call(self, dst: str, work: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Run ``work`` as a call served by ``dst`` (a task of its own), for at most ``timeout`` seconds."""
+        task = asyncio.get_running_loop().create_task(work, context=self._as(dst))  # the callee's work
+        served = self.served[dst]
+        served.add(task)
+        task.add_done_callback(served.discard)
+        try:
+            return await asyncio.wait_for(task, timeout)
+        except TimeoutError:
+            raise PeerUnreachable("deadline_exceeded", f"does not answer within {timeout:g} s") from None
+        except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if caller is not None and caller.cancelling():
+                raise  # our own task is cancelled (wait_for cancelled the call with it)
+            raise PeerUnreachable("unavailable", "closed the connection (it stopped)") from None
+
+
+class MemoryNetwork:
+    """One node's side of the fabric: the :class:`~dfl_node.peering.port.PeerNetwork` it is given."""
+
+    def __init__(self, fabric: MemoryFabric, address: str, connect_timeout: float) -> None:
+        self.fabric, self.address, self.connect_timeout = fabric, address, connect_timeout
+        self.names: dict[str, str] = {}  # identities are the wire's business (mTLS): unused here
+        self.links: dict[str, MemoryLink] = {}
+
+    def link(self, address: str) -> MemoryLink:
+        if address not in self.links:
+            self.links[address] = MemoryLink(self, address)
+        return self.links[address]
+
+    def forget(self, address: str) -> None:
+        self.links.pop(address, None)
+
+    async def close(self) -> None:
+        self.links.clear()
+
+
+class MemoryLink:
+    """One node's link to one peer (a :class:`~dfl_node.peering.port.PeerLink`)."""
+
+    checked_id: str | None = None
+
+    def __init__(self, network: MemoryNetwork, address: str) -> None:
+        self.fabric, self.src, self.dst = network.fabric, network.address, address
+        self.connect_timeout = network.connect_timeout
+
+    def _handler(self) -> PeerHandler:
+        handler = self.fabric.handlers.get(self.dst)
+        if handler is None:  # it died between our check and now
+            raise PeerUnreachable("unavailable", "refuses connections (nothing listens on that port)")
+        return handler
+
+    async def _travel(self, nbytes: int = 0, back: bool = False) -> None:
+        """One message over the link (``back``: from the peer to us), as its profile says."""
+        src, dst = (self.dst, self.src) if back else (self.src, self.dst)
+        delay = self.fabric.profile(src, dst).delay(nbytes)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _ready(self, timeout: float) -> None:
+        """gRPC's ``wait_for_ready``: until the peer is reachable, else the call's deadline passes."""
+        if not await self.fabric.until_reachable(self.src, self.dst, timeout):
+            raise PeerUnreachable("deadline_exceeded", f"does not answer within {timeout:g} s")
+
+    async def _connect(self) -> None:
+        """A push's or pull's connection (``PeerClient._reachable``): refused after ``connect_timeout``."""
+        if not await self.fabric.until_reachable(self.src, self.dst, self.connect_timeout):
+            raise TransferRefused("unreachable", f"{self.dst} did not accept a connection within "
+                                                 f"{self.connect_timeout:g} s")
+
+    async def _unary(self, answer: Callable[[PeerHandler], Awaitable[T]], timeout: float) -> T:
+        """A round RPC (``wait_for_ready``): until the peer is reachable, then its answer, within ``timeout``."""
+        await self._ready(timeout)
+        return await self._exchange(answer, timeout)
+
+    async def _exchange(self, answer: Callable[[PeerHandler], Awaitable[T]], timeout: float) -> T:
+        handler = self._handler()
+
+        async def served() -> T:
+            await self._travel()
+            reply = await answer(handler)
+            await self._travel(back=True)
+            return reply
+
+        return await self.fabric.call(self.dst, served(), timeout)
+
+    # ----- the calls --------------------------------------------------------------------------------
+    async def hello(self, hello: Hello, timeout: float) -> HelloReply:
+        if not self.fabric.listening(self.dst):
+            raise PeerUnreachable("unavailable", "refuses connections (nothing listens on that port)")
+        if self.fabric.cut(self.src, self.dst):
+            await asyncio.sleep(timeout)
+            raise PeerUnreachable("deadline_exceeded", f"does not answer within {timeout:g} s")
+
+        async def answer(h: PeerHandler) -> HelloReply:
+            return h.hello(hello, self.src)
+
+        return await self._exchange(answer, timeout)
+
+    async def assign(self, assignment: Assignment, timeout: float) -> Ack:
+        async def answer(h: PeerHandler) -> Ack:
+            return _counted(h, await h.assign(assignment), assignment.holder,
+                            f"{assignment.role!r} of round {assignment.round}, epoch {assignment.epoch}")
+        return await self._unary(answer, timeout)
+
+    async def pass_token(self, token: Token, timeout: float) -> Ack:
+        async def answer(h: PeerHandler) -> Ack:
+            return _counted(h, await h.token(token), token.holder, f"token of round {token.round}, epoch {token.epoch}")
+        return await self._unary(answer, timeout)
+
+    async def probe(self, request: ProbeRequest, timeout: float) -> ProbeReply:
+        async def answer(h: PeerHandler) -> ProbeReply:
+            reply = await h.probe(request)
+            if not reply.ok and reply.reason not in UNCOUNTED_REFUSALS:
+                h.on_rejected(reply.reason, f"probe of round {request.round}", request.sender[:64] or self.src)
+            return reply
+        return await self._unary(answer, timeout)
+
+    async def push(self, message: ModelMessage, epoch: int, *, timeout: float,
+                   on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:
+        await self._connect()
+        return await self.fabric.call(self.dst, self._transfer(self._handler(), message, epoch, on_accepted), timeout)
+
+    async def _transfer(self, handler: PeerHandler, message: ModelMessage, epoch: int,
+                        on_accepted: Callable[[], None] | None) -> tuple[ModelMessage | None, int, int]:
+        """The server's side of a push, in :meth:`DflServicer.Transfer`'s order (see the module's docstring)."""
+        size = wire_size(message)
+        offer = Offer(sender=message.sender, round=message.round, epoch=epoch, purpose=message.purpose,
+                      model=message.model, total_size=message.nbytes)
+        await self._travel()  # the header
+        intake = None
+        try:
+            intake = await handler.admit(offer)
+            await self._travel(size - HEADER_BYTES)  # the payload
+            handler.on_transferred(0, size)
+            pending = await intake.deliver(_copied(message))
+            intake = None  # delivered: from here the aggregator owns it, even if this call is cancelled
+        except TransferRejected as exc:
+            handler.on_rejected(exc.reason, exc.detail, message.sender)
+            raise TransferRefused(exc.reason, exc.detail) from exc
+        finally:
+            if intake is not None:
+                intake.abandon()
+        await self._travel(back=True)  # the verdict
+        if on_accepted is not None:
+            on_accepted()
+        try:
+            reply = await pending if pending is not None else None
+        except TransferRejected as exc:  # the servicer's ABORTED status, which a PeerClient reports as unreachable
+            raise PeerUnreachable("aborted", f"{exc.reason}: {exc.detail}") from exc
+        if reply is None:
+            return None, size, 0
+        received = wire_size(reply)
+        handler.on_transferred(received, 0)
+        await self._travel(received, back=True)
+        return _copied(reply), size, received
+
+    async def pull(self, request: PullRequest, *, timeout: float) -> tuple[ModelMessage, int]:
+        await self._connect()
+        handler = self._handler()
+
+        async def served() -> tuple[ModelMessage, int]:
+            await self._travel()
+            try:
+                message = await handler.pull(request)
+            except TransferRejected as exc:
+                if exc.reason not in UNCOUNTED_REFUSALS:
+                    handler.on_rejected(exc.reason, exc.detail, request.aggregator[:64] or self.src)
+                raise TransferRefused(exc.reason, exc.detail) from exc
+            size = wire_size(message)
+            handler.on_transferred(size, 0)
+            await self._travel(size, back=True)
+            return _copied(message), size
+
+        return await self.fabric.call(self.dst, served(), timeout)
+
+    async def close(self) -> None:
+        pass
+
+
+def _counted(handler: PeerHandler, ack: Ack, who: str, what: str) -> Ack:
+    """An Ack that refuses is counted, as the servicer counts it (unless it is an outcome, not a refusal)."""
+    if not ack.ok and ack.reason not in UNCOUNTED_REFUSALS:
+        handler.on_rejected(ack.reason, what, who[:64] or "?")
+    return ack

@@ -1,0 +1,169 @@
+"""Real :class:`Node` objects on the in-memory peer network and a virtual clock, in one process (issue 19).
+
+The nodes are the daemon's own (round scheduler, roles, collector, checkpoints), with static peers and no mDNS;
+only their two ports differ: :class:`~dfl_node.sim.network.MemoryFabric` instead of gRPC, and a
+:class:`~dfl_node.sim.clock.VirtualTimeLoop` under a :class:`~dfl_node.sim.clock.VirtualClock`. So a token
+timeout of virtual seconds costs next to no wall time, and the result is the simulator's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+
+from dfl_node.learning.devices import torch_threads
+from dfl_node.learning.fleet import provision
+from dfl_node.node.config import NodeConfig
+from dfl_node.node.daemon import Node
+from dfl_node.sim import Simulation
+from dfl_node.sim.clock import CostFn, VirtualClock, VirtualTimeLoop
+from dfl_node.sim.network import LinkProfile, MemoryFabric
+from tests.conftest import FLEET
+
+T = TypeVar("T")
+ROUNDS = 3
+
+
+def run_virtual(main: Coroutine[Any, Any, T], cost: CostFn | None = None) -> T:
+    """Run ``main`` on a virtual-time loop (``to_thread`` work charged by ``cost``), with torch's threads as
+    a daemon sets them for its process (``serve``) and the simulator for its run: the work runs inline on
+    this thread, and the number of threads decides a float sum's order. Left at torch's default (one per
+    core), nodes 0 and 1 of the Def-KT fleet end with other bits than the simulator's (which runs with
+    ``threads``: 1) — under pytest, or in a script unless a Simulation ran first and left its setting."""
+    loop = VirtualTimeLoop(cost)
+    try:
+        with torch_threads(FLEET.threads):
+            return loop.run_until_complete(main)
+    finally:
+        loop.close()
+
+
+@dataclass
+class SimNode:
+    """A node on the fabric, and the tasks ``run_node`` would have started for it (heartbeats, scheduler)."""
+
+    node: Node
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def kill(self, fabric: MemoryFabric) -> None:
+        """kill -9: every task of the node (those below and all they started) is cancelled, its address stops
+        answering, and the calls it was serving drop (:meth:`MemoryFabric.kill`)."""
+        fabric.kill(self.node.grpc_address)
+
+
+@contextlib.asynccontextmanager
+async def sim_fleet(shards: Path, state: Path, rounds: int, algorithm: str = "defkt", *,
+                    profile: LinkProfile | None = None, **settings: object) -> AsyncIterator[
+        tuple[MemoryFabric, list[SimNode]]]:
+    """The test fleet as K real nodes on one fabric (every link costs ``profile``), with their tasks started;
+    ``settings`` override the nodes' config. On exit every node is killed and its tasks awaited."""
+    fabric = MemoryFabric(None if profile is None else (lambda src, dst: profile))
+    fabric.install(asyncio.get_running_loop())
+    ids = [f"node-{i}" for i in range(FLEET.nodes)]
+    addresses = {node_id: f"127.0.0.1:{50100 + i}" for i, node_id in enumerate(ids)}
+    nodes = []
+    for node_id in ids:
+        config = NodeConfig(**{**FLEET.model_dump(include=set(NodeConfig.model_fields)), "id": node_id,
+                               "data": shards / node_id, "algorithm": algorithm, "http_port": 0, "mdns": False,
+                               "state_dir": state / node_id, "evaluate": False, "rounds": rounds,
+                               "grpc_port": 50100 + ids.index(node_id), "min_peers": len(ids) - 1,
+                               "peers": [a for i, a in addresses.items() if i != node_id], **settings})
+        node = Node(config, network=fabric.endpoint(addresses[node_id], connect_timeout=config.connect_timeout),
+                    clock=VirtualClock())
+        assert node.grpc_address == addresses[node_id]
+        fabric.serve(node.grpc_address, node.requests)
+        node.handshake.starting = False
+        nodes.append(SimNode(node))
+    for sim in nodes:
+        address = sim.node.grpc_address
+        sim.tasks = [fabric.spawn(address, sim.node.peers.run()), fabric.spawn(address, sim.node.scheduler.run())]
+    try:
+        yield fabric, nodes
+    finally:
+        tasks = [t for tasks in (*fabric.owned.values(), *fabric.served.values()) for t in tasks]
+        for sim in nodes:
+            sim.kill(fabric)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for sim in nodes:
+            sim.node.checkpoint.lock.release()
+
+
+async def finished(nodes: list[SimNode]) -> None:
+    await asyncio.gather(*(s.node.scheduler.finished.wait() for s in nodes))
+
+
+# Each compute call (training, a fusion, a check, a checkpoint) costs this much virtual time, and each message
+# this much latency: the fleet's timeline moves, and its schedule must still not change what it computes.
+COMPUTE_S, LATENCY_S = 0.5, 0.01
+ROUND_WORK_S = 10 * COMPUTE_S  # one round's own work on that clock, with room (a pair: a few compute calls)
+
+
+@pytest.mark.parametrize("algorithm", ["defkt", "fairavg", "fedavg"])  # a pair, a pull, a group algorithm
+def test_rounds_on_the_memory_network_equal_the_simulator_bit_for_bit(algorithm: str, fleet_shards: Path,
+                                                                      tmp_path: Path) -> None:
+    async def main() -> tuple[dict[str, dict[str, torch.Tensor]], float]:
+        async with sim_fleet(fleet_shards, tmp_path, ROUNDS, algorithm, profile=LinkProfile(LATENCY_S)) as (_, nodes):
+            await asyncio.wait_for(finished(nodes), 600)
+            return ({s.node.node_id: s.node.ctx.snapshot() for s in nodes}, asyncio.get_running_loop().time())
+
+    states, virtual = run_virtual(main(), cost=lambda fn: COMPUTE_S)
+    config = FLEET.model_copy(update={"rounds": ROUNDS})
+    simulation = Simulation(config, algorithm, provision(config))
+    simulation.run()
+    assert states.keys() == simulation.nodes.keys()
+    for node_id, ctx in simulation.nodes.items():
+        expected, got = ctx.checkpoint_state(), states[node_id]
+        assert got.keys() == expected.keys(), node_id
+        differ = [name for name, tensor in expected.items() if not torch.equal(got[name], tensor)]
+        assert not differ, f"{node_id}: {differ} differ from the simulator's"
+    assert virtual >= ROUNDS * COMPUTE_S  # the clock moved: at least one compute call per round
+
+
+def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_virtual_time(
+        fleet_shards: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """kill -9 of the token holder mid-run (never restarted): the others regenerate the token and finish every
+    round. A member down for good is waited for, so the stall is bounded by rounds.py's "Liveness" bound
+    with ``round_timeout`` added; every wait is a virtual-time ``wait_for``, so a hang fails in seconds."""
+    caplog.set_level(logging.INFO, logger="dfl_node")  # shown if it fails: what the scheduler waited for
+    rounds, token_timeout, round_timeout, peer_timeout, heartbeat = 6, 30.0, 60.0, 4.0, 1.0
+    bound = (peer_timeout + token_timeout + round_timeout + 2 * heartbeat + min(1.0, token_timeout / 4)
+             + ROUND_WORK_S)
+
+    async def until(condition: Callable[[], bool], within: float) -> None:
+        async def poll() -> None:
+            while not condition():
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(poll(), within)
+
+    async def main() -> tuple[int, float, float, list[SimNode]]:
+        loop = asyncio.get_running_loop()
+        fleet = sim_fleet(fleet_shards, tmp_path, rounds, token_timeout=token_timeout, round_timeout=round_timeout,
+                          peer_timeout=peer_timeout, heartbeat=heartbeat)
+        async with fleet as (fabric, nodes):
+            await until(lambda: any(s.node.state.holding and s.node.state.round >= 1 for s in nodes), 60)
+            holder = next(s for s in nodes if s.node.state.holding)
+            round_at_kill, epoch_at_kill = holder.node.state.round, holder.node.state.epoch
+            holder.kill(fabric)
+            killed_at = loop.time()
+            others = [s for s in nodes if s is not holder]
+            await until(lambda: any(s.node.state.epoch > epoch_at_kill for s in others), 2 * bound)
+            regenerated_after = loop.time() - killed_at
+            await asyncio.wait_for(finished(others), 2 * bound + rounds * 60)
+            return round_at_kill, regenerated_after, loop.time(), others
+
+    wall = time.perf_counter()
+    round_at_kill, regenerated_after, virtual, others = run_virtual(main(), cost=lambda fn: COMPUTE_S)
+    wall = time.perf_counter() - wall
+    assert 1 <= round_at_kill < rounds
+    assert token_timeout <= regenerated_after <= bound, caplog.text  # silence, then regenerated in time
+    assert all(s.node.state.done and s.node.state.round == rounds for s in others)
+    assert wall < 30, f"{wall:.1f} s of wall time for {virtual:.0f} virtual seconds"
