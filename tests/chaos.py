@@ -1,0 +1,213 @@
+"""The fault-injection harness shared by tests/test_faults.py (the kill -9 storms) and
+tests/test_fault_cases.py (one failure each): a fleet of real ``dfl-node start`` daemons on loopback that
+can be killed with SIGKILL and restarted (:class:`Chaos`), and the fleet's durable record (:class:`Ledger`).
+
+Every invariant is read from what the nodes made *durable* — each one's final checkpoint and the history
+stored with it — never from what a node said over REST before it died:
+
+* every final checkpoint loads, holds the fleet's model (its fingerprint) and only finite weights;
+* round mode: every round up to the fleet's last completed one was fused exactly once (Def-KT, Q = 1:
+  one group a round), and no node fused or sent twice for a round;
+* no accepted model is lost: each transfer a sender counts as done ("send" in its history) was fused
+  by its aggregator, durably ("fusion" there, naming the sender);
+* round mode: after each kill the fleet fuses again within a bound set by the configured timeouts — the
+  tighter one of ``dfl_node.node.rounds`` ("Liveness") when the victim was back within ``peer_timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dfl_node.config import ExperimentConfig
+from dfl_node.learning.fleet import read_node_data
+from dfl_node.learning.models import ModelSpec, fingerprint
+from dfl_node.node.persistence import Checkpoint
+from dfl_node.testbed.launcher import NodeProcess, wait_until
+from tests.conftest import FLEET, loopback_fleet
+
+SEED = 13
+KILLS = 20  # per fleet-wide run (the issue asks for at least 20)
+TIMEOUTS = {"heartbeat": 0.2, "peer_timeout": 1.0, "token_timeout": 2.0, "round_timeout": 15.0, "stream_timeout": 5.0}
+# After a kill the fleet fuses again within: peer_timeout (the crash is seen), token_timeout (a lost token is
+# regenerated), round_timeout (the holder, or the regenerating node, waits that long at most for a crashed
+# member to come back, as it may hold the only record of the newest round), then one round of its own
+# (training, transfer, fusion, checkpoints: a freshly restarted process's first round took up to 6 s on a
+# loaded 2-core machine).
+ROUND_MARGIN = 10.0
+STALL_BOUND = TIMEOUTS["peer_timeout"] + TIMEOUTS["token_timeout"] + TIMEOUTS["round_timeout"] + ROUND_MARGIN
+# The round-mode storm's fleet: a peer_timeout longer than a restart (so most victims are back before anyone saw
+# them leave: the 130 s stall of issue 18), and a round_timeout far above the bound such a restart must meet.
+STORM_TIMEOUTS = {**TIMEOUTS, "peer_timeout": 8.0, "round_timeout": 60.0}  # a restart takes 2-5 s here
+
+
+def stall_bound(timeouts: dict[str, float], back_within_peer_timeout: bool) -> float:
+    """``dfl_node.node.rounds``' liveness bound for one crash, plus one round's own work (ROUND_MARGIN)."""
+    quick = (timeouts["peer_timeout"] + timeouts["token_timeout"] + 2 * timeouts["heartbeat"]
+             + min(1.0, timeouts["token_timeout"] / 4) + ROUND_MARGIN)
+    return quick if back_within_peer_timeout else quick + timeouts["round_timeout"]
+HISTORY_LIMIT = 50_000  # no node of these runs comes near it: its whole history is in its checkpoint
+Statuses = dict[str, dict | None]
+
+
+# ----------------------------------------------------------------------------- the fleet and its faults
+
+
+@dataclass
+class Kill:
+    node: str
+    at: float  # unix time
+    role: str  # its role then: "holder", "sender", "aggregator", "idle", …
+    holding: bool
+    fusing: bool
+    round: int  # the fleet's highest round then
+    back_after: float = float("inf")  # seconds from the kill until the restarted victim answered again
+
+
+@dataclass
+class Chaos:
+    """A running fleet: kills (SIGKILL) and restarts its daemons, and remembers every kill."""
+
+    nodes: list[NodeProcess]
+    kills: list[Kill] = field(default_factory=list)
+
+    def by_id(self, node_id: str) -> NodeProcess:
+        return next(n for n in self.nodes if n.id == node_id)
+
+    def kill(self, victim: NodeProcess, statuses: Statuses) -> Kill:
+        """SIGKILL ``victim`` (no checkpoint, no goodbye), noting what it was doing by ``statuses``."""
+        status = statuses.get(victim.id) or {}
+        assert victim.process is not None
+        victim.process.send_signal(signal.SIGKILL)
+        victim.process.wait()
+        kill = Kill(victim.id, time.time(), status.get("role", "?"), bool(status.get("holding")),
+                    bool(status.get("fusing")), highest_round(statuses))
+        self.kills.append(kill)
+        return kill
+
+    def restart(self, victim: NodeProcess, kill: Kill) -> None:
+        """Start ``victim`` again at once; note when it answers (its REST status) again."""
+        victim.start()
+        wait_until([victim], lambda s: s[victim.id] is not None, timeout=60, every=0.05)
+        kill.back_after = time.time() - kill.at
+
+    def wait(self, predicate: Callable[[Statuses], bool], timeout: float = 90.0) -> Statuses:
+        return wait_until(self.nodes, predicate, timeout=timeout, every=0.1)
+
+    def wait_for_status(self, predicate: Callable[[dict], bool], timeout: float = 90.0) -> tuple[NodeProcess, Statuses]:
+        """Until some node's /status satisfies ``predicate``: that node, and every node's status then."""
+        found: list[str] = []
+
+        def check(statuses: Statuses) -> bool:
+            found[:] = [i for i, s in statuses.items() if s is not None and predicate(s)]
+            return bool(found)
+
+        statuses = self.wait(check, timeout)
+        return self.by_id(found[0]), statuses
+
+
+def highest_round(statuses: Statuses) -> int:
+    return max((s["round"] for s in statuses.values() if s is not None), default=0)
+
+
+def all_alive(statuses: Statuses) -> bool:
+    """Every node answers and sees every other one alive."""
+    return all(s is not None and sum(p["alive"] for p in s["peers"]) == len(statuses) - 1 for s in statuses.values())
+
+
+@contextlib.contextmanager
+def chaos_fleet(shards: Path, workdir: Path, mode: str, config: ExperimentConfig = FLEET, **settings: object
+                ) -> Iterator[Chaos]:
+    """Four Def-KT daemons on loopback with static peers and the short timeouts of these tests, started
+    and (gracefully) stopped; their logs' tails are printed for a failing test."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with loopback_fleet(shards, workdir, "defkt", config, mode=mode, mdns=False, static_peers=True,
+                        extra={**TIMEOUTS, "evaluate": False, "history_limit": HISTORY_LIMIT, **settings},
+                        swarm="f", stop_grace=20.0, log_lines=12) as nodes:
+        chaos = Chaos(nodes)
+        chaos.wait(all_alive)
+        yield chaos
+
+
+# ----------------------------------------------------------------------------- what the nodes made durable
+
+
+def expected_fingerprint(shards: Path, config: ExperimentConfig = FLEET) -> str:
+    train, _ = read_node_data(shards / "node-0")
+    spec = ModelSpec(config.model, tuple(config.hidden) if config.hidden else None)
+    return fingerprint(config.model, spec.build(train.input_shape, train.num_classes, seed=config.seed).state_dict())
+
+
+def durable_states(nodes: list[NodeProcess], fingerprint_: str) -> dict[str, dict[str, Any]]:
+    """Each stopped node's checkpoint: it must load (Checkpoint.load checks the fingerprint) and be finite;
+    returns each node's durable state (history included)."""
+    states = {}
+    for node in nodes:
+        saved = Checkpoint(node.state_dir).load(fingerprint_)
+        assert saved is not None, f"{node.id}: no checkpoint"
+        model, state = saved
+        bad = [k for k, v in model.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        assert not bad, f"{node.id}: non-finite {bad}"
+        assert len(state["history"]) < HISTORY_LIMIT, f"{node.id}: history truncated"
+        states[node.id] = state
+    return states
+
+
+@dataclass
+class Ledger:
+    """The fleet's durable record of exchanges, from every node's history."""
+
+    fusions: list[tuple[str, int, set[str], float]]  # (aggregator, round fused, its senders, unix time)
+    sends: list[tuple[str, int, str]]  # (sender, round, aggregator): transfers their senders count as done
+
+    @classmethod
+    def of(cls, states: dict[str, dict[str, Any]]) -> Ledger:
+        fusions, sends = [], []
+        for node_id, state in states.items():
+            for h in state["history"]:  # an entry's round is the round after the exchange
+                if h["event"] == "fusion":
+                    fusions.append((node_id, h["round"] - 1, set(h["peer"].split(",")), h["time"]))
+                elif h["event"] == "send":
+                    sends.append((node_id, h["round"] - 1, h["peer"]))
+        return cls(fusions, sends)
+
+    def lost_models(self) -> list[tuple[str, int, str]]:
+        """Sends whose aggregator holds no durable fusion of them: accepted, counted, and gone."""
+        fused = {(a, r, s) for a, r, senders, _ in self.fusions for s in senders}
+        return [(s, r, a) for s, r, a in self.sends if (a, r, s) not in fused]
+
+    def per_round(self) -> Counter[int]:
+        return Counter(r for _, r, _, _ in self.fusions)
+
+    def lost_rounds(self, completed: int) -> list[int]:
+        """Round mode: rounds before ``completed`` that nobody fused."""
+        fused = self.per_round()
+        return [r for r in range(completed) if fused[r] == 0]
+
+    def repeated_rounds(self) -> list[int]:
+        """Round mode: rounds fused more than once (Q = 1), or in which a node sent twice."""
+        twice = {r for r, n in self.per_round().items() if n > 1}
+        return sorted(twice | {r for (_, r, _), n in Counter(self.sends).items() if n > 1})
+
+    def repeated_fusions(self) -> list[tuple[str, int]]:
+        """Async mode: an aggregator that recorded two fusions for one of its exchange counts."""
+        return [k for k, n in Counter((a, r) for a, r, _, _ in self.fusions).items() if n > 1]
+
+    def stall_after(self, kill: Kill) -> float:
+        """Seconds from ``kill`` to the next fusion anywhere in the fleet (inf: none)."""
+        return min((t for _, _, _, t in self.fusions if t > kill.at), default=float("inf")) - kill.at
+
+
+def completed_rounds(states: dict[str, dict[str, Any]]) -> int:
+    """Rounds the fleet completed: a node's round passes t only once round t fused, or was announced after."""
+    return max(state["round"] for state in states.values())
+
+
