@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -218,20 +218,19 @@ class PeerClient:
         except grpc.aio.AioRpcError as exc:
             raise _unreachable(exc, timeout) from exc
 
+    async def _unary(self, method: grpc.aio.UnaryUnaryMultiCallable, message: Any, timeout: float) -> Any:
+        """One round RPC: ``message`` to the wire, the call, its answer back to the port's type."""
+        request = to_wire(message)
+        return from_wire(await self._call(lambda: method(request, timeout=timeout, wait_for_ready=True), timeout))
+
     async def assign(self, assignment: Assignment, timeout: float) -> Ack:
-        request = to_wire(assignment)
-        return from_wire(await self._call(lambda: self.stub.Assign(request, timeout=timeout, wait_for_ready=True),
-                                          timeout))
+        return await self._unary(self.stub.Assign, assignment, timeout)
 
     async def pass_token(self, token: Token, timeout: float) -> Ack:
-        request = to_wire(token)
-        return from_wire(await self._call(lambda: self.stub.PassToken(request, timeout=timeout, wait_for_ready=True),
-                                          timeout))
+        return await self._unary(self.stub.PassToken, token, timeout)
 
     async def probe(self, probe: ProbeRequest, timeout: float) -> ProbeReply:
-        request = to_wire(probe)
-        return from_wire(await self._call(lambda: self.stub.Probe(request, timeout=timeout, wait_for_ready=True),
-                                          timeout))
+        return await self._unary(self.stub.Probe, probe, timeout)
 
     async def push(self, message: ModelMessage, epoch: int, *, timeout: float,
                    on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:

@@ -93,9 +93,9 @@ class Handshake:
         """Heartbeat: our Hello to ``address``; only compatible peers count as alive. Whether anything answered
         at all goes to the peer table, which shows static peers that do not (:meth:`PeerTable.unanswered`)."""
         node = self.node
-        client, timeout = node.client(address), min(node.config.heartbeat, 2.0)
+        client = node.client(address)
         try:
-            reply = await client.hello(self.message(), timeout=timeout)
+            reply = await client.hello(self.message(), timeout=self.hello_timeout)
         except PeerUnreachable as exc:
             node.peers.unanswered(address, exc.detail)
             return None
@@ -115,6 +115,11 @@ class Handshake:
             return None
         return reply if await self._proven(address, client.checked_id, reply) else None
 
+    @property
+    def hello_timeout(self) -> float:
+        """A heartbeat's Hello waits no longer than the heartbeat itself (at most 2 s)."""
+        return min(self.node.config.heartbeat, 2.0)
+
     async def _proven(self, address: str, checked: str | None, reply: HelloReply) -> bool:
         """Whether the node that answered at ``address`` is the node its reply names. mTLS: our channel
         checked the certificate for ``checked``; if that was not the reply's id (the host name we dialed,
@@ -124,7 +129,7 @@ class Handshake:
         if node.security.tls is not None and checked != reply.node_id:
             self.node.network.names[address] = reply.node_id
             try:
-                again = await node.client(address).hello(self.message(), timeout=min(node.config.heartbeat, 2.0))
+                again = await node.client(address).hello(self.message(), timeout=self.hello_timeout)
             except (PeerUnreachable, PeerUnauthenticated) as exc:
                 self.node.network.names.pop(address, None)
                 if exc.reason == "tls_handshake":
