@@ -169,15 +169,13 @@ def test_receiver_peak_memory_is_bounded() -> None:
 # --- async assembly (both directions of a Transfer stream) --------------------------------------------
 
 
-async def _aiter(frames: list[pb.Frame], then_hang: bool = False):
+async def _aiter(frames: list[pb.Frame]):
     for f in frames:
         await asyncio.sleep(0)
         yield f
-    if then_hang:
-        await asyncio.Event().wait()  # a peer that keeps its stream open
 
 
-async def test_assemble_reads_a_client_stream_until_half_close() -> None:
+async def test_assemble_reads_a_stream_to_its_end() -> None:
     msg = make_msg()
     frames = frames_of(msg, chunk_size=300)
     header, got = await codec.assemble(_aiter(frames), assembler())
@@ -187,17 +185,6 @@ async def test_assemble_reads_a_client_stream_until_half_close() -> None:
         await codec.assemble(_aiter(frames + [frames[-1]]), assembler())
     with pytest.raises(TransferRejected, match="truncated"):
         await codec.assemble(_aiter(frames[:-2]), assembler())
-
-
-async def test_assemble_reply_stops_at_total_size_without_waiting() -> None:
-    msg = make_msg(purpose="combo-reply")
-    frames = frames_of(msg, chunk_size=300)
-    reading = codec.assemble(_aiter(frames, then_hang=True), assembler(), until_eof=False)
-    header, got = await asyncio.wait_for(reading, 5)
-    assert header.purpose == "combo-reply"
-    assert_same_parts(got.parts, msg.parts)
-    with pytest.raises(TransferRejected, match="truncated"):  # reply stream closed early
-        await codec.assemble(_aiter(frames[:-1]), assembler(), until_eof=False)
 
 
 async def test_transfer_over_real_grpc_on_loopback() -> None:
@@ -240,7 +227,7 @@ async def test_transfer_over_real_grpc_on_loopback() -> None:
             stream = call.__aiter__()
             first = await stream.__anext__()
             assert first.WhichOneof("kind") == "result" and first.result.accepted
-            header, got = await asyncio.wait_for(codec.assemble(stream, assembler(state), until_eof=False), 10)
+            header, got = await asyncio.wait_for(codec.assemble(stream, assembler(state)), 10)
             assert header.sender == "server" and torch.equal(got.parts[0].values, state["w"] * 2)
 
             # the header alone: the server refuses at the header and ends the call, and chunks still being

@@ -372,16 +372,14 @@ class MessageAssembler:
 
 
 async def assemble(
-    frames: AsyncIterator[ReadFrame], assembler: MessageAssembler, *, until_eof: bool = True
+    frames: AsyncIterator[ReadFrame], assembler: MessageAssembler
 ) -> tuple[pb.TransferHeader, ModelMessage]:
-    """Feed ``frames`` into ``assembler`` and return the finished message.
+    """Feed ``frames`` into ``assembler`` until the stream ends, and return the finished message.
 
-    ``until_eof=True`` (server side, reading a client's stream) reads until the client half-closes, so
-    frames after the payload are rejected. ``until_eof=False`` (client side, reading a reply model after
-    the ``result`` frame) stops as soon as ``total_size`` bytes arrived, without waiting for more.
+    Both directions read to the end: a frame after the payload is refused (``trailing_data``), and a client
+    leaves a call only at its status, never cancelling one whose server is ending it (that race makes gRPC's
+    server log ``ExecuteBatchError``).
     """
     async for frame in frames:
         assembler.feed(frame)
-        if not until_eof and assembler.complete:
-            break
     return assembler.finish()

@@ -89,10 +89,20 @@ async def open_transfer(
     return first.result, call, sent
 
 
-async def _remaining(call: grpc.aio.StreamStreamCall) -> AsyncIterator[ReadFrame]:
+async def _remaining(call: grpc.aio.StreamStreamCall | grpc.aio.UnaryStreamCall) -> AsyncIterator[ReadFrame]:
     """The rest of a response stream; ``read()`` and ``async for`` must not be mixed on one call."""
     while (frame := await call.read()) is not grpc.aio.EOF:
         yield frame
+
+
+async def _refused(call: grpc.aio.StreamStreamCall | grpc.aio.UnaryStreamCall, result: pb.TransferResult
+                   ) -> TransferRefused:
+    """The peer's refusal, once its call has ended: cancelling the call at once would race the status the
+    peer is sending (see :func:`~dfl_node.net.codec.assemble`)."""
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        async for _ in _remaining(call):
+            return TransferRefused("protocol", f"frames after a refusal ({result.reason})")
+    return TransferRefused(result.reason, result.detail)
 
 
 T = TypeVar("T")
@@ -260,7 +270,7 @@ class PeerClient:
         result, call, sent = await open_transfer(self.transfer, outgoing.frames(), timeout)
         try:
             if not result.accepted:
-                raise TransferRefused(result.reason, result.detail)
+                raise await _refused(call, result)
             if on_accepted is not None:
                 on_accepted()  # the aggregator has the message; its reply (if any) comes after its aggregation
             following = await call.read()
@@ -268,7 +278,7 @@ class PeerClient:
                 return None, sent, 0  # no reply model: the normal case for Def-KT and FullAvg
             assembler = self.wire.assembler()
             assembler.feed(following)
-            header, reply = await assemble(_remaining(call), assembler, until_eof=False)
+            header, reply = await assemble(_remaining(call), assembler)
         except TransferRejected as exc:
             raise TransferRefused(exc.reason, f"reply from {self.address}: {exc.detail}") from exc
         finally:
@@ -292,10 +302,10 @@ class PeerClient:
             if first is grpc.aio.EOF:
                 raise TransferRefused("protocol", "the source sent nothing")
             if isinstance(first, pb.Frame) and first.WhichOneof("kind") == "result":
-                raise TransferRefused(first.result.reason, first.result.detail)
+                raise await _refused(call, first.result)
             assembler = self.wire.assembler()
             assembler.feed(first)
-            header, message = await assemble(_remaining(call), assembler, until_eof=False)
+            header, message = await assemble(_remaining(call), assembler)
         except TransferRejected as exc:
             raise TransferRefused(exc.reason, f"pulled from {self.address}: {exc.detail}") from exc
         finally:
