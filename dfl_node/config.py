@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 
 from dfl_node.learning.settings import LearningConfig, ModelName, ModelSpecText
 from dfl_node.registered import Registered, registry_of
+from dfl_node.sim_config import DeviceClass, FaultSchedule, LinkClass
 
 
 def _algorithms() -> Iterable[str]:
@@ -79,6 +80,13 @@ class ExperimentConfig(LearningConfig):
     architectures: list[ModelSpecText] = Field(default_factory=list, description="per-node architectures as registry "
                                                "specs NAME[:W1,W2,...] (e.g. cnn-ln:32,64), spread evenly: node i runs "
                                                "entry i mod A; empty: every node runs model/hidden")
+    # a simulated fleet of real nodes (dfl-node simulate --mode): see dfl_node.sim_config
+    devices: dict[str, DeviceClass] = Field(default_factory=dict, description="simulate --mode: device classes by "
+                                            "name, what computation costs on each")
+    links: dict[str, LinkClass] = Field(default_factory=dict, description="simulate --mode: link classes by name, "
+                                        "what a transfer costs on each (\"default\": nodes of no class)")
+    faults: FaultSchedule = Field(default_factory=FaultSchedule, description="simulate --mode: kills and "
+                                  "partitions, in virtual seconds")
 
     @model_validator(mode="after")
     def _mixed_fleets_need_algorithms_that_fuse_them(self) -> ExperimentConfig:

@@ -10,6 +10,7 @@ import csv
 import json
 from pathlib import Path
 from statistics import fmean
+from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
 
@@ -98,7 +99,10 @@ class RunResult(BaseModel):
     nodes: list[NodeResult]
     bytes_transmitted: int
     models_transmitted: int
-    wall_time_s: float
+    wall_time_s: float = Field(description="seconds the run took; a simulated fleet's: virtual seconds, as its "
+                                           "curve's wall_time_s")
+    faults: dict[str, Any] | None = Field(None, description="a simulated fleet's faults and what they cost "
+                                                            "(dfl_node.sim.faults.fault_figures)")
 
     @property
     def global_accuracy(self) -> float:

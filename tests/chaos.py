@@ -19,18 +19,15 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import read_node_data
 from dfl_node.learning.models import ModelSpec, fingerprint
-from dfl_node.node.persistence import Checkpoint
+from dfl_node.sim import ledger
 from dfl_node.testbed.launcher import NodeProcess, wait_until
 from tests.conftest import FLEET, loopback_fleet
 
@@ -147,67 +144,5 @@ def expected_fingerprint(shards: Path, config: ExperimentConfig = FLEET) -> str:
 
 
 def durable_states(nodes: list[NodeProcess], fingerprint_: str) -> dict[str, dict[str, Any]]:
-    """Each stopped node's checkpoint: it must load (Checkpoint.load checks the fingerprint) and be finite;
-    returns each node's durable state (history included)."""
-    states = {}
-    for node in nodes:
-        saved = Checkpoint(node.state_dir).load(fingerprint_)
-        assert saved is not None, f"{node.id}: no checkpoint"
-        model, state = saved
-        bad = [k for k, v in model.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-        assert not bad, f"{node.id}: non-finite {bad}"
-        assert len(state["history"]) < HISTORY_LIMIT, f"{node.id}: history truncated"
-        states[node.id] = state
-    return states
-
-
-@dataclass
-class Ledger:
-    """The fleet's durable record of exchanges, from every node's history."""
-
-    fusions: list[tuple[str, int, set[str], float]]  # (aggregator, round fused, its senders, unix time)
-    sends: list[tuple[str, int, str]]  # (sender, round, aggregator): transfers their senders count as done
-
-    @classmethod
-    def of(cls, states: dict[str, dict[str, Any]]) -> Ledger:
-        fusions, sends = [], []
-        for node_id, state in states.items():
-            for h in state["history"]:  # an entry's round is the round after the exchange
-                if h["event"] == "fusion":
-                    fusions.append((node_id, h["round"] - 1, set(h["peer"].split(",")), h["time"]))
-                elif h["event"] == "send":
-                    sends.append((node_id, h["round"] - 1, h["peer"]))
-        return cls(fusions, sends)
-
-    def lost_models(self) -> list[tuple[str, int, str]]:
-        """Sends whose aggregator holds no durable fusion of them: accepted, counted, and gone."""
-        fused = {(a, r, s) for a, r, senders, _ in self.fusions for s in senders}
-        return [(s, r, a) for s, r, a in self.sends if (a, r, s) not in fused]
-
-    def per_round(self) -> Counter[int]:
-        return Counter(r for _, r, _, _ in self.fusions)
-
-    def lost_rounds(self, completed: int) -> list[int]:
-        """Round mode: rounds before ``completed`` that nobody fused."""
-        fused = self.per_round()
-        return [r for r in range(completed) if fused[r] == 0]
-
-    def repeated_rounds(self) -> list[int]:
-        """Round mode: rounds fused more than once (Q = 1), or in which a node sent twice."""
-        twice = {r for r, n in self.per_round().items() if n > 1}
-        return sorted(twice | {r for (_, r, _), n in Counter(self.sends).items() if n > 1})
-
-    def repeated_fusions(self) -> list[tuple[str, int]]:
-        """Async mode: an aggregator that recorded two fusions for one of its exchange counts."""
-        return [k for k, n in Counter((a, r) for a, r, _, _ in self.fusions).items() if n > 1]
-
-    def stall_after(self, kill: Kill) -> float:
-        """Seconds from ``kill`` to the next fusion anywhere in the fleet (inf: none)."""
-        return min((t for _, _, _, t in self.fusions if t > kill.at), default=float("inf")) - kill.at
-
-
-def completed_rounds(states: dict[str, dict[str, Any]]) -> int:
-    """Rounds the fleet completed: a node's round passes t only once round t fused, or was announced after."""
-    return max(state["round"] for state in states.values())
-
-
+    """Each stopped node's checkpoint, checked (:func:`dfl_node.sim.ledger.durable_states`)."""
+    return ledger.durable_states([(n.id, n.state_dir, fingerprint_) for n in nodes], HISTORY_LIMIT)

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from dfl_node.sim.ledger import Ledger, completed_rounds
 from tests.chaos import (
     SEED,
     STALL_BOUND,
-    Ledger,
     all_alive,
     chaos_fleet,
-    completed_rounds,
     durable_states,
     expected_fingerprint,
     highest_round,
@@ -82,7 +81,7 @@ def test_a_restarted_lowest_node_regenerates_from_the_fleets_round(fleet_shards:
     ledger = Ledger.of(states)
     assert all(s["round"] == 14 for s in final.values())
     assert ledger.lost_rounds(14) == [] and ledger.repeated_rounds() == []
-    assert ledger.stall_after(kill) <= 8.0 + STALL_BOUND
+    assert ledger.stall_after(kill.at) <= 8.0 + STALL_BOUND
 
 
 def test_members_killed_in_turn_neither_stall_the_token_nor_repeat_a_round(fleet_shards: Path,
@@ -109,4 +108,4 @@ def test_members_killed_in_turn_neither_stall_the_token_nor_repeat_a_round(fleet
     states = durable_states(chaos.nodes, expected_fingerprint(fleet_shards))
     ledger = Ledger.of(states)
     assert ledger.lost_rounds(completed_rounds(states)) == [] and ledger.repeated_rounds() == []
-    assert max(ledger.stall_after(k) for k in chaos.kills) <= STALL_BOUND
+    assert max(ledger.stall_after(k.at) for k in chaos.kills) <= STALL_BOUND

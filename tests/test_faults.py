@@ -12,16 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from dfl_node.sim.ledger import Ledger, completed_rounds
 from dfl_node.testbed.launcher import poll_status
 from tests.chaos import (
     KILLS,
     SEED,
     STORM_TIMEOUTS,
     Chaos,
-    Ledger,
     all_alive,
     chaos_fleet,
-    completed_rounds,
     durable_states,
     expected_fingerprint,
     highest_round,
@@ -102,7 +101,7 @@ def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Pat
     states = durable_states(rounds.nodes, fingerprint_)
     ledger, completed = Ledger.of(states), completed_rounds(states)
     quick = [k for k in rounds.kills if k.back_after < STORM_TIMEOUTS["peer_timeout"]]
-    stalls = {id(k): ledger.stall_after(k) for k in rounds.kills}
+    stalls = {id(k): ledger.stall_after(k.at) for k in rounds.kills}
     quick_senders = [k for k in quick if k.role == "sender" and not k.holding]
     over = [(k.node, k.role, round(k.back_after, 1), round(stalls[id(k)], 1)) for k in rounds.kills
             if stalls[id(k)] > stall_bound(STORM_TIMEOUTS, k in quick)]

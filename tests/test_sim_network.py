@@ -115,7 +115,7 @@ def test_rounds_on_the_memory_network_equal_the_simulator_bit_for_bit(algorithm:
             await asyncio.wait_for(finished(nodes), 600)
             return ({s.node.node_id: s.node.ctx.snapshot() for s in nodes}, asyncio.get_running_loop().time())
 
-    states, virtual = run_virtual(main(), cost=lambda fn: COMPUTE_S)
+    states, virtual = run_virtual(main(), cost=lambda fn, work: COMPUTE_S)
     config = FLEET.model_copy(update={"rounds": ROUNDS})
     simulation = Simulation(config, algorithm, provision(config))
     simulation.run()
@@ -161,7 +161,7 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
             return round_at_kill, regenerated_after, loop.time(), others
 
     wall = time.perf_counter()
-    round_at_kill, regenerated_after, virtual, others = run_virtual(main(), cost=lambda fn: COMPUTE_S)
+    round_at_kill, regenerated_after, virtual, others = run_virtual(main(), cost=lambda fn, work: COMPUTE_S)
     wall = time.perf_counter() - wall
     assert 1 <= round_at_kill < rounds
     assert token_timeout <= regenerated_after <= bound, caplog.text  # silence, then regenerated in time

@@ -49,10 +49,12 @@ class RegistryChoice(click.Choice):
 
 def model_options(model: type[BaseModel]) -> Callable[[F], F]:
     """One click option per field of ``model``, in field order: ``--grpc-port`` for ``grpc_port``,
-    ``--x/--no-x`` for a bool, a repeatable option for a list; the help is the field's description."""
+    ``--x/--no-x`` for a bool, a repeatable option for a list; the help is the field's description. Fields of
+    structured values (a mapping, a schedule: ``devices``, ``links``, ``faults``) are set in a config file only."""
     def decorate(func: F) -> F:
         for name, field in reversed(model.model_fields.items()):
-            func = field_option(name, field)(func)
+            if not structured(field.annotation):
+                func = field_option(name, field)(func)
         return func
 
     return decorate
@@ -69,6 +71,10 @@ def field_option(name: str, field: FieldInfo) -> Callable[[F], F]:
         [item_type] = typing.get_args(value_type)
         return click.option(flag, name, type=_click_type(field, item_type), multiple=True, help=help_text)
     return click.option(flag, name, type=_click_type(field, value_type), default=None, help=help_text)
+
+
+def structured(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is dict or (isinstance(annotation, type) and issubclass(annotation, BaseModel))
 
 
 def _value_type(annotation: Any) -> Any:
@@ -98,6 +104,20 @@ CONFIG_OPTION = click.option("--config", "config_path", type=click.Path(exists=T
 def experiment_options(func: F) -> F:
     """``--config`` and one option per :class:`~dfl_node.config.ExperimentConfig` field."""
     return CONFIG_OPTION(model_options(ExperimentConfig)(func))
+
+
+NODE_TIMEOUTS = ("heartbeat", "peer_timeout", "token_timeout", "round_timeout")
+
+
+def node_timeout_options(func: F) -> F:
+    """The nodes' timeouts, as ``dfl-node start`` takes them, for a fleet the simulator runs as real nodes."""
+    from dfl_node.node.config import NodeConfig
+
+    for name in reversed(NODE_TIMEOUTS):
+        field = NodeConfig.model_fields[name]
+        func = click.option(f"--{name.replace('_', '-')}", name, type=float, default=None,
+                            help=f"--mode: {field.description} (default: {field.default:g})")(func)
+    return func
 
 
 # Preset used when `dfl-node simulate` / `testbed` get no config file: a quick, meaningful demo on digits.

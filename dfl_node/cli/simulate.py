@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dfl_node.cli.options import DEMO_DEFAULTS, experiment_config, experiment_options
+from dfl_node.cli.options import (
+    DEMO_DEFAULTS,
+    NODE_TIMEOUTS,
+    experiment_config,
+    experiment_options,
+    node_timeout_options,
+)
+from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import provision
 from dfl_node.results import EvalRecord, RunResult, write_results
 from dfl_node.sim import Simulation
@@ -44,9 +55,29 @@ def node_table(results: list[RunResult]) -> Table:
 @experiment_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Folder for <algorithm>.json/.csv.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def simulate(out: Path | None, quiet: bool, config_path: Path | None, **flags: object) -> None:
-    """Run K virtual nodes in-process, round by round (no arguments: a quick demo on digits)."""
+@click.option("--mode", type=click.Choice(["round", "async"]), default=None,
+              help="Run K real nodes (the daemon's own schedulers, roles and checkpoints) on an in-memory network "
+                   "and a virtual clock, in this mode; left out: the fast simulator (round mode, same results).")
+@click.option("--duration", type=float, default=600.0, show_default=True,
+              help="--mode async: virtual seconds the fleet runs.")
+@click.option("--faults", "fault_source", type=click.Choice(["config", "random"]), default="config",
+              show_default=True, help="--mode: the config's faults: schedule, or --kills random kills and a partition.")
+@click.option("--kills", type=click.IntRange(min=1), default=20, show_default=True, help="--faults random: kill -9s.")
+@click.option("--fault-seed", type=int, default=0, show_default=True, help="--faults random: the schedule's seed.")
+@node_timeout_options
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="--mode: where the nodes' shards and state dirs go (default: a temporary folder).")
+def simulate(out: Path | None, quiet: bool, config_path: Path | None, mode: str | None, duration: float,
+             fault_source: str, kills: int, fault_seed: int, workdir: Path | None, **flags: object) -> None:
+    """Run K virtual nodes in-process, round by round (no arguments: a quick demo on digits); with --mode, as
+    real nodes on a virtual clock, with device and link costs and faults from the config."""
+    timeouts = {name: flags.pop(name) for name in NODE_TIMEOUTS if flags.get(name) is not None}
     config = experiment_config(config_path, DEMO_DEFAULTS, **flags)
+    if mode is not None:
+        results = [_run_fleet(config, algorithm, mode, duration, kills if fault_source == "random" else 0,
+                              fault_seed, workdir, timeouts, out) for algorithm in config.algorithms]
+        _report(config, results)
+        return
     console = Console(stderr=True)
     fleet = provision(config)
     results = []
@@ -67,5 +98,29 @@ def simulate(out: Path | None, quiet: bool, config_path: Path | None, **flags: o
         results.append(result)
         if out:
             write_results(result, out)
+    _report(config, results)
+
+
+def _report(config: ExperimentConfig, results: list[RunResult]) -> None:
     Console().print(summary_table(results, f"{config.name}: {config.dataset}, K={config.nodes}, {config.partition}"))
     Console().print(node_table(results))
+
+
+def _run_fleet(config: ExperimentConfig, algorithm: str, mode: str, duration: float, kills: int, seed: int,
+               workdir: Path | None, timeouts: dict[str, Any], out: Path | None) -> RunResult:
+    """One algorithm as a fleet of real nodes (:func:`~dfl_node.sim.experiment.run_fleet`); its faults block
+    printed as JSON, its results written to ``out``."""
+    from dfl_node.sim.experiment import run_fleet  # the daemon's node: imported only for --mode
+
+    with contextlib.ExitStack() as stack:
+        folder = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dfl-sim-")))
+        try:
+            result = run_fleet(config, algorithm, folder, mode=mode, duration=duration if mode == "async" else 0.0,
+                               random_kills=kills, fault_seed=seed, **timeouts)
+        except ValueError as exc:  # devices:/links: that do not fit the fleet
+            raise click.UsageError(str(exc)) from None
+    if result.faults is not None:
+        click.echo(json.dumps({"algorithm": algorithm, **{k: v for k, v in result.faults.items() if k != "faults"}}))
+    if out:
+        write_results(result, out)
+    return result

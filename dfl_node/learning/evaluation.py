@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, stack_module_state
 
+from dfl_node.learning import work
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.training import Evaluation, evaluate
 
@@ -58,7 +59,11 @@ def evaluate_many(
     results: list[Evaluation | None] = [None] * len(models)
     for indices in group_by_architecture(models).values():
         group = [models[i] for i in indices]
-        evaluations = [evaluate(group[0], data)] if len(group) == 1 else _evaluate_group(group, data, memory_budget)
+        if len(group) == 1:
+            evaluations = [evaluate(group[0], data)]  # counts its samples
+        else:
+            evaluations = _evaluate_group(group, data, memory_budget)
+            work.DONE.samples_evaluated += len(data) * len(group)
         for i, evaluation in zip(indices, evaluations):
             results[i] = evaluation
     return [r for r in results if r is not None]

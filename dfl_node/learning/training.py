@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dfl_node.learning import work
 from dfl_node.learning.datasets import ArrayDataset
 
 
@@ -55,6 +56,7 @@ def shuffled_batches(data: ArrayDataset, batch_size: int,
     and slicing it was slower on a CPU: the shuffled copy falls out of cache before its batches are read.)"""
     order = torch.randperm(len(data), generator=generator).to(data.x.device)
     for idx in order.split(batch_size):
+        work.DONE.steps += 1
         yield data.x.index_select(0, idx), data.y.index_select(0, idx)
 
 
@@ -123,4 +125,5 @@ def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 2048) -> Ev
         loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(1) == y).sum())
     n = max(len(data), 1)
+    work.DONE.samples_evaluated += len(data)
     return Evaluation(accuracy=correct / n, loss=loss_sum / n, samples=len(data))

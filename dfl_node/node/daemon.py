@@ -178,7 +178,18 @@ class Node(RolePlayer):
         model = {name: tensor.detach().cpu() for name, tensor in state.items()}
         self.checkpoint.save(model, self.fingerprint, durable)
 
+    async def run(self) -> None:
+        """What a serving node does, as :func:`~dfl_node.node.service.run_node` starts it (the simulator runs
+        this one task per node): its first evaluation, then its heartbeats and its scheduler, until cancelled."""
+        await self.evaluate_start()
+        await asyncio.gather(self.peers.run(), self.scheduler.run())
+
     # ----- evaluation --------------------------------------------------------------------
+    async def evaluate_start(self) -> None:
+        """The w0 point of the accuracy curve, once per state dir (a restarted node has its history)."""
+        if self.config.evaluate and not self.state.history:
+            await self.model_changed("eval", self.state.round, None)
+
     async def model_changed(self, event: str, round_: int, peer: str | None) -> None:
         """After every change of the model: evaluate, fingerprint the values, checkpoint, record.
 

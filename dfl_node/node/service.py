@@ -200,9 +200,7 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
                                                lifespan="off"))
         http_task = loop.create_task(http.serve(sockets=[bound.http_socket]))
     try:
-        if config.evaluate and not node.state.history:
-            await node.model_changed("eval", node.state.round, None)  # the w0 point of the accuracy curve
-        workers = [loop.create_task(node.peers.run()), loop.create_task(node.scheduler.run())]
+        workers = [loop.create_task(node.run())]
         node.ready.set()
         await stop.wait()
     finally:

@@ -14,9 +14,10 @@ one here. What we need is ~40 lines over asyncio's own scheduling:
   120 s token timeout costs no wall time. A loop with nothing ready and no timer is deadlocked (nothing can
   wake it: the simulator has no sockets): it raises :class:`Deadlock` instead of hanging.
 * :class:`InlineExecutor`, the loop's default executor: ``to_thread`` work runs *inline*, on the loop's
-  thread, in the order it was asked for, and its result is delivered ``cost(fn)`` virtual seconds later.
+  thread, in the order it was asked for, and its result is delivered ``cost(fn, work)`` virtual seconds
+  later, ``work`` being the training steps and evaluated samples it did (:mod:`dfl_node.learning.work`).
   That is how compute is charged: the work itself takes no virtual time, the device profile says what it
-  costs. (Default cost 0: free.)
+  costs (:mod:`dfl_node.sim.costs`). (Default cost 0: free.)
 * :class:`VirtualClock`: the node's clock port on such a loop, its wall time following the loop's.
 """
 
@@ -28,12 +29,15 @@ import selectors
 from collections.abc import Callable
 from typing import Any
 
+from dfl_node.learning import work
+from dfl_node.learning.work import Work
 from dfl_node.node.clock import Clock
 
 # Where virtual wall time starts: 2020-01-01T00:00:00Z, a fixed epoch so that timestamps are reproducible.
 VIRTUAL_EPOCH = 1_577_836_800.0
 
-CostFn = Callable[[Callable[..., Any]], float]  # a function run off the loop -> its cost in virtual seconds
+# a function run off the loop, and the work it did -> its cost in virtual seconds
+CostFn = Callable[[Callable[..., Any], Work], float]
 
 
 class Deadlock(RuntimeError):
@@ -67,7 +71,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super().__init__(selector)
         selector.loop = self
         self._now = 0.0
-        self.set_default_executor(InlineExecutor(self, cost or (lambda fn: 0.0)))
+        self.set_default_executor(InlineExecutor(self, cost or (lambda fn, work: 0.0)))
 
     def time(self) -> float:
         return self._now
@@ -89,27 +93,14 @@ class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
+        before = work.DONE.copy()
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:  # delivered to the awaiting task, as a worker thread would
-            self._loop.call_later(self._cost(fn), future.set_exception, exc)
+            self._loop.call_later(self._cost(fn, work.DONE.since(before)), future.set_exception, exc)
         else:
-            self._loop.call_later(self._cost(fn), future.set_result, result)
+            self._loop.call_later(self._cost(fn, work.DONE.since(before)), future.set_result, result)
         return future
-
-
-def _underlying(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``asyncio.to_thread`` submits ``functools.partial(contextvars.Context.run, fn, ...)``: the ``fn``."""
-    args = getattr(fn, "args", ())
-    return args[0] if getattr(fn, "func", None) is not None and args and callable(args[0]) else fn
-
-
-def cost_by_name(costs: dict[str, float], default: float = 0.0) -> CostFn:
-    """A device profile in its simplest form: virtual seconds per call, by the called function's name
-    (``__name__``, e.g. ``"local_step"``); names not listed cost ``default``."""
-    def cost(fn: Callable[..., Any]) -> float:
-        return costs.get(getattr(_underlying(fn), "__name__", ""), default)
-    return cost
 
 
 class VirtualClock(Clock):

@@ -53,6 +53,11 @@ HEADER_BYTES = 160
 PART_HEADER_BYTES = 48
 
 
+def current_node() -> str | None:
+    """The address of the node whose task is running now (see :meth:`MemoryFabric.install`), if any."""
+    return _OWNER.get()
+
+
 def wire_size(message: ModelMessage) -> int:
     """The bytes ``message`` would take on the wire: its payload plus an estimate of its header."""
     return message.nbytes + HEADER_BYTES + PART_HEADER_BYTES * len(message.parts)
@@ -132,14 +137,17 @@ class MemoryFabric:
         self.down.discard(address)
         self._notify()
 
-    def kill(self, address: str) -> None:
+    def kill(self, address: str) -> list[asyncio.Task[Any]]:
         """kill -9 of the node at ``address``: nothing answers there any more, the calls it was serving are
-        cancelled (its callers see the connection drop), and so is every task of its own (:meth:`install`)."""
+        cancelled (its callers see the connection drop), and so is every task of its own (:meth:`install`).
+        Returns those tasks, for whoever must wait until they have ended."""
         self.down.add(address)
         self.handlers.pop(address, None)
-        for task in [*self.served.pop(address, ()), *self.owned.pop(address, ())]:
+        tasks = [*self.served.pop(address, ()), *self.owned.pop(address, ())]
+        for task in tasks:
             task.cancel()
         self._notify()
+        return tasks
 
     def partition(self, *sides: set[str]) -> None:
         """Cut the links between ``sides`` (each a set of addresses) until :meth:`heal`."""

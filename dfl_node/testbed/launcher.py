@@ -272,31 +272,37 @@ def accuracy_curve(positions: dict[str, list[tuple[int, dict]]], points: list[in
 
 def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, fleet: Fleet, started: float
             ) -> RunResult:
-    """The fleet's final state in the simulator's schema, as it happened; ``started``: unix time of the launch.
-
-    ``rounds`` and the curve's points count what the fleet did (see :func:`fleet_rounds`), so an
-    async run, or a round run that stopped early, is never reported as the configured T rounds.
-    """
+    """The fleet's final state in the simulator's schema, as it happened; ``started``: unix time of the launch."""
     polled = poll_status(nodes)
     histories: dict = fetch_json(nodes, "/history", timeout=5.0)
     silent = [n.id for n in nodes if polled[n.id] is None or histories[n.id] is None]
     if silent:
         raise RuntimeError(f"node(s) {', '.join(silent)} stopped answering before their results were collected")
     statuses = {node_id: status for node_id, status in polled.items() if status is not None}  # all of them
-    mode, rounds = fleet_rounds(statuses)
     train_sizes = {c.node_id: len(c.train) for c in fleet.clients}
+    return fleet_result("testbed", statuses, histories, config, algorithm, train_sizes, started, time.time())
+
+
+def fleet_result(driver: str, statuses: dict[str, dict], histories: dict[str, list[dict]], config: ExperimentConfig,
+                 algorithm: str, train_sizes: dict[str, int], started: float, ended: float) -> RunResult:
+    """A fleet's result from each node's ``/status`` and ``/history`` (as JSON), in the simulator's schema;
+    ``started``/``ended`` on the nodes' wall clock (a simulated fleet's is virtual).
+
+    ``rounds`` and the curve's points count what the fleet did (see :func:`fleet_rounds`), so an
+    async run, or a round run that stopped early, is never reported as the configured T rounds.
+    """
+    mode, rounds = fleet_rounds(statuses)
     results = [
-        NodeResult(id=n.id, global_accuracy=statuses[n.id]["global_accuracy"],
-                   local_accuracy=statuses[n.id]["local_accuracy"],
-                   param_sha256=statuses[n.id]["param_sha256"], num_train=train_sizes[n.id],
-                   models_sent=statuses[n.id]["models_sent"], models_received=statuses[n.id]["models_received"],
-                   model=statuses[n.id]["model"])
-        for n in nodes
+        NodeResult(id=node_id, global_accuracy=status["global_accuracy"], local_accuracy=status["local_accuracy"],
+                   param_sha256=status["param_sha256"], num_train=train_sizes[node_id],
+                   models_sent=status["models_sent"], models_received=status["models_received"],
+                   model=status["model"])
+        for node_id, status in statuses.items()
     ]
     points = sorted({*range(config.eval_every, rounds + 1, config.eval_every), rounds})
     return RunResult(
-        driver="testbed", algorithm=algorithm, mode=mode, config=config.model_dump(mode="json"), rounds=rounds,
+        driver=driver, algorithm=algorithm, mode=mode, config=config.model_dump(mode="json"), rounds=rounds,
         history=accuracy_curve(fleet_positions(histories, mode), points, started), nodes=results,
         bytes_transmitted=sum(s["bytes_sent"] for s in statuses.values()),
-        models_transmitted=sum(s["models_sent"] for s in statuses.values()), wall_time_s=time.time() - started,
+        models_transmitted=sum(s["models_sent"] for s in statuses.values()), wall_time_s=ended - started,
     )

@@ -1,0 +1,89 @@
+"""``dfl-node simulate --mode round|async``: an experiment as K real nodes (:mod:`dfl_node.sim.fleet`) on the
+in-memory network and the virtual clock, its devices and links costed by the config (:mod:`dfl_node.sim.costs`),
+its faults played as scheduled (:mod:`dfl_node.sim.faults`). Deterministic for a config and a seed."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+from dfl_node.config import ExperimentConfig
+from dfl_node.learning.devices import torch_threads
+from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.node.config import NodeConfig
+from dfl_node.results import RunResult
+from dfl_node.sim.clock import VIRTUAL_EPOCH, VirtualTimeLoop
+from dfl_node.sim.costs import CostModel
+from dfl_node.sim.faults import Fault, fault_figures, play_faults, stall_bound
+from dfl_node.sim.fleet import VirtualFleet, plan_nodes
+from dfl_node.sim_config import FaultSchedule
+from dfl_node.testbed.launcher import fleet_result
+
+HISTORY_LIMIT = 1_000_000  # a simulated node keeps its whole history: the faults block reads it back
+
+
+def round_work(config: ExperimentConfig, algorithm: str, costs: CostModel, largest_shard: int) -> float:
+    """One round's own work on the slowest device and link, doubled for room: a sender's local epochs and an
+    aggregator's fusion epochs over the largest shard, an evaluation of it, and a model's transfer."""
+    batches = math.ceil(largest_shard / min(config.batch_size, config.mkt_batch_size))
+    fusion_epochs = config.dfml_epochs if algorithm == "dfml" else config.mkt_epochs
+    steps = batches * (config.local_epochs + fusion_epochs)
+    device = max(costs.devices.values(), key=lambda d: d.step_s)
+    link = max(costs.links.values(), key=lambda link: link.latency_s)
+    return 2 * (steps * device.step_s + largest_shard * device.eval_sample_s + 4 * link.latency_s)
+
+
+def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path, *, mode: str = "round", duration: float = 0.0,
+              random_kills: int = 0, fault_seed: int = 0, **settings: Any) -> RunResult:
+    """Run ``algorithm`` on ``config``'s fleet as real nodes in ``mode`` (async: for ``duration`` virtual
+    seconds), shards and state dirs under ``workdir``. The config's faults are played from the start — or,
+    with ``random_kills``, that many kills and a partition drawn from ``fault_seed``
+    (:meth:`~dfl_node.sim_config.FaultSchedule.random`, spaced by the liveness bounds); ``fault_seed`` also
+    picks among the nodes a kill's role names. ``settings`` override any node setting."""
+    data = provision(config)
+    shards = workdir / "shards"
+    write_fleet(data, shards)
+    configs = plan_nodes(config, algorithm, shards, workdir / algorithm, mode=mode, duration=duration,
+                         history_limit=HISTORY_LIMIT, **settings)
+    costs = CostModel({c.id: f"{c.advertised_host}:{c.grpc_port}" for c in configs}, config.devices, config.links)
+    work = round_work(config, algorithm, costs, max(len(c.train) for c in data.clients))
+    node = configs[0]
+    schedule = config.faults
+    if random_kills:
+        schedule = FaultSchedule.random(fault_seed, random_kills, peer_timeout=node.peer_timeout,
+                                        recovery=stall_bound(node, True, work),
+                                        slow_recovery=stall_bound(node, False, work),
+                                        heal_within=0.9 * node.round_timeout)
+    loop = VirtualTimeLoop(costs.compute())
+    try:
+        with torch_threads(config.threads):
+            statuses, histories, happened, ended, states = loop.run_until_complete(
+                _run(configs, costs, schedule, fault_seed))
+    finally:
+        loop.close()
+    train_sizes = {c.node_id: len(c.train) for c in data.clients}
+    result = fleet_result("simulate", statuses, histories, config, algorithm, train_sizes, VIRTUAL_EPOCH, ended)
+    if schedule.kills or schedule.partitions:
+        result.faults = fault_figures(happened, states, node, work)
+        result.faults["round_work_s"] = round(work, 3)
+    return result
+
+
+async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSchedule, seed: int
+               ) -> tuple[dict[str, dict], dict[str, list[dict]], list[Fault], float, dict[str, dict[str, Any]]]:
+    fleet = VirtualFleet(configs, costs.transfer())
+    try:
+        fleet.start_all()
+        happened = await play_faults(fleet, schedule, seed)
+        await fleet.finished()
+        ended = VIRTUAL_EPOCH + asyncio.get_running_loop().time()
+        statuses = {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
+        histories = {n: [h.model_dump(mode="json") for h in node.get_history()]
+                     for n, node in sorted(fleet.nodes.items())}
+        for node_id in sorted(fleet.nodes):
+            await fleet.stop(node_id)
+        return statuses, histories, happened, ended, fleet.durable_states()
+    finally:
+        await fleet.close()

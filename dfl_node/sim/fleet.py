@@ -1,0 +1,112 @@
+"""K real nodes in one process: the daemon's own :class:`~dfl_node.node.daemon.Node` — its round or async
+scheduler, roles, collector, gate and checkpoints — each over the in-memory network
+(:class:`~dfl_node.sim.network.MemoryFabric`) instead of gRPC, on the virtual clock of a
+:class:`~dfl_node.sim.clock.VirtualTimeLoop`.
+
+A node here is started, killed and restarted as a daemon is: :meth:`VirtualFleet.kill` is kill -9 (every task
+of the node cancelled, whatever it had not made durable lost, its state dir unlocked as the kernel would),
+:meth:`VirtualFleet.start` builds a new ``Node`` on the same config, which restores its checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dfl_node.config import ExperimentConfig
+from dfl_node.learning.fleet import TEST_FILE, architectures, fleet_ids
+from dfl_node.node.config import NodeConfig
+from dfl_node.node.daemon import Node
+from dfl_node.sim.clock import VirtualClock
+from dfl_node.sim.ledger import durable_states
+from dfl_node.sim.network import LinkProfile, MemoryFabric
+
+BASE_PORT = 50_000  # the fleet's addresses are 127.0.0.1:50000+i: names on the fabric, never bound
+
+
+def plan_nodes(config: ExperimentConfig, algorithm: str, shards: Path, state: Path, *, mode: str = "round",
+               **settings: Any) -> list[NodeConfig]:
+    """Each node's config, as a testbed would start it (the experiment's learning settings, static peers, no
+    mDNS, no REST); ``settings`` override any of them for every node."""
+    ids = fleet_ids(config.nodes)
+    addresses = {node_id: f"127.0.0.1:{BASE_PORT + i}" for i, node_id in enumerate(ids)}
+    specs = architectures(config)
+    learning = config.model_dump(include=set(NodeConfig.model_fields))
+    test = shards / TEST_FILE
+    return [NodeConfig(**{**learning, "id": node_id, "model": specs[node_id].name,
+                          "hidden": list(specs[node_id].widths or ()), "data": shards / node_id,
+                          "test_data": test if test.exists() else None, "algorithm": algorithm, "mode": mode,
+                          "grpc_port": BASE_PORT + i, "http_port": 0, "mdns": False, "state_dir": state / node_id,
+                          "rounds": config.rounds, "min_peers": len(ids) - 1,
+                          "peers": [a for other, a in addresses.items() if other != node_id], **settings})
+            for i, node_id in enumerate(ids)]
+
+
+class VirtualFleet:
+    """The nodes of ``configs`` on one fabric (each link costs what ``links`` says); build it, and use it, on
+    a running :class:`~dfl_node.sim.clock.VirtualTimeLoop`."""
+
+    def __init__(self, configs: list[NodeConfig],
+                 links: Callable[[str, str], LinkProfile] | None = None) -> None:
+        self.configs = {c.id: c for c in configs}
+        self.fabric = MemoryFabric(links)
+        self.fabric.install(asyncio.get_running_loop())
+        self.nodes: dict[str, Node] = {}  # the nodes up now
+        self.addresses = {c.id: f"{c.advertised_host}:{c.grpc_port}" for c in configs}
+        self.fingerprints: dict[str, str] = {}  # each node's model, once started
+        self._ending: set[asyncio.Task[Any]] = set()  # tasks of killed nodes, cancelled: awaited by close()
+
+    def start(self, node_id: str) -> Node:
+        """Start (or restart, from its checkpoint) ``node_id``: it serves on the fabric and runs as
+        :func:`~dfl_node.node.service.run_node` runs it (its first evaluation, its heartbeats, its scheduler)."""
+        config = self.configs[node_id]
+        address = self.addresses[node_id]
+        node = Node(config, network=self.fabric.endpoint(address, connect_timeout=config.connect_timeout),
+                    clock=VirtualClock())
+        self.fabric.serve(address, node.requests)
+        node.handshake.starting = False
+        self.nodes[node_id] = node
+        self.fingerprints[node_id] = node.fingerprint
+        self.fabric.spawn(address, node.run())
+        return node
+
+    def start_all(self) -> None:
+        for node_id in self.configs:
+            self.start(node_id)
+
+    def kill(self, node_id: str) -> None:
+        """kill -9: the node's tasks are cancelled, the calls it serves drop, its state dir is unlocked."""
+        node = self.nodes.pop(node_id)
+        for task in self.fabric.kill(self.addresses[node_id]):
+            self._ending.add(task)
+            task.add_done_callback(self._ending.discard)
+        node.checkpoint.lock.release()
+
+    async def stop(self, node_id: str) -> None:
+        """Stop as a daemon stops on SIGTERM once its work is done: its last state saved, then it goes."""
+        await self.nodes[node_id].save(copy=True)
+        self.kill(node_id)
+
+    def partition(self, *sides: list[str]) -> None:
+        self.fabric.partition(*({self.addresses[n] for n in side} for side in sides))
+
+    def heal(self) -> None:
+        self.fabric.heal()
+
+    async def close(self) -> None:
+        """Kill whatever still runs and wait until every task of every node has ended."""
+        for node_id in list(self.nodes):
+            self.kill(node_id)
+        await asyncio.gather(*self._ending, return_exceptions=True)
+        self._ending.clear()
+
+    def durable_states(self) -> dict[str, dict[str, Any]]:
+        """What each node made durable (:func:`~dfl_node.sim.ledger.durable_states`); call it once all stopped."""
+        return durable_states(((n, c.state_path, self.fingerprints[n]) for n, c in self.configs.items()),
+                              min(c.history_limit for c in self.configs.values()))
+
+    async def finished(self) -> None:
+        """Until every node now up has finished its run (its rounds, or its async duration)."""
+        await asyncio.gather(*(n.scheduler.finished.wait() for n in self.nodes.values()))

@@ -1,0 +1,81 @@
+"""What an experiment config adds for a simulated fleet of real nodes (``dfl-node simulate --mode``): what
+computation costs on each class of devices (``devices:``), what a transfer costs on each class of links
+(``links:``), and what goes wrong when (``faults:``). All times are virtual seconds (:mod:`dfl_node.sim.clock`).
+
+:class:`~dfl_node.config.ExperimentConfig` holds them (its ``devices``, ``links`` and ``faults``); they live
+apart from :mod:`dfl_node.sim` so that the config does not import the simulator.
+"""
+
+from __future__ import annotations
+
+import random
+
+from pydantic import BaseModel, ConfigDict, Field
+
+KILL_ROLES = ("holder", "aggregator", "sender", "any")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceClass(_Strict):
+    """A class of devices: what its computation costs, and the link class it is attached by."""
+
+    nodes: int = Field(..., ge=0, description="how many nodes are of this class (classes take nodes in order: "
+                                              "node-0… to the first class, and so on; nodes left over: default)")
+    step_s: float = Field(0.002, ge=0, description="seconds per training step (a batch through each model it trains)")
+    eval_sample_s: float = Field(2e-6, ge=0, description="seconds per evaluated sample")
+    link: str = Field("default", description="its link class (links:)")
+
+
+class LinkClass(_Strict):
+    """A class of links: a transfer between two nodes costs the slower of their two classes."""
+
+    latency_s: float = Field(0.005, ge=0, description="one-way latency of every message")
+    bandwidth_mbps: float = Field(100.0, gt=0, description="megabits per second a model travels at")
+
+
+class KillFault(_Strict):
+    at: float = Field(..., ge=0, description="seconds from the start")
+    node: str = Field("any", description="a node id, or the role its victim plays then: holder (of the round "
+                                         "token), aggregator (mid-fusion), sender, or any")
+    down_for: float = Field(1.0, ge=0, description="seconds until it restarts from its checkpoint")
+
+
+class PartitionFault(_Strict):
+    at: float = Field(..., ge=0, description="seconds from the start")
+    sides: list[list[str]] | None = Field(None, description="node ids on each side; left out: two halves")
+    heal_after: float = Field(..., gt=0, description="seconds until every link is back")
+
+
+class FaultSchedule(_Strict):
+    """What goes wrong, and when."""
+
+    kills: list[KillFault] = []
+    partitions: list[PartitionFault] = []
+
+    @classmethod
+    def random(cls, seed: int, kills: int, *, peer_timeout: float, recovery: float, slow_recovery: float,
+               partitions: int = 1, heal_within: float = 30.0, start: float = 10.0) -> FaultSchedule:
+        """``kills`` kill -9s and ``partitions`` partitions at seeded random moments, one at a time: each comes
+        once the fleet had time to recover from the one before (``recovery`` after a victim back within
+        ``peer_timeout``, ``slow_recovery`` after one back later, or after a heal). Victims' roles cycle holder,
+        aggregator, sender, any; every other one is back before ``peer_timeout`` (nobody saw it leave)."""
+        rng = random.Random(seed)
+        schedule = cls()
+        partition_slots = set(rng.sample(range(kills + partitions), partitions))
+        t = start
+        for i in range(kills + partitions):
+            t += rng.uniform(0.0, 10.0)
+            if i in partition_slots:
+                heal_after = rng.uniform(0.5, 1.0) * heal_within
+                schedule.partitions.append(PartitionFault(at=t, heal_after=heal_after))
+                t += heal_after + slow_recovery
+                continue
+            n = len(schedule.kills)
+            quick = n % 2 == 0
+            down = peer_timeout * (rng.uniform(0.1, 0.8) if quick else rng.uniform(1.2, 2.0))
+            schedule.kills.append(KillFault(at=t, node=KILL_ROLES[n % len(KILL_ROLES)], down_for=down))
+            t += down + (recovery if quick else slow_recovery)
+        return schedule

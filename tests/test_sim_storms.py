@@ -1,0 +1,78 @@
+"""Deterministic fault storms (issue 19): the daemon's own nodes in one process, on the in-memory network and the
+virtual clock (:func:`dfl_node.sim.experiment.run_fleet`), through 20 seeded kill -9s and a partition each —
+token holders, aggregators mid-fusion, senders, restarts faster than ``peer_timeout`` and slower — over many
+seeds. Every invariant is read from what the nodes made durable (:mod:`dfl_node.sim.ledger`).
+
+A failing seed prints the ``dfl-node simulate`` command that replays it, bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from dfl_node.config import ExperimentConfig
+from dfl_node.config_loader import load_config
+from dfl_node.results import RunResult
+from dfl_node.sim.experiment import run_fleet
+
+KILLS = 20
+TIMEOUTS = {"heartbeat": 1.0, "peer_timeout": 4.0, "token_timeout": 5.0, "round_timeout": 20.0}
+STORM_FILE = Path(__file__).parent.parent / "experiments" / "sim_storm.yaml"  # its comment says why it is so
+STORM = load_config(ExperimentConfig, STORM_FILE, {})
+DURATION = 1500.0  # async mode: as long as the round-mode storm takes
+
+
+def replay(seed: int, mode: str) -> str:
+    """The command that replays a storm, bit for bit."""
+    return (f"dfl-node simulate --config experiments/sim_storm.yaml --mode {mode} --duration {DURATION:g} "
+            f"--faults random --kills {KILLS} --fault-seed {seed} "
+            + " ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in TIMEOUTS.items()))
+
+
+def storm(seed: int, mode: str, workdir: Path) -> tuple[RunResult, float]:
+    started = time.perf_counter()
+    result = run_fleet(STORM, "defkt", workdir, mode=mode, duration=DURATION if mode == "async" else 0.0,
+                       random_kills=KILLS, fault_seed=seed, **TIMEOUTS)
+    return result, time.perf_counter() - started
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_a_round_mode_storm_loses_nothing_and_runs_nothing_twice(seed: int, tmp_path: Path) -> None:
+    result, wall = storm(seed, "round", tmp_path)
+    faults = result.faults
+    assert faults is not None
+    how = f"replay: {replay(seed, 'round')}"
+    assert faults["kills"] == KILLS and faults["partitions"] == 1, how
+    assert faults["rounds_completed"] == STORM.rounds, how
+    assert faults["rounds_lost"] == 0 and faults["rounds_run_twice"] == 0, (faults, how)
+    assert faults["accepted_models_lost"] == 0, (faults, how)
+    over = [f for f in faults["faults"] if f["stall_s"] > f["bound_s"]]
+    assert over == [], (over, how)
+    roles = [f["role"] for f in faults["faults"]]
+    # the storm hit a fleet at work: token holders, aggregators mid-fusion and senders among its victims
+    assert roles.count("holder") >= 3 and "aggregator" in roles and "sender" in roles, (roles, how)
+    assert sum(f["kind"] == "kill" and f["back_after_s"] < TIMEOUTS["peer_timeout"]
+               for f in faults["faults"]) >= KILLS // 2  # restarts faster than anyone sees them leave
+    assert wall < 60, f"{wall:.0f} s of wall time; {how}"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_an_async_storm_loses_no_accepted_model(seed: int, tmp_path: Path) -> None:
+    result, wall = storm(seed, "async", tmp_path)
+    faults = result.faults
+    assert faults is not None
+    how = f"replay: {replay(seed, 'async')}"
+    assert faults["kills"] == KILLS, how
+    assert faults["accepted_models_lost"] == 0 and faults["fusions_recorded_twice"] == 0, (faults, how)
+    assert result.rounds >= 50, how  # it went on learning: fusions across the fleet
+    assert wall < 60, f"{wall:.0f} s of wall time; {how}"
+
+
+def test_a_storm_is_deterministic_for_its_seed(tmp_path: Path) -> None:
+    first, _ = storm(7, "round", tmp_path / "a")
+    again, _ = storm(7, "round", tmp_path / "b")
+    assert [n.param_sha256 for n in first.nodes] == [n.param_sha256 for n in again.nodes]
+    assert first.faults == again.faults and first.wall_time_s == again.wall_time_s
