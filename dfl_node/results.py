@@ -103,6 +103,8 @@ class RunResult(BaseModel):
                                            "curve's wall_time_s")
     faults: dict[str, Any] | None = Field(None, description="a simulated fleet's faults and what they cost "
                                                             "(dfl_node.sim.faults.fault_figures)")
+    device_classes: dict[str, dict[str, Any]] | None = Field(None, description="a simulated fleet's device "
+                                                             "classes: nodes, fusions, mean final accuracies")
 
     @property
     def global_accuracy(self) -> float:

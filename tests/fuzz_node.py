@@ -136,7 +136,7 @@ class LiveNode:
                 clients=tuple(sorted(node.network.clients)),
                 progress=(state.round, state.epoch, dict(state.token_state), state.holding,
                           getattr(node.scheduler, "holder", None), state.done, state.role, len(state.history),
-                          node.collector is None),
+                          node.roles.collector is None),
             )
 
         return self.call(take)
@@ -150,15 +150,15 @@ class LiveNode:
     def expect(self) -> None:
         """Make the node the aggregator of a round-0 group whose one sender is "stranger" (as a holder would)."""
         async def play() -> Ack:
-            await self.node.settled()
-            return await self.node.play(Assignment(round=0, role="aggregator", aggregator=self.config.id,
+            await self.node.roles.settled()
+            return await self.node.roles.play(Assignment(round=0, role="aggregator", aggregator=self.config.id,
                                                    senders=("stranger",), deadline_s=30))
 
         ack = self.run(play())
         assert ack.ok, ack
 
     def settle(self) -> None:
-        self.run(self.node.settled())
+        self.run(self.node.roles.settled())
 
 
 def identity(raw: bytes) -> bytes:

@@ -46,7 +46,7 @@ class Target:
     async def expect(self, sender: str = "stranger", round_: int = 0) -> None:
         """Make the node the aggregator of a group of ``round_`` whose one sender is ``sender`` (as a holder
         would). A node plays each round once: after a fusion, the next group must be of a later round."""
-        ack = await self.node.play(Assignment(round=round_, role="aggregator", aggregator=self.node.config.id,
+        ack = await self.node.roles.play(Assignment(round=round_, role="aggregator", aggregator=self.node.config.id,
                                               senders=(sender,), deadline_s=30))
         assert ack.ok and ack.reason != "already_played", ack
 
@@ -93,7 +93,7 @@ async def assert_still_serving(t: Target) -> None:
     await t.expect(round_=round_)
     verdict = await t.transfer(t.frames(round_=round_))
     assert verdict.accepted, verdict
-    await t.node.settled()  # the verdict comes once the model is validated; fusing follows
+    await t.node.roles.settled()  # the verdict comes once the model is validated; fusing follows
     assert t.node.state.counters["fusions"] == before + 1
     assert t.node.state.role.value == "idle" and t.node.state.history[-1].event == "fusion"
 
@@ -178,9 +178,9 @@ async def test_bad_transfer_is_rejected_and_node_keeps_serving(target: Target, t
     verdict = await target.transfer(tamper(target.frames()))
     assert not verdict.accepted and verdict.reason == reason
     assert (await target.rejected()) == {reason: 1}
-    if target.node.collector is not None:  # refused at the header: a forged header never cancels a real sender…
-        target.node.collector.close()  # …so the group would wait for its deadline; the test ends it instead
-    await target.node.settled()  # a failure after admission gives up on that sender at once
+    if target.node.roles.collector is not None:  # refused at the header: a forged header never cancels a real sender…
+        target.node.roles.collector.close()  # …so the group would wait for its deadline; the test ends it instead
+    await target.node.roles.settled()  # a failure after admission gives up on that sender at once
     assert target.node.state.digest == digest and target.node.state.role.value == "idle"  # nothing fused, role released
     assert target.node.state.counters["senders_abandoned"] == 1
     await assert_still_serving(target)
@@ -192,7 +192,7 @@ async def test_oversized_chunk_is_rejected(target: Target) -> None:
     frames = frames_of(big, 1 << 30, swarm=target.node.config.swarm, fingerprint=target.node.fingerprint)
     await target.expect()
     assert (await target.transfer(frames)).accepted
-    await target.node.settled()
+    await target.node.roles.settled()
     await target.expect(round_=1)  # round 0 is fused: the oversized chunks come for round 1
     header = pb.TransferHeader()
     header.CopyFrom(frames[0].header)
@@ -200,7 +200,7 @@ async def test_oversized_chunk_is_rejected(target: Target) -> None:
     oversized = [pb.Frame(header=header), pb.Frame(chunk=pb.Chunk(data=b"\0" * ((1 << 20) + 512)))]
     verdict = await target.transfer(oversized)  # …but a chunk over 1 MiB is refused before it is copied
     assert verdict.reason == "chunk_too_large"
-    await target.node.settled()
+    await target.node.roles.settled()
     await target.expect(round_=1)  # nothing was fused: round 1 is still to play
     with pytest.raises(grpc.aio.AioRpcError) as err:  # over gRPC's frame limit: refused by gRPC itself
         await target.transfer([pb.Frame(header=header), pb.Frame(chunk=pb.Chunk(data=b"\0" * (8 << 20)))])
@@ -214,18 +214,19 @@ async def test_a_transfer_nobody_expects_is_refused(target: Target) -> None:
     await target.expect("someone-else")
     assert (await target.transfer(target.frames())).reason == "not_expected"  # a sender of another group
     assert (await target.rejected()) == {"not_expected": 2}
-    target.node.collector.close()  # the expected sender never comes: the test ends the group before its deadline
-    await target.node.settled()
+    target.node.roles.collector.close()  # the expected sender never comes: the test ends the group before its deadline
+    await target.node.roles.settled()
     await assert_still_serving(target)
 
 
 async def test_an_assignment_while_busy_is_refused(target: Target) -> None:
-    target.node.take_role(Role.SENDER)
+    target.node.roles.take_role(Role.SENDER)
     try:
-        ack = await target.node.play(Assignment(round=0, role="aggregator", aggregator="node-0", senders=("stranger",)))
+        ack = await target.node.roles.play(Assignment(round=0, role="aggregator", aggregator="node-0",
+                                                      senders=("stranger",)))
         assert not ack.ok and ack.reason == "busy"
     finally:
-        target.node.release_role()
+        target.node.roles.release_role()
     await assert_still_serving(target)
 
 
@@ -348,6 +349,6 @@ async def test_sender_is_answered_once_the_model_is_validated_not_after_fusion(t
         await asyncio.sleep(0.01)
     assert state.role.value == "aggregator" and state.fusing == 1 and state.counters["fusions"] == fusions
     release.set()
-    await target.node.settled()
+    await target.node.roles.settled()
     assert state.counters["fusions"] == fusions + 1 and state.digest != digest
     assert state.role.value == "idle"

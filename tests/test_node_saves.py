@@ -37,7 +37,7 @@ async def test_concurrent_saves_are_written_one_after_another(fleet_shards: Path
 async def test_a_save_from_outside_a_role_waits_for_the_role_and_takes_its_model(fleet_shards: Path,
                                                                                  tmp_path: Path) -> None:
     node = _node(fleet_shards, tmp_path / "state")
-    node.take_role(Role.SOURCE)  # as a pull being served
+    node.roles.take_role(Role.SOURCE)  # as a pull being served
     saving = asyncio.create_task(node.save(copy=True))
     for _ in range(20):
         await asyncio.sleep(0)
@@ -45,7 +45,7 @@ async def test_a_save_from_outside_a_role_waits_for_the_role_and_takes_its_model
     with torch.no_grad():
         for parameter in node.ctx.model.parameters():
             parameter.fill_(0.25)  # … whose work changes the model …
-    node.release_role()
+    node.roles.release_role()
     await saving
     saved = load_file(str(node.checkpoint.model_path))
     # … then saves it
@@ -63,12 +63,12 @@ async def test_a_volunteer_stopped_while_inviting_gives_its_role_back(fleet_shar
         invited.set()
         await asyncio.Event().wait()
 
-    node.assign_to = peer_that_never_answers  # type: ignore[method-assign]
-    leading = asyncio.create_task(node.lead(0, ["node-1"], 1))
+    node.roles.assign_to = peer_that_never_answers  # type: ignore[method-assign]
+    leading = asyncio.create_task(node.roles.lead(0, ["node-1"], 1))
     await invited.wait()
-    assert node.state.role is Role.AGGREGATOR and node.collector is not None
+    assert node.state.role is Role.AGGREGATOR and node.roles.collector is not None
     leading.cancel()
     with pytest.raises(asyncio.CancelledError):
         await leading
-    assert node.state.role is Role.IDLE and node.collector is None
+    assert node.state.role is Role.IDLE and node.roles.collector is None
     await asyncio.wait_for(node.save(copy=True), 10)

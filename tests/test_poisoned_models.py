@@ -36,7 +36,7 @@ async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target,
     frames = frames_of(poisoned(target, value), 4096, swarm=node.config.swarm, fingerprint=node.fingerprint)
     verdict = await target.transfer(frames)
     assert not verdict.accepted and verdict.reason == "non_finite", verdict
-    await node.settled()
+    await node.roles.settled()
     assert (await target.rejected()) == {"non_finite": 1}
     assert node.state.digest == digest and len(node.state.history) == history
     assert node.state.counters["fusions"] == 0 and node.state.counters["models_received"] == 0
@@ -53,7 +53,7 @@ async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target)
     await target.expect()
     verdict = await target.transfer(target.frames())
     assert not verdict.accepted and verdict.reason == "low_accuracy", verdict
-    await node.settled()
+    await node.roles.settled()
     assert (await target.rejected()) == {"low_accuracy": 1} and node.state.digest == digest
     node.config.min_accuracy = 0.0
     await assert_still_serving(target)

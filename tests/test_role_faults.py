@@ -72,13 +72,13 @@ async def test_a_pull_played_again_ends_as_if_it_had_not_failed(fleet_shards: Pa
     unfailed = make_node(fleet_shards, tmp_path / "b", "node-1", "fairavg")
     before = weights(failed)
     async with serving(source) as address:
-        first = await failed.play(pull_assignment("node-1", "node-0"))
+        first = await failed.roles.play(pull_assignment("node-1", "node-0"))
         assert (first.ok, first.reason) == (False, "not_fused")
         after_failure = weights(failed)
         assert all(torch.equal(before[k], after_failure[k]) for k in before), "the failed role left its training"
         for puller in (failed, unfailed):
             know(puller, "node-0", address)
-            assert (await puller.play(pull_assignment("node-1", "node-0"))).ok
+            assert (await puller.roles.play(pull_assignment("node-1", "node-0"))).ok
     replayed, once = weights(failed), weights(unfailed)
     assert any(not torch.equal(before[k], once[k]) for k in before)  # the fusion changed the model
     assert all(torch.equal(replayed[k], once[k]) for k in once)
@@ -92,7 +92,7 @@ async def test_a_sender_whose_transfer_failed_keeps_its_model(fleet_shards: Path
         closed.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{closed.getsockname()[1]}"
     before = weights(sender)
-    ack = await sender.play(Assignment(round=0, epoch=1, holder="node-0", role=Role.SENDER.value,
+    ack = await sender.roles.play(Assignment(round=0, epoch=1, holder="node-0", role=Role.SENDER.value,
                                        aggregator="node-1", aggregator_address=address, senders=("node-0",)))
     assert (ack.ok, ack.reason) == (False, "not_fused")
     after = weights(sender)
@@ -106,7 +106,7 @@ async def test_a_pull_source_known_only_to_the_holder_is_pulled(fleet_shards: Pa
     puller = make_node(fleet_shards, tmp_path, "node-1", "gossip")
     async with serving(source) as address:
         assert puller.address_of("node-0") is None  # its own table has not confirmed the source yet
-        ack = await puller.play(pull_assignment("node-1", "node-0", addresses={"node-0": address}))
+        ack = await puller.roles.play(pull_assignment("node-1", "node-0", addresses={"node-0": address}))
     assert ack.ok, ack.reason
     assert puller.state.counters["fusions"] == 1 and source.state.counters["models_sent"] == 1
 
@@ -132,7 +132,7 @@ async def test_a_sender_gives_its_role_back_when_its_aggregator_accepts_no_conne
         ack = await asyncio.wait_for(sender.requests.assign(Assignment(
             round=0, epoch=0, holder="node-1", role=Role.SENDER.value, aggregator="node-1",
             aggregator_address=address, senders=("node-0",))), timeout=20)
-        await asyncio.wait_for(sender.quiesce(), timeout=20)
+        await asyncio.wait_for(sender.roles.quiesce(), timeout=20)
         held = time.monotonic() - started
     assert (ack.ok, ack.reason) == (False, "transfer_failed")
     assert held < 10, f"held the sender role {held:.1f} s"
@@ -147,7 +147,7 @@ async def test_an_assign_holds_the_aggregator_role_no_longer_than_our_round_time
     ack = await node.requests.assign(Assignment(round=0, epoch=0, holder="node-9", role=Role.AGGREGATOR.value,
                                                 aggregator="node-0", senders=("node-9",), deadline_s=1000))
     assert ack.ok
-    await asyncio.wait_for(node.quiesce(), timeout=20)
+    await asyncio.wait_for(node.roles.quiesce(), timeout=20)
     assert time.monotonic() - started < 5
     assert node.state.counters["fusions"] == 0
 
@@ -165,7 +165,7 @@ async def test_an_assign_far_ahead_of_the_fleet_is_refused_and_counted(fleet_sha
     honest = Assignment(round=600, epoch=1, holder="node-1", role=Role.AGGREGATOR.value, aggregator="node-0",
                         senders=("node-1",), deadline_s=0.2)
     assert (await node.requests.assign(honest)).reason != "round_window"  # within 100 of the fleet's round 500
-    await asyncio.wait_for(node.quiesce(), timeout=20)
+    await asyncio.wait_for(node.roles.quiesce(), timeout=20)
 
 
 @pytest.mark.asyncio
@@ -174,11 +174,11 @@ async def test_an_aggregator_stops_waiting_for_a_sender_that_restarted(fleet_sha
     its whole round_timeout (a 130 s stall). Its new boot id says the old incarnation will not send."""
     node = make_node(fleet_shards, tmp_path, "node-0", "defkt", round_timeout=60.0)
     know(node, "node-1", "127.0.0.1:1", boot_id="before")
-    ack = await node.play(Assignment(round=0, epoch=1, holder="node-1", role=Role.AGGREGATOR.value,
+    ack = await node.roles.play(Assignment(round=0, epoch=1, holder="node-1", role=Role.AGGREGATOR.value,
                                      aggregator="node-0", senders=("node-1",)))
-    assert ack.ok and node.collector is not None and node.collector.missing() == {"node-1"}
+    assert ack.ok and node.roles.collector is not None and node.roles.collector.missing() == {"node-1"}
     started = time.monotonic()
     know(node, "node-1", "127.0.0.1:1", boot_id="after")  # it answers a Hello again, as a new incarnation
-    await asyncio.wait_for(node.quiesce(), timeout=20)
+    await asyncio.wait_for(node.roles.quiesce(), timeout=20)
     assert time.monotonic() - started < 2
     assert node.state.counters["fusions"] == 0 and node.state.counters["senders_abandoned"] == 1

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,11 +21,11 @@ import torch
 
 from dfl_node.learning.devices import torch_threads
 from dfl_node.learning.fleet import provision
-from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
 from dfl_node.sim import Simulation
-from dfl_node.sim.clock import CostFn, VirtualClock, VirtualTimeLoop
-from dfl_node.sim.network import LinkProfile, MemoryFabric
+from dfl_node.sim.clock import CostFn, VirtualTimeLoop
+from dfl_node.sim.fleet import VirtualFleet, plan_nodes
+from dfl_node.sim.network import LinkProfile
 from tests.conftest import FLEET
 
 T = TypeVar("T")
@@ -47,58 +46,19 @@ def run_virtual(main: Coroutine[Any, Any, T], cost: CostFn | None = None) -> T:
         loop.close()
 
 
-@dataclass
-class SimNode:
-    """A node on the fabric, and the tasks ``run_node`` would have started for it (heartbeats, scheduler)."""
-
-    node: Node
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def kill(self, fabric: MemoryFabric) -> None:
-        """kill -9: every task of the node (those below and all they started) is cancelled, its address stops
-        answering, and the calls it was serving drop (:meth:`MemoryFabric.kill`)."""
-        fabric.kill(self.node.grpc_address)
-
-
 @contextlib.asynccontextmanager
 async def sim_fleet(shards: Path, state: Path, rounds: int, algorithm: str = "defkt", *,
-                    profile: LinkProfile | None = None, **settings: object) -> AsyncIterator[
-        tuple[MemoryFabric, list[SimNode]]]:
-    """The test fleet as K real nodes on one fabric (every link costs ``profile``), with their tasks started;
-    ``settings`` override the nodes' config. On exit every node is killed and its tasks awaited."""
-    fabric = MemoryFabric(None if profile is None else (lambda src, dst: profile))
-    fabric.install(asyncio.get_running_loop())
-    ids = [f"node-{i}" for i in range(FLEET.nodes)]
-    addresses = {node_id: f"127.0.0.1:{50100 + i}" for i, node_id in enumerate(ids)}
-    nodes = []
-    for node_id in ids:
-        config = NodeConfig(**{**FLEET.model_dump(include=set(NodeConfig.model_fields)), "id": node_id,
-                               "data": shards / node_id, "algorithm": algorithm, "http_port": 0, "mdns": False,
-                               "state_dir": state / node_id, "evaluate": False, "rounds": rounds,
-                               "grpc_port": 50100 + ids.index(node_id), "min_peers": len(ids) - 1,
-                               "peers": [a for i, a in addresses.items() if i != node_id], **settings})
-        node = Node(config, network=fabric.endpoint(addresses[node_id], connect_timeout=config.connect_timeout),
-                    clock=VirtualClock())
-        assert node.grpc_address == addresses[node_id]
-        fabric.serve(node.grpc_address, node.requests)
-        node.handshake.starting = False
-        nodes.append(SimNode(node))
-    for sim in nodes:
-        address = sim.node.grpc_address
-        sim.tasks = [fabric.spawn(address, sim.node.peers.run()), fabric.spawn(address, sim.node.scheduler.run())]
+                    profile: LinkProfile | None = None, **settings: object) -> AsyncIterator[VirtualFleet]:
+    """The test fleet as K real nodes on one fabric (every link costs ``profile``), started, without their
+    first evaluation; ``settings`` override the nodes' config. On exit every node is killed."""
+    configs = plan_nodes(FLEET.model_copy(update={"rounds": rounds}), algorithm, shards, state,
+                         evaluate=False, **settings)
+    fleet = VirtualFleet(configs, None if profile is None else (lambda src, dst: profile))
+    fleet.start_all()
     try:
-        yield fabric, nodes
+        yield fleet
     finally:
-        tasks = [t for tasks in (*fabric.owned.values(), *fabric.served.values()) for t in tasks]
-        for sim in nodes:
-            sim.kill(fabric)
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for sim in nodes:
-            sim.node.checkpoint.lock.release()
-
-
-async def finished(nodes: list[SimNode]) -> None:
-    await asyncio.gather(*(s.node.scheduler.finished.wait() for s in nodes))
+        await fleet.close()
 
 
 # Each compute call (training, a fusion, a check, a checkpoint) costs this much virtual time, and each message
@@ -111,9 +71,9 @@ ROUND_WORK_S = 10 * COMPUTE_S  # one round's own work on that clock, with room (
 def test_rounds_on_the_memory_network_equal_the_simulator_bit_for_bit(algorithm: str, fleet_shards: Path,
                                                                       tmp_path: Path) -> None:
     async def main() -> tuple[dict[str, dict[str, torch.Tensor]], float]:
-        async with sim_fleet(fleet_shards, tmp_path, ROUNDS, algorithm, profile=LinkProfile(LATENCY_S)) as (_, nodes):
-            await asyncio.wait_for(finished(nodes), 600)
-            return ({s.node.node_id: s.node.ctx.snapshot() for s in nodes}, asyncio.get_running_loop().time())
+        async with sim_fleet(fleet_shards, tmp_path, ROUNDS, algorithm, profile=LinkProfile(LATENCY_S)) as fleet:
+            await asyncio.wait_for(fleet.finished(), 600)
+            return ({n: node.ctx.snapshot() for n, node in fleet.nodes.items()}, asyncio.get_running_loop().time())
 
     states, virtual = run_virtual(main(), cost=lambda fn, work: COMPUTE_S)
     config = FLEET.model_copy(update={"rounds": ROUNDS})
@@ -144,20 +104,21 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
                 await asyncio.sleep(0.01)
         await asyncio.wait_for(poll(), within)
 
-    async def main() -> tuple[int, float, float, list[SimNode]]:
+    async def main() -> tuple[int, float, float, list[Node]]:
         loop = asyncio.get_running_loop()
-        fleet = sim_fleet(fleet_shards, tmp_path, rounds, token_timeout=token_timeout, round_timeout=round_timeout,
-                          peer_timeout=peer_timeout, heartbeat=heartbeat)
-        async with fleet as (fabric, nodes):
-            await until(lambda: any(s.node.state.holding and s.node.state.round >= 1 for s in nodes), 60)
-            holder = next(s for s in nodes if s.node.state.holding)
-            round_at_kill, epoch_at_kill = holder.node.state.round, holder.node.state.epoch
-            holder.kill(fabric)
+        running = sim_fleet(fleet_shards, tmp_path, rounds, token_timeout=token_timeout, round_timeout=round_timeout,
+                            peer_timeout=peer_timeout, heartbeat=heartbeat)
+        async with running as fleet:
+            nodes = list(fleet.nodes.values())
+            await until(lambda: any(n.state.holding and n.state.round >= 1 for n in nodes), 60)
+            holder = next(n for n in nodes if n.state.holding)
+            round_at_kill, epoch_at_kill = holder.state.round, holder.state.epoch
+            fleet.kill(holder.node_id)
             killed_at = loop.time()
-            others = [s for s in nodes if s is not holder]
-            await until(lambda: any(s.node.state.epoch > epoch_at_kill for s in others), 2 * bound)
+            others = [n for n in nodes if n is not holder]
+            await until(lambda: any(n.state.epoch > epoch_at_kill for n in others), 2 * bound)
             regenerated_after = loop.time() - killed_at
-            await asyncio.wait_for(finished(others), 2 * bound + rounds * 60)
+            await asyncio.wait_for(fleet.finished(), 2 * bound + rounds * 60)
             return round_at_kill, regenerated_after, loop.time(), others
 
     wall = time.perf_counter()
@@ -165,5 +126,5 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
     wall = time.perf_counter() - wall
     assert 1 <= round_at_kill < rounds
     assert token_timeout <= regenerated_after <= bound, caplog.text  # silence, then regenerated in time
-    assert all(s.node.state.done and s.node.state.round == rounds for s in others)
+    assert all(n.state.done and n.state.round == rounds for n in others)
     assert wall < 30, f"{wall:.1f} s of wall time for {virtual:.0f} virtual seconds"

@@ -108,8 +108,8 @@ def _report(config: ExperimentConfig, results: list[RunResult]) -> None:
 
 def _run_fleet(config: ExperimentConfig, algorithm: str, mode: str, duration: float, kills: int, seed: int,
                workdir: Path | None, timeouts: dict[str, Any], out: Path | None) -> RunResult:
-    """One algorithm as a fleet of real nodes (:func:`~dfl_node.sim.experiment.run_fleet`); its faults block
-    printed as JSON, its results written to ``out``."""
+    """One algorithm as a fleet of real nodes (:func:`~dfl_node.sim.experiment.run_fleet`): a JSON line of what
+    it did (virtual seconds, faults, device classes), its results written to ``out``."""
     from dfl_node.sim.experiment import run_fleet  # the daemon's node: imported only for --mode
 
     with contextlib.ExitStack() as stack:
@@ -119,8 +119,12 @@ def _run_fleet(config: ExperimentConfig, algorithm: str, mode: str, duration: fl
                                random_kills=kills, fault_seed=seed, **timeouts)
         except ValueError as exc:  # devices:/links: that do not fit the fleet
             raise click.UsageError(str(exc)) from None
+    summary: dict[str, Any] = {"algorithm": algorithm, "mode": mode, "virtual_s": round(result.wall_time_s, 1)}
     if result.faults is not None:
-        click.echo(json.dumps({"algorithm": algorithm, **{k: v for k, v in result.faults.items() if k != "faults"}}))
+        summary["faults"] = {k: v for k, v in result.faults.items() if k != "faults"}  # each fault: in --out
+    if result.device_classes is not None:
+        summary["device_classes"] = result.device_classes
+    click.echo(json.dumps(summary))
     if out:
         write_results(result, out)
     return result

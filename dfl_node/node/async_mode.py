@@ -39,7 +39,7 @@ class AsyncScheduler:
             peers = node.peers.alive_ids()
             self.rng.shuffle(peers)
             if peers:
-                await node.lead(node.state.round, peers, node.algorithm.invitations(len(peers)))
+                await node.roles.lead(node.state.round, peers, node.algorithm.invitations(len(peers)))
         await node.stop_volunteering()
         self.finished.set()
 
@@ -50,7 +50,7 @@ class AsyncScheduler:
         """An invitation from a volunteering aggregator (epoch 0): taken if this node is free."""
         if request.epoch != 0:
             return Ack(ok=False, reason="async_mode")
-        return await self.node.play(request)
+        return await self.node.roles.play(request)
 
     async def token(self, request: Token) -> Ack:
         return Ack(ok=False, reason="async_mode")

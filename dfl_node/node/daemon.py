@@ -38,14 +38,13 @@ from dfl_node.net.links import GrpcNetwork
 from dfl_node.net.wire import WireIdentity
 from dfl_node.node.async_mode import AsyncScheduler
 from dfl_node.node.clock import Clock
-from dfl_node.node.collector import Collector
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.handshake import Handshake
 from dfl_node.node.logs import RateLimitedLog
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.persistence import Checkpoint
 from dfl_node.node.requests import PeerRequests
-from dfl_node.node.roles import RolePlayer
+from dfl_node.node.roles import Roles
 from dfl_node.node.rounds import RoundScheduler
 from dfl_node.node.state import NodeState
 from dfl_node.peering.errors import PeerUnreachable
@@ -55,7 +54,7 @@ from dfl_node.peering.port import PeerLink, PeerNetwork
 log = logging.getLogger(__name__)
 
 
-class Node(RolePlayer):
+class Node:
     """One node. ``network`` and ``clock`` are its two ports to the outside: left out, the daemon's own (gRPC
     with the config's security, and the real clock); the simulator passes its in-memory network and a clock
     that follows its virtual-time loop (:mod:`dfl_node.sim`), and everything else runs unchanged."""
@@ -87,14 +86,11 @@ class Node(RolePlayer):
         self.grpc_address = f"{config.advertised_host}:{config.grpc_port}"
         self.checkpoint = Checkpoint(config.state_path)
         self.state = NodeState(history=deque(maxlen=config.history_limit))
-        self.collector: Collector | None = None  # the group this node aggregates now
         self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up
-        self._settling: asyncio.Task | None = None
-        self._idle = asyncio.Event()  # set while no role is held
-        self._idle.set()
         self._saving = asyncio.Lock()
         # a line per refusal reason at most every 10 s; /status counts them all
         self.refusals = RateLimitedLog(log, self.clock.monotonic)
+        self.roles = Roles(self)
         self.handshake = Handshake(self)
         self.network: PeerNetwork = network or GrpcNetwork(
             self.wire, self.security, self.handshake.message, connect_timeout=config.connect_timeout,
@@ -167,7 +163,7 @@ class Node(RolePlayer):
         then, so a role taken during the write cannot tear the checkpoint."""
         snapshot = None
         if copy:
-            await self.quiesce()
+            await self.roles.quiesce()
             snapshot = self.ctx.snapshot()
         durable = self.state.durable()
         async with self._saving:
@@ -179,9 +175,8 @@ class Node(RolePlayer):
         self.checkpoint.save(model, self.fingerprint, durable)
 
     async def run(self) -> None:
-        """What a serving node does, as :func:`~dfl_node.node.service.run_node` starts it (the simulator runs
-        this one task per node): its first evaluation, then its heartbeats and its scheduler, until cancelled."""
-        await self.evaluate_start()
+        """What a serving node does once it has evaluated its start (:meth:`evaluate_start`): its heartbeats and
+        its scheduler, until cancelled (:func:`~dfl_node.node.service.run_node`, and the simulator's fleet)."""
         await asyncio.gather(self.peers.run(), self.scheduler.run())
 
     # ----- evaluation --------------------------------------------------------------------
@@ -218,7 +213,7 @@ class Node(RolePlayer):
 
     async def finish(self, round_: int) -> None:
         """The fleet is done at ``round_``: settle the last role, make sure there is an accuracy, checkpoint."""
-        await self.settled()  # the last round's aggregator may still be fusing: its model is the final one
+        await self.roles.settled()  # the last round's aggregator may still be fusing: its model is the final one
         self.state.round, self.state.done = round_, True
         if self.config.evaluate and self.state.accuracy == (None, None):
             self.state.accuracy = await asyncio.to_thread(self.evaluate)
@@ -272,7 +267,7 @@ class Node(RolePlayer):
     def _peer_lost(self, peer_id: str) -> None:
         """A peer stopped answering: an aggregator no longer waits for it (it would only wait for its deadline),
         unless its transfer is under way (that stream ends on its own, or after ``stream_timeout``)."""
-        collector = self.collector
+        collector = self.roles.collector
         if collector is not None and peer_id in collector.missing() and peer_id not in collector.receiving:
             log.info("%s: round %d: sender %s is gone; not waiting for it", self.config.id, collector.round, peer_id)
             collector.withdraw(peer_id)
@@ -282,7 +277,7 @@ class Node(RolePlayer):
         ``peer_timeout`` perhaps, so it was never seen to leave) cannot still be sending what its old
         incarnation was assigned: an aggregator stops waiting for it at once, a transfer of it under way
         included, rather than until its deadline (``round_timeout``: a 130 s stall in a storm)."""
-        collector = self.collector
+        collector = self.roles.collector
         if restarted and collector is not None and peer_id in collector.missing():
             log.info("%s: round %d: sender %s restarted; not waiting for it", self.config.id, collector.round,
                      peer_id)

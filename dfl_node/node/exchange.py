@@ -57,7 +57,7 @@ class PeerTransport:
         self.replies: dict[str, ModelMessage] = {}  # an aggregator's replies, until its fusion is durable
 
     def address_of(self, node_id: str) -> str | None:
-        return self.node.address_in(node_id, self.assignment)
+        return self.node.roles.address_in(node_id, self.assignment)
 
     async def compute(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -97,7 +97,7 @@ class PeerTransport:
                         len(messages), len(step.group.senders), ", ".join(sorted(set(step.group.senders) -
                                                                                   {m.sender for m in messages})))
         if messages:
-            self.node.fusion_started()
+            self.node.roles.fusion_started()
         return messages
 
     async def _pull(self, step: Step, source: str) -> ModelMessage | None:
@@ -161,8 +161,8 @@ class PeerTransport:
         address = self.address_of(chosen) or ""
         role = Assignment(round=step.round, epoch=self.epoch, holder=mine.holder, role=Role.AGGREGATOR.value,
                           aggregator=chosen, aggregator_address=address, state=dict(step.state),
-                          senders=step.group.senders, deadline_s=node.deadline_of(mine), addresses=mine.addresses)
-        ack = await node.assign_to(chosen, role)
+                          senders=step.group.senders, deadline_s=node.roles.deadline_of(mine), addresses=mine.addresses)
+        ack = await node.roles.assign_to(chosen, role)
         if ack.reason == "already_played":
             raise AlreadyPlayed(f"{chosen} already played round {step.round}")
         if not ack.ok:

@@ -6,14 +6,17 @@ state and plays the roles. Schedulers read the state, and change it only through
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dfl_node.algorithms import Algorithm, NodeProfile
 from dfl_node.node.clock import Clock
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.state import NodeState
-from dfl_node.peering.messages import Ack, Assignment, Progress, Token
+from dfl_node.peering.messages import Ack, Progress, Token
+
+if TYPE_CHECKING:
+    from dfl_node.node.roles import Roles
 
 
 class SchedulerPort(Protocol):
@@ -30,9 +33,8 @@ class SchedulerPort(Protocol):
     def profiles(self) -> list[NodeProfile]: ...  # this node and its live peers
     def address_of(self, node_id: str) -> str | None: ...  # gRPC address of a peer, or of this node
     def progress(self) -> Progress: ...  # where this node stands (what its HelloReply says)
-    async def play(self, assignment: Assignment) -> Ack: ...  # a role for this node
-    async def assign_to(self, node_id: str, assignment: Assignment) -> Ack: ...  # a role for anyone
-    async def lead(self, round_: int, candidates: list[str], wanted: int) -> bool: ...  # async: volunteer
+    @property
+    def roles(self) -> Roles: ...  # play (a role for this node), assign_to (for anyone), lead (async: volunteer)
     async def pass_token(self, node_id: str, token: Token) -> Ack | None: ...  # None: unreachable
     def enter_epoch(self, epoch: int) -> bool: ...  # fencing: False (and nothing changes) for an old epoch
     def set_round(self, round_: int, token_state: dict[str, str]) -> None: ...

@@ -68,7 +68,7 @@ class PeerRequests:
         node = self.node
         if node.config.mode == "round" and offer.epoch < node.state.epoch:
             raise TransferRejected("stale_epoch", f"epoch {offer.epoch} < {node.state.epoch}")
-        collector = node.collector
+        collector = node.roles.collector
         if collector is None or not collector.matches(offer):
             raise TransferRejected("not_expected", f"{node.config.id} aggregates no group of round {offer.round} "
                                                    f"(epoch {offer.epoch}) now")
@@ -85,8 +85,8 @@ class PeerRequests:
         if node.config.mode == "round":
             if request.epoch < node.state.epoch:
                 raise TransferRejected("stale_epoch", f"epoch {request.epoch} < {node.state.epoch}")
-            await node.settled()
-        node.take_role(Role.SOURCE)
+            await node.roles.settled()
+        node.roles.take_role(Role.SOURCE)
         try:
             step = Step(request.round, Group(request.aggregator, (node.config.id,), pull=True), dict(request.state))
             message = await asyncio.to_thread(node.algorithm.transmit, node.ctx, step)
@@ -94,7 +94,7 @@ class PeerRequests:
             await node.model_changed("send", request.round + 1, request.aggregator)
             return message
         finally:
-            node.release_role()
+            node.roles.release_role()
 
     async def probe(self, request: ProbeRequest) -> ProbeReply:
         """Answer a selecting sender's probe (001) with our current model, after our last role settled."""
@@ -105,11 +105,11 @@ class PeerRequests:
         if node.config.mode == "round":
             if request.epoch < node.state.epoch:
                 return ProbeReply(ok=False, reason="stale_epoch")
-            await node.settled()  # the model the simulator's candidate answers with: its last fusion done
+            await node.roles.settled()  # the model the simulator's candidate answers with: its last fusion done
         try:
             probe = probe_from_request(request, input_shape=node.ctx.train.input_shape,
                                        num_classes=node.ctx.train.num_classes)
-            node.take_role(Role.CANDIDATE)
+            node.roles.take_role(Role.CANDIDATE)
         except TransferRejected as exc:
             if exc.reason != "busy":
                 node.on_rejected(exc.reason, exc.detail, request.sender or "?")
@@ -120,7 +120,7 @@ class PeerRequests:
             node.on_rejected("bad_probe", str(exc), request.sender or "?")
             return ProbeReply(ok=False, reason="bad_probe")
         finally:
-            node.release_role()
+            node.roles.release_role()
         node.state.counters["probes_answered"] += 1
         return probe_reply(answer)
 

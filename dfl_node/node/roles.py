@@ -2,28 +2,23 @@
 
 A node plays at most one role at a time (:class:`Role`). A sender or aggregator role runs as a task
 (``_settling``) through the round runner over :class:`PeerTransport` and is held until its work is
-checkpointed; the next role, in round mode, waits for it (:meth:`RolePlayer.settled`). Async mode's
-volunteering (:meth:`RolePlayer.lead`) lives here too. The rest of the node (model, state, persistence,
-evaluation, reporting) is :class:`~dfl_node.node.daemon.Node`, which mixes this class in.
+checkpointed; the next role, in round mode, waits for it (:meth:`Roles.settled`). Async mode's
+volunteering (:meth:`Roles.lead`) lives here too. The rest of the node (model, state, persistence,
+evaluation, reporting) is :class:`~dfl_node.node.daemon.Node`, which holds its :class:`Roles`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-from dfl_node.algorithms import Algorithm, Group, NodeContext, Role, Step
+from dfl_node.algorithms import Group, Role, Step
 from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
-from dfl_node.node.clock import Clock
 from dfl_node.node.collector import Collector
-from dfl_node.node.config import NodeConfig
 from dfl_node.node.exchange import AlreadyPlayed, PeerTransport, TransferFailed
-from dfl_node.node.state import NodeState
 from dfl_node.peering.errors import PeerUnreachable, TransferRejected
 from dfl_node.peering.messages import Ack, Assignment
-from dfl_node.peering.port import PeerLink
 
 if TYPE_CHECKING:
     from dfl_node.node.daemon import Node
@@ -31,37 +26,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
 
 
-class RolePlayer:
-    """Mixed into :class:`~dfl_node.node.daemon.Node`, which provides the attributes declared here."""
+class Roles:
+    """The roles of one node: the one it holds (``node.state.role``), the task that plays it, the group it
+    aggregates (``collector``), and whether it is idle. The node's model, state and persistence stay the
+    node's; a role reads and changes them through ``node``."""
 
-    config: NodeConfig
-    state: NodeState
-    ctx: NodeContext
-    algorithm: Algorithm
-    grpc_address: str
-    clock: Clock
-    collector: Collector | None
-    _settling: asyncio.Task | None
-    _idle: asyncio.Event
-    client: Callable[[str], PeerLink]
-    address_of: Callable[[str], str | None]
-    model_changed: Callable[[str, int, str | None], Awaitable[None]]
-
-    @property
-    def node(self) -> Node:
-        """This object as the :class:`Node` it is mixed into (the only class that mixes it in): what a
-        role's :class:`PeerTransport` works for."""
-        return cast("Node", self)
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.collector: Collector | None = None  # the group this node aggregates now
+        self._settling: asyncio.Task | None = None  # the sender or aggregator role being played, until durable
+        self._idle = asyncio.Event()  # set while no role is held
+        self._idle.set()
 
     def take_role(self, role: Role) -> None:
-        if self.state.role is not Role.IDLE:
-            self.state.counters["busy_refusals"] += 1
-            raise TransferRejected("busy", f"{self.config.id} is {self.state.role.value}")
-        self.state.role = role
+        if self.node.state.role is not Role.IDLE:
+            self.node.state.counters["busy_refusals"] += 1
+            raise TransferRejected("busy", f"{self.node.config.id} is {self.node.state.role.value}")
+        self.node.state.role = role
         self._idle.clear()
 
     def release_role(self) -> None:
-        self.state.role = Role.IDLE
+        self.node.state.role = Role.IDLE
         self._idle.set()
 
     async def settled(self) -> None:
@@ -73,13 +58,13 @@ class RolePlayer:
         """Until no role runs here: the last one settled and none (a pull's source, a probed candidate) is held."""
         while True:
             await self.settled()
-            if self.state.role is Role.IDLE:
+            if self.node.state.role is Role.IDLE:
                 return
             await self._idle.wait()
 
     def fusion_started(self) -> None:
-        self.state.fusing += 1
-        self.state.max_fusing = max(self.state.max_fusing, self.state.fusing)
+        self.node.state.fusing += 1
+        self.node.state.max_fusing = max(self.node.state.max_fusing, self.node.state.fusing)
 
     async def play(self, assignment: Assignment) -> Ack:
         """Take a group role (from the Assign RPC or from this node's own scheduler); see the proto's Assign.
@@ -98,10 +83,10 @@ class RolePlayer:
             return Ack(ok=False, reason="unknown_role")
         group = Group(assignment.aggregator, tuple(assignment.senders), assignment.pull, tuple(assignment.candidates))
         step = Step(assignment.round, group, dict(assignment.state))
-        rounds = self.config.mode == "round"
+        rounds = self.node.config.mode == "round"
         if rounds:
             await self.settled()  # the plan chose us: the last role's checkpoint first, then this one
-            if assignment.round <= self.state.played:
+            if assignment.round <= self.node.state.played:
                 return Ack(ok=True, reason="already_played")
         try:
             self.take_role(role)
@@ -115,7 +100,8 @@ class RolePlayer:
             sending = self._settling = loop.create_task(self._play_sender(step, transport))
             ok = await asyncio.shield(sending if rounds else accepted)  # async: the inviter waits for "accepted" only
             return Ack(ok=ok, reason="" if ok else "not_fused" if rounds else "transfer_failed")
-        collector = self.collector = Collector(step, assignment.epoch, self.clock, max_bytes=self.max_buffered_bytes,
+        collector = self.collector = Collector(step, assignment.epoch, self.node.clock,
+                                               max_bytes=self.max_buffered_bytes,
                                                deadline_s=self.deadline_of(assignment))
         fusing = self._settling = loop.create_task(self._play_aggregator(
             step, PeerTransport(self.node, assignment.epoch, collector=collector, assignment=assignment)))
@@ -129,12 +115,12 @@ class RolePlayer:
     def deadline_of(self, assignment: Assignment) -> float:
         """How long an aggregator waits for its senders: what the assignment asks, never longer than our own
         ``round_timeout`` (an Assign is a peer's request: it cannot hold our only role for as long as it likes)."""
-        asked = assignment.deadline_s
-        return min(asked, self.config.round_timeout) if asked > 0 else self.config.round_timeout  # 0, < 0, NaN: ours
+        asked, ours = assignment.deadline_s, self.node.config.round_timeout
+        return min(asked, ours) if asked > 0 else ours  # 0, < 0, NaN: ours
 
     @property
     def max_buffered_bytes(self) -> int:
-        return int(self.config.max_buffered_mb * 1e6)
+        return int(self.node.config.max_buffered_mb * 1e6)
 
     async def lead(self, round_: int, candidates: list[str], wanted: int) -> bool:
         """Async mode: volunteer as an aggregator and invite ``wanted`` of ``candidates`` (in order) to send.
@@ -143,23 +129,24 @@ class RolePlayer:
         refused; invitations go out in batches until ``wanted`` accepted or the candidates run out.
         Returns whether anybody came.
         """
-        shape = self.algorithm.async_shape
+        shape = self.node.algorithm.async_shape
         if shape == "select":  # 001: volunteer as a sender that chooses its receiver
-            limit = self.config.selection_candidates or len(candidates)
-            chooser = Assignment(round=round_, role=Role.SENDER.value, holder=self.config.id,
-                                 senders=(self.config.id,), candidates=tuple(candidates[:limit]),
-                                 deadline_s=self.config.round_timeout)
+            limit = self.node.config.selection_candidates or len(candidates)
+            chooser = Assignment(round=round_, role=Role.SENDER.value, holder=self.node.config.id,
+                                 senders=(self.node.config.id,), candidates=tuple(candidates[:limit]),
+                                 deadline_s=self.node.config.round_timeout)
             return (await self.play(chooser)).ok
         if shape == "pull":  # nobody to invite: pull from the first ``wanted`` candidates
-            pull = Assignment(round=round_, role=Role.AGGREGATOR.value, aggregator=self.config.id,
+            pull = Assignment(round=round_, role=Role.AGGREGATOR.value, aggregator=self.node.config.id,
                               senders=tuple(candidates[:wanted]), pull=True)
             return (await self.play(pull)).ok
         try:
             self.take_role(Role.AGGREGATOR)
         except TransferRejected:
             return False
-        collector = self.collector = Collector(Step(round_, Group(self.config.id, ())), 0, self.clock, expected=(),
-                                               max_bytes=self.max_buffered_bytes, deadline_s=self.config.round_timeout)
+        config = self.node.config
+        collector = self.collector = Collector(Step(round_, Group(config.id, ())), 0, self.node.clock, expected=(),
+                                               max_bytes=self.max_buffered_bytes, deadline_s=config.round_timeout)
         came: list[str] = []
         remaining = list(candidates)
         try:
@@ -182,32 +169,32 @@ class RolePlayer:
                 self.release_role()
         if not came:
             return False
-        step = Step(round_, Group(self.config.id, tuple(sorted(came))))
+        step = Step(round_, Group(self.node.config.id, tuple(sorted(came))))
         collector.step = step
         self._settling = asyncio.get_running_loop().create_task(
             self._play_aggregator(step, PeerTransport(self.node, 0, collector=collector)))
         return True
 
     def _invitation(self, round_: int, peer: str) -> Assignment:
-        return Assignment(round=round_, epoch=0, holder=self.config.id, role=Role.SENDER.value,
-                          aggregator=self.config.id, aggregator_address=self.grpc_address, senders=(peer,))
+        return Assignment(round=round_, epoch=0, holder=self.node.config.id, role=Role.SENDER.value,
+                          aggregator=self.node.config.id, aggregator_address=self.node.grpc_address, senders=(peer,))
 
     def address_in(self, node_id: str, assignment: Assignment | None) -> str | None:
         """Where ``node_id`` serves: as our peer table knows it, else as the holder that planned the round knew
         it (``assignment.addresses``). The plan was made with it, and our table may not have confirmed it yet:
         a pull, probe or bind that skipped it would play a round other than the simulator's."""
         told = assignment.addresses.get(node_id) if assignment is not None else None
-        return self.address_of(node_id) or told or None
+        return self.node.address_of(node_id) or told or None
 
     async def assign_to(self, node_id: str, assignment: Assignment) -> Ack:
         """A role for ``node_id``: played here if it is us, else sent as an Assign RPC (failures become an Ack)."""
-        if node_id == self.config.id:
+        if node_id == self.node.config.id:
             return await self.play(assignment)
         address = self.address_in(node_id, assignment)
         if address is None:
             return Ack(ok=False, reason="unreachable")
         try:
-            return await self.client(address).assign(assignment, timeout=self.config.round_timeout)
+            return await self.node.client(address).assign(assignment, timeout=self.node.config.round_timeout)
         except PeerUnreachable as exc:
             return Ack(ok=False, reason=exc.reason)
 
@@ -217,21 +204,21 @@ class RolePlayer:
         they were (:meth:`NodeContext.snapshot`): training in place (Combo, FedAvg, a sender that keeps its
         trained model) is done again when the round is played again, from the same start, so a replayed
         round ends as an unfailed one would."""
-        before = self.ctx.snapshot()
+        before = self.node.ctx.snapshot()
         try:
-            await play_sender(self.algorithm, self.ctx, step, transport)
+            await play_sender(self.node.algorithm, self.node.ctx, step, transport)
             self._exchanged(step)
-            await self.model_changed("send", step.round + 1, step.group.aggregator)
+            await self.node.model_changed("send", step.round + 1, step.group.aggregator)
             return True
         except AlreadyPlayed as exc:
-            log.info("%s: round %d: %s", self.config.id, step.round, exc)
+            log.info("%s: round %d: %s", self.node.config.id, step.round, exc)
             return True
         except (TransferFailed, SelectionFailed) as exc:
-            log.info("%s: round %d: %s", self.config.id, step.round, exc)
-            self.ctx.restore_checkpoint(before)
+            log.info("%s: round %d: %s", self.node.config.id, step.round, exc)
+            self.node.ctx.restore_checkpoint(before)
         except Exception:  # a bug must not kill the node: the role is given back, the round goes on
-            log.exception("%s: round %d: the sender role failed", self.config.id, step.round)
-            self.ctx.restore_checkpoint(before)
+            log.exception("%s: round %d: the sender role failed", self.node.config.id, step.round)
+            self.node.ctx.restore_checkpoint(before)
         finally:
             transport._verdict(False)
             self.release_role()
@@ -243,20 +230,20 @@ class RolePlayer:
         crash can still undo; if nothing was fused they are told ``not_fused`` (:meth:`Collector.close`), and
         the models go back to how the role found them (its own local step undone, as a sender's)."""
         assert transport.collector is not None
-        before = self.ctx.snapshot()
+        before = self.node.ctx.snapshot()
         try:
-            if await play_aggregator(self.algorithm, self.ctx, step, transport):
-                self.state.counters["fusions"] += 1
+            if await play_aggregator(self.node.algorithm, self.node.ctx, step, transport):
+                self.node.state.counters["fusions"] += 1
                 self._exchanged(step)
-                await self.model_changed("fusion", step.round + 1, ",".join(step.group.senders))
+                await self.node.model_changed("fusion", step.round + 1, ",".join(step.group.senders))
                 transport.collector.answer(transport.replies)
                 return True
-            self.ctx.restore_checkpoint(before)
+            self.node.ctx.restore_checkpoint(before)
         except Exception:  # a bug (check_message passed): keep serving, the senders get no reply
-            log.exception("%s: round %d: aggregating failed", self.config.id, step.round)
-            self.ctx.restore_checkpoint(before)
+            log.exception("%s: round %d: aggregating failed", self.node.config.id, step.round)
+            self.node.ctx.restore_checkpoint(before)
         finally:
-            self.state.fusing = 0
+            self.node.state.fusing = 0
             transport.collector.close()
             self.collector = None
             self.release_role()
@@ -265,8 +252,8 @@ class RolePlayer:
     def _exchanged(self, step: Step) -> None:
         """This node completed a role in ``step``: async mode counts its exchanges; round mode records the
         round as played (checkpointed with the model next) and that rounds up to it are complete."""
-        state = self.state
-        if self.config.mode == "async":
+        state = self.node.state
+        if self.node.config.mode == "async":
             state.round += 1
             return
         state.played = max(state.played, step.round)

@@ -239,13 +239,13 @@ class RoundScheduler:
                             addresses=addresses)
         try:
             if not group.open:
-                ack = await node.assign_to(group.aggregator, replace(common, role=Role.AGGREGATOR.value))
+                ack = await node.roles.assign_to(group.aggregator, replace(common, role=Role.AGGREGATOR.value))
                 if ack.ok and (group.pull or ack.reason == "already_played"):
                     return True  # a pulling aggregator acks once it fused
                 if not ack.ok:
                     log.warning("round %d: aggregator %s refused: %s", round_, group.aggregator, ack.reason)
                     return False
-            acks = await asyncio.gather(*(node.assign_to(s, replace(common, role=Role.SENDER.value))
+            acks = await asyncio.gather(*(node.roles.assign_to(s, replace(common, role=Role.SENDER.value))
                                           for s in group.senders))
         except Exception:  # a bug in one group must not kill the token: log it and play the round again
             log.exception("round %d: the group of %s crashed", round_, group.aggregator)
@@ -293,7 +293,7 @@ class RoundScheduler:
     async def assign(self, request: Assignment) -> Ack:
         if not self._fresh(request.epoch):
             return Ack(ok=False, reason="stale_epoch")
-        ack = await self.node.play(request)
+        ack = await self.node.roles.play(request)
         self.last_activity = self.node.clock.monotonic()
         return ack
 

@@ -200,6 +200,7 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
                                                lifespan="off"))
         http_task = loop.create_task(http.serve(sockets=[bound.http_socket]))
     try:
+        await node.evaluate_start()
         workers = [loop.create_task(node.run())]
         node.ready.set()
         await stop.wait()

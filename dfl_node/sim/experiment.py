@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from dfl_node.config import ExperimentConfig
@@ -68,7 +69,21 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path, *, mode: 
     if schedule.kills or schedule.partitions:
         result.faults = fault_figures(happened, states, node, work)
         result.faults["round_work_s"] = round(work, 3)
+    if config.devices:
+        result.device_classes = by_class(statuses, costs.class_of)
     return result
+
+
+def by_class(statuses: dict[str, dict], class_of: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Per device class: its nodes, the fusions they ran, and their mean final accuracies."""
+    classes: dict[str, list[dict]] = {}
+    for node_id, status in statuses.items():
+        classes.setdefault(class_of[node_id], []).append(status)
+    return {name: {"nodes": len(members), "fusions": sum(s["fusions"] for s in members),
+                   "fusions_per_node": round(sum(s["fusions"] for s in members) / len(members), 2),
+                   "global_accuracy": round(fmean(s["global_accuracy"] for s in members), 4),
+                   "local_accuracy": round(fmean(s["local_accuracy"] for s in members), 4)}
+            for name, members in classes.items()}
 
 
 async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSchedule, seed: int

@@ -69,7 +69,7 @@ class VirtualFleet:
         node.handshake.starting = False
         self.nodes[node_id] = node
         self.fingerprints[node_id] = node.fingerprint
-        self.fabric.spawn(address, node.run())
+        self.fabric.spawn(address, _serve(node))
         return node
 
     def start_all(self) -> None:
@@ -110,3 +110,9 @@ class VirtualFleet:
     async def finished(self) -> None:
         """Until every node now up has finished its run (its rounds, or its async duration)."""
         await asyncio.gather(*(n.scheduler.finished.wait() for n in self.nodes.values()))
+
+
+async def _serve(node: Node) -> None:
+    """A node's work once it serves, as :func:`~dfl_node.node.service.run_node` does it."""
+    await node.evaluate_start()
+    await node.run()
