@@ -39,6 +39,7 @@ class MinimalNode:
         self.node_id = node_id
         self.assigned: list[tuple[str, Assignment]] = []
         self.finished = asyncio.Event()
+        self.roles = self  # the port's roles: this fake records what it is asked to assign (assign_to)
 
     async def _no_hello(self, address: str) -> HelloReply | None:
         return None

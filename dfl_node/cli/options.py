@@ -106,14 +106,14 @@ def experiment_options(func: F) -> F:
     return CONFIG_OPTION(model_options(ExperimentConfig)(func))
 
 
-NODE_TIMEOUTS = ("heartbeat", "peer_timeout", "token_timeout", "round_timeout")
+NODE_SETTINGS = ("heartbeat", "peer_timeout", "token_timeout", "round_timeout", "interval", "participation")
 
 
-def node_timeout_options(func: F) -> F:
-    """The nodes' timeouts, as ``dfl-node start`` takes them, for a fleet the simulator runs as real nodes."""
+def node_options(func: F) -> F:
+    """The nodes' timings, as ``dfl-node start`` takes them, for a fleet the simulator runs as real nodes."""
     from dfl_node.node.config import NodeConfig
 
-    for name in reversed(NODE_TIMEOUTS):
+    for name in reversed(NODE_SETTINGS):
         field = NodeConfig.model_fields[name]
         func = click.option(f"--{name.replace('_', '-')}", name, type=float, default=None,
                             help=f"--mode: {field.description} (default: {field.default:g})")(func)

@@ -15,10 +15,10 @@ from rich.table import Table
 
 from dfl_node.cli.options import (
     DEMO_DEFAULTS,
-    NODE_TIMEOUTS,
+    NODE_SETTINGS,
     experiment_config,
     experiment_options,
-    node_timeout_options,
+    node_options,
 )
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import provision
@@ -64,18 +64,18 @@ def node_table(results: list[RunResult]) -> Table:
               show_default=True, help="--mode: the config's faults: schedule, or --kills random kills and a partition.")
 @click.option("--kills", type=click.IntRange(min=1), default=20, show_default=True, help="--faults random: kill -9s.")
 @click.option("--fault-seed", type=int, default=0, show_default=True, help="--faults random: the schedule's seed.")
-@node_timeout_options
+@node_options
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="--mode: where the nodes' shards and state dirs go (default: a temporary folder).")
 def simulate(out: Path | None, quiet: bool, config_path: Path | None, mode: str | None, duration: float,
              fault_source: str, kills: int, fault_seed: int, workdir: Path | None, **flags: object) -> None:
     """Run K virtual nodes in-process, round by round (no arguments: a quick demo on digits); with --mode, as
     real nodes on a virtual clock, with device and link costs and faults from the config."""
-    timeouts = {name: flags.pop(name) for name in NODE_TIMEOUTS if flags.get(name) is not None}
+    node_settings = {name: flags.pop(name) for name in NODE_SETTINGS if flags.get(name) is not None}
     config = experiment_config(config_path, DEMO_DEFAULTS, **flags)
     if mode is not None:
         results = [_run_fleet(config, algorithm, mode, duration, kills if fault_source == "random" else 0,
-                              fault_seed, workdir, timeouts, out) for algorithm in config.algorithms]
+                              fault_seed, workdir, node_settings, out) for algorithm in config.algorithms]
         _report(config, results)
         return
     console = Console(stderr=True)
@@ -107,7 +107,7 @@ def _report(config: ExperimentConfig, results: list[RunResult]) -> None:
 
 
 def _run_fleet(config: ExperimentConfig, algorithm: str, mode: str, duration: float, kills: int, seed: int,
-               workdir: Path | None, timeouts: dict[str, Any], out: Path | None) -> RunResult:
+               workdir: Path | None, node_settings: dict[str, Any], out: Path | None) -> RunResult:
     """One algorithm as a fleet of real nodes (:func:`~dfl_node.sim.experiment.run_fleet`): a JSON line of what
     it did (virtual seconds, faults, device classes), its results written to ``out``."""
     from dfl_node.sim.experiment import run_fleet  # the daemon's node: imported only for --mode
@@ -116,7 +116,7 @@ def _run_fleet(config: ExperimentConfig, algorithm: str, mode: str, duration: fl
         folder = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dfl-sim-")))
         try:
             result = run_fleet(config, algorithm, folder, mode=mode, duration=duration if mode == "async" else 0.0,
-                               random_kills=kills, fault_seed=seed, **timeouts)
+                               random_kills=kills, fault_seed=seed, **node_settings)
         except ValueError as exc:  # devices:/links: that do not fit the fleet
             raise click.UsageError(str(exc)) from None
     summary: dict[str, Any] = {"algorithm": algorithm, "mode": mode, "virtual_s": round(result.wall_time_s, 1)}

@@ -94,6 +94,8 @@ class NodeConfig(LearningConfig):
     history_limit: int = Field(2048, ge=1, description="/history and the checkpoint keep this many newest events "
                                "(bounded: a node that runs forever rewrites a bounded state file)")
     evaluate: bool = Field(True, description="evaluate local/global accuracy after every model change")
+    fsync: bool = Field(True, description="write checkpoints through to the disk, so that they survive a power cut "
+                        "and not only a crash; off only for the simulator's in-process fleets")
 
     @field_validator("peers", mode="before")
     @classmethod

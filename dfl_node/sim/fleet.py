@@ -29,7 +29,8 @@ BASE_PORT = 50_000  # the fleet's addresses are 127.0.0.1:50000+i: names on the 
 def plan_nodes(config: ExperimentConfig, algorithm: str, shards: Path, state: Path, *, mode: str = "round",
                **settings: Any) -> list[NodeConfig]:
     """Each node's config, as a testbed would start it (the experiment's learning settings, static peers, no
-    mDNS, no REST); ``settings`` override any of them for every node."""
+    mDNS, no REST), but checkpoints not fsynced (a kill here is in-process: the kernel keeps what was written);
+    ``settings`` override any of them for every node."""
     ids = fleet_ids(config.nodes)
     addresses = {node_id: f"127.0.0.1:{BASE_PORT + i}" for i, node_id in enumerate(ids)}
     specs = architectures(config)
@@ -39,7 +40,8 @@ def plan_nodes(config: ExperimentConfig, algorithm: str, shards: Path, state: Pa
                           "hidden": list(specs[node_id].widths or ()), "data": shards / node_id,
                           "test_data": test if test.exists() else None, "algorithm": algorithm, "mode": mode,
                           "grpc_port": BASE_PORT + i, "http_port": 0, "mdns": False, "state_dir": state / node_id,
-                          "rounds": config.rounds, "min_peers": len(ids) - 1,
+                          "rounds": config.rounds, "min_peers": len(ids) - 1, "fsync": False,
+                          "max_pending_peers": max(32, len(ids)),  # every peer says Hello at once at the start
                           "peers": [a for other, a in addresses.items() if other != node_id], **settings})
             for i, node_id in enumerate(ids)]
 
