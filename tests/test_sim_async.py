@@ -1,0 +1,82 @@
+"""Async mode on the daemon's own nodes, in one process on the virtual clock (issue 19): no global clock, each
+node volunteers, invites (or pulls, or probes and binds), fuses at most one group at a time, and goes on until
+its ``duration`` of virtual seconds is over. These were real-daemon tests of one to two minutes of wall time
+each; gRPC, mDNS and real processes in async mode stay covered by the real kill -9 storm (tests/test_faults.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dfl_node.learning.devices import torch_threads
+from dfl_node.sim.clock import VirtualTimeLoop
+from dfl_node.sim.fleet import VirtualFleet, plan_nodes
+from dfl_node.sim.network import LinkProfile
+from tests.conftest import FLEET
+
+STEP_S = 0.01  # virtual seconds per training step: a fusion takes a while, so volunteers meet busy peers
+
+
+def async_fleet(shards: Path, state: Path, algorithm: str, caplog: pytest.LogCaptureFixture, **settings: Any
+                ) -> dict[str, dict[str, Any]]:
+    """The test fleet in async mode until every node's duration is over: each node's /status then."""
+    caplog.set_level(logging.WARNING)
+    configs = plan_nodes(FLEET, algorithm, shards, state, mode="async", evaluate=False, **settings)
+
+    async def main() -> dict[str, dict[str, Any]]:
+        fleet = VirtualFleet(configs, lambda src, dst: LinkProfile(0.005, 12.5e6))
+        try:
+            fleet.start_all()
+            await asyncio.wait_for(fleet.finished(), 10 * configs[0].duration)
+            return {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
+        finally:
+            await fleet.close()
+
+    loop = VirtualTimeLoop(lambda fn, work: work.steps * STEP_S)
+    try:
+        with torch_threads(FLEET.threads):
+            statuses = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    problems = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert problems == [], [r.getMessage() for r in problems]
+    return statuses
+
+
+def test_async_defkt_every_node_fuses_and_never_two_at_once(fleet_shards: Path, tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    statuses = async_fleet(fleet_shards, tmp_path, "defkt", caplog, duration=60, interval=1.0, participation=0.8)
+    for s in statuses.values():
+        assert s["fusions"] >= 1 and s["max_concurrent_fusions"] == 1 and s["mode"] == "async", s
+    assert sum(s["models_sent"] for s in statuses.values()) == sum(s["fusions"] for s in statuses.values())
+
+
+def test_async_fedavg_groups_aggregate_several_senders(fleet_shards: Path, tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Volunteers invite senders (2 of 4: 50 %), aggregate, send the average back."""
+    statuses = async_fleet(fleet_shards, tmp_path, "fedavg", caplog, duration=120, interval=1.0, participation=0.5)
+    for s in statuses.values():
+        assert s["fusions"] >= 1 and s["models_sent"] >= 1, s  # every node aggregated and sent
+        assert s["rejected"] == {} and s["max_concurrent_fusions"] == 1, s
+    sent = sum(s["models_sent"] for s in statuses.values())
+    received = sum(s["models_received"] for s in statuses.values())
+    assert sent == received > sum(s["fusions"] for s in statuses.values())  # groups of more than one sender
+
+
+@pytest.mark.parametrize(("algorithm", "settings"), [
+    ("defkt-select", {"selection_candidates": 2}),  # a volunteer trains, probes 2 free peers, binds the better one
+    ("fairavg", {}),  # a volunteer trains, pulls a free peer's model and weights both (002 eqs. 4–5)
+], ids=["defkt-select", "fairavg"])
+def test_issue_11_algorithms_run_in_async_mode(fleet_shards: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                               algorithm: str, settings: dict) -> None:
+    statuses = async_fleet(fleet_shards, tmp_path, algorithm, caplog, duration=20, interval=1.0, participation=0.8,
+                           **settings)
+    for s in statuses.values():
+        assert s["fusions"] >= 1 and s["max_concurrent_fusions"] == 1 and s["mode"] == "async", s
+    if algorithm == "defkt-select":
+        assert sum(s["probes_answered"] for s in statuses.values()) >= sum(s["fusions"] for s in statuses.values())
