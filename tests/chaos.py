@@ -27,6 +27,7 @@ from typing import Any
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import read_node_data
 from dfl_node.learning.models import ModelSpec, fingerprint
+from dfl_node.node.rounds import liveness_bound
 from dfl_node.sim import ledger
 from dfl_node.testbed.launcher import NodeProcess, wait_until
 from tests.conftest import FLEET, loopback_fleet
@@ -47,10 +48,10 @@ STORM_TIMEOUTS = {**TIMEOUTS, "peer_timeout": 8.0, "round_timeout": 60.0}  # a r
 
 
 def stall_bound(timeouts: dict[str, float], back_within_peer_timeout: bool) -> float:
-    """``dfl_node.node.rounds``' liveness bound for one crash, plus one round's own work (ROUND_MARGIN)."""
-    quick = (timeouts["peer_timeout"] + timeouts["token_timeout"] + 2 * timeouts["heartbeat"]
-             + min(1.0, timeouts["token_timeout"] / 4) + ROUND_MARGIN)
-    return quick if back_within_peer_timeout else quick + timeouts["round_timeout"]
+    """:func:`dfl_node.node.rounds.liveness_bound` for one crash, plus one round's own work (ROUND_MARGIN)."""
+    return liveness_bound(peer_timeout=timeouts["peer_timeout"], token_timeout=timeouts["token_timeout"],
+                          heartbeat=timeouts["heartbeat"], round_timeout=timeouts["round_timeout"],
+                          quick=back_within_peer_timeout) + ROUND_MARGIN
 HISTORY_LIMIT = 50_000  # no node of these runs comes near it: its whole history is in its checkpoint
 Statuses = dict[str, dict | None]
 

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from dfl_node.learning.devices import torch_threads
-from dfl_node.sim.clock import VirtualTimeLoop
+from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
 from dfl_node.sim.network import LinkProfile
 from tests.conftest import FLEET
@@ -37,12 +36,7 @@ def async_fleet(shards: Path, state: Path, algorithm: str, caplog: pytest.LogCap
         finally:
             await fleet.close()
 
-    loop = VirtualTimeLoop(lambda fn, work: work.steps * STEP_S)
-    try:
-        with torch_threads(FLEET.threads):
-            statuses = loop.run_until_complete(main())
-    finally:
-        loop.close()
+    statuses = run_virtual(main(), lambda work: work.steps * STEP_S, FLEET.threads)
     problems = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert problems == [], [r.getMessage() for r in problems]
     return statuses

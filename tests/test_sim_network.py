@@ -12,38 +12,21 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 import torch
 
-from dfl_node.learning.devices import torch_threads
 from dfl_node.learning.fleet import provision
 from dfl_node.node.daemon import Node
 from dfl_node.sim import Simulation
-from dfl_node.sim.clock import CostFn, VirtualTimeLoop
+from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
 from dfl_node.sim.network import LinkProfile
 from tests.conftest import FLEET
 
-T = TypeVar("T")
 ROUNDS = 3
-
-
-def run_virtual(main: Coroutine[Any, Any, T], cost: CostFn | None = None) -> T:
-    """Run ``main`` on a virtual-time loop (``to_thread`` work charged by ``cost``), with torch's threads as
-    a daemon sets them for its process (``serve``) and the simulator for its run: the work runs inline on
-    this thread, and the number of threads decides a float sum's order. Left at torch's default (one per
-    core), nodes 0 and 1 of the Def-KT fleet end with other bits than the simulator's (which runs with
-    ``threads``: 1) — under pytest, or in a script unless a Simulation ran first and left its setting."""
-    loop = VirtualTimeLoop(cost)
-    try:
-        with torch_threads(FLEET.threads):
-            return loop.run_until_complete(main)
-    finally:
-        loop.close()
 
 
 @contextlib.asynccontextmanager
@@ -75,7 +58,7 @@ def test_rounds_on_the_memory_network_equal_the_simulator_bit_for_bit(algorithm:
             await asyncio.wait_for(fleet.finished(), 600)
             return ({n: node.ctx.snapshot() for n, node in fleet.nodes.items()}, asyncio.get_running_loop().time())
 
-    states, virtual = run_virtual(main(), cost=lambda fn, work: COMPUTE_S)
+    states, virtual = run_virtual(main(), lambda work: COMPUTE_S, FLEET.threads)
     config = FLEET.model_copy(update={"rounds": ROUNDS})
     simulation = Simulation(config, algorithm, provision(config))
     simulation.run()
@@ -122,7 +105,7 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
             return round_at_kill, regenerated_after, loop.time(), others
 
     wall = time.perf_counter()
-    round_at_kill, regenerated_after, virtual, others = run_virtual(main(), cost=lambda fn, work: COMPUTE_S)
+    round_at_kill, regenerated_after, virtual, others = run_virtual(main(), lambda work: COMPUTE_S, FLEET.threads)
     wall = time.perf_counter() - wall
     assert 1 <= round_at_kill < rounds
     assert token_timeout <= regenerated_after <= bound, caplog.text  # silence, then regenerated in time

@@ -59,11 +59,7 @@ def evaluate_many(
     results: list[Evaluation | None] = [None] * len(models)
     for indices in group_by_architecture(models).values():
         group = [models[i] for i in indices]
-        if len(group) == 1:
-            evaluations = [evaluate(group[0], data)]  # counts its samples
-        else:
-            evaluations = _evaluate_group(group, data, memory_budget)
-            work.DONE.samples_evaluated += len(data) * len(group)
+        evaluations = [evaluate(group[0], data)] if len(group) == 1 else _evaluate_group(group, data, memory_budget)
         for i, evaluation in zip(indices, evaluations):
             results[i] = evaluation
     return [r for r in results if r is not None]
@@ -144,6 +140,7 @@ def _evaluate_stack(models: list[nn.Module], data: ArrayDataset, batch: int) -> 
         loss_sum += losses.sum(1, dtype=torch.float64)
         correct += (logits.argmax(-1) == y).sum(1)
     n = max(len(data), 1)
+    work.DONE.samples_evaluated += len(data) * count
     return [
         Evaluation(accuracy=int(c) / n, loss=float(s) / n, samples=len(data)) for c, s in zip(correct, loss_sum)
     ]

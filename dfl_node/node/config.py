@@ -138,3 +138,8 @@ class NodeConfig(LearningConfig):
         if self.host in ("0.0.0.0", "::"):
             raise ValueError("--host 0.0.0.0 needs --advertise ADDR: the address peers should dial")
         return self.host
+
+    @property
+    def grpc_address(self) -> str:
+        """host:port where peers reach this node."""
+        return f"{self.advertised_host}:{self.grpc_port}"

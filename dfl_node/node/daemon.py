@@ -83,7 +83,7 @@ class Node:
         self._layouts: dict[str, tuple[str, Manifest]] = {}
         resolve = self._layout_of if self.algorithm.architectures == "any" else None
         self.wire = WireIdentity(config.swarm, str(spec), self.fingerprint, manifest_of(layout), Limits(), resolve)
-        self.grpc_address = f"{config.advertised_host}:{config.grpc_port}"
+        self.grpc_address = config.grpc_address
         self.checkpoint = Checkpoint(config.state_path, fsync=config.fsync)
         self.state = NodeState(history=deque(maxlen=config.history_limit))
         self.ready = asyncio.Event()  # set once gRPC, REST and discovery are up

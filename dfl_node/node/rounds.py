@@ -39,7 +39,8 @@
   the restart, the Hello that reveals it, a lost token's ``token_timeout`` of silence, the watchdog's
   tick and the holder's replay heartbeat. A member down for longer is waited for up to ``round_timeout``
   more (it may be the only one that knows the newest round): then add ``round_timeout``.
-  ``tests/test_faults.py``'s round storm checks both bounds after every kill.
+  :func:`liveness_bound` computes it; ``tests/test_faults.py``'s real storm and ``tests/test_sim_storms.py``'s
+  in-process ones check it after every kill.
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ from dfl_node.node.ports import SchedulerPort
 from dfl_node.peering.messages import Ack, Assignment, Progress, Token
 
 log = logging.getLogger(__name__)
+
+
+def liveness_bound(*, peer_timeout: float, token_timeout: float, heartbeat: float, round_timeout: float,
+                   quick: bool) -> float:
+    """The module's "Liveness" bound, without the round's own work: how long after a member's crash the fleet
+    may go without fusing — back within ``peer_timeout`` (``quick``), or later (``round_timeout`` more)."""
+    bound = peer_timeout + token_timeout + 2 * heartbeat + min(1.0, token_timeout / 4)
+    return bound if quick else bound + round_timeout
 
 
 class RoundScheduler:

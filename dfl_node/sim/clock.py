@@ -14,7 +14,7 @@ one here. What we need is ~40 lines over asyncio's own scheduling:
   120 s token timeout costs no wall time. A loop with nothing ready and no timer is deadlocked (nothing can
   wake it: the simulator has no sockets): it raises :class:`Deadlock` instead of hanging.
 * :class:`InlineExecutor`, the loop's default executor: ``to_thread`` work runs *inline*, on the loop's
-  thread, in the order it was asked for, and its result is delivered ``cost(fn, work)`` virtual seconds
+  thread, in the order it was asked for, and its result is delivered ``cost(work)`` virtual seconds
   later, ``work`` being the training steps and evaluated samples it did (:mod:`dfl_node.learning.work`).
   That is how compute is charged: the work itself takes no virtual time, the device profile says what it
   costs (:mod:`dfl_node.sim.costs`). (Default cost 0: free.)
@@ -26,18 +26,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import selectors
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from dfl_node.learning import work
+from dfl_node.learning.devices import torch_threads
 from dfl_node.learning.work import Work
 from dfl_node.node.clock import Clock
 
 # Where virtual wall time starts: 2020-01-01T00:00:00Z, a fixed epoch so that timestamps are reproducible.
 VIRTUAL_EPOCH = 1_577_836_800.0
 
-# a function run off the loop, and the work it did -> its cost in virtual seconds
-CostFn = Callable[[Callable[..., Any], Work], float]
+T = TypeVar("T")
+CostFn = Callable[[Work], float]  # the work a call run off the loop did -> its cost in virtual seconds
 
 
 class Deadlock(RuntimeError):
@@ -71,7 +72,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super().__init__(selector)
         selector.loop = self
         self._now = 0.0
-        self.set_default_executor(InlineExecutor(self, cost or (lambda fn, work: 0.0)))
+        self.set_default_executor(InlineExecutor(self, cost or (lambda work: 0.0)))
 
     def time(self) -> float:
         return self._now
@@ -82,9 +83,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
 
 class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
-    """Runs each submitted function at once on the calling (the loop's) thread; its future resolves ``cost(fn)``
-    virtual seconds later. A ThreadPoolExecutor only because asyncio accepts no other as its default; it
-    never starts a thread."""
+    """Runs each submitted function at once on the calling (the loop's) thread; its future resolves
+    ``cost(work)`` virtual seconds later, ``work`` being what the function computed. A ThreadPoolExecutor
+    only because asyncio accepts no other as its default; it never starts a thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, cost: CostFn) -> None:
         super().__init__(max_workers=1)
@@ -97,9 +98,9 @@ class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:  # delivered to the awaiting task, as a worker thread would
-            self._loop.call_later(self._cost(fn, work.DONE.since(before)), future.set_exception, exc)
+            self._loop.call_later(self._cost(work.DONE.since(before)), future.set_exception, exc)
         else:
-            self._loop.call_later(self._cost(fn, work.DONE.since(before)), future.set_result, result)
+            self._loop.call_later(self._cost(work.DONE.since(before)), future.set_result, result)
         return future
 
 
@@ -109,3 +110,15 @@ class VirtualClock(Clock):
 
     def wall(self) -> float:
         return VIRTUAL_EPOCH + asyncio.get_running_loop().time()
+
+
+def run_virtual(main: Coroutine[Any, Any, T], cost: CostFn | None = None, threads: int = 1) -> T:
+    """Run ``main`` to its end on a new :class:`VirtualTimeLoop` (executor work charged by ``cost``), with torch
+    on ``threads`` threads as a daemon sets them for its process: the work runs inline on this thread, and
+    the number of threads decides a float sum's order, so the bits a simulated node computes."""
+    loop = VirtualTimeLoop(cost)
+    try:
+        with torch_threads(threads):
+            return loop.run_until_complete(main)
+    finally:
+        loop.close()

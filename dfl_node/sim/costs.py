@@ -4,9 +4,6 @@ off it (:class:`~dfl_node.sim.clock.InlineExecutor`), and the fabric's link prof
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from dfl_node.learning.work import Work
 from dfl_node.sim.clock import CostFn
 from dfl_node.sim.network import LinkProfile, ProfileFn, current_node
@@ -25,7 +22,7 @@ def classes_of(node_ids: list[str], devices: dict[str, DeviceClass]) -> dict[str
 
 
 class CostModel:
-    """Device and link classes of a fleet whose node ``node_ids[i]`` serves at ``addresses[i]``."""
+    """Device and link classes of a fleet whose nodes serve at ``addresses`` (by node id)."""
 
     def __init__(self, addresses: dict[str, str], devices: dict[str, DeviceClass], links: dict[str, LinkClass]
                  ) -> None:
@@ -40,7 +37,7 @@ class CostModel:
 
     def compute(self) -> CostFn:
         """Virtual seconds a call took on the calling node's device: its steps and evaluated samples."""
-        def cost(fn: Callable[..., Any], work: Work) -> float:
+        def cost(work: Work) -> float:
             device = self.device_of.get(current_node() or "", self.devices[DEFAULT])
             return work.steps * device.step_s + work.samples_evaluated * device.eval_sample_s
         return cost

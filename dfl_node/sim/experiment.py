@@ -4,18 +4,16 @@ its faults played as scheduled (:mod:`dfl_node.sim.faults`). Deterministic for a
 
 from __future__ import annotations
 
-import asyncio
 import math
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
 from dfl_node.config import ExperimentConfig
-from dfl_node.learning.devices import torch_threads
 from dfl_node.learning.fleet import provision, write_fleet
 from dfl_node.node.config import NodeConfig
 from dfl_node.results import RunResult
-from dfl_node.sim.clock import VIRTUAL_EPOCH, VirtualTimeLoop
+from dfl_node.sim.clock import VIRTUAL_EPOCH, run_virtual
 from dfl_node.sim.costs import CostModel
 from dfl_node.sim.faults import Fault, fault_figures, play_faults, stall_bound
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
@@ -48,7 +46,7 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path, *, mode: 
     write_fleet(data, shards)
     configs = plan_nodes(config, algorithm, shards, workdir / algorithm, mode=mode, duration=duration,
                          history_limit=HISTORY_LIMIT, **settings)
-    costs = CostModel({c.id: f"{c.advertised_host}:{c.grpc_port}" for c in configs}, config.devices, config.links)
+    costs = CostModel({c.id: c.grpc_address for c in configs}, config.devices, config.links)
     work = round_work(config, algorithm, costs, max(len(c.train) for c in data.clients))
     node = configs[0]
     schedule = config.faults
@@ -57,13 +55,8 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path, *, mode: 
                                         recovery=stall_bound(node, True, work),
                                         slow_recovery=stall_bound(node, False, work),
                                         heal_within=0.9 * node.round_timeout)
-    loop = VirtualTimeLoop(costs.compute())
-    try:
-        with torch_threads(config.threads):
-            statuses, histories, happened, ended, states = loop.run_until_complete(
-                _run(configs, costs, schedule, fault_seed))
-    finally:
-        loop.close()
+    statuses, histories, happened, ended, states = run_virtual(_run(configs, costs, schedule, fault_seed),
+                                                               costs.compute(), config.threads)
     train_sizes = {c.node_id: len(c.train) for c in data.clients}
     result = fleet_result("simulate", statuses, histories, config, algorithm, train_sizes, VIRTUAL_EPOCH, ended)
     if schedule.kills or schedule.partitions:
@@ -93,7 +86,7 @@ async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSched
         fleet.start_all()
         happened = await play_faults(fleet, schedule, seed)
         await fleet.finished()
-        ended = VIRTUAL_EPOCH + asyncio.get_running_loop().time()
+        ended = fleet.clock.wall()
         statuses = {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
         histories = {n: [h.model_dump(mode="json") for h in node.get_history()]
                      for n, node in sorted(fleet.nodes.items())}

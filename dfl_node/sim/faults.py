@@ -19,7 +19,7 @@ from typing import Any, Literal
 from dfl_node.algorithms.plan import Role
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
-from dfl_node.sim.clock import VIRTUAL_EPOCH
+from dfl_node.node.rounds import liveness_bound
 from dfl_node.sim.fleet import VirtualFleet
 from dfl_node.sim.ledger import Ledger, completed_rounds
 from dfl_node.sim_config import FaultSchedule, PartitionFault
@@ -30,12 +30,9 @@ ROLE_WAIT_S = 120.0  # how long a kill waits for a node in its role before it ta
 
 
 def stall_bound(config: NodeConfig, quick: bool, round_work: float) -> float:
-    """:mod:`dfl_node.node.rounds`' liveness bound ("Liveness"): after a member crashes and serves again within
-    ``peer_timeout`` (``quick``), the fleet fuses again within peer_timeout + token_timeout + 2·heartbeat +
-    min(1 s, token_timeout/4) plus one round's own work; a member down longer adds round_timeout."""
-    bound = (config.peer_timeout + config.token_timeout + 2 * config.heartbeat + min(1.0, config.token_timeout / 4)
-             + round_work)
-    return bound if quick else bound + config.round_timeout
+    """:func:`~dfl_node.node.rounds.liveness_bound` for ``config``'s timeouts, plus one round's own work."""
+    return liveness_bound(peer_timeout=config.peer_timeout, token_timeout=config.token_timeout,
+                          heartbeat=config.heartbeat, round_timeout=config.round_timeout, quick=quick) + round_work
 
 
 @dataclass
@@ -91,7 +88,7 @@ async def play_faults(fleet: VirtualFleet, schedule: FaultSchedule, seed: int) -
             ids = sorted(fleet.configs)
             sides = event.sides or [ids[: len(ids) // 2], ids[len(ids) // 2:]]
             fleet.partition(*sides)
-            happened.append(Fault("partition", _wall(), "|".join(",".join(s) for s in sides), "-",
+            happened.append(Fault("partition", fleet.clock.wall(), "|".join(",".join(s) for s in sides), "-",
                                   event.heal_after))
             await asyncio.sleep(event.heal_after)
             fleet.heal()
@@ -102,7 +99,7 @@ async def play_faults(fleet: VirtualFleet, schedule: FaultSchedule, seed: int) -
         role = "holder" if node.state.holding else "aggregator" if node.state.fusing else node.state.role.value
         fleet.kill(node.node_id)
         log.info("fault: kill -9 %s (%s), back in %.1f s", node.node_id, role, event.down_for)
-        happened.append(Fault("kill", _wall(), node.node_id, role, event.down_for))
+        happened.append(Fault("kill", fleet.clock.wall(), node.node_id, role, event.down_for))
         restarts.append(loop.create_task(_restart(fleet, node.node_id, event.down_for)))
     await asyncio.gather(*restarts)
     return happened
@@ -111,10 +108,6 @@ async def play_faults(fleet: VirtualFleet, schedule: FaultSchedule, seed: int) -
 async def _restart(fleet: VirtualFleet, node_id: str, after: float) -> None:
     await asyncio.sleep(after)
     fleet.start(node_id)
-
-
-def _wall() -> float:
-    return VIRTUAL_EPOCH + asyncio.get_running_loop().time()
 
 
 def fault_figures(faults: list[Fault], states: dict[str, dict[str, Any]], config: NodeConfig, round_work: float

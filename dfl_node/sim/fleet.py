@@ -56,7 +56,8 @@ class VirtualFleet:
         self.fabric = MemoryFabric(links)
         self.fabric.install(asyncio.get_running_loop())
         self.nodes: dict[str, Node] = {}  # the nodes up now
-        self.addresses = {c.id: f"{c.advertised_host}:{c.grpc_port}" for c in configs}
+        self.addresses = {c.id: c.grpc_address for c in configs}
+        self.clock = VirtualClock()  # every node's: the loop's virtual time
         self.fingerprints: dict[str, str] = {}  # each node's model, once started
         self._ending: set[asyncio.Task[Any]] = set()  # tasks of killed nodes, cancelled: awaited by close()
 
@@ -66,7 +67,7 @@ class VirtualFleet:
         config = self.configs[node_id]
         address = self.addresses[node_id]
         node = Node(config, network=self.fabric.endpoint(address, connect_timeout=config.connect_timeout),
-                    clock=VirtualClock())
+                    clock=self.clock)
         self.fabric.serve(address, node.requests)
         node.handshake.starting = False
         self.nodes[node_id] = node
