@@ -49,19 +49,48 @@ class PartitionFault(_Strict):
     heal_after: float = Field(..., gt=0, description="seconds until every link is back")
 
 
+class LinkFault(_Strict):
+    """A slow or lossy link for a while: each message to or from ``nodes`` costs at least ``latency_s`` and
+    travels at most at ``bandwidth_mbps``, and is lost with probability ``loss`` — TCP then sends it again after
+    its retransmission timeout, so a lost message costs ``retransmit_s`` more each time, as on a real lossy link."""
+
+    at: float = Field(..., ge=0, description="seconds from the start")
+    for_s: float = Field(..., gt=0, description="seconds until the link is as its class says again")
+    nodes: list[str] | None = Field(None, description="the node ids whose links degrade; left out: every link")
+    latency_s: float = Field(0.1, ge=0, description="one-way latency of every message meanwhile")
+    bandwidth_mbps: float = Field(1.0, gt=0, description="megabits per second meanwhile")
+    loss: float = Field(0.0, ge=0, lt=1, description="probability that a message is lost (and sent again)")
+    retransmit_s: float = Field(0.2, gt=0, description="what each loss adds: TCP's retransmission timeout")
+
+
+class SlowNodeFault(_Strict):
+    """A node whose computation slows down for a while (thermal throttling, a competing process)."""
+
+    at: float = Field(..., ge=0, description="seconds from the start")
+    for_s: float = Field(..., gt=0, description="seconds until it runs at its device's speed again")
+    node: str = Field(..., description="the node id")
+    factor: float = Field(10.0, ge=1, description="how many times its device's time each step and sample take")
+
+
 class FaultSchedule(_Strict):
     """What goes wrong, and when."""
 
     kills: list[KillFault] = []
     partitions: list[PartitionFault] = []
+    links: list[LinkFault] = []
+    slow_nodes: list[SlowNodeFault] = []
 
     @classmethod
     def random(cls, seed: int, kills: int, *, peer_timeout: float, recovery: float, slow_recovery: float,
-               partitions: int = 1, heal_within: float = 30.0, start: float = 10.0) -> FaultSchedule:
+               partitions: int = 1, heal_within: float = 30.0, start: float = 10.0, slowdowns: int = 0,
+               nodes: list[str] | None = None) -> FaultSchedule:
         """``kills`` kill -9s and ``partitions`` partitions at seeded random moments, one at a time: each comes
         once the fleet had time to recover from the one before (``recovery`` after a victim back within
         ``peer_timeout``, ``slow_recovery`` after one back later, or after a heal). Victims' roles cycle holder,
-        aggregator, sender, any; every other one is back before ``peer_timeout`` (nobody saw it leave)."""
+        aggregator, sender, any; every other one is back before ``peer_timeout`` (nobody saw it leave).
+
+        Then ``slowdowns`` (drawn apart, so a seed's kills stay the same), one at a time as well: a slow, lossy
+        link to one of ``nodes``, then one of them slowed down, and so on, each for up to ``heal_within``."""
         rng = random.Random(seed)
         schedule = cls()
         partition_slots = set(rng.sample(range(kills + partitions), partitions))
@@ -78,4 +107,16 @@ class FaultSchedule(_Strict):
             down = peer_timeout * (rng.uniform(0.1, 0.8) if quick else rng.uniform(1.2, 2.0))
             schedule.kills.append(KillFault(at=t, node=KILL_ROLES[n % len(KILL_ROLES)], down_for=down))
             t += down + (recovery if quick else slow_recovery)
+        if slowdowns and not nodes:
+            raise ValueError("random slowdowns need the fleet's node ids")
+        slow = random.Random(f"{seed}-slowdowns")
+        for i in range(slowdowns):
+            t += slow.uniform(0.0, 10.0)
+            for_s, node = slow.uniform(0.2, 1.0) * heal_within, slow.choice(nodes or [])
+            if i % 2 == 0:
+                schedule.links.append(LinkFault(at=t, for_s=for_s, nodes=[node], loss=slow.uniform(0.05, 0.3)))
+            else:
+                # slower, but within what the timeouts allow (a node 10× slower would have its groups abandoned)
+                schedule.slow_nodes.append(SlowNodeFault(at=t, for_s=for_s, node=node, factor=slow.uniform(1.5, 2.0)))
+            t += for_s + slow_recovery
         return schedule

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -92,6 +93,29 @@ def error_lines(result: Result) -> list[str]:
     assert "Traceback" not in result.output
     return [line for line in result.output.splitlines() if line.lower().startswith("error: ")]
 
+
+# ----------------------------------------------------------------------------- parallel runs (pytest-xdist)
+
+ISOLATED_PYTHON = Path(__file__).with_name("isolated-python")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With ``-n N``, every worker runs in a network namespace of its own (``tests/isolated-python``): loopback
+    only, so two workers' daemons never share a port or an mDNS swarm, and none can reach the real network.
+    Needs root (as the README's ``unshare -n`` does); elsewhere workers share the caller's network."""
+    if hasattr(config, "workerinput") or os.geteuid() != 0:
+        return
+    tx = getattr(config.option, "tx", None) or []
+    config.option.tx = [f"popen//python={ISOLATED_PYTHON} {sys.executable}" if spec == "popen" else spec
+                        for spec in tx]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests of the host's shared state — named network namespaces, the Docker engine — run one at a time, on
+    one worker (``--dist loadgroup``, set in pyproject.toml): a worker's own namespace does not contain them."""
+    for item in items:
+        if item.get_closest_marker("netns") or item.get_closest_marker("docker"):
+            item.add_marker(pytest.mark.xdist_group("host"))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,7 +1,8 @@
 """Deterministic fault storms (issue 19): the daemon's own nodes in one process, on the in-memory network and the
 virtual clock (:func:`dfl_node.sim.experiment.run_fleet`), through 20 seeded kill -9s and a partition each —
-token holders, aggregators mid-fusion, senders, restarts faster than ``peer_timeout`` and slower — over many
-seeds. Every invariant is read from what the nodes made durable (:mod:`dfl_node.sim.ledger`).
+token holders, aggregators mid-fusion, senders, restarts faster than ``peer_timeout`` and slower — then a slow,
+lossy link and a slow node, over many seeds. Every invariant is read from what the nodes made durable
+(:mod:`dfl_node.sim.ledger`).
 
 A failing seed prints the ``dfl-node simulate`` command that replays it, bit for bit.
 """
@@ -19,8 +20,10 @@ from dfl_node.config import ExperimentConfig
 from dfl_node.config_loader import load_config
 from dfl_node.results import RunResult
 from dfl_node.sim.experiment import run_fleet
+from dfl_node.sim_config import FaultSchedule, LinkFault, SlowNodeFault
 
 KILLS = 20
+SLOWDOWNS = 2  # after the kills: a slow, lossy link, then a slow node
 TIMEOUTS = {"heartbeat": 1.0, "peer_timeout": 4.0, "token_timeout": 5.0, "round_timeout": 20.0}
 STORM_FILE = Path(__file__).parent.parent / "experiments" / "sim_storm.yaml"  # its comment says why it is so
 STORM = load_config(ExperimentConfig, STORM_FILE, {})
@@ -30,7 +33,7 @@ DURATION = 1500.0  # async mode: as long as the round-mode storm takes
 def replay(seed: int, mode: str) -> str:
     """The command that replays a storm, bit for bit."""
     return (f"dfl-node simulate --config experiments/sim_storm.yaml --mode {mode} --duration {DURATION:g} "
-            f"--faults random --kills {KILLS} --fault-seed {seed} "
+            f"--faults random --kills {KILLS} --slowdowns {SLOWDOWNS} --fault-seed {seed} "
             + " ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in TIMEOUTS.items()))
 
 
@@ -45,7 +48,7 @@ def storm(seed: int, mode: str, workdir: Path) -> Storm:
     """One storm, in under a minute of wall time (the issue's bound per seed)."""
     started = time.perf_counter()
     result = run_fleet(STORM, "defkt", workdir, mode=mode, duration=DURATION if mode == "async" else 0.0,
-                       random_kills=KILLS, fault_seed=seed, **TIMEOUTS)
+                       random_kills=KILLS, random_slowdowns=SLOWDOWNS, fault_seed=seed, **TIMEOUTS)
     wall = time.perf_counter() - started
     how = f"replay: {replay(seed, mode)}"
     assert result.faults is not None, how
@@ -58,6 +61,7 @@ def test_a_round_mode_storm_loses_nothing_and_runs_nothing_twice(seed: int, tmp_
     run = storm(seed, "round", tmp_path)
     faults, how = run.faults, run.how
     assert faults["kills"] == KILLS and faults["partitions"] == 1, how
+    assert faults["links_degraded"] == 1 and faults["nodes_slowed"] == 1, how
     assert faults["rounds_completed"] == STORM.rounds, how
     assert faults["rounds_lost"] == 0 and faults["rounds_run_twice"] == 0, (faults, how)
     assert faults["accepted_models_lost"] == 0, (faults, how)
@@ -73,7 +77,7 @@ def test_a_round_mode_storm_loses_nothing_and_runs_nothing_twice(seed: int, tmp_
 @pytest.mark.parametrize("seed", range(10))
 def test_an_async_storm_loses_no_accepted_model(seed: int, tmp_path: Path) -> None:
     run = storm(seed, "async", tmp_path)
-    assert run.faults["kills"] == KILLS, run.how
+    assert run.faults["kills"] == KILLS and run.faults["links_degraded"] == run.faults["nodes_slowed"] == 1, run.how
     assert run.faults["accepted_models_lost"] == 0 and run.faults["fusions_recorded_twice"] == 0, (run.faults, run.how)
     assert run.result.rounds >= 50, run.how  # it went on learning: fusions across the fleet
 
@@ -82,3 +86,20 @@ def test_a_storm_is_deterministic_for_its_seed(tmp_path: Path) -> None:
     first, again = storm(7, "round", tmp_path / "a").result, storm(7, "round", tmp_path / "b").result
     assert [n.param_sha256 for n in first.nodes] == [n.param_sha256 for n in again.nodes]
     assert first.faults == again.faults and first.wall_time_s == again.wall_time_s
+
+
+def test_a_node_slowed_past_the_round_timeout_is_left_out_and_a_lossy_link_only_slows(tmp_path: Path) -> None:
+    """A node ten times slower than its device cannot train within ``round_timeout``: the holder plays its
+    group again, then abandons it (rounds.py), and the fleet goes on; a link that loses half its messages
+    only costs retransmissions. Nothing runs twice and no accepted model is lost either way."""
+    schedule = FaultSchedule(slow_nodes=[SlowNodeFault(at=60, for_s=150, node="node-1", factor=10)],
+                             links=[LinkFault(at=300, for_s=100, loss=0.5)])
+    config = STORM.model_copy(update={"rounds": 40, "faults": schedule})
+    result = run_fleet(config, "defkt", tmp_path, **TIMEOUTS)
+    faults = result.faults
+    assert faults is not None and faults["nodes_slowed"] == faults["links_degraded"] == 1
+    assert faults["rounds_completed"] == 40 and faults["groups_abandoned"] >= 1, faults
+    assert faults["rounds_lost"] == faults["groups_abandoned"], faults  # no round lost but those given up
+    assert faults["rounds_run_twice"] == 0 and faults["accepted_models_lost"] == 0, faults
+    link = next(f for f in faults["faults"] if f["kind"] == "link")
+    assert link["stall_s"] <= link["bound_s"], link

@@ -61,20 +61,25 @@ def node_table(results: list[RunResult]) -> Table:
 @click.option("--duration", type=float, default=600.0, show_default=True,
               help="--mode async: virtual seconds the fleet runs.")
 @click.option("--faults", "fault_source", type=click.Choice(["config", "random"]), default="config",
-              show_default=True, help="--mode: the config's faults: schedule, or --kills random kills and a partition.")
+              show_default=True, help="--mode: the config's faults: schedule, or --kills random kills and a partition, "
+                                      "then --slowdowns slow links and nodes.")
 @click.option("--kills", type=click.IntRange(min=1), default=20, show_default=True, help="--faults random: kill -9s.")
+@click.option("--slowdowns", type=click.IntRange(min=0), default=0, show_default=True,
+              help="--faults random: slow, lossy links and slow nodes, in turn, after the kills.")
 @click.option("--fault-seed", type=int, default=0, show_default=True, help="--faults random: the schedule's seed.")
 @node_options
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="--mode: where the nodes' shards and state dirs go (default: a temporary folder).")
 def simulate(out: Path | None, quiet: bool, config_path: Path | None, mode: str | None, duration: float,
-             fault_source: str, kills: int, fault_seed: int, workdir: Path | None, **flags: object) -> None:
+             fault_source: str, kills: int, slowdowns: int, fault_seed: int, workdir: Path | None,
+             **flags: object) -> None:
     """Run K virtual nodes in-process, round by round (no arguments: a quick demo on digits); with --mode, as
     real nodes on a virtual clock, with device and link costs and faults from the config."""
     node_settings = {name: flags.pop(name) for name in NODE_SETTINGS if flags.get(name) is not None}
     config = experiment_config(config_path, DEMO_DEFAULTS, **flags)
     if mode is not None:
-        results = [_run_fleet(config, algorithm, mode, duration, kills if fault_source == "random" else 0,
+        randomly = fault_source == "random"
+        results = [_run_fleet(config, algorithm, mode, duration, (kills, slowdowns) if randomly else (0, 0),
                               fault_seed, workdir, node_settings, out) for algorithm in config.algorithms]
         _report(config, results)
         return
@@ -106,8 +111,8 @@ def _report(config: ExperimentConfig, results: list[RunResult]) -> None:
     Console().print(node_table(results))
 
 
-def _run_fleet(config: ExperimentConfig, algorithm: str, mode: str, duration: float, kills: int, seed: int,
-               workdir: Path | None, node_settings: dict[str, Any], out: Path | None) -> RunResult:
+def _run_fleet(config: ExperimentConfig, algorithm: str, mode: str, duration: float, random_faults: tuple[int, int],
+               seed: int, workdir: Path | None, node_settings: dict[str, Any], out: Path | None) -> RunResult:
     """One algorithm as a fleet of real nodes (:func:`~dfl_node.sim.experiment.run_fleet`): a JSON line of what
     it did (virtual seconds, faults, device classes), its results written to ``out``."""
     from dfl_node.sim.experiment import run_fleet  # the daemon's node: imported only for --mode
@@ -116,7 +121,8 @@ def _run_fleet(config: ExperimentConfig, algorithm: str, mode: str, duration: fl
         folder = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dfl-sim-")))
         try:
             result = run_fleet(config, algorithm, folder, mode=mode, duration=duration if mode == "async" else 0.0,
-                               random_kills=kills, fault_seed=seed, **node_settings)
+                               random_kills=random_faults[0], random_slowdowns=random_faults[1], fault_seed=seed,
+                               **node_settings)
         except ValueError as exc:  # devices:/links: that do not fit the fleet
             raise click.UsageError(str(exc)) from None
     summary: dict[str, Any] = {"algorithm": algorithm, "mode": mode, "virtual_s": round(result.wall_time_s, 1)}

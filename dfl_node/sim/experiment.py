@@ -35,31 +35,33 @@ def round_work(config: ExperimentConfig, algorithm: str, costs: CostModel, large
 
 
 def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path, *, mode: str = "round", duration: float = 0.0,
-              random_kills: int = 0, fault_seed: int = 0, **settings: Any) -> RunResult:
+              random_kills: int = 0, random_slowdowns: int = 0, fault_seed: int = 0, **settings: Any) -> RunResult:
     """Run ``algorithm`` on ``config``'s fleet as real nodes in ``mode`` (async: for ``duration`` virtual
     seconds), shards and state dirs under ``workdir``. The config's faults are played from the start — or,
-    with ``random_kills``, that many kills and a partition drawn from ``fault_seed``
-    (:meth:`~dfl_node.sim_config.FaultSchedule.random`, spaced by the liveness bounds); ``fault_seed`` also
-    picks among the nodes a kill's role names. ``settings`` override any node setting."""
+    with ``random_kills``, that many kills and a partition drawn from ``fault_seed``, then ``random_slowdowns``
+    slow links and nodes (:meth:`~dfl_node.sim_config.FaultSchedule.random`, spaced by the liveness bounds);
+    ``fault_seed`` also picks among the nodes a kill's role names, and the messages a lossy link loses.
+    ``settings`` override any node setting."""
     data = provision(config)
     shards = workdir / "shards"
     write_fleet(data, shards)
     configs = plan_nodes(config, algorithm, shards, workdir / algorithm, mode=mode, duration=duration,
                          history_limit=HISTORY_LIMIT, **settings)
-    costs = CostModel({c.id: c.grpc_address for c in configs}, config.devices, config.links)
+    costs = CostModel({c.id: c.grpc_address for c in configs}, config.devices, config.links, fault_seed)
     work = round_work(config, algorithm, costs, max(len(c.train) for c in data.clients))
     node = configs[0]
     schedule = config.faults
-    if random_kills:
+    if random_kills or random_slowdowns:
         schedule = FaultSchedule.random(fault_seed, random_kills, peer_timeout=node.peer_timeout,
                                         recovery=stall_bound(node, True, work),
                                         slow_recovery=stall_bound(node, False, work),
-                                        heal_within=0.9 * node.round_timeout)
+                                        heal_within=0.9 * node.round_timeout, slowdowns=random_slowdowns,
+                                        nodes=[c.id for c in configs])
     statuses, histories, happened, ended, states = run_virtual(_run(configs, costs, schedule, fault_seed),
                                                                costs.compute(), config.threads)
     train_sizes = {c.node_id: len(c.train) for c in data.clients}
     result = fleet_result("simulate", statuses, histories, config, algorithm, train_sizes, VIRTUAL_EPOCH, ended)
-    if schedule.kills or schedule.partitions:
+    if schedule.kills or schedule.partitions or schedule.links or schedule.slow_nodes:
         result.faults = fault_figures(happened, states, node, work)
         result.faults["round_work_s"] = round(work, 3)
     if config.devices:
@@ -84,7 +86,7 @@ async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSched
     fleet = VirtualFleet(configs, costs.transfer())
     try:
         fleet.start_all()
-        happened = await play_faults(fleet, schedule, seed)
+        happened = await play_faults(fleet, costs, schedule, seed)
         await fleet.finished()
         ended = fleet.clock.wall()
         statuses = {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}

@@ -1,6 +1,7 @@
 """Playing a fault schedule (:class:`~dfl_node.sim_config.FaultSchedule`) on a simulated fleet of real nodes
-(:class:`~dfl_node.sim.fleet.VirtualFleet`): kill -9 with a restart from the checkpoint after a delay, and
-partitions that heal. After the run, :func:`fault_figures` reads what the nodes made durable
+(:class:`~dfl_node.sim.fleet.VirtualFleet`): kill -9 with a restart from the checkpoint after a delay,
+partitions that heal, slow or lossy links and slow nodes for a while (through the fleet's
+:class:`~dfl_node.sim.costs.CostModel`). After the run, :func:`fault_figures` reads what the nodes made durable
 (:mod:`dfl_node.sim.ledger`) into the results' ``faults`` block.
 
 A kill names a node, or a role that the node must hold at that moment: ``holder`` (it holds the round token),
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -20,9 +22,10 @@ from dfl_node.algorithms.plan import Role
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
 from dfl_node.node.rounds import liveness_bound
+from dfl_node.sim.costs import CostModel
 from dfl_node.sim.fleet import VirtualFleet
 from dfl_node.sim.ledger import Ledger, completed_rounds
-from dfl_node.sim_config import FaultSchedule, PartitionFault
+from dfl_node.sim_config import FaultSchedule, KillFault, LinkFault, PartitionFault, SlowNodeFault
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +42,11 @@ def stall_bound(config: NodeConfig, quick: bool, round_work: float) -> float:
 class Fault:
     """A fault as it happened: when, to whom, what the victim was doing."""
 
-    kind: Literal["kill", "partition"]
+    kind: Literal["kill", "partition", "link", "slow"]
     at: float  # the nodes' wall clock (virtual)
     node: str
     role: str
-    back_after: float  # seconds until it served again (a partition: until it healed)
+    back_after: float  # seconds until it served again (otherwise: until the fault was over)
 
 
 def _playing(node: Node, role: str) -> bool:
@@ -73,17 +76,29 @@ async def _victim(fleet: VirtualFleet, wanted: str, rng: random.Random) -> Node 
         await asyncio.sleep(0.05)
 
 
-async def play_faults(fleet: VirtualFleet, schedule: FaultSchedule, seed: int) -> list[Fault]:
-    """Play ``schedule`` on ``fleet`` (started), in order, from now; returns the faults as they happened. A
-    victim restarts ``down_for`` after its kill, from its checkpoint."""
+async def play_faults(fleet: VirtualFleet, costs: CostModel, schedule: FaultSchedule, seed: int) -> list[Fault]:
+    """Play ``schedule`` on ``fleet`` (started; its links and devices costed by ``costs``), in order, from now;
+    returns the faults as they happened. A victim restarts ``down_for`` after its kill, from its checkpoint;
+    a slow link or node is itself again after ``for_s``."""
     loop = asyncio.get_running_loop()
     rng = random.Random(seed)
     start = loop.time()
-    events: list[Any] = sorted([*schedule.kills, *schedule.partitions], key=lambda f: f.at)
+    events: list[Any] = sorted([*schedule.kills, *schedule.partitions, *schedule.links, *schedule.slow_nodes],
+                               key=lambda f: f.at)
     happened: list[Fault] = []
-    restarts: list[asyncio.Task[None]] = []
+    later: list[asyncio.Task[None]] = []  # restarts, and the ends of slowdowns
     for event in events:
         await asyncio.sleep(max(0.0, start + event.at - loop.time()))
+        if isinstance(event, LinkFault):
+            costs.degrade(event)
+            happened.append(Fault("link", fleet.clock.wall(), ",".join(event.nodes or ["all"]), "-", event.for_s))
+            later.append(loop.create_task(_after(event.for_s, costs.restore, event)))
+            continue
+        if isinstance(event, SlowNodeFault):
+            costs.slow_down(event.node, event.factor)
+            happened.append(Fault("slow", fleet.clock.wall(), event.node, "-", event.for_s))
+            later.append(loop.create_task(_after(event.for_s, costs.slow_down, event.node, 1.0)))
+            continue
         if isinstance(event, PartitionFault):
             ids = sorted(fleet.configs)
             sides = event.sides or [ids[: len(ids) // 2], ids[len(ids) // 2:]]
@@ -93,6 +108,7 @@ async def play_faults(fleet: VirtualFleet, schedule: FaultSchedule, seed: int) -
             await asyncio.sleep(event.heal_after)
             fleet.heal()
             continue
+        assert isinstance(event, KillFault)
         node = await _victim(fleet, event.node, rng)
         if node is None:
             continue
@@ -100,14 +116,14 @@ async def play_faults(fleet: VirtualFleet, schedule: FaultSchedule, seed: int) -
         fleet.kill(node.node_id)
         log.info("fault: kill -9 %s (%s), back in %.1f s", node.node_id, role, event.down_for)
         happened.append(Fault("kill", fleet.clock.wall(), node.node_id, role, event.down_for))
-        restarts.append(loop.create_task(_restart(fleet, node.node_id, event.down_for)))
-    await asyncio.gather(*restarts)
+        later.append(loop.create_task(_after(event.down_for, fleet.start, node.node_id)))
+    await asyncio.gather(*later)
     return happened
 
 
-async def _restart(fleet: VirtualFleet, node_id: str, after: float) -> None:
-    await asyncio.sleep(after)
-    fleet.start(node_id)
+async def _after(seconds: float, then: Callable[..., object], *args: Any) -> None:
+    await asyncio.sleep(seconds)
+    then(*args)
 
 
 def fault_figures(faults: list[Fault], states: dict[str, dict[str, Any]], config: NodeConfig, round_work: float
@@ -120,7 +136,7 @@ def fault_figures(faults: list[Fault], states: dict[str, dict[str, Any]], config
     stalls, rows = [], []
     for fault in faults:
         quick = fault.kind == "kill" and fault.back_after < config.peer_timeout
-        since = fault.at + (fault.back_after if fault.kind == "partition" else 0.0)  # a partition: from its heal
+        since = fault.at + (0.0 if fault.kind == "kill" else fault.back_after)  # others: from the fault's end
         stalls.append(ledger.stall_after(since))
         bound = stall_bound(config, quick, round_work) if round_mode else None  # async: no round to wait for
         rows.append({"kind": fault.kind, "node": fault.node, "role": fault.role,
@@ -129,9 +145,13 @@ def fault_figures(faults: list[Fault], states: dict[str, dict[str, Any]], config
     return {
         "kills": sum(f.kind == "kill" for f in faults),
         "partitions": sum(f.kind == "partition" for f in faults),
+        "links_degraded": sum(f.kind == "link" for f in faults),
+        "nodes_slowed": sum(f.kind == "slow" for f in faults),
         "rounds_completed": completed if round_mode else None,
         "rounds_lost": len(ledger.lost_rounds(completed)) if round_mode else None,
         "rounds_run_twice": len(ledger.repeated_rounds()) if round_mode else None,
+        # rounds given up on purpose: a group whose members stayed alive but could not play it (rounds.py)
+        "groups_abandoned": sum(s.get("counters", {}).get("groups_abandoned", 0) for s in states.values()),
         "fusions_recorded_twice": len(ledger.repeated_fusions()),
         "accepted_models_lost": len(ledger.lost_models()),
         "longest_stall_s": round(max(stalls, default=0.0), 3),
