@@ -1,5 +1,5 @@
-"""The fault-injection harness shared by tests/test_faults.py (the kill -9 storms) and
-tests/test_fault_cases.py (one failure each): a fleet of real ``dfl-node start`` daemons on loopback that
+"""The fault-injection harness of tests/test_faults.py (the real kill -9 storms), whose timeouts and stall bound
+tests/test_sim_fault_cases.py shares: a fleet of real ``dfl-node start`` daemons on loopback that
 can be killed with SIGKILL and restarted (:class:`Chaos`), and the fleet's durable record (:class:`Ledger`).
 
 Every invariant is read from what the nodes made *durable* — each one's final checkpoint and the history

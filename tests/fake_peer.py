@@ -1,4 +1,5 @@
-"""A peer that is alive but misbehaves (run as a subprocess by test_selection_failures.py).
+"""A peer that is alive but misbehaves: :class:`FakeNode`, on the in-memory network, or run as a subprocess
+over gRPC (tests/test_selection_failures.py).
 
 It answers Hello as a compatible node of the test fleet (same swarm, algorithm and architecture), so
 real daemons count it as alive and plan with it, and it refuses every role (Assign, PassToken, Transfer:
@@ -29,7 +30,8 @@ from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.servicer import DflServicer
 from dfl_node.net.wire import SERVICE_NAME, WireIdentity
 from dfl_node.peering.errors import TransferRejected
-from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Token
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, PullRequest, Token
+from dfl_node.peering.probes import ProbeReply, ProbeRequest
 
 
 class FakeNode:
@@ -55,6 +57,14 @@ class FakeNode:
 
     async def assign(self, request: Assignment) -> Ack:
         return Ack(ok=False, reason="busy")
+
+    async def probe(self, request: ProbeRequest) -> ProbeReply:
+        """Never answers (in process: on the in-memory network; over gRPC, :class:`Misbehaving` says it)."""
+        await asyncio.Event().wait()
+        return ProbeReply(ok=False)
+
+    async def pull(self, request: PullRequest) -> ModelMessage:
+        raise TransferRejected("busy", "a fake peer")
 
     async def token(self, request: Token) -> Ack:
         return Ack(ok=False, reason="busy")
