@@ -1,9 +1,15 @@
-"""README shows code that exists: its algorithm example is the package's own module, verbatim."""
+"""README shows code that exists: its algorithm example is the package's own module, verbatim; its simulator
+config example loads."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import yaml
+
+from dfl_node.config import ExperimentConfig
+from dfl_node.sim.costs import CostModel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,3 +30,13 @@ def test_what_pyproject_and_readme_promise_is_in_the_repository() -> None:
     assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text()
     ignored = (ROOT / ".gitignore").read_text().split()
     assert {"/dfl-state/", "/shards/", "/node-*.log"} <= set(ignored)  # README's fleet example writes these here
+
+
+def test_the_readme_devices_links_and_faults_example_is_a_fleet_config() -> None:
+    """The simulator's example (three speed classes, every kind of fault) loads as a 10-node config and costs."""
+    block = (ROOT / "README.md").read_text().split("three speed classes:\n\n```yaml\n")[1].split("```")[0]
+    config = ExperimentConfig(nodes=10, **yaml.safe_load(block))
+    faults = config.faults
+    assert [len(faults.kills), len(faults.partitions), len(faults.links), len(faults.slow_nodes)] == [2, 1, 1, 1]
+    costs = CostModel({f"node-{i}": f"127.0.0.1:{50_000 + i}" for i in range(10)}, config.devices, config.links)
+    assert sorted(set(costs.class_of.values())) == ["fast", "medium", "slow"]
