@@ -38,7 +38,7 @@ from dfl_node.testbed.launcher import free_port, node_env
 from tests.conftest import FLEET
 
 SWARM = f"startup-{uuid.uuid4().hex[:6]}"
-LOG_RECORD = re.compile(r"^\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) +\S+: ")
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S* (DEBUG|INFO|WARNING|ERROR|CRITICAL) +\S+: ")
 EXIT_TIMEOUT = 40.0  # a node that should have refused to start is still running after this: it started
 NOT_HERE = "192.0.2.20"  # TEST-NET-1 (RFC 5737): never an address of this machine
 

@@ -8,8 +8,8 @@ import click
 
 from dfl_node import __version__
 from dfl_node.cli.certs import certs
-from dfl_node.cli.node_cmds import partition, start, status
-from dfl_node.cli.options import setup_logging
+from dfl_node.cli.logs import log_options
+from dfl_node.cli.node_cmds import partition, start, status, stop
 from dfl_node.cli.plot import plot
 from dfl_node.cli.simulate import simulate
 from dfl_node.cli.sweep import sweep
@@ -31,14 +31,13 @@ class OperatorErrors(click.Group):
 
 @click.group(cls=OperatorErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dfl-node")
-@click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR.")
-def cli(log_level: str) -> None:
+@log_options
+def cli() -> None:
     """dfl-node: decentralized federated learning for IoT fleets, with no central server."""
-    setup_logging(log_level)
 
 
-for command in (simulate, testbed, start, partition, status, plot, sweep, certs):
-    cli.add_command(command)
+for command in (simulate, testbed, start, stop, partition, status, plot, sweep, certs):
+    cli.add_command(log_options(command))
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""`dfl-node start | partition | status`: the verbs of a device and of its operator.
+"""`dfl-node start | stop | partition | status`: the verbs of a device and of its operator.
 
 `start`'s flags are generated from :class:`~dfl_node.node.config.NodeConfig` and `partition`'s from
 :class:`~dfl_node.config.ExperimentConfig` (:mod:`dfl_node.cli.options`), so a flag, its ``DFL_*``
@@ -8,7 +8,10 @@ variable and its config-file key can never drift apart.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +61,28 @@ def partition(out: Path, config_path: Path | None, **flags: Any) -> None:
 def status(url: str, all_peers: bool, as_json: bool) -> None:
     """Show a node's state (and with --all, its peers') from its REST API."""
     sys.exit(show_status(url, all_peers=all_peers, as_json=as_json))
+
+
+@click.command()
+@click.argument("state_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("dfl-state"))
+@click.option("--timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds to wait for each node to save its state and exit.")
+def stop(state_dir: Path, timeout: float) -> None:
+    """Stop the node that runs in STATE_DIR (its --state-dir), or every node running in a folder of STATE_DIR
+    (default: ./dfl-state, where nodes started without --state-dir keep theirs): SIGTERM, then wait until each
+    has saved its state and released its folder. Exit 1 if none runs there, or one is still up after --timeout."""
+    from dfl_node.node.persistence import StateLock  # the node's files, not the node: no network stack here
+
+    folders = [state_dir, *(sorted(p for p in state_dir.iterdir() if p.is_dir()) if state_dir.is_dir() else [])]
+    running = {folder: pid for folder in folders if (pid := StateLock.holder(folder)) is not None}
+    if not running:
+        raise OperatorError(f"no node runs in {state_dir}")
+    for pid in running.values():
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for folder, pid in running.items():
+        while StateLock.holder(folder) == pid:
+            if time.monotonic() > deadline:
+                raise OperatorError(f"the node in {folder} (pid {pid}) is still running after {timeout:g} s")
+            time.sleep(0.05)
+        click.echo(f"stopped the node in {folder} (pid {pid})")

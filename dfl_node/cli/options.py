@@ -7,7 +7,6 @@ a ``DFL_<FIELD>`` variable and a config-file key always mean the same thing, wit
 
 from __future__ import annotations
 
-import logging
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -153,10 +152,3 @@ def experiment_config(config_path: Path | None, demo: dict[str, Any], **flags: A
     return load_settings(ExperimentConfig, config_path, flags, preset=demo if config_path is None else None)
 
 
-def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll is noise

@@ -70,6 +70,8 @@ class NodeConfig(LearningConfig):
     participation: float = Field(1.0, gt=0, le=1, description="async mode: probability of volunteering per tick")
     interval: float = Field(1.0, gt=0, description="async mode: seconds between volunteering ticks")
     duration: float = Field(0.0, ge=0, description="async mode: stop volunteering after this many seconds (0: never)")
+    exit_when_done: bool = Field(False, description="exit (code 0) once done: --rounds reached, or --duration over; "
+                                 "for a batch job or a script step")
     heartbeat: float = Field(1.0, gt=0, description="seconds between liveness checks of each peer")
     peer_timeout: float = Field(4.0, gt=0, description="a peer silent this long leaves the table")
     peer_expiry: float = Field(300.0, gt=0, description="a peer silent this long is forgotten (it rejoins when it "
@@ -118,6 +120,12 @@ class NodeConfig(LearningConfig):
             raise ValueError(f"host {self.host} is reachable from the network but neither mutual TLS (--tls-dir) "
                              "nor a swarm key (--swarm-key-file) is set, so anyone there could push a model into "
                              "this node; give one, or --insecure (DFL_INSECURE=1) on a private network")
+        return self
+
+    @model_validator(mode="after")
+    def _done_needs_an_end(self) -> NodeConfig:
+        if self.exit_when_done and not (self.rounds if self.mode == "round" else self.duration):
+            raise ValueError("--exit-when-done needs an end: --rounds (round mode) or --duration (async mode)")
         return self
 
     @property

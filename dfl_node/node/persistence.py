@@ -79,6 +79,23 @@ class StateLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
 
+    @staticmethod
+    def holder(directory: Path) -> int | None:
+        """The pid of the node running in ``directory`` now, or None if none is (the lock is free: a crashed
+        node's pid left in the file does not count)."""
+        try:
+            fd = os.open(directory / LOCK_FILE, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else None
+        finally:
+            os.close(fd)  # also drops the shared lock, if we got it
+        return None
+
     def release(self) -> None:
         """Drop the lock (idempotent); closing the descriptor is what releases a flock."""
         if self._fd is not None:

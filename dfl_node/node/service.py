@@ -178,6 +178,21 @@ async def serve(config: NodeConfig, stop: asyncio.Event | None = None) -> Node:
     return node
 
 
+async def _stop_when_done(node: Node, stop: asyncio.Event) -> None:
+    """``--exit-when-done``: stop once this node's run is over. In round mode, first until every peer it sees
+    alive says it is done too, for ``peer_timeout`` at most: a peer that missed the final announcement learns
+    it from a node still up (``RoundScheduler.on_join``), so the last ones must not all leave at once."""
+    await node.scheduler.finished.wait()
+    deadline = node.clock.monotonic() + node.config.peer_timeout
+    while node.config.mode == "round" and node.clock.monotonic() < deadline:
+        await node.peers.refresh()
+        if all(progress.done for progress in node.peers.progress().values()):
+            break
+        await asyncio.sleep(node.config.heartbeat)
+    log.info("%s: done, exiting (--exit-when-done)", node.node_id)
+    stop.set()
+
+
 async def run_node(node: Node, stop: asyncio.Event) -> None:
     """Start everything (:func:`start_up`), set ``node.ready``, wait for ``stop``, stop everything in reverse order."""
     config = node.config
@@ -202,6 +217,8 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
     try:
         await node.evaluate_start()
         workers = [loop.create_task(node.run())]
+        if config.exit_when_done:
+            workers.append(loop.create_task(_stop_when_done(node, stop)))
         node.ready.set()
         await stop.wait()
     finally:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+import sys
 from collections.abc import Callable, Sequence
 
 import torch
 
+from dfl_node.sweep import execute as execute_module
 from dfl_node.sweep.execute import Outcome, attempt
 from dfl_node.sweep.grid import RunTask
 
@@ -21,11 +23,24 @@ def _init_worker() -> None:
     torch.set_num_threads(1)
 
 
+# What a forkserver imports once for all its workers: the runner, and what datasets import only when loaded
+# (skipped if absent).
+PRELOAD = [execute_module.__name__, "sklearn.datasets", "sklearn.model_selection", "safetensors.torch"]
+
+
 def _context() -> multiprocessing.context.BaseContext:
-    """fork where there is one: a worker then needs no re-import, and spawn would re-run the main
-    module of ``python -m dfl_node``. The driver has run no torch thread pool before it forks."""
+    """fork, where there is one and the driver never loaded gRPC (``dfl-node sweep``): a worker then needs no
+    import at all. A process that has run gRPC cannot be forked safely — a worker forked from a test session
+    that had run gRPC nodes spun for good in a gRPC finalizer — so there workers fork from a clean forkserver
+    that imported the runner once; spawn where neither exists."""
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    if "fork" in methods and "grpc" not in sys.modules:
+        return multiprocessing.get_context("fork")
+    if "forkserver" in methods:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(PRELOAD)
+        return context
+    return multiprocessing.get_context("spawn")
 
 
 def run_pool(tasks: Sequence[RunTask], workers: int, on_outcome: Callable[[Outcome], None]) -> None:

@@ -1,0 +1,84 @@
+"""Logging an operator can set: ``--log-level`` on the group and on every verb, ``DFL_LOG_LEVEL`` for unit and
+compose files, invalid levels refused, DEBUG for our loggers only unless ``--log-libraries``, dated timestamps,
+and ``--log-format json``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from dfl_node.cli import cli
+from dfl_node.cli.logs import setup_logging
+from tests.conftest import invoke
+
+VERBS = sorted(cli.commands)
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """setup_logging changes process-wide loggers: put them back for the tests that follow."""
+    names = ["", "dfl_node", "httpx"]
+    levels = {name: logging.getLogger(name).level for name in names}
+    handlers = list(logging.getLogger().handlers)
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    logging.getLogger().handlers[:] = handlers
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_every_verb_takes_the_log_options(verb: str) -> None:
+    help_text = invoke(verb, "--help").output
+    for option in ("--log-level", "--log-format", "--log-libraries", "DFL_LOG_LEVEL"):
+        assert option in help_text, (verb, option)
+
+
+@pytest.mark.parametrize("args", [("status", "--log-level", "LOUD"), ("--log-level", "LOUD", "status")])
+def test_an_invalid_level_is_refused(args: tuple[str, ...], clean_env: None) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2 and "Invalid value for '--log-level'" in result.output
+
+
+def test_the_environment_sets_the_level_and_an_invalid_one_is_refused(clean_env: None) -> None:
+    result = invoke("status", "--help", env={"DFL_LOG_LEVEL": "LOUD"})
+    assert result.exit_code == 2 and "'LOUD' is not one of" in result.output
+    invoke("plot", "--help", env={"DFL_LOG_LEVEL": "ERROR"})  # --help: the options were parsed and applied
+    assert logging.getLogger("dfl_node").level == logging.ERROR
+
+
+def test_a_verbs_level_wins_over_the_groups(clean_env: None) -> None:
+    nobody = "http://127.0.0.1:9"  # refused at once: status exits 1, after its options were applied
+    invoke("--log-level", "ERROR", "status", "--log-level", "DEBUG", nobody)
+    assert logging.getLogger("dfl_node").level == logging.DEBUG
+    invoke("--log-level", "ERROR", "status", nobody)
+    assert logging.getLogger("dfl_node").level == logging.ERROR
+
+
+def test_debug_is_ours_unless_the_libraries_are_asked_for() -> None:
+    setup_logging("DEBUG")
+    assert logging.getLogger("dfl_node.node.daemon").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("grpc._cython.cygrpc").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("grpc._cython.cygrpc").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    setup_logging("DEBUG", libraries=True)
+    assert logging.getLogger("grpc._cython.cygrpc").isEnabledFor(logging.DEBUG)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_line_is_dated_text_or_one_json_object(fmt: str) -> None:
+    code = ("import logging; from dfl_node.cli.logs import setup_logging; "
+            f"setup_logging('INFO', '{fmt}'); logging.getLogger('dfl_node.x').info('hello %s', 'there')")
+    line = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr.strip()
+    if fmt == "json":
+        record = json.loads(line)
+        assert record["level"] == "INFO" and record["logger"] == "dfl_node.x" and record["message"] == "hello there"
+        stamp = record["time"]
+    else:
+        stamp, rest = line.split(" ", 1)
+        assert rest.split() == ["INFO", "dfl_node.x:", "hello", "there"]
+    assert stamp[:4].isdigit() and stamp[4] == "-" and "T" in stamp  # the date, not only the time of day
