@@ -110,12 +110,22 @@ def pytest_configure(config: pytest.Config) -> None:
                         for spec in tx]
 
 
+# Modules whose tests share what one process holds — a fuzz run's figures across its tests, a sweep run once
+# for the module — stay on one worker.
+ONE_WORKER_MODULES = {"test_fuzz_codec", "test_fuzz_grpc", "test_sweep"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests of the host's shared state — named network namespaces, the Docker engine — run one at a time, on
-    one worker (``--dist loadgroup``, set in pyproject.toml): a worker's own namespace does not contain them."""
+    """For ``-n`` (``--dist loadgroup``, set in pyproject.toml): tests of the host's shared state — named network
+    namespaces, the Docker engine — run one at a time on one worker (a worker's own namespace does not contain
+    them), and the modules of ``ONE_WORKER_MODULES`` each on one worker. Slow tests go first, so that the quick
+    ones fill both workers at the end instead of one long test running alone."""
     for item in items:
         if item.get_closest_marker("netns") or item.get_closest_marker("docker"):
             item.add_marker(pytest.mark.xdist_group("host"))
+        elif item.module is not None and item.module.__name__.rpartition(".")[2] in ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -24,7 +24,7 @@ from dfl_node.sim_config import FaultSchedule, LinkFault, SlowNodeFault
 
 KILLS = 20
 SLOWDOWNS = 2  # after the kills: a slow, lossy link, then a slow node
-TIMEOUTS = {"heartbeat": 1.0, "peer_timeout": 4.0, "token_timeout": 5.0, "round_timeout": 20.0}
+TIMEOUTS = {"heartbeat": 2.0, "peer_timeout": 4.0, "token_timeout": 5.0, "round_timeout": 20.0}
 STORM_FILE = Path(__file__).parent.parent / "experiments" / "sim_storm.yaml"  # its comment says why it is so
 STORM = load_config(ExperimentConfig, STORM_FILE, {})
 DURATION = 1500.0  # async mode: as long as the round-mode storm takes
