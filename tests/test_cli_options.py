@@ -1,6 +1,6 @@
 """The verbs' options are generated from the config models (issue 9): every setting is a flag, named
 ``--field-name`` (``--algorithm`` / ``--peer`` repeated for the lists ``algorithms`` / ``peers``),
-with the field's description and ``[env: DFL_FIELD]`` as help; names of algorithms, datasets,
+with the field's description and ``[env: DFL_FIELD; default: …]`` as help (``repeatable`` for a list); names of algorithms, datasets,
 partitions and models are the registries', so registering one is all every verb needs to accept it.
 
 The verbs run in-process (click's runner) up to the config they build, which a stub records.
@@ -88,7 +88,13 @@ def test_every_field_is_a_flag_with_its_description(verb: str, model: type[BaseM
             assert name not in options, name
             continue
         option = options[name]
-        assert option.help == f"{field.description}  [env: DFL_{name.upper()}]"
+        assert option.help is not None and option.help.startswith(f"{field.description}  [")
+        notes = option.help.rsplit("  [", 1)[1].rstrip("]").split("; ")
+        assert f"env: DFL_{name.upper()}" in notes
+        assert ("repeatable" in notes) == bool(option.multiple), (verb, name)  # issue 20: said, not guessed
+        default = None if field.is_required() else field.get_default(call_default_factory=True)
+        if default not in (None, []):  # issue 20: defaults were learnt only from the code
+            assert any(n.startswith("default: ") for n in notes), (verb, name, notes)
         assert option.opts[0] in shown.output, (verb, name)
     assert {"--config"} <= {opt for p in options.values() for opt in p.opts}
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from dfl_node.config import ExperimentConfig, Registered, registry_of
 from dfl_node.config_loader import ConfigError, load_config
@@ -62,14 +63,27 @@ def model_options(model: type[BaseModel]) -> Callable[[F], F]:
 def field_option(name: str, field: FieldInfo) -> Callable[[F], F]:
     """The option that sets one field; unset, it is ``None`` (or ``()``), so lower layers decide."""
     flag = "--" + ITEM_FLAGS.get(name, name).replace("_", "-")
-    help_text = f"{field.description or ''}  [env: DFL_{name.upper()}]"
     value_type = _value_type(field.annotation)
+    repeatable = typing.get_origin(value_type) is list
+    help_text = f"{field.description or ''}  [{_help_notes(name, field, repeatable)}]"
     if value_type is bool:
         return click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=help_text)
-    if typing.get_origin(value_type) is list:
+    if repeatable:
         [item_type] = typing.get_args(value_type)
         return click.option(flag, name, type=_click_type(field, item_type), multiple=True, help=help_text)
     return click.option(flag, name, type=_click_type(field, value_type), default=None, help=help_text)
+
+
+def _help_notes(name: str, field: FieldInfo, repeatable: bool) -> str:
+    """What ``--help`` says beside a field's description: repeatable or not, its variable, its default (shown,
+    never passed: an unset flag leaves the setting to the environment, the file and the model)."""
+    notes = ["repeatable"] if repeatable else []
+    notes.append(f"env: DFL_{name.upper()}")
+    default = field.get_default(call_default_factory=True)
+    if default is not None and default != [] and default is not PydanticUndefined:
+        shown = ",".join(map(str, default)) if isinstance(default, list) else str(default)
+        notes.append(f"default: {shown}")
+    return "; ".join(notes)
 
 
 def structured(annotation: Any) -> bool:
