@@ -1,7 +1,8 @@
 """The verbs' options are generated from the config models (issue 9): every setting is a flag, named
 ``--field-name`` (``--algorithm`` / ``--peer`` repeated for the lists ``algorithms`` / ``peers``),
-with the field's description and ``[env: DFL_FIELD; default: …]`` as help (``repeatable`` for a list); names of algorithms, datasets,
-partitions and models are the registries', so registering one is all every verb needs to accept it.
+with the field's description and ``[env: DFL_FIELD; default: …]`` as help (``repeatable`` for a list); names
+of algorithms, datasets, partitions and models are the registries', so registering one is all every verb needs
+to accept it.
 
 The verbs run in-process (click's runner) up to the config they build, which a stub records.
 """

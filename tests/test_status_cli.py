@@ -129,7 +129,7 @@ def test_json_of_one_node(fleet, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_all_lists_both_nodes_and_the_unreachable_peer(fleet, capsys: pytest.CaptureFixture[str]) -> None:
-    assert show_status(url_of(fleet["alpha"]), all_peers=True) == 0
+    assert show_status(url_of(fleet["alpha"]), all_peers=True, wide=True) == 1  # a node is down: a script sees it
     lines = capsys.readouterr().out.splitlines()
     alpha = [ln for ln in lines if "alpha" in ln]
     beta = [ln for ln in lines if "beta" in ln]
@@ -147,12 +147,31 @@ def test_all_as_json(fleet, capsys: pytest.CaptureFixture[str]) -> None:
     data = json.loads(capsys.readouterr().out)
     assert isinstance(data, list)
     assert [(d["id"], d["round"]) for d in data] == [("beta", 12), ("alpha", 11)]
-    # And from alpha's, the dead peer is an entry with an error, not a crash.
-    assert show_status(url_of(fleet["alpha"]), all_peers=True, as_json=True) == 0
+    # And from alpha's, the dead peer is an entry with an error, not a crash (and the exit code says so).
+    assert show_status(url_of(fleet["alpha"]), all_peers=True, as_json=True) == 1
     data = {d["id"]: d for d in json.loads(capsys.readouterr().out)}
     assert set(data) == {"alpha", "beta", "ghost"}
     assert data["beta"]["round"] == 12
     assert data["ghost"]["reachable"] is False and data["ghost"]["error"]
+
+
+def test_all_fits_80_columns_in_a_pipe_and_wide_shows_every_column(fleet, capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20: piped or at 80 columns every cell of --all was "…", so a script polling it never saw "done"."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert show_status(url_of(fleet["beta"]), all_peers=True) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 80 and "…" not in "".join(lines), lines
+    beta = next(line for line in lines if "beta" in line)
+    assert [cell.strip() for cell in beta.split("│")[1:-1]] == ["beta", "12", "idle", "–", "–", "12", "1/1", "ok"]
+    monkeypatch.setenv("COLUMNS", "200")
+    assert show_status(url_of(fleet["beta"]), all_peers=True, wide=True) == 0
+    assert "sent/recv" in capsys.readouterr().out
+
+
+def test_watch_shows_the_fleet_again(fleet, capsys: pytest.CaptureFixture[str]) -> None:
+    assert show_status(url_of(fleet["beta"]), all_peers=True, watch=0.1, repeats=3) == 0
+    assert capsys.readouterr().out.count("dfl-node fleet") == 3
 
 
 def test_url_forms_are_accepted(fleet, capsys: pytest.CaptureFixture[str]) -> None:

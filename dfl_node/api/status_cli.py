@@ -187,33 +187,38 @@ def _peer_table(s: dict[str, Any]) -> Table:
     return table
 
 
-def _fleet_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="dfl-node fleet", title_justify="left")
-    for col in ("id", "url", "algorithm", "mode", "round", "role", "local acc", "global acc",
-                "sent/recv", "fusions", "rejected", "peers", "state"):
-        table.add_column(col, no_wrap=col in ("id", "url"))
+# The fleet table's columns, (header, cell): the narrow set fits 80 columns (a terminal's default, and a
+# pipe's); --wide adds the rest.
+NARROW = (("id", "id"), ("round", "round"), ("role", "role"), ("local", "local acc"), ("global", "global acc"),
+          ("fusions", "fusions"), ("alive", "peers alive"), ("state", "state"))
+WIDE = tuple((c, c) for c in ("id", "url", "algorithm", "mode", "round", "role", "local acc", "global acc",
+                              "sent/recv", "fusions", "rejected", "peers", "state"))
+
+
+def _fleet_row(r: dict[str, Any]) -> dict[str, str]:
+    s = r.get("status")
+    if s is None:
+        label = "not queried" if r.get("url") is None else "unreachable"
+        return {"id": _dash(r.get("id")), "url": _dash(r.get("url")), "state": f"[red]{label}: {_dash(r['error'])}[/]"}
+    return {
+        "id": _dash(s.get("id")), "url": _dash(r.get("url")), "algorithm": _dash(s.get("algorithm")),
+        "mode": _dash(s.get("mode")), "round": _dash(s.get("round")), "role": _dash(s.get("role")),
+        "local acc": _acc(s.get("local_accuracy")), "global acc": _acc(s.get("global_accuracy")),
+        "sent/recv": f"{_dash(s.get('models_sent'))}/{_dash(s.get('models_received'))}",
+        "fusions": _dash(s.get("fusions")), "rejected": _rejected(s.get("rejected")),
+        "peers": _peers_summary(s.get("peers")), "peers alive": _peers_summary(s.get("peers")).split()[0],
+        "state": "[green]done[/]" if s.get("done") else "[green]ok[/]",
+    }
+
+
+def _fleet_table(rows: list[dict[str, Any]], wide: bool = False) -> Table:
+    columns = WIDE if wide else NARROW
+    table = Table(title="dfl-node fleet" + ("" if wide else " (--wide: every column)"), title_justify="left")
+    for header, _ in columns:
+        table.add_column(header, no_wrap=header != "state")
     for r in rows:
-        s = r.get("status")
-        if s is None:
-            label = "not queried" if r.get("url") is None else "unreachable"
-            state = f"[red]{label}: {_dash(r['error'])}[/]"
-            table.add_row(_dash(r.get("id")), _dash(r.get("url")), *["–"] * 10, state)
-            continue
-        table.add_row(
-            _dash(s.get("id")),
-            _dash(r.get("url")),
-            _dash(s.get("algorithm")),
-            _dash(s.get("mode")),
-            _dash(s.get("round")),
-            _dash(s.get("role")),
-            _acc(s.get("local_accuracy")),
-            _acc(s.get("global_accuracy")),
-            f"{_dash(s.get('models_sent'))}/{_dash(s.get('models_received'))}",
-            _dash(s.get("fusions")),
-            _rejected(s.get("rejected")),
-            _peers_summary(s.get("peers")),
-            "[green]done[/]" if s.get("done") else "[green]ok[/]",
-        )
+        cells = _fleet_row(r)
+        table.add_row(*(cells.get(cell, "–") for _, cell in columns))
     return table
 
 
@@ -255,17 +260,36 @@ def show_status(
     as_json: bool = False,
     timeout: float = 3.0,
     *,
+    wide: bool = False,
+    watch: float | None = None,
+    repeats: int | None = None,
     console: Console | None = None,
     err_console: Console | None = None,
 ) -> int:
     """Print the status of the node at ``url`` (and with ``all_peers`` of its peers); return the exit code.
+    With ``watch``, print it again every ``watch`` seconds (``repeats`` times, or until Ctrl-C).
 
-    Exit code 0 on success (unreachable *peers* are reported, not fatal), 1 if the node at ``url``
-    cannot be queried (the reason goes to stderr).
+    Exit code 0 when every node shown answered; 1 if the node at ``url`` cannot be queried (the reason goes
+    to stderr) or, with ``all_peers``, any peer it knows cannot: a script polling the fleet sees it.
     """
     out = console or Console(soft_wrap=False)
     err = err_console or Console(stderr=True)
-    base_url = normalize_url(url)
+    code, shown = 0, 0
+    try:
+        while True:
+            if watch is not None and out.is_terminal:
+                out.clear()
+            code = _show_once(normalize_url(url), all_peers, as_json, timeout, wide, out, err)
+            shown += 1
+            if watch is None or (repeats is not None and shown >= repeats):
+                return code
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return code
+
+
+def _show_once(base_url: str, all_peers: bool, as_json: bool, timeout: float, wide: bool, out: Console,
+               err: Console) -> int:
     try:
         with httpx.Client(timeout=timeout, trust_env=False) as client:
             root = fetch_status(client, base_url)
@@ -288,5 +312,5 @@ def show_status(
                    {"id": r["id"], "url": r["url"], "error": r["error"], "reachable": False} for r in rows]
         out.file.write(json.dumps(payload, indent=2) + "\n")
     else:
-        out.print(_fleet_table(rows))
-    return 0
+        out.print(_fleet_table(rows, wide))
+    return 1 if any(r["status"] is None for r in rows) else 0

@@ -56,11 +56,16 @@ def partition(out: Path, config_path: Path | None, **flags: Any) -> None:
 
 @click.command()
 @click.argument("url", default="http://127.0.0.1:8080")
-@click.option("--all", "all_peers", is_flag=True, help="Also query every peer the node knows.")
+@click.option("--all", "all_peers", is_flag=True, help="Also query every peer the node knows; exit 1 if one of them "
+                                                               "does not answer.")
+@click.option("--wide", is_flag=True, help="--all: every column (the default set fits 80 columns).")
+@click.option("--watch", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+              help="Show it again every SECONDS until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(url: str, all_peers: bool, as_json: bool) -> None:
-    """Show a node's state (and with --all, its peers') from its REST API."""
-    sys.exit(show_status(url, all_peers=all_peers, as_json=as_json))
+def status(url: str, all_peers: bool, wide: bool, watch: float | None, as_json: bool) -> None:
+    """Show a node's state (and with --all, its peers') from its REST API. Exit 1 if the node (or, with --all,
+    any peer) cannot be queried."""
+    sys.exit(show_status(url, all_peers=all_peers, as_json=as_json, wide=wide, watch=watch))
 
 
 @click.command()
