@@ -6,8 +6,8 @@ that take it; this module re-exports it and adds what names the algorithms (:dat
 :class:`ExperimentConfig`), so it imports them and they never import it.
 
 Where values come from (flags, ``DFL_*`` variables, config files) and how a bad one is reported is
-:mod:`dfl_node.config_loader`; this module only says what a valid configuration is. It also holds
-:class:`OperatorError`, the run-time counterpart of a settings error that the CLI reports in one line.
+:mod:`dfl_node.config_loader`; this module only says what a valid configuration is (a mistake found at run
+time is :class:`dfl_node.errors.OperatorError`).
 """
 
 from __future__ import annotations
@@ -44,11 +44,6 @@ def _partitions() -> Iterable[str]:
 AlgorithmName = Annotated[str, Registered("algorithm", _algorithms)]
 DatasetName = Annotated[str, Registered("dataset", _datasets)]
 PartitionName = Annotated[str, Registered("partition", _partitions)]
-
-
-class OperatorError(Exception):
-    """A mistake of the operator's found at run time (a port in use, a state dir taken, a duplicate id):
-    the CLI reports it as one line ``error: …`` and exits 1, without a traceback, which stays for bugs."""
 
 
 class ExperimentConfig(LearningConfig):
@@ -102,4 +97,4 @@ class ExperimentConfig(LearningConfig):
 
 
 __all__ = ["AlgorithmName", "DatasetName", "ExperimentConfig", "LearningConfig", "ModelName", "ModelSpecText",
-           "OperatorError", "PartitionName", "Registered", "registry_of"]
+           "PartitionName", "Registered", "registry_of"]

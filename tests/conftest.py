@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 
@@ -86,6 +87,13 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
     """``dfl-node ARGS`` in-process; an exception of ours propagates (a traceback is a bug, not an error line)."""
     return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def verb_command(name: str) -> click.Command:
+    """The click command of ``dfl-node NAME`` (the group imports each verb on first use)."""
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None, name
+    return command
 
 
 def error_lines(result: Result) -> list[str]:

@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.cli import cli
-from dfl_node.config import OperatorError
+from dfl_node.errors import OperatorError
 from dfl_node.learning.fleet import provision
 from dfl_node.net import psk
 from dfl_node.net.certs import init_ca, issue_node, new_swarm_key

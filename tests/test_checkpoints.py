@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dfl_node.config import OperatorError
+from dfl_node.errors import OperatorError
 from dfl_node.node.persistence import MODEL_FILE, PREVIOUS, STATE_FILE, Checkpoint
 
 FP = "fingerprint-a"

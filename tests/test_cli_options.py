@@ -18,14 +18,13 @@ import pytest
 from pydantic import BaseModel
 
 from dfl_node.algorithms import ALGORITHMS
-from dfl_node.cli import cli
 from dfl_node.cli.options import structured
 from dfl_node.config import ExperimentConfig
 from dfl_node.config_loader import load_config
 from dfl_node.learning.datasets import DATASETS
 from dfl_node.learning.partitions import PARTITIONS
 from dfl_node.node.config import NodeConfig
-from tests.conftest import error_lines, invoke
+from tests.conftest import error_lines, invoke, verb_command
 
 EXPERIMENT_VERBS = ("simulate", "testbed", "partition")
 VERB_MODELS: list[tuple[str, type[BaseModel]]] = [*((verb, ExperimentConfig) for verb in EXPERIMENT_VERBS),
@@ -79,7 +78,7 @@ def available(names: object) -> str:
 
 @pytest.mark.parametrize(("verb", "model"), VERB_MODELS)
 def test_every_field_is_a_flag_with_its_description(verb: str, model: type[BaseModel]) -> None:
-    command = cli.commands[verb]
+    command = verb_command(verb)
     options = {p.name: p for p in command.params if isinstance(p, click.Option)}
     shown = invoke(verb, "--help")
     assert shown.exit_code == 0
@@ -102,7 +101,7 @@ def test_every_field_is_a_flag_with_its_description(verb: str, model: type[BaseM
 
 @pytest.mark.parametrize(("verb", "model"), VERB_MODELS)
 def test_flags_keep_their_spellings(verb: str, model: type[BaseModel]) -> None:
-    options = {p.name: p for p in cli.commands[verb].params if isinstance(p, click.Option)}
+    options = {p.name: p for p in verb_command(verb).params if isinstance(p, click.Option)}
     assert options["seed"].opts == ["--seed"] and options["local_epochs"].opts == ["--local-epochs"]
     assert options["sender_keeps_trained"].opts == ["--sender-keeps-trained"]
     assert options["sender_keeps_trained"].secondary_opts == ["--no-sender-keeps-trained"]

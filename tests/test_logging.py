@@ -9,14 +9,15 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from dfl_node.cli import cli
+from dfl_node.cli import VERBS as VERB_TABLE
 from dfl_node.cli.logs import setup_logging
-from tests.conftest import invoke
+from tests.conftest import invoke, verb_command
 
-VERBS = sorted(cli.commands)
+VERBS = sorted(VERB_TABLE)
 
 
 @pytest.fixture(autouse=True)
@@ -82,3 +83,19 @@ def test_a_line_is_dated_text_or_one_json_object(fmt: str) -> None:
         stamp, rest = line.split(" ", 1)
         assert rest.split() == ["INFO", "dfl_node.x:", "hello", "there"]
     assert stamp[:4].isdigit() and stamp[4] == "-" and "T" in stamp  # the date, not only the time of day
+
+
+def test_help_status_and_stop_import_neither_torch_nor_the_node(tmp_path: Path) -> None:
+    """Issue 20: `dfl-node --help` and `status` imported torch (1.6-2.7 s, ~256 MB for a status query)."""
+    for args in (["--help"], ["status", "http://127.0.0.1:9"], ["stop", str(tmp_path)], ["status", "--help"]):
+        code = ("import sys; from dfl_node.cli import cli\n"
+                f"try:\n    cli({args!r})\nexcept SystemExit:\n    pass\n"
+                "heavy = sorted(m for m in ('torch', 'grpc', 'numpy', 'pydantic', 'zeroconf') if m in sys.modules)\n"
+                "print('imported:', heavy)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+        assert out.strip().endswith("imported: []"), (args, out)
+
+
+def test_each_verbs_line_in_help_opens_its_own_help() -> None:
+    for name, (_, summary) in VERB_TABLE.items():
+        assert (verb_command(name).help or "").startswith(summary), name

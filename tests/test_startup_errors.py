@@ -28,7 +28,8 @@ import httpx
 import pytest
 import zeroconf
 
-from dfl_node.config import LearningConfig, OperatorError
+from dfl_node.config import LearningConfig
+from dfl_node.errors import OperatorError
 from dfl_node.net.certs import new_swarm_key
 from dfl_node.net.discovery import MdnsDiscovery
 from dfl_node.node.config import NodeConfig

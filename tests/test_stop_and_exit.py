@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dfl_node.node.persistence import STATE_FILE, StateLock
+from dfl_node.node.persistence import STATE_FILE
+from dfl_node.node.state_lock import StateLock
 from dfl_node.testbed.launcher import wait_until
 from tests.conftest import FLEET, error_lines, invoke, loopback_fleet
 

@@ -1,43 +1,65 @@
-"""The `dfl-node` command line: one verb per job."""
+"""The `dfl-node` command line: one verb per job, each imported only when it runs, so that ``dfl-node --help``,
+``status`` and ``stop`` import neither torch nor the node (a status query on a small device costs its HTTP
+request, not 2 s and 250 MB of torch)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import click
 
 from dfl_node import __version__
-from dfl_node.cli.certs import certs
 from dfl_node.cli.logs import log_options
-from dfl_node.cli.node_cmds import partition, start, status, stop
-from dfl_node.cli.plot import plot
-from dfl_node.cli.simulate import simulate
-from dfl_node.cli.sweep import sweep
-from dfl_node.cli.testbed import testbed
-from dfl_node.config import OperatorError
-from dfl_node.learning.datasets import DatasetNotFoundError
+from dfl_node.errors import OperatorError
+
+# Each verb: where it lives, and the line `dfl-node --help` shows for it without importing it (a test checks
+# that the line opens the verb's own help).
+VERBS: dict[str, tuple[str, str]] = {
+    "simulate": ("dfl_node.cli.simulate:simulate", "Run K virtual nodes in-process, round by round"),
+    "testbed": ("dfl_node.cli.testbed:testbed", "Run a fleet of real daemons on this machine"),
+    "start": ("dfl_node.cli.node_cmds:start", "Run this device's node"),
+    "stop": ("dfl_node.cli.operator:stop", "Stop the node that runs in STATE_DIR"),
+    "status": ("dfl_node.cli.operator:status", "Show a node's state"),
+    "partition": ("dfl_node.cli.node_cmds:partition", "Write one data shard per node plus the global test set"),
+    "plot": ("dfl_node.cli.plot:plot", "Plot averaged global (left) and local (right) accuracy"),
+    "sweep": ("dfl_node.cli.sweep:sweep", "Run every grid point × seed × algorithm of GRID"),
+    "certs": ("dfl_node.cli.certs:certs", "Credentials of a swarm"),
+}
 
 
-class OperatorErrors(click.Group):
-    """Every verb reports an operator's mistake the same way: ``error: …`` on stderr, exit 1, no traceback."""
+class Verbs(click.Group):
+    """The verbs of :data:`VERBS`, imported on first use (each with the log options); an operator's mistake,
+    from any verb, is one line ``error: …`` on stderr and exit 1, without a traceback."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(VERBS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in VERBS:
+            return None
+        if name not in self.commands:
+            module, attribute = VERBS[name][0].split(":")
+            self.commands[name] = log_options(getattr(importlib.import_module(module), attribute))
+        return self.commands[name]
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, summary + ".") for name, (_, summary) in VERBS.items()])
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (OperatorError, DatasetNotFoundError) as exc:
+        except OperatorError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(1)
 
 
-@click.group(cls=OperatorErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Verbs, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dfl-node")
 @log_options
 def cli() -> None:
     """dfl-node: decentralized federated learning for IoT fleets, with no central server."""
-
-
-for command in (simulate, testbed, start, stop, partition, status, plot, sweep, certs):
-    cli.add_command(log_options(command))
 
 
 def main() -> None:

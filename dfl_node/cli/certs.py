@@ -14,7 +14,7 @@ from typing import Annotated
 import click
 from pydantic import TypeAdapter, ValidationError
 
-from dfl_node.config import OperatorError
+from dfl_node.errors import OperatorError
 from dfl_node.net.certs import CertError, init_ca, issue_node, new_swarm_key
 from dfl_node.node.config import NodeConfig
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dfl_node.errors import OperatorError
+
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10")
 
 # Per-channel mean and std of each training set (checked against the real data).
@@ -71,7 +73,7 @@ class ArrayDataset:
         return np.bincount(self.y.cpu().numpy(), minlength=self.num_classes)
 
 
-class DatasetNotFoundError(FileNotFoundError):
+class DatasetNotFoundError(OperatorError, FileNotFoundError):
     """The dataset files are not on this machine; the message says where we looked and how to get them."""
 
 

@@ -26,7 +26,7 @@ import torch
 from dfl_node.algorithms import NodeContext, NodeProfile, Role, make_algorithm
 from dfl_node.algorithms.base import equip
 from dfl_node.api.schemas import COUNTER_FIELDS, HistoryEntry, NodeStatus
-from dfl_node.config import OperatorError
+from dfl_node.errors import OperatorError
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.devices import resolve_device
 from dfl_node.learning.fleet import read_node_data

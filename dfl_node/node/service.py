@@ -30,7 +30,7 @@ from zeroconf import NonUniqueNameException
 
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.api.app import create_app
-from dfl_node.config import OperatorError
+from dfl_node.errors import OperatorError
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.discovery import Announcement, MdnsDiscovery
 from dfl_node.net.server import start_server

@@ -12,7 +12,7 @@ import importlib.util
 import os
 from collections.abc import Callable, Sequence
 
-from dfl_node.config import OperatorError
+from dfl_node.errors import OperatorError
 from dfl_node.sweep.execute import Outcome, attempt
 from dfl_node.sweep.grid import RunTask
 
