@@ -5,6 +5,7 @@ running it (:func:`running_daemons`, :func:`loopback_fleet`), and the CLI helper
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import uuid
@@ -16,6 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from dfl_node.cli import cli
+from dfl_node.cli.logs import QUIET_LIBRARIES
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import provision, write_fleet
 from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, stop_all
@@ -77,6 +79,19 @@ def loopback_fleet(shards: Path, workdir: Path, algorithm: str, config: Experime
 # ----------------------------------------------------------------------------- the CLI
 
 
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """A verb run in-process sets logging up for the whole process (``dfl_node.cli.logs``): put the levels and
+    handlers back after each test, so one test's ``--log-level`` never decides what another one captures."""
+    names = ["", "dfl_node", *QUIET_LIBRARIES]
+    levels = {name: logging.getLogger(name).level for name in names}
+    handlers = list(logging.getLogger().handlers)
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    logging.getLogger().handlers[:] = handlers
+
+
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No DFL_* variable of the developer's shell (DFL_DATA_DIR…) may decide a test's outcome."""
@@ -123,6 +138,7 @@ def pytest_configure(config: pytest.Config) -> None:
 ONE_WORKER_MODULES = {"test_fuzz_codec", "test_fuzz_grpc", "test_sweep"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """For ``-n`` (``--dist loadgroup``, set in pyproject.toml): tests of the host's shared state — named network
     namespaces, the Docker engine — run one at a time on one worker (a worker's own namespace does not contain

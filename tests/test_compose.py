@@ -156,7 +156,7 @@ def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published
             time.sleep(2)
             statuses = fleet_status(engine)
         table = subprocess.run(engine.in_netns(sys.executable, "-m", "dfl_node", "status", "http://127.0.0.1:8080",
-                                               "--all"), capture_output=True, text=True, timeout=30,
+                                               "--all", "--wide"), capture_output=True, text=True, timeout=30,
                                env={**os.environ, "COLUMNS": "160"})
         print(table.stdout)  # README's "Run a fleet" shows this output
         if tls:  # file secrets are bind mounts: the host's owner and mode (docker-compose.tls.yml's chown)

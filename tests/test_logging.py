@@ -8,7 +8,6 @@ import json
 import logging
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,18 +17,6 @@ from dfl_node.cli.logs import setup_logging
 from tests.conftest import invoke, verb_command
 
 VERBS = sorted(VERB_TABLE)
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """setup_logging changes process-wide loggers: put them back for the tests that follow."""
-    names = ["", "dfl_node", "httpx"]
-    levels = {name: logging.getLogger(name).level for name in names}
-    handlers = list(logging.getLogger().handlers)
-    yield
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-    logging.getLogger().handlers[:] = handlers
 
 
 @pytest.mark.parametrize("verb", VERBS)
