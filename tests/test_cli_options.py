@@ -18,7 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 from dfl_node.algorithms import ALGORITHMS
-from dfl_node.cli.options import structured
+from dfl_node.cli.options import PARTITION_FIELDS, structured
 from dfl_node.config import ExperimentConfig
 from dfl_node.config_loader import load_config
 from dfl_node.learning.datasets import DATASETS
@@ -26,9 +26,9 @@ from dfl_node.learning.partitions import PARTITIONS
 from dfl_node.node.config import NodeConfig
 from tests.conftest import error_lines, invoke, verb_command
 
-EXPERIMENT_VERBS = ("simulate", "testbed", "partition")
+EXPERIMENT_VERBS = ("simulate", "testbed")
 VERB_MODELS: list[tuple[str, type[BaseModel]]] = [*((verb, ExperimentConfig) for verb in EXPERIMENT_VERBS),
-                                                  ("start", NodeConfig)]
+                                                  ("start", NodeConfig), ("partition", ExperimentConfig)]
 START = ("start", "--id", "node-0", "--data", "shards/node-0")
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -84,8 +84,8 @@ def test_every_field_is_a_flag_with_its_description(verb: str, model: type[BaseM
     assert shown.exit_code == 0
     for name, field in model.model_fields.items():
         assert field.description, f"{model.__name__}.{name} has no description"
-        if structured(field.annotation):  # devices:, links:, faults: set in a config file only
-            assert name not in options, name
+        if structured(field.annotation) or (verb == "partition" and name not in PARTITION_FIELDS):
+            assert name not in options, name  # devices:, links:, faults: in a file only; partition: its own flags
             continue
         option = options[name]
         assert option.help is not None and option.help.startswith(f"{field.description}  [")
@@ -99,7 +99,7 @@ def test_every_field_is_a_flag_with_its_description(verb: str, model: type[BaseM
     assert {"--config"} <= {opt for p in options.values() for opt in p.opts}
 
 
-@pytest.mark.parametrize(("verb", "model"), VERB_MODELS)
+@pytest.mark.parametrize(("verb", "model"), VERB_MODELS[:-1])
 def test_flags_keep_their_spellings(verb: str, model: type[BaseModel]) -> None:
     options = {p.name: p for p in verb_command(verb).params if isinstance(p, click.Option)}
     assert options["seed"].opts == ["--seed"] and options["local_epochs"].opts == ["--local-epochs"]
@@ -143,6 +143,16 @@ def test_experiment_flags_reach_the_config(verb: str) -> None:
 
 
 @pytest.mark.usefixtures("built")
+def test_partition_offers_only_what_decides_the_shards() -> None:
+    """Issue 20: `partition` offered ~35 training-only flags."""
+    config = config_of("partition", "--out", "shards", "--partition", "shards", "--zeta", "3", "--val-fraction", "0.3",
+                       "--seed", "5", "--nodes", "6")
+    assert (config.partition, config.zeta, config.val_fraction, config.seed, config.nodes) == ("shards", 3, 0.3, 5, 6)
+    refused = invoke("partition", "--out", "shards", "--lr", "0.1")
+    assert refused.exit_code == 2 and "No such option '--lr'" in refused.output
+
+
+@pytest.mark.usefixtures("built")
 def test_node_flags_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     config = config_of(*START, *LEARNING_FLAGS, "--peer", "a:1", "--peer", "b:2", "--no-mdns", "--grpc-port", "6000")
@@ -168,7 +178,7 @@ def test_flags_beat_env_which_beats_the_file_which_beats_the_preset(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("verb", "flag"), [("simulate", "--algorithm"), ("testbed", "--algorithm"),
-                                            ("partition", "--algorithm"), ("start", "--algorithm")])
+                                            ("start", "--algorithm")])
 def test_an_unknown_algorithm_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verb: str,
                                           flag: str) -> None:
     monkeypatch.chdir(tmp_path)

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from dfl_node.cli.options import experiment_config, experiment_options, load_settings, model_options
+from dfl_node.cli.options import experiment_config, load_settings, model_options, partition_options
 from dfl_node.errors import OperatorError
 from dfl_node.learning.fleet import provision, write_fleet
 from dfl_node.node.config import NodeConfig
@@ -39,7 +39,7 @@ def start(config_path: Path | None, **flags: Any) -> None:
 
 
 @click.command()
-@experiment_options
+@partition_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Folder for <node-id>/{train,val}.safetensors and test.safetensors.")
 def partition(out: Path, config_path: Path | None, **flags: Any) -> None:

@@ -8,7 +8,7 @@ a ``DFL_<FIELD>`` variable and a config-file key always mean the same thing, wit
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,13 +47,14 @@ class RegistryChoice(click.Choice):
         return value
 
 
-def model_options(model: type[BaseModel]) -> Callable[[F], F]:
-    """One click option per field of ``model``, in field order: ``--grpc-port`` for ``grpc_port``,
-    ``--x/--no-x`` for a bool, a repeatable option for a list; the help is the field's description. Fields of
-    structured values (a mapping, a schedule: ``devices``, ``links``, ``faults``) are set in a config file only."""
+def model_options(model: type[BaseModel], only: Collection[str] | None = None) -> Callable[[F], F]:
+    """One click option per field of ``model`` (or of its fields in ``only``), in field order: ``--grpc-port``
+    for ``grpc_port``, ``--x/--no-x`` for a bool, a repeatable option for a list; the help is the field's
+    description. Fields of structured values (a mapping, a schedule: ``devices``, ``links``, ``faults``) are set
+    in a config file only."""
     def decorate(func: F) -> F:
         for name, field in reversed(model.model_fields.items()):
-            if not structured(field.annotation):
+            if not structured(field.annotation) and (only is None or name in only):
                 func = field_option(name, field)(func)
         return func
 
@@ -117,6 +118,16 @@ CONFIG_OPTION = click.option("--config", "config_path", type=click.Path(exists=T
 def experiment_options(func: F) -> F:
     """``--config`` and one option per :class:`~dfl_node.config.ExperimentConfig` field."""
     return CONFIG_OPTION(model_options(ExperimentConfig)(func))
+
+
+# What deciding a fleet's shards takes (dfl_node.learning.fleet.provision): `partition` offers only these.
+PARTITION_FIELDS = ("dataset", "data_dir", "nodes", "partition", "zeta", "zeta_max", "beta", "samples", "large_nodes",
+                    "val_fraction", "seed", "train_samples", "test_samples")
+
+
+def partition_options(func: F) -> F:
+    """``--config`` and the options of :data:`PARTITION_FIELDS` (a config file may hold any experiment key)."""
+    return CONFIG_OPTION(model_options(ExperimentConfig, only=PARTITION_FIELDS)(func))
 
 
 NODE_SETTINGS = ("heartbeat", "peer_timeout", "token_timeout", "round_timeout", "interval", "participation")

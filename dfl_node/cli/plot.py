@@ -13,12 +13,12 @@ from dfl_node.results import RunResult, read_results
 
 @click.command()
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Figure (.png, .pdf, .svg).")
+@click.option("-o", "--out", "output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Figure (.png, .pdf, .svg); --out, as every verb that writes names it.")
 @click.option("--title", default=None, help="Figure title (default: from the first run's config).")
 @click.option("--baseline", metavar="ALGORITHM", default=None, help="Compare every run with this algorithm's run "
               "(003 Table 8): the rounds each needs to reach its final global accuracy, printed and written to "
-              "OUTPUT's .json.")
+              "the figure's .json.")
 @click.option("--distribution", is_flag=True, help="Histograms of the nodes' final local accuracies instead "
               "(002's fairness view): one panel per experiment name, one bar per algorithm and bin.")
 def plot(results: tuple[Path, ...], output: Path, title: str | None, distribution: bool,

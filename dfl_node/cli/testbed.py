@@ -151,7 +151,9 @@ def save(result: RunResult, out: Path | None) -> None:
 @click.command()
 @experiment_options
 @click.option("--out", type=click.Path(path_type=Path), help="RESULTS.json (one algorithm) or a folder.")
-@click.option("--mode", type=click.Choice(["round", "async"]), default="round", show_default=True)
+@click.option("--mode", type=click.Choice(["round", "async"]), default="round", show_default=True,
+              help="round: the token's rounds, reproducible (equal to the simulator's, bit for bit); async: every "
+                   "node volunteers on its own, for --duration.")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               metavar="SECONDS", help="Async mode: each node volunteers this long once it sees its peers; "
                                       "rounds reported = completed exchanges (fusions).")
