@@ -35,6 +35,9 @@ T = TypeVar("T")
 
 FIGURES = Figures("gRPC, all six RPCs of a real node (RSS and fds from the node up)", MIN_GRPC_INPUTS)
 STATE_CHANGES: list[str] = []  # what a flood of refused input changed on the node
+# Probes refused "busy": a concurrent probe met the node answering another one of the same flood (it answers one
+# at a time). That is no hostile input to count, so the node does not, and neither does the flood's check.
+BUSY: list[str] = []
 
 
 @dataclass(frozen=True)
@@ -216,8 +219,10 @@ def flood(live: LiveNode, method: str, requests: list[bytes | list[bytes]], expe
 
     reasons = live.run(all_at_once())
     FIGURES.count(f"grpc: {method}", len(requests))
+    BUSY.extend(r for r in reasons if r == "busy" and method == "Probe")
     after = live.rejected()
-    assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == Counter(reasons), reasons
+    counted = Counter(r for r in reasons if not (r == "busy" and method == "Probe"))
+    assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == counted, reasons
     live.settle()
     now = live.snapshot()
     changed = was.changes(now)

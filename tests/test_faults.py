@@ -62,7 +62,9 @@ def storm_round_mode(chaos: Chaos, rng: random.Random) -> None:
             victim = rng.choice(chaos.nodes)
         kill = chaos.kill(victim, statuses)
         chaos.restart(victim, kill)
-        chaos.wait(lambda s, k=kill: all_alive(s) and highest_round(s) > k.round)
+        # two rounds on: the fusion of the round after the one in progress began after the kill (a round that
+        # completes right after a kill may have fused before it: the kill's stall would be unmeasured)
+        chaos.wait(lambda s, k=kill: all_alive(s) and highest_round(s) > k.round + 1)
 
 
 def storm_async_mode(chaos: Chaos, rng: random.Random) -> None:
