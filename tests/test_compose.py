@@ -158,7 +158,7 @@ def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published
         table = subprocess.run(engine.in_netns(sys.executable, "-m", "dfl_node", "status", "http://127.0.0.1:8080",
                                                "--all", "--wide"), capture_output=True, text=True, timeout=30,
                                env={**os.environ, "COLUMNS": "160"})
-        print(table.stdout)  # README's "Run a fleet" shows this output
+        print(table.stdout)  # the wide table: every node by the URL of its published port
         if tls:  # file secrets are bind mounts: the host's owner and mode (docker-compose.tls.yml's chown)
             key = engine.run(*compose, "exec", "-T", "node-0", "stat", "-c", "%u:%g %a", "/run/secrets/node.key")
             assert key.stdout.split() == ["10001:10001", "600"], key.stdout
