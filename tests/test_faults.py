@@ -62,9 +62,10 @@ def storm_round_mode(chaos: Chaos, rng: random.Random) -> None:
             victim = rng.choice(chaos.nodes)
         kill = chaos.kill(victim, statuses)
         chaos.restart(victim, kill)
-        # two rounds on: the fusion of the round after the one in progress began after the kill (a round that
-        # completes right after a kill may have fused before it: the kill's stall would be unmeasured)
-        chaos.wait(lambda s, k=kill: all_alive(s) and highest_round(s) > k.round + 1)
+        chaos.wait(lambda s, k=kill: all_alive(s) and highest_round(s) > k.round)
+    # and one round more after the last kill: the round that completed right after it may have fused before it,
+    # and without a fusion after it the last kill's stall would be unmeasured (the run ended)
+    chaos.wait(lambda s, k=chaos.kills[-1]: highest_round(s) > k.round + 1)
 
 
 def storm_async_mode(chaos: Chaos, rng: random.Random) -> None:
