@@ -10,12 +10,19 @@
 #   BASE_IMAGE=dfl-base:offline docker compose up --build
 #
 # The image build itself then needs no network at all (tests/test_compose.py builds with none).
-# Re-running is a no-op while the tarball is newer than pyproject.toml and this script.
+# Re-running is a no-op while the tarball was made from the same dependencies and the same script: their
+# sha256 is kept beside it (OUT.tar.inputs), so a fresh clone, whose files are all new, does not rebuild it.
 set -euo pipefail
 
 out=${1:?usage: deploy/offline-base.sh OUT.tar}
 here=$(cd "$(dirname "$0")/.." && pwd)
-if [[ -s $out && $out -nt $here/pyproject.toml && $out -nt $0 ]]; then
+requirements=$(python3 - "$here/pyproject.toml" <<'EOF'
+import sys, tomllib
+print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
+EOF
+)
+inputs=$(printf '%s\n' "$requirements" | cat - "$0" | sha256sum | cut -d' ' -f1)
+if [[ -s $out && "$(cat "$out.inputs" 2>/dev/null)" == "$inputs" ]]; then
   echo "$out is up to date"
   exit 0
 fi
@@ -29,10 +36,7 @@ debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates boo
   >"$work/debootstrap.log" 2>&1 || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
 
 # Wheels for the image's Python (3.11 on bookworm): torch's CPU build first, as everywhere in this project.
-python3 - "$here/pyproject.toml" >"$work/requirements.txt" <<'EOF'
-import sys, tomllib
-print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
-EOF
+printf '%s\n' "$requirements" >"$work/requirements.txt"
 pip=(python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all:
      --python-version 3.11 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform linux_x86_64
      --dest "$work/rootfs/wheels")
@@ -46,4 +50,5 @@ printf '[global]\nno-index = true\nfind-links = /wheels\n' >"$work/rootfs/etc/pi
 mkdir -p "$(dirname "$out")"
 tar -C "$work/rootfs" -cf "$out.tmp" .
 mv "$out.tmp" "$out"
+echo "$inputs" >"$out.inputs"
 echo "wrote $out ($(du -h "$out" | cut -f1))"
