@@ -128,6 +128,9 @@ def run_algorithm(config: ExperimentConfig, algorithm: str, fleet: Fleet, root: 
         try:
             for node in nodes:
                 node.start()
+            console.print(f"{algorithm}: work folder {run_dir} (node logs, state); dashboards:", highlight=False)
+            for node in nodes:  # open one during the run: the node's page, linking to its peers'
+                console.print(f"  {node.id}  {node.url}/", highlight=False, soft_wrap=True)
             with Live(console=console, refresh_per_second=2) as live:
                 wait_until(nodes, done_twice(), timeout, on_poll=lambda s: live.update(fleet_table(s)))
             if not console.is_terminal:
