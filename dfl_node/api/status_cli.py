@@ -131,10 +131,14 @@ def _rejected(rejected: Any) -> str:
     return f"{total} ({parts})"
 
 
-def _peers_summary(peers: Any) -> str:
+def _alive(peers: Any) -> str:
+    """``alive/known`` of a node's peer table."""
     peers = peers or []
-    alive = sum(1 for p in peers if p.get("alive"))
-    return f"{alive}/{len(peers)} alive"
+    return f"{sum(1 for p in peers if p.get('alive'))}/{len(peers)}"
+
+
+def _peers_summary(peers: Any) -> str:
+    return f"{_alive(peers)} alive"
 
 
 def _node_table(s: dict[str, Any], url: str) -> Table:
@@ -206,7 +210,7 @@ def _fleet_row(r: dict[str, Any]) -> dict[str, str]:
         "local acc": _acc(s.get("local_accuracy")), "global acc": _acc(s.get("global_accuracy")),
         "sent/recv": f"{_dash(s.get('models_sent'))}/{_dash(s.get('models_received'))}",
         "fusions": _dash(s.get("fusions")), "rejected": _rejected(s.get("rejected")),
-        "peers": _peers_summary(s.get("peers")), "peers alive": _peers_summary(s.get("peers")).split()[0],
+        "peers": _peers_summary(s.get("peers")), "peers alive": _alive(s.get("peers")),
         "state": "[green]done[/]" if s.get("done") else "[green]ok[/]",
     }
 
@@ -274,12 +278,12 @@ def show_status(
     """
     out = console or Console(soft_wrap=False)
     err = err_console or Console(stderr=True)
-    code, shown = 0, 0
+    base_url, code, shown = normalize_url(url), 0, 0
     try:
         while True:
             if watch is not None and out.is_terminal:
                 out.clear()
-            code = _show_once(normalize_url(url), all_peers, as_json, timeout, wide, out, err)
+            code = _show_once(base_url, all_peers, as_json, timeout, wide, out, err)
             shown += 1
             if watch is None or (repeats is not None and shown >= repeats):
                 return code

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import click
 
-from dfl_node.api.status_cli import show_status
+from dfl_node.api.status_cli import DEFAULT_URL, show_status
 from dfl_node.errors import OperatorError
 from dfl_node.node.state_lock import StateLock
 
 
 @click.command()
-@click.argument("url", default="http://127.0.0.1:8080")
+@click.argument("url", default=DEFAULT_URL)
 @click.option("--all", "all_peers", is_flag=True, help="Also query every peer the node knows; exit 1 if one of them "
                                                                "does not answer.")
 @click.option("--wide", is_flag=True, help="--all: every column (the default set fits 80 columns).")
@@ -28,7 +28,6 @@ def status(url: str, all_peers: bool, wide: bool, watch: float | None, as_json: 
     """Show a node's state (and with --all, its peers') from its REST API. Exit 1 if the node (or, with --all,
     any peer) cannot be queried."""
     sys.exit(show_status(url, all_peers=all_peers, as_json=as_json, wide=wide, watch=watch))
-
 
 
 @click.command()
