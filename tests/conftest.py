@@ -135,7 +135,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # Modules whose tests share what one process holds — a fuzz run's figures across its tests, a sweep run once
 # for the module — stay on one worker.
-ONE_WORKER_MODULES = {"test_fuzz_codec", "test_fuzz_grpc", "test_sweep"}
+ONE_WORKER_MODULES = {"test_fuzz_codec", "test_fuzz_grpc", "test_metrics", "test_sweep"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import math
 import re
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from dfl_node import __version__
 from dfl_node.api.app import create_app
-from dfl_node.api.metrics import escape_label_value, format_value, render_metrics
-from dfl_node.api.schemas import Counters, HistoryEntry, NodeStatus, PeerInfo
+from dfl_node.api.metrics import NodeMetrics
+from dfl_node.api.schemas import Counters, FleetMember, FleetView, HistoryEntry, NodeStatus, PeerInfo
 
 NASTY_REASON = 'bad "fingerprint" \\ in C:\\models\nsecond line'
 
@@ -60,13 +61,27 @@ HISTORY = [
 ]
 
 
+def app_of(status: Callable[[], NodeStatus], history: Callable[[], list[HistoryEntry]]) -> FastAPI:
+    """The REST app of a fake node: its fleet is itself alone, its metrics those of its status."""
+
+    def fleet() -> FleetView:
+        s = status()
+        me = FleetMember(id=s.id, is_self=True, grpc_address=s.grpc_address, alive=True, round=s.round)
+        return FleetView(node=s.id, mode=s.mode, members=[me])
+
+    return create_app(status, history, fleet, NodeMetrics("fake", status))
+
+
 class Node:
-    """A fake daemon: the app only ever sees it through the two callables."""
+    """A fake daemon: the app only ever sees it through its callables (and metrics over its status)."""
 
     def __init__(self, status: NodeStatus) -> None:
         self.status = status
         self.history = list(HISTORY)
         self.status_calls = 0
+
+    def app(self, status: Callable[[], NodeStatus] | None = None) -> FastAPI:
+        return app_of(status or self.get_status, self.get_history)
 
     def get_status(self) -> NodeStatus:
         self.status_calls += 1
@@ -83,87 +98,9 @@ def node() -> Node:
 
 @pytest.fixture
 async def client(node: Node):
-    app = create_app(node.get_status, node.get_history)
+    app = node.app()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as c:
         yield c
-
-
-# ------------------------------------------------------------------------------ a tiny 0.0.4 parser
-
-_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_SAMPLE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})? (\S+)$")
-_LABEL_START = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="')
-
-
-def parse_labels(text: str) -> dict[str, str]:
-    """``a="x",b="y\\"z"`` → dict, undoing the three escapes of the text format; rejects anything else."""
-    labels: dict[str, str] = {}
-    i = 0
-    while i < len(text):
-        m = _LABEL_START.match(text, i)
-        assert m, f"bad label syntax at {text[i:]!r}"
-        i = m.end()
-        value = []
-        while True:
-            assert i < len(text), f"unterminated label value in {text!r}"
-            ch = text[i]
-            if ch == "\\":
-                nxt = text[i + 1]
-                assert nxt in '\\"n', f"invalid escape \\{nxt} in {text!r}"
-                value.append({"\\": "\\", '"': '"', "n": "\n"}[nxt])
-                i += 2
-            elif ch == '"':
-                i += 1
-                break
-            else:
-                assert ch != "\n"
-                value.append(ch)
-                i += 1
-        assert m.group(1) not in labels, "duplicate label"
-        labels[m.group(1)] = "".join(value)
-        if i < len(text):
-            assert text[i] == ",", f"expected ',' at {text[i:]!r}"
-            i += 1
-    return labels
-
-
-def parse_exposition(text: str) -> tuple[dict[str, dict], list[tuple[str, dict[str, str], float]]]:
-    """Families {name: {"help": str, "type": str}} and samples [(name, labels, value)].
-
-    Asserts the structure of format 0.0.4: every sample is ``name{labels} value`` and belongs to a
-    family whose HELP and TYPE lines came before it.
-    """
-    assert text.endswith("\n")
-    families: dict[str, dict] = {}
-    samples = []
-    for line in text.splitlines():
-        assert line.strip(), "blank line in exposition"
-        if line.startswith("# HELP "):
-            name, _, help_text = line[len("# HELP "):].partition(" ")
-            assert name not in families, f"HELP for {name} twice"
-            families[name] = {"help": help_text}
-        elif line.startswith("# TYPE "):
-            name, _, kind = line[len("# TYPE "):].partition(" ")
-            assert name in families, f"TYPE before HELP for {name}"
-            assert "type" not in families[name]
-            assert kind in {"counter", "gauge", "untyped", "summary", "histogram"}
-            families[name]["type"] = kind
-        else:
-            assert not line.startswith("#")
-            m = _SAMPLE.match(line)
-            assert m, f"not a sample line: {line!r}"
-            name, labels, value = m.group(1), m.group(2), m.group(3)
-            assert name in families and "type" in families[name], f"sample {name} without HELP/TYPE"
-            samples.append((name, parse_labels(labels or ""), float(value)))
-    for name, fam in families.items():
-        assert "type" in fam, f"{name} has HELP but no TYPE"
-    return families, samples
-
-
-def sample(samples, name: str, **labels: str) -> float:
-    found = [v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items())]
-    assert len(found) == 1, f"{name}{labels}: {found}"
-    return found[0]
 
 
 # ---------------------------------------------------------------------------------------- endpoints
@@ -233,70 +170,8 @@ async def test_history_and_since(client: httpx.AsyncClient) -> None:
     assert (await client.get("/history", params={"since": "two"})).status_code == 422
 
 
-async def test_metrics_exposition(client: httpx.AsyncClient) -> None:
-    r = await client.get("/metrics")
-    assert r.status_code == 200
-    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    families, samples = parse_exposition(r.text)
-    expected = {
-        "dfl_round": "gauge",
-        "dfl_models_sent_total": "counter",
-        "dfl_models_received_total": "counter",
-        "dfl_bytes_sent_total": "counter",
-        "dfl_bytes_received_total": "counter",
-        "dfl_fusions_total": "counter",
-        "dfl_rejected_total": "counter",
-        "dfl_peers": "gauge",
-        "dfl_local_accuracy": "gauge",
-        "dfl_global_accuracy": "gauge",
-    }
-    for name, kind in expected.items():
-        assert families.get(name, {}).get("type") == kind, name
-        assert families[name]["help"], name
-    for name, fam in families.items():
-        if fam["type"] == "counter":
-            assert name.endswith("_total"), name
-    assert all(labels.get("node") == "node-a" for _, labels, _ in samples)
-    assert sample(samples, "dfl_round") == 7
-    assert sample(samples, "dfl_models_sent_total") == 3
-    assert sample(samples, "dfl_models_received_total") == 4
-    assert sample(samples, "dfl_bytes_sent_total") == 1234567
-    assert sample(samples, "dfl_bytes_received_total") == 2345678
-    assert sample(samples, "dfl_fusions_total") == 4
-    assert sample(samples, "dfl_peers") == 1  # one of the two peers is alive
-    assert sample(samples, "dfl_local_accuracy") == pytest.approx(0.8125)
-    assert sample(samples, "dfl_global_accuracy") == pytest.approx(0.75)
-    # Label escaping: the reason with '"', '\' and a newline comes back intact after unescaping.
-    assert sample(samples, "dfl_rejected_total", reason="swarm_mismatch") == 2
-    assert sample(samples, "dfl_rejected_total", reason=NASTY_REASON) == 1
-    assert 'reason="bad \\"fingerprint\\" \\\\ in C:\\\\models\\nsecond line"' in r.text
-
-
-async def test_metrics_omit_missing_accuracy(client: httpx.AsyncClient, node: Node) -> None:
-    node.status = make_status(local_accuracy=None, global_accuracy=None, rejected={}, peers=[])
-    r = await client.get("/metrics")
-    families, samples = parse_exposition(r.text)
-    assert "dfl_local_accuracy" not in r.text and "dfl_global_accuracy" not in r.text
-    assert "dfl_rejected_total" in families  # HELP/TYPE stay, no samples
-    assert not [s for s in samples if s[0] == "dfl_rejected_total"]
-    assert sample(samples, "dfl_peers") == 0
-
-
-def test_escaping_and_value_formatting() -> None:
-    assert escape_label_value('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
-    assert format_value(3) == "3"
-    assert format_value(True) == "1"
-    assert format_value(0.5) == "0.5"
-    assert format_value(math.nan) == "NaN"
-    assert format_value(-math.inf) == "-Inf"
-    # Node ids with odd characters are escaped in every sample.
-    text = render_metrics(make_status(id='we"ird\\id'))
-    _, samples = parse_exposition(text)
-    assert {labels["node"] for _, labels, _ in samples} == {'we"ird\\id'}
-
-
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
-@pytest.mark.parametrize("path", ["/status", "/history", "/metrics", "/healthz"])
+@pytest.mark.parametrize("path", ["/status", "/history", "/fleet", "/metrics", "/healthz"])
 async def test_read_only(client: httpx.AsyncClient, node: Node, method: str, path: str) -> None:
     before = node.status.model_copy(deep=True)
     r = await client.request(method, path, json={"round": 0, "role": "sender"})
@@ -328,7 +203,7 @@ async def test_failing_status_provider_gives_503(node: Node) -> None:
     def broken() -> NodeStatus:
         raise RuntimeError("state not loaded yet")
 
-    app = create_app(broken, node.get_history)
+    app = node.app(broken)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as c:
         r = await c.get("/status")
         assert r.status_code == 503

@@ -4,6 +4,7 @@ and ``--log-format json``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
@@ -14,6 +15,9 @@ import pytest
 
 from dfl_node.cli import VERBS as VERB_TABLE
 from dfl_node.cli.logs import setup_logging
+from dfl_node.node.clock import Clock
+from dfl_node.node.peers import PeerTable
+from dfl_node.peering.messages import HelloReply
 from tests.conftest import invoke, verb_command
 
 VERBS = sorted(VERB_TABLE)
@@ -86,3 +90,19 @@ def test_help_status_and_stop_import_neither_torch_nor_the_node(tmp_path: Path) 
 def test_each_verbs_line_in_help_opens_its_own_help() -> None:
     for name, (_, summary) in VERB_TABLE.items():
         assert (verb_command(name).help or "").startswith(summary), name
+
+
+async def test_a_node_says_how_many_peers_it_has_while_it_waits(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 20: a node waiting for ``--min-peers`` said nothing; now it says how many it has, when that changes."""
+    table = PeerTable("me", hello=None, clock=Clock(), heartbeat=1.0, timeout=3.0, static=[])  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="dfl_node.node.peers"):
+        waiting = asyncio.create_task(table.wait_for(2))
+        for have, peer in enumerate(("a", "b")):
+            while f"have {have}, need 2" not in caplog.text:  # the waiter has run up to its next wait
+                await asyncio.sleep(0)
+            table.seen(HelloReply(node_id=peer, grpc_address=f"127.0.0.1:{ord(peer)}", boot_id=peer))
+        await asyncio.wait_for(waiting, timeout=5)
+    said = [r.getMessage() for r in caplog.records if "peer" in r.getMessage()]
+    assert said == ["me: waiting for peers: have 0, need 2", "peer a at 127.0.0.1:97 is alive",
+                    "me: waiting for peers: have 1, need 2", "peer b at 127.0.0.1:98 is alive",
+                    "me: 2 peer(s) alive; starting"]

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from dfl_node.api.app import create_app
 from dfl_node.api.schemas import HistoryEntry, NodeStatus, PeerInfo
 from dfl_node.api.status_cli import normalize_url, peer_url, show_status
+from tests.test_api import app_of
 
 
 class FakeNode:
@@ -74,7 +74,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[dict[str, FakeNode]]:
     alpha, beta = FakeNode("alpha", 11, 0.875), FakeNode("beta", 12, None)
-    servers = [ServerThread(create_app(n.status, n.history)) for n in (alpha, beta)]
+    servers = [ServerThread(app_of(n.status, n.history)) for n in (alpha, beta)]
     try:
         alpha.http_port, beta.http_port = (s.start() for s in servers)
         now = time.time()

@@ -1,8 +1,8 @@
-"""The node's read-only REST API: health, status, history, Prometheus metrics, dashboard.
+"""The node's read-only REST API: health, status, history, the fleet it sees, Prometheus metrics, dashboard.
 
-The app knows nothing about the daemon: it is given two callables that build a fresh snapshot on
-every request. Endpoints are ``async def`` on purpose, so the callables run on the event loop that
-serves the app (the daemon's loop when uvicorn runs inside the daemon) rather than in a worker
+The app knows nothing about the daemon: it is given callables that build a fresh snapshot on every
+request, and the node's metrics registry. Endpoints are ``async def`` on purpose, so the callables run
+on the event loop that serves the app (the daemon's loop when uvicorn runs inside the daemon) rather than in a worker
 thread — they may read the daemon's state without locks, and must be quick and non-blocking.
 
 Every route is ``GET``: nothing here changes the node (other methods get 405). Anything that would
@@ -15,17 +15,19 @@ import logging
 from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
+from typing import TypeVar
 
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, Response
 
 from dfl_node import __version__
-from dfl_node.api.metrics import CONTENT_TYPE, render_metrics
-from dfl_node.api.schemas import HistoryEntry, NodeStatus
+from dfl_node.api.metrics import CONTENT_TYPE, NodeMetrics
+from dfl_node.api.schemas import FleetView, HistoryEntry, NodeStatus
 
 __all__ = ["create_app", "dashboard_html"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @lru_cache(maxsize=1)
@@ -37,21 +39,24 @@ def dashboard_html() -> str:
 def create_app(
     status: Callable[[], NodeStatus],
     history: Callable[[], list[HistoryEntry]],
+    fleet: Callable[[], FleetView],
+    metrics: NodeMetrics,
 ) -> FastAPI:
-    """A FastAPI app serving the node described by ``status()`` and ``history()``."""
+    """A FastAPI app serving the node described by ``status()``, ``history()`` and ``fleet()``, and the
+    metrics of its registry."""
     app = FastAPI(
         title="dfl-node",
         version=__version__,
         description="Read-only status of a decentralized federated learning node: "
-        "health, status, history, Prometheus metrics and a dashboard.",
+        "health, status, history, the fleet it sees, Prometheus metrics and a dashboard.",
     )
 
-    def _snapshot() -> NodeStatus:
+    def _provided(what: str, provider: Callable[[], T]) -> T:
         try:
-            return status()
-        except Exception as exc:  # a status provider bug must not take the API down
-            log.exception("status provider failed")
-            raise HTTPException(status_code=503, detail=f"status unavailable: {exc}") from exc
+            return provider()
+        except Exception as exc:  # a provider's bug must not take the API down
+            log.exception("%s provider failed", what)
+            raise HTTPException(status_code=503, detail=f"{what} unavailable: {exc}") from exc
 
     @app.get("/healthz", summary="Liveness probe")
     async def healthz() -> dict[str, str]:
@@ -59,20 +64,20 @@ def create_app(
 
     @app.get("/status", response_model=NodeStatus, summary="Current status of the node")
     async def get_status() -> NodeStatus:
-        return _snapshot()
+        return _provided("status", status)
 
     @app.get("/history", response_model=list[HistoryEntry], summary="Event history (training, fusions, evaluations)")
     async def get_history(
         since: int | None = Query(default=None, description="only entries with round >= since"),
     ) -> list[HistoryEntry]:
-        try:
-            entries = history()
-        except Exception as exc:
-            log.exception("history provider failed")
-            raise HTTPException(status_code=503, detail=f"history unavailable: {exc}") from exc
+        entries = _provided("history", history)
         if since is not None:
             entries = [e for e in entries if e.round >= since]
         return entries
+
+    @app.get("/fleet", response_model=FleetView, summary="The fleet as this node knows it (the dashboard's table)")
+    async def get_fleet() -> FleetView:
+        return _provided("fleet", fleet)
 
     @app.get(
         "/metrics",
@@ -80,8 +85,8 @@ def create_app(
         response_class=Response,
         responses={200: {"content": {"text/plain": {}}}},
     )
-    async def metrics() -> Response:
-        return Response(content=render_metrics(_snapshot()), media_type=CONTENT_TYPE)
+    async def get_metrics() -> Response:
+        return Response(content=_provided("metrics", metrics.render), media_type=CONTENT_TYPE)
 
     @app.get("/", response_class=HTMLResponse, summary="Dashboard", include_in_schema=False)
     async def dashboard() -> HTMLResponse:

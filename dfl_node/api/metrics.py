@@ -1,139 +1,147 @@
-"""Prometheus text exposition (format 0.0.4) of a :class:`NodeStatus`, written by hand.
+"""A node's Prometheus metrics, with ``prometheus_client``: its histograms, and its status as metrics.
 
-Every metric family carries ``# HELP`` and ``# TYPE`` lines and a ``node`` label (the node id).
-Accuracy gauges are left out entirely while the node has no accuracy to report; a family with no
-samples (``dfl_rejected_total`` before any rejection) keeps its HELP/TYPE lines, which the format
-allows.
+Each node owns a :class:`NodeMetrics`: one registry (the simulator runs many nodes in one process, so
+never the global one) holding
+
+- the histograms the node observes as it works (role, training, fusion and transfer durations, model
+  sizes): :meth:`NodeMetrics.observe`;
+- a collector over the node's status snapshot (:class:`StatusCollector`): its counters, round, peers,
+  accuracy, read fresh at every scrape, so they can never disagree with ``/status``;
+- the ``process_*`` metrics (resident memory, CPU, open fds, start time) once the node serves REST as its
+  own process (:meth:`NodeMetrics.add_process_metrics`): what an IoT operator watches first.
+
+Names follow Prometheus' conventions: base units in the name (``_seconds``, ``_bytes``, ``_ratio``),
+``_total`` on counters, and every sample carries a ``node`` label (the node id).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 from dfl_node.api.schemas import NodeStatus
 
-__all__ = ["CONTENT_TYPE", "escape_help", "escape_label_value", "format_value", "render_metrics"]
+__all__ = ["CONTENT_TYPE", "COUNTER_METRICS", "NodeMetrics", "StatusCollector"]
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-
-def escape_label_value(value: str) -> str:
-    """Escape a label value: backslash, double quote and line feed (format 0.0.4)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def escape_help(text: str) -> str:
-    """Escape HELP text: backslash and line feed only."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def format_value(value: float | int | bool) -> str:
-    """A sample value as Prometheus writes it (integers without a decimal point, NaN, ±Inf)."""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{escape_label_value(str(v))}"' for k, v in labels.items()) + "}"
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(
-        self,
-        name: str,
-        kind: str,
-        help_text: str,
-        samples: Iterable[tuple[Mapping[str, str], float | int | bool]],
-    ) -> None:
-        self.lines.append(f"# HELP {name} {escape_help(help_text)}")
-        self.lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            self.lines.append(f"{name}{_labels(labels)} {format_value(value)}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
-
-# One counter family per Counters field, named dfl_<field>_total.
-COUNTER_HELP = {
-    "models_sent": "Models (or model segments) sent to peers.",
-    "models_received": "Models (or model segments) received from peers.",
-    "bytes_sent": "Model payload bytes sent to peers.",
-    "bytes_received": "Model payload bytes received from peers.",
-    "fusions": "Fusions performed by this node.",
-    "rounds_completed": "Rounds this node completed.",
-    "busy_refusals": "Transfers refused because a node was busy.",
-    "senders_abandoned": "Senders an aggregator left out: their transfer never came in time.",
-    "groups_abandoned": "Round mode: groups skipped because their live members refused their roles for a "
-                        "round_timeout.",
-    "probes_sent": "Client-selection probes sent to candidate receivers.",
-    "probes_unanswered": "Client-selection probes that got no valid answer in time (the candidate was skipped).",
-    "probes_answered": "Client-selection probes answered as a candidate.",
+# One counter per status counter: (metric name without _total, help).
+COUNTER_METRICS = {
+    "models_sent": ("dfl_models_sent", "Models (or model segments) sent to peers."),
+    "models_received": ("dfl_models_received", "Models (or model segments) received from peers."),
+    "bytes_sent": ("dfl_sent_bytes", "Model payload bytes sent to peers."),
+    "bytes_received": ("dfl_received_bytes", "Model payload bytes received from peers."),
+    "fusions": ("dfl_fusions", "Fusions performed by this node."),
+    "rounds_completed": ("dfl_rounds_completed", "Rounds (async: exchanges) this node completed a role in."),
+    "busy_refusals": ("dfl_busy_refusals", "Requests refused because this node was busy with another role."),
+    "senders_abandoned": ("dfl_senders_abandoned", "Senders an aggregator left out: their transfer never came in "
+                                                   "time."),
+    "groups_abandoned": ("dfl_groups_abandoned", "Round mode: groups skipped because their live members refused "
+                                                 "their roles for a round_timeout."),
+    "probes_sent": ("dfl_probes_sent", "Client-selection probes sent to candidate receivers."),
+    "probes_unanswered": ("dfl_probes_unanswered", "Client-selection probes that got no valid answer in time."),
+    "probes_answered": ("dfl_probes_answered", "Client-selection probes answered as a candidate."),
 }
 
-def render_metrics(status: NodeStatus) -> str:
-    """The node's metrics in Prometheus text format 0.0.4 (ends with a newline)."""
-    node = {"node": status.id}
-    w = _Writer()
-    w.family(
-        "dfl_info",
-        "gauge",
-        "Static information about the node (value is always 1).",
-        [
-            (
-                {
-                    **node,
-                    "swarm": status.swarm,
-                    "algorithm": status.algorithm,
-                    "mode": status.mode,
-                    "version": status.version,
-                    "boot_id": status.boot_id,
-                },
-                1,
-            )
-        ],
-    )
-    w.family("dfl_round", "gauge", "Current round of the node.", [(node, status.round)])
-    for field, help_text in COUNTER_HELP.items():
-        w.family(f"dfl_{field}_total", "counter", help_text, [(node, getattr(status, field))])
-    w.family(
-        "dfl_rejected_total",
-        "counter",
-        "Rejected transfers or handshakes, by reason.",
-        [({**node, "reason": reason}, count) for reason, count in sorted(status.rejected.items())],
-    )
-    alive = sum(p.alive for p in status.peers)
-    w.family("dfl_peers", "gauge", "Peers in the peer table that are alive.", [(node, alive)])
-    w.family("dfl_peers_known", "gauge", "Peers in the peer table, alive or not.", [(node, len(status.peers))])
-    if status.local_accuracy is not None:
-        w.family(
-            "dfl_local_accuracy",
-            "gauge",
-            "Accuracy of the node's model on its local validation split.",
-            [(node, status.local_accuracy)],
-        )
-    if status.global_accuracy is not None:
-        w.family(
-            "dfl_global_accuracy",
-            "gauge",
-            "Accuracy of the node's model on the global test set.",
-            [(node, status.global_accuracy)],
-        )
-    w.family("dfl_fusing", "gauge", "1 while the node is fusing a model.", [(node, status.fusing)])
-    w.family("dfl_done", "gauge", "1 once the node reached its round/time budget.", [(node, status.done)])
-    w.family("dfl_uptime_seconds", "gauge", "Seconds since this process started.", [(node, status.uptime_s)])
-    return w.text()
+Timed = Literal["role", "train", "fusion", "transfer", "model_size"]
+
+# Buckets: a digits MLP step takes milliseconds, a paper CNN's fusion on a Raspberry Pi minutes.
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 150, 300, 600)
+_BYTES = tuple(float(4**k * 1024) for k in range(1, 11))  # 4 KiB … 1 GiB, ×4
+
+
+class StatusCollector(Collector):
+    """The node's status snapshot as metrics, built afresh at every scrape."""
+
+    def __init__(self, status: Callable[[], NodeStatus]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.status()
+        node = [s.id]
+
+        def gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, help_text, labels=["node"])
+            family.add_metric(node, value)
+            return family
+
+        info = GaugeMetricFamily("dfl_info", "Static information about the node (value is always 1).",
+                                 labels=["node", "swarm", "algorithm", "mode", "version", "boot_id"])
+        info.add_metric([s.id, s.swarm, s.algorithm, s.mode, s.version, s.boot_id], 1)
+        yield info
+        yield gauge("dfl_round", "Current round of the node (async mode: exchanges it took part in).", s.round)
+        for field, (name, help_text) in COUNTER_METRICS.items():
+            counter = CounterMetricFamily(name, help_text, labels=["node"])
+            counter.add_metric(node, getattr(s, field))
+            yield counter
+        rejected = CounterMetricFamily("dfl_rejected", "Rejected transfers or handshakes, by reason.",
+                                       labels=["node", "reason"])
+        for reason, count in sorted(s.rejected.items()):
+            rejected.add_metric([s.id, reason], count)
+        yield rejected
+        yield gauge("dfl_peers_alive", "Peers in the peer table that are alive.", sum(p.alive for p in s.peers))
+        yield gauge("dfl_peers_known", "Peers in the peer table, alive or not.", len(s.peers))
+        if s.local_accuracy is not None:  # absent, not 0, until the node has evaluated
+            yield gauge("dfl_local_accuracy_ratio", "Accuracy of the node's model on its local validation split.",
+                        s.local_accuracy)
+        if s.global_accuracy is not None:
+            yield gauge("dfl_global_accuracy_ratio", "Accuracy of the node's model on the global test set.",
+                        s.global_accuracy)
+        yield gauge("dfl_fusing", "1 while the node is fusing a model.", s.fusing)
+        yield gauge("dfl_holding", "Round mode: 1 while the node holds the round token.", s.holding)
+        yield gauge("dfl_done", "1 once the node reached its round/time budget.", s.done)
+
+
+class _WithNodeLabel(Collector):
+    """Another collector's metrics with the ``node`` label added, as every dfl-node metric carries it."""
+
+    def __init__(self, inner: Collector, node_id: str) -> None:
+        self.inner, self.node_id = inner, node_id
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.inner.collect():
+            metric.samples = [s._replace(labels={**s.labels, "node": self.node_id}) for s in metric.samples]
+            yield metric
+
+
+class NodeMetrics:
+    """One node's registry: its histograms, its status collector, and (as a process) the process metrics."""
+
+    def __init__(self, node_id: str, status: Callable[[], NodeStatus]) -> None:
+        self.node_id = node_id
+        self.registry = CollectorRegistry()  # no auto-describe: the status is read at scrapes only
+        self.registry.register(StatusCollector(status))
+
+        def histogram(name: str, help_text: str, extra: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, help_text, ["node", *extra], registry=self.registry, buckets=buckets)
+
+        self._histograms: dict[Timed, Histogram] = {
+            "role": histogram("dfl_role_duration_seconds", "A sender or aggregator role, from taken to done (the "
+                              "node's part of a round, its checkpoint included).", ("role",), _SECONDS),
+            "train": histogram("dfl_train_duration_seconds", "Local training before a send or a fusion.", (),
+                               _SECONDS),
+            "fusion": histogram("dfl_fusion_duration_seconds", "Fusing received models (e.g. mutual knowledge "
+                                "transfer).", (), _SECONDS),
+            "transfer": histogram("dfl_transfer_duration_seconds", "Streaming one model to or from a peer, until "
+                                  "the receiving side holds it whole.", ("direction",), _SECONDS),
+            "model_size": histogram("dfl_model_size_bytes", "Size on the wire of one model (or segment) sent or "
+                                    "received.", ("direction",), _BYTES),
+        }
+
+    def observe(self, kind: Timed, value: float, **labels: str) -> None:
+        """Record one observation: ``role`` takes ``role=``; ``transfer`` and ``model_size`` take
+        ``direction="sent"`` or ``"received"``."""
+        self._histograms[kind].labels(node=self.node_id, **labels).observe(value)
+
+    def add_process_metrics(self) -> None:
+        """The ``process_*`` metrics of this process: only for a node that is its own process (a daemon)."""
+        self.registry.register(_WithNodeLabel(ProcessCollector(registry=None), self.node_id))
+
+    def render(self) -> bytes:
+        """The exposition text (format 0.0.4) of everything in the registry."""
+        return generate_latest(self.registry)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dfl_node import __version__
 
-__all__ = ["Counters", "HistoryEntry", "NodeStatus", "PeerInfo"]
+__all__ = ["Counters", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "NodeStatus", "PeerInfo", "TokenView"]
 
 
 class PeerInfo(BaseModel):
@@ -109,3 +109,54 @@ class HistoryEntry(BaseModel):
     local_accuracy: float | None = None
     global_accuracy: float | None = None
     detail: dict[str, float | int | str] = Field(default_factory=dict)
+
+
+class FleetMember(BaseModel):
+    """One node of the fleet as this node knows it: itself, or a peer as of its last answer to our Hello
+    (a heartbeat old at most), so a fleet page needs no request to any other node."""
+
+    id: str
+    is_self: bool = Field(default=False, description="this row is the node serving the page")
+    status_url: str | None = Field(default=None, description="the member's REST API (its dashboard is at /), "
+                                   "if it announced one")
+    grpc_address: str
+    alive: bool
+    last_seen: float | None = Field(default=None, description="unix time it was last heard from (None: itself)")
+    round: int | None = Field(default=None, description="its round, None until it answered a Hello")
+    role: str | None = None
+    local_accuracy: float | None = None
+    global_accuracy: float | None = None
+    holding: bool = False
+    done: bool = False
+    algorithm: str | None = None
+    model: str | None = None
+
+
+class TokenView(BaseModel):
+    """Round mode: who holds the round token, as far as this node knows, and since when. A holder that keeps
+    it far longer than a round takes is what a stalled fleet looks like."""
+
+    holder: str | None = Field(description="node id of the holder (None: no node says it holds one)")
+    epoch: int
+    since: float = Field(description="unix time this node first saw this holder hold this epoch")
+    age_s: float = Field(description="seconds since then")
+
+
+class FleetEvent(BaseModel):
+    """One of this node's recent sends, fusions or refusals (newest last)."""
+
+    time: float = Field(description="unix time of the event")
+    event: Literal["send", "fusion", "refusal"]
+    round: int
+    peer: str | None = None
+    detail: str = Field(default="", description="bytes and seconds of an exchange; the reason of a refusal")
+
+
+class FleetView(BaseModel):
+    """The fleet as one node sees it, served by ``GET /fleet`` (the dashboard's fleet table)."""
+
+    node: str
+    mode: Literal["round", "async"]
+    members: list[FleetMember] = Field(description="this node first, then its peers by id")
+    token: TokenView | None = Field(default=None, description="round mode only")
+    recent: list[FleetEvent] = Field(default_factory=list)

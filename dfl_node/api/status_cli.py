@@ -14,18 +14,19 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dfl_node.api.formatting import format_accuracy, format_bytes
+from dfl_node.api.urls import normalize_url, peer_url
+
 __all__ = ["fetch_status", "normalize_url", "peer_url", "show_status"]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 PEER_TIMEOUT_S = 2.0
-_WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 
 
 class StatusError(Exception):
@@ -35,47 +36,6 @@ class StatusError(Exception):
         super().__init__(f"{prefix} {url}: {reason}")
         self.url = url
         self.reason = reason
-
-
-def normalize_url(url: str) -> str:
-    """Base URL of a node: scheme added if missing, trailing ``/`` and ``/status`` removed."""
-    url = url.strip()
-    if "://" not in url:
-        url = "http://" + url
-    url = url.rstrip("/")
-    if url.endswith("/status"):
-        url = url[: -len("/status")]
-    return url
-
-
-def _split_host(address: str) -> str:
-    """Host part of ``host:port`` (IPv6 ``[::1]:50051`` keeps its brackets)."""
-    if address.startswith("["):
-        return address[: address.index("]") + 1] if "]" in address else address
-    if address.count(":") == 1:
-        return address.rsplit(":", 1)[0]
-    if address.count(":") > 1:  # bare IPv6 address without a port
-        return f"[{address}]"
-    return address
-
-
-def peer_url(peer: dict[str, Any], base_url: str) -> str | None:
-    """Status base URL of a peer, or None if it has no HTTP port.
-
-    The URL the peer announced (``--status-url``, e.g. a published port of a container) wins;
-    else ``http://{peer host}:{http_port}``, where a wildcard host is taken to be ``base_url``'s.
-    """
-    if peer.get("status_url"):
-        return str(peer["status_url"]).rstrip("/")
-    port = peer.get("http_port")
-    if port is None:
-        return None
-    host = _split_host(str(peer.get("address", "")))
-    if host in _WILDCARD_HOSTS:
-        host = urlsplit(base_url).hostname or "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-    return f"http://{host}:{int(port)}"
 
 
 def fetch_status(client: httpx.Client, base_url: str) -> dict[str, Any]:
@@ -108,21 +68,6 @@ def _dash(value: Any) -> str:
     return "–" if value is None else escape(str(value))
 
 
-def _acc(value: Any) -> str:
-    return "–" if value is None else f"{100 * float(value):.2f}%"
-
-
-def _bytes(n: Any) -> str:
-    if n is None:
-        return "–"
-    x = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if x < 1024 or unit == "GiB":
-            return f"{int(x)} {unit}" if unit == "B" else f"{x:.1f} {unit}"
-        x /= 1024
-    raise AssertionError("unreachable")
-
-
 def _rejected(rejected: Any) -> str:
     if not rejected:
         return "0"
@@ -153,10 +98,10 @@ def _node_table(s: dict[str, Any], url: str) -> Table:
         ("round", s.get("round")),
         ("role", f"{s['role']}{' (fusing)' if s.get('fusing') else ''}" if s.get("role") else None),
         ("done", s.get("done")),
-        ("local accuracy", _acc(s.get("local_accuracy"))),
-        ("global accuracy", _acc(s.get("global_accuracy"))),
+        ("local accuracy", format_accuracy(s.get("local_accuracy"))),
+        ("global accuracy", format_accuracy(s.get("global_accuracy"))),
         ("models sent/received", f"{_dash(s.get('models_sent'))} / {_dash(s.get('models_received'))}"),
-        ("bytes sent/received", f"{_bytes(s.get('bytes_sent'))} / {_bytes(s.get('bytes_received'))}"),
+        ("bytes sent/received", f"{format_bytes(s.get('bytes_sent'))} / {format_bytes(s.get('bytes_received'))}"),
         ("fusions", s.get("fusions")),
         ("rejected", _rejected(s.get("rejected"))),
         ("peers", _peers_summary(s.get("peers"))),
@@ -207,7 +152,7 @@ def _fleet_row(r: dict[str, Any]) -> dict[str, str]:
     return {
         "id": _dash(s.get("id")), "url": _dash(r.get("url")), "algorithm": _dash(s.get("algorithm")),
         "mode": _dash(s.get("mode")), "round": _dash(s.get("round")), "role": _dash(s.get("role")),
-        "local acc": _acc(s.get("local_accuracy")), "global acc": _acc(s.get("global_accuracy")),
+        "local acc": format_accuracy(s.get("local_accuracy")), "global acc": format_accuracy(s.get("global_accuracy")),
         "sent/recv": f"{_dash(s.get('models_sent'))}/{_dash(s.get('models_received'))}",
         "fusions": _dash(s.get("fusions")), "rejected": _rejected(s.get("rejected")),
         "peers": _peers_summary(s.get("peers")), "peers alive": _alive(s.get("peers")),

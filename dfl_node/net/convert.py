@@ -1,9 +1,9 @@
 """The port's messages ⇄ protobuf: every conversion between :mod:`dfl_node.peering`'s types and ``dfl_pb2``.
 
 The domain messages mirror the proto's field by field under the same names, so one pair of functions
-converts them all: maps become dicts, repeated fields tuples, a nested message
-its own domain type. Fields only the wire has (a Hello's swarm-key nonces and proofs) are left to
-:mod:`dfl_node.net.psk`, which signs and checks the protobuf message itself.
+converts them all: maps become dicts, repeated fields tuples, a nested message its own domain type, an
+absent ``optional`` scalar None. Fields only the wire has (a Hello's swarm-key nonces and proofs) are
+left to :mod:`dfl_node.net.psk`, which signs and checks the protobuf message itself.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ def to_wire(value: Any) -> Any:
     fields = {}
     for f in dataclasses.fields(value):
         v = getattr(value, f.name)
+        if v is None:  # an ``optional`` field left out: absent on the wire
+            continue
         fields[f.name] = to_wire(v) if dataclasses.is_dataclass(v) else dict(v) if isinstance(v, Mapping) else v
     return _WIRE[type(value)](**fields)
 
@@ -51,6 +53,8 @@ def from_wire(message: Message, cls: type[D] | None = None) -> D:
             fields[f.name] = tuple(v)
         elif wire.message_type is not None:
             fields[f.name] = from_wire(v)
+        elif wire.has_presence and not message.HasField(f.name):  # an ``optional`` scalar left out
+            fields[f.name] = None
         else:
             fields[f.name] = v
     return cls(**fields)

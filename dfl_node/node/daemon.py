@@ -11,6 +11,9 @@ evaluated and checkpointed, so a model being fused is never touched by a concurr
 
 It reaches its peers only through the peer network port (:mod:`dfl_node.peering`; over gRPC, its
 :class:`~dfl_node.net.links.GrpcNetwork`) and reads time only from its :class:`~dfl_node.node.clock.Clock`.
+
+Its log lines number rounds as ``/history`` does: the round a step completes (its index + 1), so the
+line of a fusion and its history entry say the same round.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ import torch
 
 from dfl_node.algorithms import NodeContext, NodeProfile, Role, make_algorithm
 from dfl_node.algorithms.base import equip
-from dfl_node.api.schemas import COUNTER_FIELDS, HistoryEntry, NodeStatus
+from dfl_node.api.formatting import format_accuracy, format_bytes
+from dfl_node.api.metrics import NodeMetrics
+from dfl_node.api.schemas import COUNTER_FIELDS, FleetEvent, FleetView, HistoryEntry, NodeStatus
+from dfl_node.api.urls import peer_url
 from dfl_node.errors import OperatorError
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.devices import resolve_device
@@ -39,6 +45,7 @@ from dfl_node.net.wire import WireIdentity
 from dfl_node.node.async_mode import AsyncScheduler
 from dfl_node.node.clock import Clock
 from dfl_node.node.config import NodeConfig
+from dfl_node.node.fleet_view import fleet_view
 from dfl_node.node.handshake import Handshake
 from dfl_node.node.logs import RateLimitedLog
 from dfl_node.node.peers import PeerTable
@@ -90,6 +97,8 @@ class Node:
         self._saving = asyncio.Lock()
         # a line per refusal reason at most every 10 s; /status counts them all
         self.refusals = RateLimitedLog(log, self.clock.monotonic)
+        self.metrics = NodeMetrics(config.id, self.status)  # read at each scrape: built before anything runs
+        self._finished = False  # finish() ran in this process
         self.roles = Roles(self)
         self.handshake = Handshake(self)
         self.network: PeerNetwork = network or GrpcNetwork(
@@ -192,12 +201,40 @@ class Node:
         """
         state = self.state
         state.accuracy, state.digest = await asyncio.to_thread(self._measure)
-        if event in ("send", "fusion"):
+        exchanged = event in ("send", "fusion")
+        detail: dict[str, float | int | str] = {}
+        if exchanged:
             state.counters["rounds_completed"] += 1
+            seconds, moved = self.roles.elapsed()
+            detail = {"seconds": round(seconds, 3), "bytes": moved}
         local, global_ = state.accuracy
         state.history.append(HistoryEntry(round=round_, time=self.clock.wall(), event=event, role=state.role.value,
-                                          peer=peer, local_accuracy=local, global_accuracy=global_))
+                                          peer=peer, local_accuracy=local, global_accuracy=global_, detail=detail))
         await self.save()
+        if exchanged:
+            self.metrics.observe("role", seconds, role=state.role.value)
+            self._report_exchange(event, round_, peer or "?", seconds, moved)
+
+    def _report_exchange(self, event: str, round_: int, peer: str, seconds: float, moved: int) -> None:
+        """The INFO line of a send or a fusion (its round is /history's), and /fleet's recent event."""
+        config, state = self.config, self.state
+        what = f"sent to {peer}" if event == "send" else f"fused {peer}"
+        traffic = f"{format_bytes(moved)} in {seconds:.2f} s" if moved else f"{seconds:.2f} s"
+        self.state.recent.append(FleetEvent(time=self.clock.wall(), event="send" if event == "send" else "fusion",
+                                            round=round_, peer=peer, detail=traffic))
+        local, global_ = state.accuracy
+        accuracy = "" if (local, global_) == (None, None) else \
+            f"; accuracy local {format_accuracy(local)}, global {format_accuracy(global_)}"
+        log.info("%s: %s: %s as %s, %s%s", config.id, self.progress_text(round_), what, state.role.value, traffic,
+                 accuracy)
+
+    def progress_text(self, round_: int) -> str:
+        """``round 5/20`` (round mode, toward --rounds), ``exchange 12, 34 s of 60 s`` (async, toward --duration)."""
+        config = self.config
+        if config.mode == "round":
+            return f"round {round_}/{config.rounds}" if config.rounds else f"round {round_}"
+        elapsed = self.clock.wall() - self.started
+        return f"exchange {round_}, {elapsed:.0f} s" + (f" of {config.duration:.0f} s" if config.duration else "")
 
     def _measure(self) -> tuple[tuple[float | None, float | None], str]:
         accuracy = self.evaluate() if self.config.evaluate else self.state.accuracy
@@ -212,13 +249,23 @@ class Node:
         return local, global_
 
     async def finish(self, round_: int) -> None:
-        """The fleet is done at ``round_``: settle the last role, make sure there is an accuracy, checkpoint."""
+        """The fleet is done at ``round_``: settle the last role, make sure there is an accuracy, checkpoint. Both
+        the final announcement and a done peer's heartbeat can say so: the summary is logged once."""
+        first, self._finished = not self._finished, True
         await self.roles.settled()  # the last round's aggregator may still be fusing: its model is the final one
         self.state.round, self.state.done = round_, True
         if self.config.evaluate and self.state.accuracy == (None, None):
             self.state.accuracy = await asyncio.to_thread(self.evaluate)
         await self.save(copy=True)
-        log.info("%s: done after %d rounds", self.config.id, round_)
+        if first:
+            self.log_summary(f"done after {round_} rounds")
+
+    def log_summary(self, what: str) -> None:
+        """The run's last INFO line: what ended it, the node's exchanges and its final accuracy."""
+        counters, (local, global_) = self.state.counters, self.state.accuracy
+        log.info("%s: %s: %d sends, %d fusions, %s sent, %s received; accuracy local %s, global %s", self.config.id,
+                 what, counters["models_sent"], counters["fusions"], format_bytes(counters["bytes_sent"]),
+                 format_bytes(counters["bytes_received"]), format_accuracy(local), format_accuracy(global_))
 
     # ----- the scheduler port (dfl_node.node.ports.SchedulerPort) ------------------------
     def enter_epoch(self, epoch: int) -> bool:
@@ -230,8 +277,10 @@ class Node:
     def progress(self) -> Progress:
         """Where this node stands in round mode, for the HelloReply."""
         state = self.state
+        local, global_ = state.accuracy
         return Progress(round=state.round, epoch=state.epoch, holding=state.holding, done=state.done,
-                        state=dict(state.token_state), busy=state.role is not Role.IDLE)
+                        state=dict(state.token_state), busy=state.role is not Role.IDLE, role=self.role_name(),
+                        local_accuracy=local, global_accuracy=global_)
 
     def fleet_round(self) -> int:
         """The newest round this node knows of: its own, or a live peer's at its last reply to our Hello."""
@@ -244,6 +293,8 @@ class Node:
             self.state.round, self.state.token_state = round_, dict(token_state)
 
     def set_holding(self, holding: bool) -> None:
+        if holding and not self.state.holding:
+            self.state.holding_since = self.clock.wall()
         self.state.holding = holding
 
     def count(self, counter: str, n: int = 1) -> None:
@@ -263,13 +314,15 @@ class Node:
         says it is done."""
         self.state.done = True
         await self.save(copy=True)
+        self.log_summary(f"done after {self.config.duration:.0f} s")
 
     def _peer_lost(self, peer_id: str) -> None:
         """A peer stopped answering: an aggregator no longer waits for it (it would only wait for its deadline),
         unless its transfer is under way (that stream ends on its own, or after ``stream_timeout``)."""
         collector = self.roles.collector
         if collector is not None and peer_id in collector.missing() and peer_id not in collector.receiving:
-            log.info("%s: round %d: sender %s is gone; not waiting for it", self.config.id, collector.round, peer_id)
+            log.info("%s: round %d: sender %s is gone; not waiting for it", self.config.id, collector.round + 1,
+                     peer_id)
             collector.withdraw(peer_id)
 
     def _peer_joined(self, peer_id: str, restarted: bool) -> None:
@@ -279,7 +332,7 @@ class Node:
         included, rather than until its deadline (``round_timeout``: a 130 s stall in a storm)."""
         collector = self.roles.collector
         if restarted and collector is not None and peer_id in collector.missing():
-            log.info("%s: round %d: sender %s restarted; not waiting for it", self.config.id, collector.round,
+            log.info("%s: round %d: sender %s restarted; not waiting for it", self.config.id, collector.round + 1,
                      peer_id)
             collector.abandon(peer_id)
         self.scheduler.on_join(peer_id, restarted)
@@ -291,17 +344,19 @@ class Node:
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:
         """Count a refused request by reason (durable, in /status) and log it, rate-limited."""
         self.state.rejected[reason] += 1
+        self.state.recent.append(FleetEvent(time=self.clock.wall(), event="refusal", round=self.state.round,
+                                            peer=sender[:64], detail=reason))
         self.refusals.warning(reason, "rejected a request from %s: %s (%s)", sender, reason, detail[:300])
 
     # ----- reporting ---------------------------------------------------------------------
     def status(self) -> NodeStatus:
         state = self.state
         local, global_ = state.accuracy
-        role = "holder" if state.role is Role.IDLE and state.holding else state.role.value
         return NodeStatus(
             id=self.config.id, swarm=self.config.swarm, algorithm=self.config.algorithm, mode=self.config.mode,
             model=str(self.ctx.spec), authentication=self.security.mode, insecure=self.config.open_to_network,
-            round=state.round, role=role, peers=self.peers.infos(), unreachable_peers=sorted(self.peers.unreachable),
+            round=state.round, role=self.role_name(), peers=self.peers.infos(),
+            unreachable_peers=sorted(self.peers.unreachable),
             local_accuracy=local, global_accuracy=global_,
             **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
             boot_id=self.boot_id, uptime_s=self.clock.wall() - self.started, grpc_address=self.grpc_address,
@@ -310,5 +365,31 @@ class Node:
             done=state.done and state.role is Role.IDLE,
         )
 
+    def role_name(self) -> str:
+        """The role an operator sees: the one played, else "holder" while holding the token, else "idle"."""
+        state = self.state
+        return "holder" if state.role is Role.IDLE and state.holding else state.role.value
+
     def get_history(self) -> list[HistoryEntry]:
         return list(self.state.history)
+
+    def fleet(self) -> FleetView:
+        return fleet_view(self)
+
+    def rest_url(self) -> str | None:
+        """Where operators reach this node's REST API: ``--status-url``, else its advertised host, HTTP port."""
+        if not self.config.http_port:
+            return None
+        if self.config.status_url:
+            return self.config.status_url.rstrip("/")
+        return peer_url({"http_port": self.config.http_port, "address": self.grpc_address}, "http://127.0.0.1")
+
+    def transferred(self, direction: str, nbytes: int, seconds: float | None = None) -> None:
+        """One model (or reply) crossed the wire: counted (``bytes_sent`` or ``bytes_received``), its size and,
+        where the caller timed it, its transfer observed."""
+        if nbytes <= 0:
+            return
+        self.state.counters[f"bytes_{direction}"] += nbytes
+        self.metrics.observe("model_size", nbytes, direction=direction)
+        if seconds is not None:
+            self.metrics.observe("transfer", seconds, direction=direction)

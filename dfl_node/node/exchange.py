@@ -22,6 +22,7 @@ from dfl_node.algorithms import AlgorithmError
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.plan import Role, Step
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectionError, check_answer
+from dfl_node.api.metrics import Timed
 from dfl_node.node.collector import Collector
 from dfl_node.node.gate import check_finite, check_received
 from dfl_node.peering.errors import PeerUnreachable, TransferRefused, TransferRejected
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# The algorithm steps /metrics times, by the name of the Algorithm method the round runner computes.
+_TIMED: dict[str, Timed] = {"transmit": "train", "local_step": "train", "aggregate": "fusion"}
 
 
 class TransferFailed(Exception):
@@ -60,7 +63,13 @@ class PeerTransport:
         return self.node.roles.address_in(node_id, self.assignment)
 
     async def compute(self, fn: Callable[..., T], *args: object) -> T:
-        return await asyncio.to_thread(fn, *args)
+        """``fn`` in a worker thread; the algorithm's training and fusion steps are timed (``/metrics``)."""
+        started = self.node.clock.monotonic()
+        result = await asyncio.to_thread(fn, *args)
+        timed = _TIMED.get(getattr(fn, "__name__", ""))
+        if timed is not None:
+            self.node.metrics.observe(timed, self.node.clock.monotonic() - started)
+        return result
 
     def _verdict(self, ok: bool) -> None:
         if self.accepted is not None and not self.accepted.done():
@@ -68,13 +77,22 @@ class PeerTransport:
 
     async def push(self, step: Step, message: ModelMessage) -> ModelMessage | None:
         node = self.node
+        started = node.clock.monotonic()
+        took: list[float] = []  # until the aggregator held the whole message (then it fuses, and replies)
+
+        def accepted() -> None:
+            took.append(node.clock.monotonic() - started)
+            self._verdict(True)
+
         try:
             reply, sent, received = await node.client(self.aggregator_address).push(
-                message, self.epoch, timeout=node.config.round_timeout, on_accepted=lambda: self._verdict(True))
+                message, self.epoch, timeout=node.config.round_timeout, on_accepted=accepted)
         except (TransferRefused, PeerUnreachable) as exc:
             self._verdict(False)
             raise TransferFailed(f"{step.group.aggregator} did not take it: {exc.reason}") from exc
-        node.state.counters.update(models_sent=1, bytes_sent=sent, bytes_received=received)
+        node.state.counters["models_sent"] += 1
+        node.transferred("sent", sent, took[0] if took else None)
+        node.transferred("received", received)
         if reply is not None:
             try:
                 await asyncio.to_thread(check_finite, reply)  # a poisoned reply never reaches our model
@@ -93,7 +111,7 @@ class PeerTransport:
         missing = len(step.group.senders) - len(messages)
         if missing:
             self.node.state.counters["senders_abandoned"] += missing
-            log.warning("%s: round %d aggregates %d of %d messages (%s left out)", self.node.config.id, step.round,
+            log.warning("%s: round %d aggregates %d of %d messages (%s left out)", self.node.config.id, step.round + 1,
                         len(messages), len(step.group.senders), ", ".join(sorted(set(step.group.senders) -
                                                                                   {m.sender for m in messages})))
         if messages:
@@ -118,7 +136,8 @@ class PeerTransport:
         except (TransferRefused, PeerUnreachable, AlgorithmError) as exc:
             log.warning("%s: pulling from %s failed: %s", node.config.id, source, exc)
             return None
-        node.state.counters.update(models_received=1, bytes_received=received)
+        node.state.counters["models_received"] += 1
+        node.transferred("received", received)  # not timed: the call's time is mostly the source's training
         return message
 
     async def reply(self, step: Step, replies: Mapping[str, ModelMessage]) -> None:
@@ -149,7 +168,7 @@ class PeerTransport:
             if isinstance(exc, SelectionError):
                 node.state.rejected["bad_probe_answer"] += 1
             why = exc.reason if isinstance(exc, PeerUnreachable) else str(exc)
-            log.warning("%s: round %d: candidate %s skipped: %s", node.config.id, request.round, candidate, why)
+            log.warning("%s: round %d: candidate %s skipped: %s", node.config.id, request.round + 1, candidate, why)
             return None
         return answer
 
@@ -166,7 +185,8 @@ class PeerTransport:
         if ack.reason == "already_played":
             raise AlreadyPlayed(f"{chosen} already played round {step.round}")
         if not ack.ok:
-            log.warning("%s: round %d: chosen receiver %s refused: %s", node.config.id, step.round, chosen, ack.reason)
+            log.warning("%s: round %d: chosen receiver %s refused: %s", node.config.id, step.round + 1, chosen,
+                        ack.reason)
             return False
         self.aggregator_address = address
         return True

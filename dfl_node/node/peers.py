@@ -52,7 +52,8 @@ class Peer:
     model: str = ""
     num_samples: int = 0
     alive: bool = True
-    progress: Progress | None = None  # round mode: where it stood at its last reply to our Hello
+    progress: Progress | None = None  # where it stood at its last reply to our Hello
+    holding_since: float | None = None  # wall clock: since when its replies say it holds the token (its epoch)
 
     def info(self) -> PeerInfo:
         return PeerInfo(id=self.id, address=self.address, http_port=self.http_port or None,
@@ -107,9 +108,16 @@ class PeerTable:
             self.changed.notify_all()
 
     async def wait_for(self, count: int) -> None:
-        """Until at least ``count`` peers are alive."""
+        """Until at least ``count`` peers are alive; meanwhile says how many it has, whenever that changes."""
+        said = None
         async with self.changed:
-            await self.changed.wait_for(lambda: len(self.alive_ids()) >= count)
+            while (have := len(self.alive_ids())) < count:
+                if have != said:
+                    log.info("%s: waiting for peers: have %d, need %d", self.self_id, have, count)
+                    said = have
+                await self.changed.wait()
+        if said is not None:
+            log.info("%s: %d peer(s) alive; starting", self.self_id, have)
 
     async def wait_alive(self, ids: Collection[str], timeout: float) -> None:
         """Until every peer of ``ids`` is alive, for at most ``timeout`` (those still missing then are left out)."""
@@ -133,7 +141,11 @@ class PeerTable:
         peer.status_url, peer.model, peer.num_samples = reply.status_url, reply.model, reply.num_samples
         peer.last_seen, peer.heard_at, peer.alive = now, heard_at, True
         if isinstance(reply, HelloReply):
-            peer.progress = reply.progress
+            before, peer.progress = peer.progress, reply.progress
+            if not reply.progress.holding:
+                peer.holding_since = None
+            elif before is None or not before.holding or before.epoch != reply.progress.epoch:
+                peer.holding_since = now
         if rejoined:
             log.info("peer %s at %s is alive", peer.id, peer.address)
             asyncio.get_running_loop().create_task(self._notify())

@@ -33,6 +33,7 @@ class Intake:
 
     def __init__(self, node: Node, collector: Collector, sender: str) -> None:
         self.node, self.collector, self.sender = node, collector, sender
+        self.admitted_at = node.clock.monotonic()  # the transfer's first frame came in
 
     async def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None:
         node = self.node
@@ -45,6 +46,7 @@ class Intake:
         if node.config.mode == "round" and self.collector.epoch < node.state.epoch:  # fenced while it streamed
             raise TransferRejected("stale_epoch", f"epoch {self.collector.epoch} < {node.state.epoch}")
         node.state.counters["models_received"] += 1
+        node.metrics.observe("transfer", node.clock.monotonic() - self.admitted_at, direction="received")
         return self.collector.deliver(message)  # resolved once the fusion is durable: the sender's confirmation
 
     def abandon(self) -> None:
@@ -73,7 +75,7 @@ class PeerRequests:
             raise TransferRejected("not_expected", f"{node.config.id} aggregates no group of round {offer.round} "
                                                    f"(epoch {offer.epoch}) now")
         collector.admit(offer)
-        log.info("%s: round %d: taking %s (%s) from %s", node.config.id, offer.round, offer.purpose, offer.model,
+        log.info("%s: round %d: taking %s (%s) from %s", node.config.id, offer.round + 1, offer.purpose, offer.model,
                  offer.sender)  # the transfer log: what reached this node, and of which architecture
         return Intake(node, collector, offer.sender)
 
@@ -128,7 +130,8 @@ class PeerRequests:
         self.node.on_rejected(reason, detail, sender)
 
     def on_transferred(self, sent: int, received: int) -> None:
-        self.node.state.counters.update(bytes_sent=sent, bytes_received=received)
+        self.node.transferred("sent", sent)
+        self.node.transferred("received", received)
 
     async def assign(self, request: Assignment) -> Ack:
         """A role from a holder (round mode) or an inviting volunteer (async mode). Its round must lie within

@@ -37,6 +37,7 @@ class Roles:
         self._settling: asyncio.Task | None = None  # the sender or aggregator role being played, until durable
         self._idle = asyncio.Event()  # set while no role is held
         self._idle.set()
+        self._taken_at, self._bytes_at = 0.0, 0  # the node's clock and its traffic when the role was taken
 
     def take_role(self, role: Role) -> None:
         if self.node.state.role is not Role.IDLE:
@@ -44,6 +45,15 @@ class Roles:
             raise TransferRejected("busy", f"{self.node.config.id} is {self.node.state.role.value}")
         self.node.state.role = role
         self._idle.clear()
+        self._taken_at, self._bytes_at = self.node.clock.monotonic(), self._traffic()
+
+    def _traffic(self) -> int:
+        counters = self.node.state.counters
+        return counters["bytes_sent"] + counters["bytes_received"]
+
+    def elapsed(self) -> tuple[float, int]:
+        """Seconds since the role held now was taken, and the bytes this node sent and received meanwhile."""
+        return self.node.clock.monotonic() - self._taken_at, self._traffic() - self._bytes_at
 
     def release_role(self) -> None:
         self.node.state.role = Role.IDLE
@@ -211,13 +221,13 @@ class Roles:
             await self.node.model_changed("send", step.round + 1, step.group.aggregator)
             return True
         except AlreadyPlayed as exc:
-            log.info("%s: round %d: %s", self.node.config.id, step.round, exc)
+            log.info("%s: round %d: %s", self.node.config.id, step.round + 1, exc)
             return True
         except (TransferFailed, SelectionFailed) as exc:
-            log.info("%s: round %d: %s", self.node.config.id, step.round, exc)
+            log.info("%s: round %d: %s", self.node.config.id, step.round + 1, exc)
             self.node.ctx.restore_checkpoint(before)
         except Exception:  # a bug must not kill the node: the role is given back, the round goes on
-            log.exception("%s: round %d: the sender role failed", self.node.config.id, step.round)
+            log.exception("%s: round %d: the sender role failed", self.node.config.id, step.round + 1)
             self.node.ctx.restore_checkpoint(before)
         finally:
             transport._verdict(False)
@@ -240,7 +250,7 @@ class Roles:
                 return True
             self.node.ctx.restore_checkpoint(before)
         except Exception:  # a bug (check_message passed): keep serving, the senders get no reply
-            log.exception("%s: round %d: aggregating failed", self.node.config.id, step.round)
+            log.exception("%s: round %d: aggregating failed", self.node.config.id, step.round + 1)
             self.node.ctx.restore_checkpoint(before)
         finally:
             self.node.state.fusing = 0

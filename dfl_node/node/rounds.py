@@ -122,7 +122,7 @@ class RoundScheduler:
             if peer.round > round_:
                 round_, token_state = peer.round, dict(peer.state)
         epoch = max([state.epoch, *(p.epoch for p in progress.values())]) + 1
-        log.warning("%s: the token is lost; regenerating round %d at epoch %d", node.node_id, round_, epoch)
+        log.warning("%s: the token is lost; regenerating round %d at epoch %d", node.node_id, round_ + 1, epoch)
         node.set_round(round_, token_state)
         self._start_holding(round_, epoch)
 
@@ -197,7 +197,7 @@ class RoundScheduler:
             pending = [g for g, ok in zip(pending, done) if not ok]
             if not pending:
                 return dict(plan.state)
-            log.warning("%s: round %d: %d group(s) did not fuse; playing them again", node.node_id, round_,
+            log.warning("%s: round %d: %d group(s) did not fuse; playing them again", node.node_id, round_ + 1,
                         len(pending))
             failed_since = failed_since or node.clock.monotonic()
             await asyncio.sleep(node.config.heartbeat)  # the peer table sees who crashed (or came back)
@@ -210,7 +210,7 @@ class RoundScheduler:
                 seen, calm_since = now, node.clock.monotonic()  # a crash, a restart or a new plan: replays go on
             elif pending and node.clock.monotonic() - calm_since >= node.config.round_timeout:
                 log.warning("%s: round %d: abandoning %d group(s) (%s): their members are alive and refuse",
-                            node.node_id, round_, len(pending), ", ".join("/".join(g.members) for g in pending))
+                            node.node_id, round_ + 1, len(pending), ", ".join("/".join(g.members) for g in pending))
                 node.count("groups_abandoned", len(pending))
                 return dict(plan.state)
         return None
@@ -252,16 +252,16 @@ class RoundScheduler:
                 if ack.ok and (group.pull or ack.reason == "already_played"):
                     return True  # a pulling aggregator acks once it fused
                 if not ack.ok:
-                    log.warning("round %d: aggregator %s refused: %s", round_, group.aggregator, ack.reason)
+                    log.warning("round %d: aggregator %s refused: %s", round_ + 1, group.aggregator, ack.reason)
                     return False
             acks = await asyncio.gather(*(node.roles.assign_to(s, replace(common, role=Role.SENDER.value))
                                           for s in group.senders))
         except Exception:  # a bug in one group must not kill the token: log it and play the round again
-            log.exception("round %d: the group of %s crashed", round_, group.aggregator)
+            log.exception("round %d: the group of %s crashed", round_ + 1, group.aggregator)
             return False
         for sender, ack in zip(group.senders, acks):
             if not ack.ok:
-                log.warning("round %d: %s → %s did not complete: %s", round_, sender,
+                log.warning("round %d: %s → %s did not complete: %s", round_ + 1, sender,
                             group.aggregator or "/".join(group.candidates), ack.reason)
         return any(ack.ok for ack in acks)
 

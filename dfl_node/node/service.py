@@ -211,9 +211,11 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
     workers: list[asyncio.Task] = []
     http, http_task = None, None
     if bound.http_socket:
-        http = _EmbeddedUvicorn(uvicorn.Config(create_app(node.status, node.get_history), log_level="warning",
-                                               lifespan="off"))
+        node.metrics.add_process_metrics()  # this process is the node's own
+        app = create_app(node.status, node.get_history, node.fleet, node.metrics)
+        http = _EmbeddedUvicorn(uvicorn.Config(app, log_level="warning", lifespan="off"))
         http_task = loop.create_task(http.serve(sockets=[bound.http_socket]))
+        log.info("%s: dashboard and REST API on %s/ (metrics at /metrics)", config.id, node.rest_url())
     try:
         await node.evaluate_start()
         workers = [loop.create_task(node.run())]
@@ -238,3 +240,4 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
             await node.save(copy=True)
         finally:
             node.checkpoint.lock.release()
+        log.info("%s stopped at round %d (checkpoint in %s)", config.id, node.state.round, node.checkpoint.directory)

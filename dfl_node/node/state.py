@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dfl_node.algorithms.plan import Role
-from dfl_node.api.schemas import HistoryEntry
+from dfl_node.api.schemas import FleetEvent, HistoryEntry
 
 HISTORY_LIMIT = 2048  # default of --history-limit: /history and state.json keep this many newest entries
+RECENT_LIMIT = 50  # /fleet's recent sends, fusions and refusals (this process only: not checkpointed)
 
 
 @dataclass
@@ -27,6 +28,7 @@ class NodeState:
     done: bool = False
     role: Role = Role.IDLE
     holding: bool = False  # round mode: this node holds the round token
+    holding_since: float | None = None  # wall clock: since when it holds it (for /fleet's token age)
     token_state: dict[str, str] = field(default_factory=dict)  # the algorithm state the round token carries
     fusing: int = 0
     max_fusing: int = 0
@@ -35,9 +37,10 @@ class NodeState:
     history: deque[HistoryEntry] = field(default_factory=lambda: deque(maxlen=HISTORY_LIMIT))  # the newest only
     counters: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
+    recent: deque[FleetEvent] = field(default_factory=lambda: deque(maxlen=RECENT_LIMIT))
 
     def durable(self) -> dict[str, Any]:
-        """What a checkpoint keeps (role and fusing are about this process only)."""
+        """What a checkpoint keeps (role, fusing and recent events are about this process only)."""
         return {"round": self.round, "epoch": self.epoch, "played": self.played, "done": self.done,
                 "token_state": self.token_state,
                 "counters": dict(self.counters), "rejected": dict(self.rejected),

@@ -33,7 +33,8 @@ class Hello:
 
 @dataclass(frozen=True, kw_only=True)
 class Progress:
-    """Round mode: where a node stands, as every HelloReply says (read when a token is lost)."""
+    """Where a node stands, as every HelloReply says: read when a token is lost (round mode) and shown on fleet
+    pages (both modes)."""
 
     round: int = 0  # rounds completed as far as this node knows
     epoch: int = 0  # the newest token epoch it has seen
@@ -41,6 +42,9 @@ class Progress:
     done: bool = False  # the fleet reached its last round
     state: Mapping[str, str] = field(default_factory=dict)  # the algorithm state the token for ``round`` carries
     busy: bool = False  # it plays a role now: its fusion may still complete a round
+    role: str = ""  # for fleet pages: its role now
+    local_accuracy: float | None = None  # for fleet pages: None until evaluated
+    global_accuracy: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -282,7 +282,7 @@ class ProbeReply(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., samples: _Optional[int] = ..., correct: _Optional[int] = ..., loss: _Optional[float] = ..., class_accuracy: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RoundProgress(_message.Message):
-    __slots__ = ("round", "epoch", "holding", "done", "state", "busy")
+    __slots__ = ("round", "epoch", "holding", "done", "state", "busy", "role", "local_accuracy", "global_accuracy")
     class StateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -296,13 +296,19 @@ class RoundProgress(_message.Message):
     DONE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     round: int
     epoch: int
     holding: bool
     done: bool
     state: _containers.ScalarMap[str, str]
     busy: bool
-    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holding: _Optional[bool] = ..., done: _Optional[bool] = ..., state: _Optional[_Mapping[str, str]] = ..., busy: _Optional[bool] = ...) -> None: ...
+    role: str
+    local_accuracy: float
+    global_accuracy: float
+    def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holding: _Optional[bool] = ..., done: _Optional[bool] = ..., state: _Optional[_Mapping[str, str]] = ..., busy: _Optional[bool] = ..., role: _Optional[str] = ..., local_accuracy: _Optional[float] = ..., global_accuracy: _Optional[float] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("ok", "reason")

@@ -1,0 +1,70 @@
+"""The fleet as one node knows it (``GET /fleet``): itself, each peer as of its last answer to our Hello, the
+round token's holder and how long it has held it, and the node's recent sends, fusions and refusals.
+
+Everything comes from what the node already has — its peer table's progress (every HelloReply carries
+the peer's round, role, accuracy and whether it holds the token) and its own state — so a fleet page
+costs no request to another node and shows the fleet even where the browser cannot reach the peers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from dfl_node.api.schemas import FleetMember, FleetView, TokenView
+from dfl_node.api.urls import peer_url
+from dfl_node.node.peers import Peer
+
+if TYPE_CHECKING:
+    from dfl_node.node.daemon import Node
+
+MAX_ROLE_CHARS = 32  # a peer's role is its word: shown, never trusted to be short
+
+
+def _accuracy(value: float | None) -> float | None:
+    """A peer's accuracy as it said it, if it is one (a hostile peer's NaN or 7.5 shows as unknown)."""
+    return value if value is not None and math.isfinite(value) and 0.0 <= value <= 1.0 else None
+
+
+def _peer_member(peer: Peer, base_url: str) -> FleetMember:
+    progress = peer.progress
+    url = peer_url({"status_url": peer.status_url, "http_port": peer.http_port or None, "address": peer.address},
+                   base_url)
+    return FleetMember(
+        id=peer.id, status_url=url, grpc_address=peer.address, alive=peer.alive, last_seen=peer.last_seen,
+        algorithm=peer.algorithm or None, model=peer.model or None,
+        **({} if progress is None else {
+            "round": progress.round, "role": progress.role[:MAX_ROLE_CHARS] or None, "holding": progress.holding,
+            "done": progress.done, "local_accuracy": _accuracy(progress.local_accuracy),
+            "global_accuracy": _accuracy(progress.global_accuracy)}),
+    )
+
+
+def _token(node: Node, peers: Iterable[Peer]) -> TokenView | None:
+    """Round mode: the holder of the newest epoch any node says it holds (this node, or a live peer)."""
+    if node.config.mode != "round":
+        return None
+    now = node.clock.wall()
+    holders = [(node.state.epoch, node.config.id, node.state.holding_since)] if node.state.holding else []
+    holders += [(p.progress.epoch, p.id, p.holding_since) for p in peers
+                if p.alive and p.progress is not None and p.progress.holding and p.holding_since is not None]
+    if not holders:
+        return TokenView(holder=None, epoch=node.state.epoch, since=now, age_s=0.0)
+    epoch, holder, since = max(holders, key=lambda h: h[0])
+    since = since if since is not None else now
+    return TokenView(holder=holder, epoch=epoch, since=since, age_s=max(0.0, now - since))
+
+
+def fleet_view(node: Node) -> FleetView:
+    """What ``GET /fleet`` serves for ``node``."""
+    status = node.status()
+    own_url = node.rest_url()
+    me = FleetMember(id=status.id, is_self=True, status_url=own_url, grpc_address=status.grpc_address, alive=True,
+                     round=status.round, role=status.role, local_accuracy=status.local_accuracy,
+                     global_accuracy=status.global_accuracy, holding=status.holding, done=status.done,
+                     algorithm=status.algorithm, model=status.model or None)
+    peers = sorted(node.peers.peers.values(), key=lambda p: p.id)
+    return FleetView(node=status.id, mode=status.mode,
+                     members=[me, *(_peer_member(p, own_url or "http://127.0.0.1") for p in peers)],
+                     token=_token(node, peers), recent=list(node.state.recent))
