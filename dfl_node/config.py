@@ -84,6 +84,13 @@ class ExperimentConfig(LearningConfig):
                                   "partitions, in virtual seconds")
 
     @model_validator(mode="after")
+    def _dataset_defaults(self) -> ExperimentConfig:
+        """Batch sizes and learning rate not given are the dataset's (:data:`~dfl_node.learning.settings.PER_DATASET`):
+        the simulator, a testbed's daemons (which get them as ``DFL_*``) and the results file then see the same."""
+        self.use_dataset_defaults(self.dataset)
+        return self
+
+    @model_validator(mode="after")
     def _mixed_fleets_need_algorithms_that_fuse_them(self) -> ExperimentConfig:
         if len(set(self.architectures)) > 1:
             from dfl_node.algorithms import ALGORITHMS  # noqa: PLC0415 - keeps torch out of reading settings

@@ -153,6 +153,8 @@ def test_fleet_shows_every_member_with_its_round_role_accuracy_and_a_link(served
             assert member["role"] in ("idle", "holder", "sender", "aggregator")
             assert 0 < member["local_accuracy"] <= 1
         assert page.fleet["token"] is not None and page.fleet["token"]["epoch"] >= 1
+        holders = [m["id"] for m in members.values() if m["holding"]]
+        assert holders in ([], [page.fleet["token"]["holder"]])  # one holder at most: the newest claim
         recent = page.fleet["recent"]
         assert recent and {e["event"] for e in recent} <= {"send", "fusion"}
         exchanged = [(h["round"], h["event"]) for h in page.history if h["event"] in ("send", "fusion")]

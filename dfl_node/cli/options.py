@@ -19,6 +19,7 @@ from pydantic_core import PydanticUndefined
 
 from dfl_node.config import ExperimentConfig, Registered, registry_of
 from dfl_node.config_loader import ConfigError, load_config
+from dfl_node.learning.settings import DATASET_DEPENDENT, per_dataset_default
 
 F = TypeVar("F", bound=Callable[..., Any])
 M = TypeVar("M", bound=BaseModel)
@@ -81,7 +82,9 @@ def _help_notes(name: str, field: FieldInfo, repeatable: bool) -> str:
     notes = ["repeatable"] if repeatable else []
     notes.append(f"env: DFL_{name.upper()}")
     default = field.get_default(call_default_factory=True)
-    if default is not None and default != [] and default is not PydanticUndefined:
+    if name in DATASET_DEPENDENT:
+        notes.append(f"default: {per_dataset_default(name)}")
+    elif default is not None and default != [] and default is not PydanticUndefined:
         shown = ",".join(map(str, default)) if isinstance(default, list) else str(default)
         notes.append(f"default: {shown}")
     return "; ".join(notes)
@@ -144,10 +147,11 @@ def node_options(func: F) -> F:
     return func
 
 
-# Preset used when `dfl-node simulate` / `testbed` get no config file: a quick, meaningful demo on digits.
+# Preset used when `dfl-node simulate` / `testbed` get no config file: a quick, meaningful demo on digits (whose
+# batch sizes and learning rate are its dataset defaults, dfl_node.learning.settings.PER_DATASET).
 DEMO_DEFAULTS: dict[str, Any] = {
     "name": "digits-demo", "dataset": "digits", "partition": "shards", "zeta": 4, "nodes": 10,
-    "rounds": 200, "eval_every": 20, "batch_size": 20, "mkt_batch_size": 20, "lr": 0.05,
+    "rounds": 200, "eval_every": 20,
 }
 
 

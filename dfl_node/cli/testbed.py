@@ -66,9 +66,11 @@ def signals_tear_down() -> Iterator[None]:
 def work_folder(workdir: Path | None) -> Iterator[Path]:
     """The run's folder for shards, state and logs: ``workdir``, or a temp folder.
 
-    A temp folder is removed after a run that succeeded or was interrupted (the user stopped it:
-    nothing to examine). After any failure it is kept and its path added to the error, since the
-    logs in it are what tells why.
+    A temp folder is removed after a run that was interrupted (the user stopped it: nothing to
+    examine). After a run that succeeded, its shards (the bulk, made again from the config) go and the
+    node logs and state stay, with a line saying where: what the nodes said is worth reading after a
+    good run too. After any failure it is all kept and its path added to the error, since the logs in
+    it are what tells why.
     """
     root = workdir or Path(tempfile.mkdtemp(prefix="dfl-testbed-"))
     try:
@@ -85,7 +87,8 @@ def work_folder(workdir: Path | None) -> Iterator[Path]:
             click.echo(note, err=True)
         raise
     if workdir is None:
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root / "shards", ignore_errors=True)
+        click.echo(f"node logs and state kept in {root}", err=True)
 
 
 def fleet_table(statuses: dict[str, dict | None]) -> Table:
@@ -167,7 +170,8 @@ def save(result: RunResult, out: Path | None) -> None:
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Give up after this many seconds (per algorithm); the work folder is kept.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
-              help="Keep shards, state and logs here (default: a temp folder, kept only if the run fails).")
+              help="Keep shards, state and logs here (default: a temp folder; a run that succeeds keeps its logs and "
+                   "state there, one that fails everything).")
 def testbed(out: Path | None, mode: str, duration: float, netns: bool, mdns: bool, static_peers: bool, timeout: float,
             workdir: Path | None, config_path: Path | None, **flags: Any) -> None:
     """Run a fleet of real daemons on this machine and collect results in the simulator's schema.

@@ -228,12 +228,27 @@ def _load_cifar10(root: Path) -> tuple[ArrayDataset, ArrayDataset]:
         f"or point --data-dir / DFL_DATA_DIR at the folder that holds it.")
 
 
-def save_shard(path: str | Path, data: ArrayDataset) -> None:
-    """Write a node's data as safetensors (``x``, ``y``; metadata ``num_classes``): no pickle on the wire."""
+def save_shard(path: str | Path, data: ArrayDataset, dataset: str | None = None) -> None:
+    """Write a node's data as safetensors (``x``, ``y``; metadata ``num_classes`` and, if given, the name of
+    the ``dataset`` it was drawn from, whose learning defaults a node then uses): no pickle on the wire."""
     from safetensors.torch import save_file
 
-    save_file({"x": data.x.contiguous(), "y": data.y.contiguous()}, str(path),
-              metadata={"num_classes": str(int(data.num_classes))})
+    metadata = {"num_classes": str(int(data.num_classes)), **({"dataset": dataset} if dataset else {})}
+    save_file({"x": data.x.contiguous(), "y": data.y.contiguous()}, str(path), metadata=metadata)
+
+
+def shard_dataset(path: str | Path) -> str | None:
+    """The dataset a shard written by :func:`save_shard` was drawn from, as its metadata names it; None for a
+    shard that names none (written before shards did, or by other tools), one that names no dataset of
+    :data:`DATASETS`, and a file that is missing or unreadable (:func:`load_shard` reports that one)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:  # the header only: no tensor is read
+            name = (f.metadata() or {}).get("dataset")
+    except Exception:  # missing, unreadable or corrupt: whoever loads the data says so
+        return None
+    return name if name in DATASETS else None
 
 
 def load_shard(path: str | Path) -> ArrayDataset:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from dfl_node.config import ExperimentConfig
-from dfl_node.learning.datasets import ArrayDataset, load_dataset, load_shard, save_shard
+from dfl_node.learning.datasets import ArrayDataset, load_dataset, load_shard, save_shard, shard_dataset
 from dfl_node.learning.models import ModelSpec, spread
 from dfl_node.learning.partitions import client_splits
 
@@ -37,6 +37,7 @@ class ClientData:
 class Fleet:
     clients: list[ClientData]
     test: ArrayDataset
+    dataset: str | None = None  # the name of DATASETS the data was drawn from, written into every shard
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -77,21 +78,28 @@ def provision(config: ExperimentConfig) -> Fleet:
         ClientData(node_id, train.subset(split.train), train.subset(split.val))
         for node_id, split in zip(fleet_ids(config.nodes), splits)
     ]
-    return Fleet(clients, test)
+    return Fleet(clients, test, config.dataset)
 
 
 def write_fleet(fleet: Fleet, out_dir: Path) -> list[Path]:
-    """One folder per node (``<id>/train.safetensors``, ``<id>/val.safetensors``) plus the global test set."""
+    """One folder per node (``<id>/train.safetensors``, ``<id>/val.safetensors``) plus the global test set, each
+    naming the dataset (:func:`node_dataset`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     folders = []
     for client in fleet.clients:
         folder = out_dir / client.node_id
         folder.mkdir(exist_ok=True)
-        save_shard(folder / TRAIN_FILE, client.train)
-        save_shard(folder / VAL_FILE, client.val)
+        save_shard(folder / TRAIN_FILE, client.train, fleet.dataset)
+        save_shard(folder / VAL_FILE, client.val, fleet.dataset)
         folders.append(folder)
-    save_shard(out_dir / TEST_FILE, fleet.test)
+    save_shard(out_dir / TEST_FILE, fleet.test, fleet.dataset)
     return folders
+
+
+def node_dataset(shard_dir: Path) -> str | None:
+    """The dataset a node's shard folder (:func:`write_fleet`) was drawn from, whose learning defaults the node
+    uses (:data:`~dfl_node.learning.settings.PER_DATASET`); None where its training shard names none."""
+    return shard_dataset(shard_dir / TRAIN_FILE)
 
 
 def read_node_data(shard_dir: Path) -> tuple[ArrayDataset, ArrayDataset]:

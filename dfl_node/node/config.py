@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from dfl_node.config import AlgorithmName, LearningConfig
+from dfl_node.learning.settings import DATASET_DEPENDENT
 from dfl_node.net.announcement import parse_peer
 
 
@@ -120,6 +121,17 @@ class NodeConfig(LearningConfig):
             raise ValueError(f"host {self.host} is reachable from the network but neither mutual TLS (--tls-dir) "
                              "nor a swarm key (--swarm-key-file) is set, so anyone there could push a model into "
                              "this node; give one, or --insecure (DFL_INSECURE=1) on a private network")
+        return self
+
+    @model_validator(mode="after")
+    def _dataset_defaults(self) -> NodeConfig:
+        """Batch sizes and learning rate not given are those of the dataset the node's shard was drawn from (its
+        metadata names it: ``dfl-node partition``, a testbed), so the nodes of a fleet partitioned together resolve
+        alike, and whatever reads this config sees the values in use. Given all three, no shard is read."""
+        if not set(DATASET_DEPENDENT) <= self.model_fields_set:
+            from dfl_node.learning.fleet import node_dataset  # noqa: PLC0415 - torch only to read a shard
+
+            self.use_dataset_defaults(node_dataset(self.data))
         return self
 
     @model_validator(mode="after")

@@ -42,16 +42,18 @@ def _peer_member(peer: Peer, base_url: str) -> FleetMember:
 
 
 def _token(node: Node, peers: Iterable[Peer]) -> TokenView | None:
-    """Round mode: the holder of the newest epoch any node says it holds (this node, or a live peer)."""
+    """Round mode: who holds the token, as far as this node knows. A peer's claim is as old as its last
+    reply to our Hello, so several can say they hold it (the token has moved on since); the newest claim
+    wins: the highest epoch, then the highest round, this node's own (current) on a tie."""
     if node.config.mode != "round":
         return None
-    now = node.clock.wall()
-    holders = [(node.state.epoch, node.config.id, node.state.holding_since)] if node.state.holding else []
-    holders += [(p.progress.epoch, p.id, p.holding_since) for p in peers
-                if p.alive and p.progress is not None and p.progress.holding and p.holding_since is not None]
-    if not holders:
-        return TokenView(holder=None, epoch=node.state.epoch, since=now, age_s=0.0)
-    epoch, holder, since = max(holders, key=lambda h: h[0])
+    now, state = node.clock.wall(), node.state
+    claims = [(state.epoch, state.round, 1, node.config.id, state.holding_since)] if state.holding else []
+    claims += [(p.progress.epoch, p.progress.round, 0, p.id, p.holding_since) for p in peers
+               if p.alive and p.progress is not None and p.progress.holding]
+    if not claims:
+        return TokenView(holder=None, epoch=state.epoch, since=now, age_s=0.0)
+    epoch, _, _, holder, since = max(claims, key=lambda claim: claim[:3])
     since = since if since is not None else now
     return TokenView(holder=holder, epoch=epoch, since=since, age_s=max(0.0, now - since))
 
@@ -65,6 +67,10 @@ def fleet_view(node: Node) -> FleetView:
                      global_accuracy=status.global_accuracy, holding=status.holding, done=status.done,
                      algorithm=status.algorithm, model=status.model or None)
     peers = sorted(node.peers.peers.values(), key=lambda p: p.id)
-    return FleetView(node=status.id, mode=status.mode,
-                     members=[me, *(_peer_member(p, own_url or "http://127.0.0.1") for p in peers)],
-                     token=_token(node, peers), recent=list(node.state.recent))
+    members = [me, *(_peer_member(p, own_url or "http://127.0.0.1") for p in peers)]
+    token = _token(node, peers)
+    for member in members:  # one holder: the others' claims are older than the token's last hand-over
+        member.holding = token is not None and member.id == token.holder
+        if member.role == "holder" and not member.holding:  # "holder" is an idle node's holding: stale too
+            member.role = "idle"
+    return FleetView(node=status.id, mode=status.mode, members=members, token=token, recent=list(node.state.recent))
