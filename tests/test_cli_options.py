@@ -212,3 +212,21 @@ def test_a_registered_algorithm_is_accepted_everywhere(monkeypatch: pytest.Monke
     assert config_of(*START, "--algorithm", "dummy").algorithm == "dummy"
     assert "dummy" in invoke("testbed", "--help").output
     assert "dummy" in ExperimentConfig.model_json_schema()["properties"]["algorithms"]["items"]["enum"]
+
+
+def test_a_flag_name_means_one_thing_on_every_verb() -> None:
+    """Issue 20: ``--duration`` read "stop volunteering after" on start and "virtual seconds the fleet runs" on
+    simulate. Its defaults differ on purpose (a daemon volunteers until stopped; a testbed or a simulated run
+    must end), its meaning does not; ``--algorithm`` names one algorithm per use, repeatable where a verb runs
+    several."""
+    def option(verb: str, name: str) -> click.Option:
+        found = [p for p in verb_command(verb).params if isinstance(p, click.Option) and name in p.opts]
+        assert len(found) == 1, (verb, name)
+        return found[0]
+
+    for verb in ("start", "simulate", "testbed"):
+        duration = option(verb, "--duration").help or ""
+        assert duration.lower().startswith("async mode") and "how long" in duration and "volunteers" in duration, \
+            (verb, duration)
+        algorithm = option(verb, "--algorithm")
+        assert algorithm.multiple == (verb != "start"), verb

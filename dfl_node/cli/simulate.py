@@ -59,7 +59,7 @@ def node_table(results: list[RunResult]) -> Table:
               help="Run K real nodes (the daemon's own schedulers, roles and checkpoints) on an in-memory network "
                    "and a virtual clock, in this mode; left out: the fast simulator (round mode, same results).")
 @click.option("--duration", type=float, default=600.0, show_default=True,
-              help="--mode async: virtual seconds the fleet runs.")
+              help="async mode (--mode async): how long each node volunteers, in virtual seconds.")
 @click.option("--faults", "fault_source", type=click.Choice(["config", "random"]), default="config",
               show_default=True, help="--mode: the config's faults: schedule, or --kills random kills and a partition, "
                                       "then --slowdowns slow links and nodes.")

@@ -161,7 +161,7 @@ def save(result: RunResult, out: Path | None) -> None:
               help="round: the token's rounds, reproducible (equal to the simulator's, bit for bit); async: every "
                    "node volunteers on its own, for --duration.")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
-              metavar="SECONDS", help="Async mode: each node volunteers this long once it sees its peers; "
+              metavar="SECONDS", help="async mode: how long each node volunteers, in seconds, once it sees its peers; "
                                       "rounds reported = completed exchanges (fusions).")
 @click.option("--netns", is_flag=True, help="One network namespace per node on a bridge (needs root); the nodes serve "
                                             "it without credentials (--insecure: a private network of this machine).")

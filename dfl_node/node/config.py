@@ -70,7 +70,8 @@ class NodeConfig(LearningConfig):
     rounds: int = Field(0, ge=0, description="round mode: stop after T rounds (0: run until stopped)")
     participation: float = Field(1.0, gt=0, le=1, description="async mode: probability of volunteering per tick")
     interval: float = Field(1.0, gt=0, description="async mode: seconds between volunteering ticks")
-    duration: float = Field(0.0, ge=0, description="async mode: stop volunteering after this many seconds (0: never)")
+    duration: float = Field(0.0, ge=0, description="async mode: how long this node volunteers, in seconds "
+                            "(0: until it is stopped)")
     exit_when_done: bool = Field(False, description="exit (code 0) once done: --rounds reached, or --duration over; "
                                  "for a batch job or a script step")
     heartbeat: float = Field(1.0, gt=0, description="seconds between liveness checks of each peer")
