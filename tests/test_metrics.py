@@ -164,8 +164,8 @@ def test_fleet_shows_every_member_with_its_round_role_accuracy_and_a_link(served
 # ----------------------------------------------------------------------------- INFO lines
 
 EXCHANGE = re.compile(r"(?P<node>node-\d+): round (?P<round>\d+)/(?P<of>\d+): (?P<what>sent to|fused) (?P<peer>\S+) "
-                      r"as (?P<role>sender|aggregator|source), (?P<bytes>[\d.]+ \w+ in )?(?P<seconds>[\d.]+) s; "
-                      r"accuracy local (?P<local>[\d.]+)%, global (?P<global>[\d.]+)%")
+                      r"as (?P<role>sender|aggregator|source), (?P<bytes>[\d.]+ \w+ in )?(?P<seconds>[\d.]+) s"
+                      r"(?P<accuracy>; accuracy local [\d.]+%, global [\d.]+%)?$", re.MULTILINE)
 
 
 def test_info_lines_say_addresses_exchanges_progress_summary_and_stopped(served: dict[str, Served]) -> None:
@@ -176,6 +176,8 @@ def test_info_lines_say_addresses_exchanges_progress_summary_and_stopped(served:
         exchanges = [m.groupdict() for m in EXCHANGE.finditer(log)]
         assert exchanges and all(e["node"] == node_id and int(e["of"]) == ROUNDS for e in exchanges)
         assert all(e["bytes"] for e in exchanges if e["what"] == "sent to")  # a send moves a model
+        # the accuracy where the node evaluated: the curve's points (--eval-every), not after every change
+        assert all(bool(e["accuracy"]) == (int(e["round"]) % FLEET.eval_every == 0) for e in exchanges), exchanges
         # one line per send or fusion, numbered as /history numbers it
         history = [(h["round"], "sent to" if h["event"] == "send" else "fused") for h in page.history
                    if h["event"] in ("send", "fusion")]

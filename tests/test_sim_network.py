@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +23,7 @@ from dfl_node.learning.fleet import provision
 from dfl_node.node.daemon import Node
 from dfl_node.sim import Simulation
 from dfl_node.sim.clock import run_virtual
+from dfl_node.sim.experiment import run_fleet
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
 from dfl_node.sim.network import LinkProfile
 from tests.conftest import FLEET
@@ -111,3 +113,21 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
     assert token_timeout <= regenerated_after <= bound, caplog.text  # silence, then regenerated in time
     assert all(n.state.done and n.state.round == rounds for n in others)
     assert wall < 30, f"{wall:.1f} s of wall time for {virtual:.0f} virtual seconds"
+
+
+def test_nodes_that_evaluate_on_the_schedule_draw_the_simulators_curve(fleet_shards: Path, tmp_path: Path) -> None:
+    """Issue 21: a node evaluated after every change, which cost more than a round where the test set is large.
+    Now only the models that stand at the curve's points are evaluated — once each, a model off the schedule
+    just before a later role replaces it — and the fleet's curve is still the simulator's, value for value."""
+    config = FLEET.model_copy(update={"rounds": 12, "eval_every": 4})
+    fleet = run_fleet(config, "defkt", tmp_path, evaluate=True, eval_every=config.eval_every)
+    simulated = Simulation(config, "defkt", provision(config)).run()
+    expected = {h.round: (h.per_node_local, h.per_node_global) for h in simulated.history if h.round}
+    assert {h.round: (h.per_node_local, h.per_node_global) for h in fleet.history} == expected
+    histories = [json.loads(path.read_text())["history"] for path in (tmp_path / "defkt").glob("*/state.json")]
+    changes = sum(h["event"] in ("send", "fusion") for history in histories for h in history)
+    evaluations = sum(h["local_accuracy"] is not None for history in histories for h in history)
+    points = config.rounds // config.eval_every
+    # each node: its w0, once per point at most, and its final model; before, w0 and after every change
+    assert len(histories) == config.nodes and evaluations <= config.nodes * (points + 2) < changes + config.nodes, \
+        (evaluations, changes)

@@ -97,7 +97,10 @@ class NodeConfig(LearningConfig):
                                 "node's validation split is below this (low_accuracy); 0: no accuracy gate")
     history_limit: int = Field(2048, ge=1, description="/history and the checkpoint keep this many newest events "
                                "(bounded: a node that runs forever rewrites a bounded state file)")
-    evaluate: bool = Field(True, description="evaluate local/global accuracy after every model change")
+    evaluate: bool = Field(True, description="evaluate local/global accuracy (on a schedule: --eval-every)")
+    eval_every: int = Field(1, ge=1, description="round mode: evaluate the model that stands at every n-th round "
+                            "(the points of the accuracy curve) and at the end; 1: after every change (async mode "
+                            "always). A model is evaluated before the next change replaces it: no point is missed")
     fsync: bool = Field(True, description="write checkpoints through to the disk, so that they survive a power cut "
                         "and not only a crash; off only for the simulator's in-process fleets")
 

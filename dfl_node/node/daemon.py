@@ -45,6 +45,7 @@ from dfl_node.net.wire import WireIdentity
 from dfl_node.node.async_mode import AsyncScheduler
 from dfl_node.node.clock import Clock
 from dfl_node.node.config import NodeConfig
+from dfl_node.node.eval_schedule import EvalSchedule
 from dfl_node.node.fleet_view import fleet_view
 from dfl_node.node.handshake import Handshake
 from dfl_node.node.logs import RateLimitedLog
@@ -99,6 +100,8 @@ class Node:
         self.refusals = RateLimitedLog(log, self.clock.monotonic)
         self.metrics = NodeMetrics(config.id, self.status)  # read at each scrape: built before anything runs
         self._finished = False  # finish() ran in this process
+        # async mode has no fleet-wide rounds to put points at: every change is evaluated
+        self.schedule = EvalSchedule(config.eval_every if config.mode == "round" else 1, config.evaluate)
         self.roles = Roles(self)
         self.handshake = Handshake(self)
         self.network: PeerNetwork = network or GrpcNetwork(
@@ -153,6 +156,10 @@ class Node:
         model_state, durable = saved
         self.ctx.restore_checkpoint(model_state)  # the model, and the algorithm's extra models and scalars
         self.state.restore(durable)
+        newest = self.state.history[-1] if self.state.history else None
+        if self.config.evaluate and newest is not None and newest.local_accuracy is None \
+                and newest.global_accuracy is None:
+            self.schedule.owed_since = newest.round  # the model it resumes with was never evaluated
         self.state.done = self._done_at(self.state.round)
         limit = f" of {self.config.rounds}" if self.config.mode == "round" and self.config.rounds else ""
         log.info("%s resuming at round %d%s%s (checkpoint in %s)", self.config.id, self.state.round, limit,
@@ -195,35 +202,53 @@ class Node:
             await self.model_changed("eval", self.state.round, None)
 
     async def model_changed(self, event: str, round_: int, peer: str | None) -> None:
-        """After every change of the model: evaluate, fingerprint the values, checkpoint, record.
+        """After every change of the model: evaluate (on the schedule: :mod:`.eval_schedule`), fingerprint the
+        values, checkpoint, record.
 
         Evaluation and the sha256 of a possibly large model run in the worker thread, off the event loop.
         """
         state = self.state
-        state.accuracy, state.digest = await asyncio.to_thread(self._measure)
+        evaluated = self.schedule.at_change(round_)
+        state.accuracy, state.digest = await asyncio.to_thread(self._measure, evaluated)
         exchanged = event in ("send", "fusion")
         detail: dict[str, float | int | str] = {}
         if exchanged:
             state.counters["rounds_completed"] += 1
             seconds, moved = self.roles.elapsed()
             detail = {"seconds": round(seconds, 3), "bytes": moved}
-        local, global_ = state.accuracy
+        local, global_ = state.accuracy if evaluated else (None, None)
         state.history.append(HistoryEntry(round=round_, time=self.clock.wall(), event=event, role=state.role.value,
                                           peer=peer, local_accuracy=local, global_accuracy=global_, detail=detail))
         await self.save()
         if exchanged:
             self.metrics.observe("role", seconds, role=state.role.value)
-            self._report_exchange(event, round_, peer or "?", seconds, moved)
+            self._report_exchange(event, round_, peer or "?", seconds, moved, evaluated)
 
-    def _report_exchange(self, event: str, round_: int, peer: str, seconds: float, moved: int) -> None:
-        """The INFO line of a send or a fusion (its round is /history's), and /fleet's recent event."""
+    async def settle_evaluation(self, upto: int | None) -> None:
+        """Evaluate the standing model if it is owed (:meth:`EvalSchedule.owed`): before a role of round ``upto``
+        changes it, or at the end (None; also when there is no accuracy at all yet). Recorded as an ``eval``
+        entry at the round of the model, which it stood for."""
+        since = self.schedule.owed(upto)
+        if since is None and not (upto is None and self.config.evaluate and self.state.accuracy == (None, None)):
+            return
+        self.state.accuracy = await asyncio.to_thread(self.evaluate)
+        self.schedule.owed_since = None
+        local, global_ = self.state.accuracy
+        self.state.history.append(HistoryEntry(round=self.state.round if since is None else since,
+                                               time=self.clock.wall(), event="eval", role=self.state.role.value,
+                                               local_accuracy=local, global_accuracy=global_))
+
+    def _report_exchange(self, event: str, round_: int, peer: str, seconds: float, moved: int,
+                         evaluated: bool) -> None:
+        """The INFO line of a send or a fusion (its round is /history's; its accuracy if it was evaluated), and
+        /fleet's recent event."""
         config, state = self.config, self.state
         what = f"sent to {peer}" if event == "send" else f"fused {peer}"
         traffic = f"{format_bytes(moved)} in {seconds:.2f} s" if moved else f"{seconds:.2f} s"
         self.state.recent.append(FleetEvent(time=self.clock.wall(), event="send" if event == "send" else "fusion",
                                             round=round_, peer=peer, detail=traffic))
         local, global_ = state.accuracy
-        accuracy = "" if (local, global_) == (None, None) else \
+        accuracy = "" if not evaluated or (local, global_) == (None, None) else \
             f"; accuracy local {format_accuracy(local)}, global {format_accuracy(global_)}"
         log.info("%s: %s: %s as %s, %s%s", config.id, self.progress_text(round_), what, state.role.value, traffic,
                  accuracy)
@@ -236,8 +261,8 @@ class Node:
         elapsed = self.clock.wall() - self.started
         return f"exchange {round_}, {elapsed:.0f} s" + (f" of {config.duration:.0f} s" if config.duration else "")
 
-    def _measure(self) -> tuple[tuple[float | None, float | None], str]:
-        accuracy = self.evaluate() if self.config.evaluate else self.state.accuracy
+    def _measure(self, evaluated: bool) -> tuple[tuple[float | None, float | None], str]:
+        accuracy = self.evaluate() if evaluated else self.state.accuracy
         return accuracy, param_digest(self.ctx.model.state_dict())
 
     def evaluate(self) -> tuple[float | None, float | None]:
@@ -254,8 +279,7 @@ class Node:
         first, self._finished = not self._finished, True
         await self.roles.settled()  # the last round's aggregator may still be fusing: its model is the final one
         self.state.round, self.state.done = round_, True
-        if self.config.evaluate and self.state.accuracy == (None, None):
-            self.state.accuracy = await asyncio.to_thread(self.evaluate)
+        await self.settle_evaluation(None)
         await self.save(copy=True)
         if first:
             self.log_summary(f"done after {round_} rounds")
@@ -313,6 +337,8 @@ class Node:
         """Async mode: the time budget is over. The node still answers others' invitations; its checkpoint
         says it is done."""
         self.state.done = True
+        await self.roles.quiesce()  # the last role's model, evaluated while no role changes it
+        await self.settle_evaluation(None)
         await self.save(copy=True)
         self.log_summary(f"done after {self.config.duration:.0f} s")
 

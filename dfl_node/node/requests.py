@@ -90,6 +90,7 @@ class PeerRequests:
             await node.roles.settled()
         node.roles.take_role(Role.SOURCE)
         try:
+            await node.settle_evaluation(request.round)  # a pull may change the source's model (002 trains it)
             step = Step(request.round, Group(request.aggregator, (node.config.id,), pull=True), dict(request.state))
             message = await asyncio.to_thread(node.algorithm.transmit, node.ctx, step)
             node.state.counters["models_sent"] += 1

@@ -216,6 +216,7 @@ class Roles:
         round ends as an unfailed one would."""
         before = self.node.ctx.snapshot()
         try:
+            await self.node.settle_evaluation(step.round)  # the model this role changes, if a point needs it
             await play_sender(self.node.algorithm, self.node.ctx, step, transport)
             self._exchanged(step)
             await self.node.model_changed("send", step.round + 1, step.group.aggregator)
@@ -242,6 +243,7 @@ class Roles:
         assert transport.collector is not None
         before = self.node.ctx.snapshot()
         try:
+            await self.node.settle_evaluation(step.round)
             if await play_aggregator(self.node.algorithm, self.node.ctx, step, transport):
                 self.node.state.counters["fusions"] += 1
                 self._exchanged(step)

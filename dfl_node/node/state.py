@@ -54,5 +54,6 @@ class NodeState:
         self.rejected.update(saved.get("rejected", {}))
         self.history = deque((HistoryEntry.model_validate(h) for h in saved.get("history", [])),
                              maxlen=self.history.maxlen)
-        if self.history:
-            self.accuracy = (self.history[-1].local_accuracy, self.history[-1].global_accuracy)
+        evaluated = [h for h in self.history if (h.local_accuracy, h.global_accuracy) != (None, None)]
+        if evaluated:  # the newest accuracy known (a change off the evaluation schedule has none)
+            self.accuracy = (evaluated[-1].local_accuracy, evaluated[-1].global_accuracy)
