@@ -1,44 +1,67 @@
 """What a fleet of real daemons costs per round over the simulator: the same config through ``dfl-node simulate``
-and then ``dfl-node testbed`` (4 nodes, round mode), in one run.
+and then ``dfl-node testbed`` (4 nodes, round mode), for this tree and for the tree before issue 21, in one run.
 
-Both drivers play the same rounds (same seed, plan and data: their final parameters are compared, and must be
-bit-identical), so the difference of their times per round is what the daemons add: the token's hand-over and
-assignments, transfers over gRPC, evaluations and checkpoints. A round's time is measured between the first and
-the last point of the run's accuracy curve (start-up and discovery left out), as
+Both drivers play the same rounds (same seed, plan, data and settings: their final parameters are compared,
+and must be bit-identical), so the difference of their times per round is what the daemons add: the token's
+hand-over and assignments, transfers over gRPC, evaluations and checkpoints. A round's time is measured
+between the first and the last point of the run's accuracy curve (start-up and discovery left out), as
 ``(wall_time_s[last] - wall_time_s[first]) / (round[last] - round[first])``.
 
 Cases (issue 21's table): digits Def-KT 200 rounds, digits FedAvg 100 rounds, MNIST MLP (784-200-200-10)
-Def-KT 30 rounds (needs ``--data-dir``, the folder of the real datasets). Prints one JSON object.
+Def-KT 30 rounds (needs ``--data-dir``, the folder of the real datasets); every learning setting is given, so
+both trees run the same config. ``--before`` (a commit; default: ``main`` where issue 21 measured its table)
+is checked out in a temporary ``git worktree`` and run through ``PYTHONPATH`` from outside the repository
+(so that neither the working directory nor the editable install answers for ``dfl_node``); the trees take
+turns case by case, so a noisy machine slows both alike. Prints one JSON object.
 
-    python benchmarks/overhead.py [--data-dir ../shared/datasets] [--cases digits-defkt,digits-fedavg,mnist-defkt]
+    python benchmarks/overhead.py [--data-dir ../shared/datasets] [--cases digits-defkt,…] [--before COMMIT]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+ISSUE_21_MAIN = "d8998e2"  # where issue 21 measured its table
+DIGITS = ["--dataset", "digits", "--batch-size", "20", "--mkt-batch-size", "20", "--lr", "0.05", "--eval-every", "10"]
 CASES: dict[str, list[str]] = {
-    "digits-defkt": ["--dataset", "digits", "--algorithm", "defkt", "--rounds", "200"],
-    "digits-fedavg": ["--dataset", "digits", "--algorithm", "fedavg", "--rounds", "100"],
+    "digits-defkt": [*DIGITS, "--algorithm", "defkt", "--rounds", "200"],
+    "digits-fedavg": [*DIGITS, "--algorithm", "fedavg", "--rounds", "100"],
     "mnist-defkt": ["--dataset", "mnist", "--model", "mlp", "--hidden", "200", "--hidden", "200",
+                    "--batch-size", "200", "--mkt-batch-size", "200", "--lr", "0.01",
                     "--algorithm", "defkt", "--rounds", "30", "--eval-every", "10"],
 }
 COMMON = ["--nodes", "4", "--seed", "0"]
 
 
-def run(driver: str, flags: list[str], out: Path, env: dict[str, str]) -> dict:
-    """One run of ``dfl-node DRIVER``, as a user runs it; its result (``OUT/<algorithm>.json``)."""
+@contextlib.contextmanager
+def worktree(commit: str) -> Iterator[Path]:
+    """``commit`` checked out in a temporary git worktree, removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="dfl-before-"))
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(path), commit], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], check=False)
+
+
+def run(tree: Path, driver: str, flags: list[str], out: Path, env: dict[str, str]) -> dict:
+    """One run of ``dfl-node DRIVER`` of ``tree``, as a user runs it; its result (``OUT/<algorithm>.json``). It
+    runs in ``out``'s parent, so that ``python -m`` finds ``dfl_node`` on ``PYTHONPATH`` only (its daemons too)."""
     command = [sys.executable, "-m", "dfl_node", driver, *COMMON, *flags, "--out", str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(command, env={**env, "PYTHONPATH": str(tree)}, cwd=out.parent, capture_output=True,
+                          text=True, timeout=3600)
     if done.returncode:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        raise SystemExit(f"{' '.join(command)} ({tree}) failed ({done.returncode}):\n{done.stderr[-2000:]}")
     (result,) = out.glob("*.json")
     return json.loads(result.read_text())
 
@@ -48,9 +71,10 @@ def per_round_ms(result: dict) -> float:
     return 1000 * (last["wall_time_s"] - first["wall_time_s"]) / (last["round"] - first["round"])
 
 
-def measure(name: str, flags: list[str], work: Path, env: dict[str, str]) -> dict:
-    simulated = run("simulate", [*flags, "--threads", "1"], work / f"{name}-simulate", env)
-    testbed = run("testbed", flags, work / f"{name}-testbed", env)
+def measure(tree: Path, name: str, work: Path, env: dict[str, str]) -> dict:
+    flags = CASES[name]
+    simulated = run(tree, "simulate", [*flags, "--threads", "1"], work / f"{name}-simulate", env)
+    testbed = run(tree, "testbed", flags, work / f"{name}-testbed", env)
     sim_ms, bed_ms = per_round_ms(simulated), per_round_ms(testbed)
     params = {driver: {n["id"]: n["param_sha256"] for n in result["nodes"]}
               for driver, result in (("simulate", simulated), ("testbed", testbed))}
@@ -58,8 +82,7 @@ def measure(name: str, flags: list[str], work: Path, env: dict[str, str]) -> dic
             "testbed_ms_per_round": round(bed_ms, 1), "fixed_cost_ms_per_round": round(bed_ms - sim_ms, 1),
             "testbed_over_simulate": round(bed_ms / sim_ms, 2),
             "bit_identical": params["simulate"] == params["testbed"],
-            "local_accuracy": {"simulate": round(simulated["local_accuracy"], 4),
-                               "testbed": round(testbed["local_accuracy"], 4)}}
+            "local_accuracy": round(testbed["local_accuracy"], 4)}
 
 
 def main() -> None:
@@ -67,14 +90,24 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.environ.get("DFL_DATA_DIR", ""),
                         help="the real datasets' folder (for mnist-defkt)")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
+    parser.add_argument("--before", default=ISSUE_21_MAIN, help="the commit to compare with ('' : none)")
     args = parser.parse_args()
-    env = {**os.environ, "DFL_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}
+    env["DFL_THREADS"] = "1"
     if args.data_dir:
         env["DFL_DATA_DIR"] = str(Path(args.data_dir).resolve())
-    with tempfile.TemporaryDirectory(prefix="dfl-overhead-") as tmp:
-        cases = {name: measure(name, CASES[name], Path(tmp), env) for name in args.cases.split(",")}
-    print(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "cases": cases},
-                     indent=1))
+    report: dict[str, dict] = {}
+    with contextlib.ExitStack() as stack:
+        trees = {"after": ROOT}
+        if args.before:
+            trees["before"] = stack.enter_context(worktree(args.before))
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dfl-overhead-")))
+        for name in args.cases.split(","):
+            for label, tree in trees.items():
+                (work / label).mkdir(exist_ok=True)
+                report.setdefault(name, {})[label] = measure(tree, name, work / label, env)
+    print(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                      "before": args.before or None, "cases": report}, indent=1))
 
 
 if __name__ == "__main__":

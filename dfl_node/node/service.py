@@ -41,11 +41,30 @@ log = logging.getLogger(__name__)
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
-    """uvicorn inside our event loop: the node, not uvicorn, owns SIGINT/SIGTERM."""
+    """uvicorn inside our event loop: the node, not uvicorn, owns SIGINT/SIGTERM; and it wakes once a second,
+    not ten times: uvicorn's own loop polls ``should_exit`` every 0.1 s, which was most of an idle node's CPU
+    (0.3 % of a core of 0.35 %). :meth:`stop` wakes it at once."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._stopping = asyncio.Event()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def main_loop(self) -> None:
+        ticks = 0
+        while not await self.on_tick(ticks):  # a multiple of 10: uvicorn refreshes its Date header on each
+            ticks = (ticks + 10) % 864000
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._stopping.wait()
+
+    def stop(self) -> None:
+        """Finish the open requests, then end :meth:`serve`."""
+        self.should_exit = True
+        self._stopping.set()
 
 
 def announcement(node: Node) -> Announcement:
@@ -230,7 +249,7 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
         for task in workers:
             task.cancel()
         if http:
-            http.should_exit = True  # uvicorn finishes its open requests, then its task ends
+            http.stop()  # uvicorn finishes its open requests, then its task ends
         await asyncio.gather(*workers, *([http_task] if http_task else []), return_exceptions=True)
         if bound.http_socket:
             bound.http_socket.close()
