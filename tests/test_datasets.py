@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
+import importlib.util
 import os
 import pickle
 import struct
@@ -15,6 +17,7 @@ from safetensors.torch import save_file
 
 from dfl_node.learning.datasets import (
     DATASETS,
+    DIGITS_FILE,
     ArrayDataset,
     DatasetNotFoundError,
     load_dataset,
@@ -22,6 +25,7 @@ from dfl_node.learning.datasets import (
     read_idx,
     resolve_data_dir,
     save_shard,
+    stratified_split,
 )
 
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
@@ -89,12 +93,53 @@ def test_digits() -> None:
     assert train.x.dtype == torch.float32 and train.y.dtype == torch.int64
     assert float(train.x.min()) == 0.0 and float(train.x.max()) == 1.0
     total = train.class_counts() + test.class_counts()
-    from sklearn.datasets import load_digits
-
-    assert np.array_equal(total, np.bincount(load_digits().target))
+    assert total.tolist() == DIGITS_COUNTS
     assert np.all(np.abs(test.class_counts() - total * 0.2) <= 1)  # stratified
     train2, _ = load_dataset("digits")  # fixed split, same on every node
     assert torch.equal(train.x, train2.x) and torch.equal(train.y, train2.y)
+
+
+# The embedded digits file (scikit-learn's load_digits as uint8, written once from it) and the indices of its
+# 80/20 split (those of sklearn's train_test_split(stratify=..., random_state=0)): pinned, so that a change to
+# either shows here whether or not scikit-learn is installed.
+DIGITS_SHA256 = "b2dab7b501728c22e9119ad76740b2e17c77a231e42d1e592380d90886f1a05e"
+DIGITS_SPLIT_SHA256 = "c2c37eddf53c5760fcdd74abac61600a5d88406ff48a08fa172800c1236593b6"
+DIGITS_COUNTS = [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+
+
+def _split_digest(train: np.ndarray, test: np.ndarray) -> str:
+    return hashlib.sha256(train.astype("<i8").tobytes() + test.astype("<i8").tobytes()).hexdigest()
+
+
+def test_digits_file() -> None:
+    assert hashlib.sha256(DIGITS_FILE.read_bytes()).hexdigest() == DIGITS_SHA256
+    with np.load(DIGITS_FILE, allow_pickle=False) as arrays:
+        images, labels = arrays["images"], arrays["labels"]
+    assert images.shape == (1797, 8, 8) and labels.shape == (1797,)
+    assert images.dtype == labels.dtype == np.uint8 and int(images.max()) == 16
+    assert np.bincount(labels).tolist() == DIGITS_COUNTS
+    assert _split_digest(*stratified_split(labels, 0.2, 0)) == DIGITS_SPLIT_SHA256
+    if importlib.util.find_spec("sklearn") is None:  # not a dependency: where it is installed, check against it
+        return
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    assert np.array_equal(images, digits.images) and np.array_equal(labels, digits.target)
+    train, test = train_test_split(np.arange(len(labels)), test_size=0.2, stratify=labels, random_state=0)
+    assert _split_digest(train, test) == DIGITS_SPLIT_SHA256
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_stratified_split(seed: int) -> None:
+    labels = np.repeat(np.arange(4), [10, 7, 5, 3])
+    train, test = stratified_split(labels, 0.3, seed)
+    assert len(test) == 8 and len(train) == 17  # ceil(0.3 * 25) tested
+    assert sorted([*train, *test]) == list(range(25))  # a partition of the indices
+    assert np.all(np.abs(np.bincount(labels[test], minlength=4) - np.bincount(labels) * 8 / 25) <= 1)
+    assert all(np.array_equal(a, b) for a, b in zip((train, test), stratified_split(labels, 0.3, seed)))
+    with pytest.raises(ValueError, match="too few"):
+        stratified_split(np.array([0, 0, 0, 1]), 0.5, seed)
 
 
 # ---------------------------------------------------------------- real MNIST / Fashion-MNIST

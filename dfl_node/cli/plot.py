@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from dfl_node.cli.plot_compare import plot_series, report
+from dfl_node.plotting import use_agg
 from dfl_node.results import EvalRecord, RunResult, read_results
 
 
@@ -42,10 +43,7 @@ def plot(results: tuple[Path, ...], output: Path, title: str | None, distributio
     tell apart runs of one algorithm, leaving out those a run's mode ignores (rounds of an async run,
     which ran for --duration); runs still alike are numbered #1, #2… in the order given.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-
+    use_agg("dfl-node plot")
     runs = [read_results(path) for path in results]
     labels = run_labels(runs)
     fig = distribution_figure(runs, title) if distribution else curves_figure(runs, labels, title)

@@ -1,7 +1,7 @@
 """Datasets held in memory as normalized tensors, read only from local files.
 
 Nodes run on machines without internet access, so nothing here ever downloads:
-``digits`` ships inside scikit-learn, MNIST / Fashion-MNIST come from an ``.npz`` (arrays
+``digits`` ships inside this package (``data/digits.npz``), MNIST / Fashion-MNIST come from an ``.npz`` (arrays
 ``x_train y_train x_test y_test``) or the official IDX files, and CIFAR-10 from the official
 ``cifar-10-batches-py`` / ``cifar-10-batches-bin`` folders. A node's private data
 travels as a safetensors shard (no pickle), validated on load.
@@ -10,6 +10,7 @@ travels as a safetensors shard (no pickle), validated on load.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import pickle
 from collections.abc import Sequence
@@ -33,6 +34,9 @@ _IDX = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-
 _SUBDIRS = {"mnist": ("mnist", "MNIST/raw", "."),
             "fashion_mnist": ("fashion_mnist", "fashion-mnist", "FashionMNIST/raw", ".")}
 _DIGITS_SEED = 0  # fixed so every node of a fleet sees the same digits train/test split
+# scikit-learn's load_digits as uint8 arrays, images (1797, 8, 8) of pixels 0-16 and labels (1797,), shipped as
+# package data: a node needs neither scikit-learn nor a download (tests/test_datasets.py checks its sha256).
+DIGITS_FILE = Path(__file__).with_name("data") / "digits.npz"
 
 
 @dataclass(frozen=True)
@@ -108,16 +112,52 @@ def _to_dataset(images: np.ndarray, labels: np.ndarray, key: str) -> ArrayDatase
 
 
 def _load_digits() -> tuple[ArrayDataset, ArrayDataset]:
-    """sklearn's embedded 8x8 digits, scaled to [0, 1]; stratified 80/20 with a fixed seed."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    """The embedded 8x8 digits (scikit-learn's), scaled to [0, 1]; stratified 80/20 with a fixed seed."""
+    with np.load(DIGITS_FILE, allow_pickle=False) as arrays:
+        images, labels = arrays["images"], arrays["labels"]
+    x = (images / 16.0).astype(np.float32)[:, None]
+    y = labels.astype(np.int64)
+    train, test = stratified_split(y, test_fraction=0.2, seed=_DIGITS_SEED)
+    mk = lambda i: ArrayDataset(torch.from_numpy(np.ascontiguousarray(x[i])), torch.from_numpy(y[i]), 10)  # noqa: E731
+    return mk(train), mk(test)
 
-    d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)[:, None]
-    y = d.target.astype(np.int64)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, stratify=y, random_state=_DIGITS_SEED)
-    mk = lambda a, b: ArrayDataset(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(b), 10)  # noqa: E731
-    return mk(xtr, ytr), mk(xte, yte)
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test indices, each class split in proportion, shuffled: the indices of scikit-learn's
+    ``train_test_split(..., test_size=test_fraction, stratify=labels, random_state=seed)`` (its
+    StratifiedShuffleSplit, same draws from the same ``RandomState``), so the digits split is the one it made."""
+    n_test = math.ceil(test_fraction * len(labels))
+    classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    if counts.min() < 2 or min(n_test, len(labels) - n_test) < len(classes):
+        raise ValueError(f"cannot split {len(labels)} labels {test_fraction:g} stratified: too few of a class")
+    by_class = np.split(np.argsort(inverse, kind="stable"), np.cumsum(counts)[:-1])
+    rng = np.random.RandomState(seed)
+    n_train = _apportion(counts, len(labels) - n_test, rng)
+    n_tested = _apportion(counts - n_train, n_test, rng)
+    train: list[int] = []
+    test: list[int] = []
+    for members, k, t in zip(by_class, n_train, n_tested):
+        members = members[rng.permutation(len(members))]
+        train.extend(members[:k])
+        test.extend(members[k:k + t])
+    return rng.permutation(train), rng.permutation(test)
+
+
+def _apportion(counts: np.ndarray, draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """``draws`` shared among classes in proportion to ``counts``: floors, then one more to the largest
+    remainders, ties broken at random (scikit-learn's ``_approximate_mode``)."""
+    exact = counts / counts.sum() * draws
+    shares = np.floor(exact)
+    missing = int(draws - shares.sum())
+    remainder = exact - shares
+    for value in np.sort(np.unique(remainder))[::-1]:
+        if missing <= 0:
+            break
+        (tied,) = np.where(remainder == value)
+        chosen = rng.choice(tied, size=min(len(tied), missing), replace=False)
+        shares[chosen] += 1
+        missing -= len(chosen)
+    return shares.astype(int)
 
 
 def read_idx(path: str | Path) -> np.ndarray:

@@ -11,6 +11,9 @@ host name it dialed (then confirms the id the answer claims; :mod:`dfl_node.node
 
 :func:`load_tls` checks everything a handshake would trip over, so a misconfigured node refuses to
 start with one line instead of running insecure or failing every peer at run time.
+
+cryptography is imported by the functions that read certificates, so a node without TLS never loads it
+(8 MB of its memory).
 """
 
 from __future__ import annotations
@@ -18,14 +21,12 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY
+if TYPE_CHECKING:
+    from cryptography import x509
 
 
 class TlsError(ValueError):
@@ -44,6 +45,8 @@ def tls_files(tls_dir: Path | None, ca: Path | None, cert: Path | None, key: Pat
     :class:`TlsError` when TLS is asked for but a file is named nowhere."""
     if tls_dir is None and ca is None and cert is None and key is None:
         return None
+    from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY  # certs issues them, with cryptography
+
     chosen = {"--tls-ca": ca or (tls_dir / CA_CERT if tls_dir else None),
               "--tls-cert": cert or (tls_dir / NODE_CERT if tls_dir else None),
               "--tls-key": key or (tls_dir / NODE_KEY if tls_dir else None)}
@@ -83,6 +86,8 @@ def _read(flag: str, path: Path) -> bytes:
 
 
 def _certificate(flag: str, path: Path, data: bytes) -> x509.Certificate:
+    from cryptography import x509
+
     try:
         return x509.load_pem_x509_certificate(data)
     except ValueError:
@@ -90,12 +95,16 @@ def _certificate(flag: str, path: Path, data: bytes) -> x509.Certificate:
 
 
 def common_name(cert: x509.Certificate) -> str:
+    from cryptography.x509.oid import NameOID
+
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     value = names[0].value if names else ""
     return value if isinstance(value, str) else value.decode(errors="replace")
 
 
 def dns_names(cert: x509.Certificate) -> list[str]:
+    from cryptography import x509
+
     try:
         return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
             x509.DNSName)
@@ -106,6 +115,11 @@ def dns_names(cert: x509.Certificate) -> list[str]:
 def load_tls(files: TlsFiles, node_id: str, now: dt.datetime | None = None) -> TlsMaterial:
     """Read and check the files: the CA is a CA, the certificate is signed by it, valid now, for
     ``node_id`` (CN and DNS name) and for both TLS roles, and the key is its key."""
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
     now = now or dt.datetime.now(dt.UTC)
     ca_pem, cert_pem = _read("--tls-ca", files.ca), _read("--tls-cert", files.cert)
     key_pem = _read("--tls-key", files.key)

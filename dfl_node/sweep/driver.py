@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dfl_node.plotting import require_matplotlib
 from dfl_node.sweep.execute import Outcome
 from dfl_node.sweep.grid import RunTask, expand
 from dfl_node.sweep.pool import run_pool
@@ -37,6 +38,7 @@ def run_sweep(grid_path: Path, out: Path, *, workers: int, ray: str | None = Non
     """Run every missing run of ``grid_path`` into ``out``; ``ray``: None (process pool of ``workers``),
     ``auto``, ``local`` or a cluster address (see :mod:`dfl_node.sweep.ray_runner`)."""
     tasks = expand(grid_path)
+    require_matplotlib("dfl-node sweep")  # its report's plots: fail before the runs, not after them
     if ray is not None:
         require_ray()
     out.mkdir(parents=True, exist_ok=True)

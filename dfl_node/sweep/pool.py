@@ -25,7 +25,7 @@ def _init_worker() -> None:
 
 # What a forkserver imports once for all its workers: the runner, and what datasets import only when loaded
 # (skipped if absent).
-PRELOAD = [execute_module.__name__, "sklearn.datasets", "sklearn.model_selection", "safetensors.torch"]
+PRELOAD = [execute_module.__name__, "safetensors.torch"]
 
 
 def _context() -> multiprocessing.context.BaseContext:

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.table import Table
 
+from dfl_node.plotting import use_agg
 from dfl_node.sweep.grid import RunTask
 
 Finished = list[tuple[RunTask, dict[str, Any]]]  # each finished run with its result JSON
@@ -81,9 +82,7 @@ def summary_table(rows: list[SummaryRow], title: str) -> Table:
 def plot_points(finished: Finished, out_dir: Path) -> list[Path]:
     """``<grid point>.png`` per grid point: global (left) and local (right) accuracy against rounds,
     one line per algorithm, the mean over seeds with a ± std band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    use_agg("dfl-node sweep")
     import matplotlib.pyplot as plt
 
     by_point: dict[str, dict[str, Finished]] = defaultdict(dict)
