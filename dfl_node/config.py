@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -40,6 +40,11 @@ def _partitions() -> Iterable[str]:
 
     return PARTITIONS
 
+
+WireDtype = Literal["exact", "float16", "int8"]  # how models' floating tensors travel: dfl_node.peering.wire_dtypes
+WIRE_DTYPE_HELP = ("how models' floating tensors travel: exact (as the model holds them), float16, or int8 (a "
+                   "symmetric scale per tensor): 1/2 or 1/4 of float32's bytes, for slow links, at some accuracy; "
+                   "the same on every node of a swarm (peers that differ refuse each other at Hello)")
 
 AlgorithmName = Annotated[str, Registered("algorithm", _algorithms)]
 DatasetName = Annotated[str, Registered("dataset", _datasets)]
@@ -82,6 +87,7 @@ class ExperimentConfig(LearningConfig):
                                         "what a transfer costs on each (\"default\": nodes of no class)")
     faults: FaultSchedule = Field(default_factory=FaultSchedule, description="simulate --mode: kills and "
                                   "partitions, in virtual seconds")
+    wire_dtype: WireDtype = Field("exact", description=WIRE_DTYPE_HELP)
 
     @model_validator(mode="after")
     def _dataset_defaults(self) -> ExperimentConfig:

@@ -5,7 +5,7 @@ writes valid transfers to start from (mutations of valid input reach far deeper 
 
 One input is a list of frames, each a 2-byte little-endian length and that many bytes, fed to a
 fresh :class:`MessageAssembler` exactly as a node's server feeds a Transfer stream (every frame
-through :func:`decode_frame`). The first byte says whether the harness fixes the header's sha256 up
+through :func:`decode_frame`). The first byte says whether the harness fixes the header's digest up
 to match the payload first: without it almost every mutation dies at the checksum, with it the
 fuzzer reaches the manifest, offsets and tensor building behind it.
 
@@ -49,13 +49,13 @@ def join_frames(frames: list[bytes], fix_sha: bool) -> bytes:
 
 
 def _fixed_sha(raw_frames: list[bytes]) -> list[bytes]:
-    """The frames with the header's sha256 set to that of the chunks' payload (what a sender would send)."""
+    """The frames with the header's digest (sha256) set to that of the chunks' payload (what a sender would send)."""
     decoded = [decode_frame(raw) for raw in raw_frames]
     payload = b"".join(bytes(f) for f in decoded if isinstance(f, memoryview))
     out = []
     for raw, frame in zip(raw_frames, decoded):
         if isinstance(frame, pb.Frame) and frame.WhichOneof("kind") == "header":
-            frame.header.sha256 = hashlib.sha256(payload).digest()
+            frame.header.digest = hashlib.sha256(payload).digest()
             raw = frame.SerializeToString()
         out.append(raw)
     return out

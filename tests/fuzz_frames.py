@@ -103,7 +103,7 @@ def _total_size(draw: st.DrawFn, h: pb.TransferHeader) -> None:
 
 
 def _digest(draw: st.DrawFn, h: pb.TransferHeader) -> None:
-    set_different(draw, h, "sha256", digests)
+    set_different(draw, h, "digest", digests)
 
 
 def _dtype(draw: st.DrawFn, h: pb.TransferHeader) -> None:

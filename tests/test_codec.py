@@ -44,7 +44,7 @@ def test_full_model_round_trip_is_exact_and_keeps_header_fields(decoded) -> None
     assert got.metadata == {"alpha": "0.5"} and got.model == ""
     assert header.epoch == 7 and header.swarm == SWARM and header.fingerprint == FP
     assert header.protocol_version == dfl_node.PROTOCOL_VERSION
-    assert header.total_size == msg.nbytes and len(header.sha256) == 32
+    assert header.total_size == msg.nbytes and len(header.digest) == 32 and header.hash == "sha256"
     state = {p.name: p.values.reshape(p.shape) for p in got.parts}
     for name, t in make_state().items():
         assert state[name].shape == t.shape and torch.equal(state[name], t)
@@ -81,7 +81,7 @@ def test_bool_payload_bytes_are_normalised() -> None:
     state = {"mask": torch.tensor([True, False, True])}
     frames = frames_of(make_msg(state))
     raw = b"\x02\x00\xff"  # a hostile sender's non-0/1 bools, with a correct sha256
-    frames[0].header.sha256 = hashlib.sha256(raw).digest()
+    frames[0].header.digest = hashlib.sha256(raw).digest()
     frames[1].chunk.data = raw
     _, got = feed_all(assembler(state), frames)
     assert got.parts[0].values.tolist() == [True, False, True]
@@ -123,7 +123,7 @@ def test_empty_tensors_and_empty_model() -> None:
     empty = ModelMessage("n", 0, "ping", 0, ())
     frames = frames_of(empty)
     assert len(frames) == 1 and frames[0].header.total_size == 0
-    assert frames[0].header.sha256 == hashlib.sha256(b"").digest()
+    assert frames[0].header.digest == hashlib.sha256(b"").digest()
     header, got = feed_all(assembler({}), frames)
     assert got.parts == () and header.sender == "n"
 

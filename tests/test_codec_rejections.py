@@ -141,7 +141,7 @@ def test_inconsistent_manifest_is_refused(mutate: Callable[[pb.TransferHeader], 
 
 def test_too_many_tensors_and_short_sha_are_refused() -> None:
     assert reject(assembler(limits=Limits(max_tensors=3)), frames_of(make_msg())) == ("bad_manifest", 0)
-    assert reject(assembler(), forged(lambda h: setattr(h, "sha256", b"\x00" * 31))) == ("bad_sha256", 0)
+    assert reject(assembler(), forged(lambda h: setattr(h, "digest", b"\x00" * 31))) == ("bad_sha256", 0)
 
 
 def test_truncated_trailing_and_corrupted_streams() -> None:
@@ -192,7 +192,7 @@ def test_pickle_payload_is_never_unpickled(monkeypatch: pytest.MonkeyPatch) -> N
     padded = payload + b"\x00" * (nbytes - len(payload))
     assert reject(assembler(state), attack(padded)) == ("bad_sha256", 2)
     # an attacker who also forges a matching sha256 gets numbers, not code execution
-    honest[0].header.sha256 = hashlib.sha256(padded).digest()
+    honest[0].header.digest = hashlib.sha256(padded).digest()
     _, got = feed_all(assembler(state), attack(padded))
     assert got.parts[0].values.dtype == torch.float32
     assert got.parts[0].values.numpy().tobytes() == padded

@@ -33,7 +33,7 @@ def test_other_encoders_chunks_still_decode_through_protobuf() -> None:
 
 
 def test_header_and_result_frames_decode_as_protobuf() -> None:
-    header = pb.Frame(header=pb.TransferHeader(sender="n1", total_size=5, sha256=b"\x01" * 32))
+    header = pb.Frame(header=pb.TransferHeader(sender="n1", total_size=5, digest=b"\x01" * 32))
     result = pb.Frame(result=pb.TransferResult(accepted=False, reason="busy"))
     for frame in (header, result):
         assert encode_frame(frame) == frame.SerializeToString() and wire_size(frame) == frame.ByteSize()

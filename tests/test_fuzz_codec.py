@@ -63,8 +63,9 @@ FIGURES = Figures("the codec, in-process", MIN_CODEC_INPUTS)
 MANIFEST = manifest_of(STATE)
 POOL = BufferPool()  # one pool across all cases, as a node keeps one
 CODEC_REASONS = {"unexpected_frame", "chunk_too_large", "trailing_data", "header_too_large", "protocol_version",
-                 "swarm_mismatch", "fingerprint_mismatch", "too_large", "bad_manifest", "bad_sha256", "unknown_tensor",
-                 "dtype_not_allowed", "shape_mismatch", "truncated", "non_finite"}
+                 "swarm_mismatch", "fingerprint_mismatch", "too_large", "bad_manifest", "bad_sha256", "bad_blake3",
+                 "hash_not_offered", "unknown_tensor", "wire_dtype_mismatch", "bad_scale", "dtype_not_allowed",
+                 "shape_mismatch", "truncated", "non_finite"}
 
 
 def receiver() -> MessageAssembler:

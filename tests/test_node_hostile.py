@@ -110,6 +110,7 @@ def _hello(t: Target, **changes: object) -> pb.HelloRequest:
     ({"fingerprint": "0" * 64}, "fingerprint_mismatch"),
     ({"model": "mlp:7"}, "architecture_mismatch"),
     ({"protocol_version": PROTOCOL_VERSION + 1}, "protocol_version"),
+    ({"wire_dtype": "int8"}, "wire_dtype_mismatch"),  # a lossy swarm's node, and we send exactly
 ])
 async def test_incompatible_peer_is_refused_at_hello(target: Target, change: dict, reason: str) -> None:
     reply = await target.stub.Hello(_hello(target, **change), timeout=5)
@@ -164,6 +165,23 @@ def _pickle_dtype(f: list[pb.Frame]) -> list[pb.Frame]:
     return [pb.Frame(header=header), *f[1:]]
 
 
+def _unknown_hash(f: list[pb.Frame]) -> list[pb.Frame]:
+    """A header naming a hash the node never offered (issue 21): refused at the header, with its name."""
+    header = pb.TransferHeader()
+    header.CopyFrom(f[0].header)
+    header.hash = "md5"
+    return [pb.Frame(header=header), *f[1:]]
+
+
+def _lossy_entry(f: list[pb.Frame]) -> list[pb.Frame]:
+    """An entry that says it travels as int8 to a node whose wire is exact: refused before any decoding."""
+    header = pb.TransferHeader()
+    header.CopyFrom(f[0].header)
+    header.manifest[0].encoding = "int8"
+    header.manifest[0].scale = 0.01
+    return [pb.Frame(header=header), *f[1:]]
+
+
 @pytest.mark.parametrize(("tamper", "reason"), [
     (_truncated, "truncated"),
     (_bad_sha, "bad_sha256"),
@@ -171,6 +189,8 @@ def _pickle_dtype(f: list[pb.Frame]) -> list[pb.Frame]:
     (_wrong_shape, "shape_mismatch"),
     (_pickle_payload, "truncated"),
     (_pickle_dtype, "dtype_not_allowed"),
+    (_unknown_hash, "hash_not_offered"),
+    (_lossy_entry, "wire_dtype_mismatch"),
 ])
 async def test_bad_transfer_is_rejected_and_node_keeps_serving(target: Target, tamper, reason: str) -> None:
     digest = target.node.state.digest

@@ -19,7 +19,7 @@ import grpc
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Role
 from dfl_node.net.auth import Authenticator
-from dfl_node.net.codec import assemble
+from dfl_node.net.codec import DEFAULT_HASH, assemble, negotiate
 from dfl_node.net.convert import from_wire, to_wire, transfer_result
 from dfl_node.net.frames import ReadFrame, WireFrame, wire_size
 from dfl_node.net.proto import dfl_pb2 as pb
@@ -58,6 +58,7 @@ class DflServicer(pb_grpc.DflNodeServicer):
 
     async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloReply:
         reply = to_wire(self.node.hello(from_wire(request, Hello), context.peer(), self.auth.hello(request, context)))
+        reply.hashes[:] = self.node.wire.hashes  # what the peer's pushes may carry (codec.negotiate)
         self.auth.sign(request, reply)
         return reply
 
@@ -119,11 +120,11 @@ class DflServicer(pb_grpc.DflNodeServicer):
         except TransferRejected as exc:  # the group ended without fusing it: an error status, never a clean end
             await context.abort(grpc.StatusCode.ABORTED, f"{exc.reason}: {exc.detail}")
         if reply is not None:
-            async for frame in self._stream(reply):
+            async for frame in self._stream(reply, header.hash or DEFAULT_HASH):  # the sender's own: it takes it
                 yield frame
 
-    async def _stream(self, message: ModelMessage) -> AsyncIterator[WireFrame]:
-        outgoing = await asyncio.to_thread(self.node.wire.prepare, message)
+    async def _stream(self, message: ModelMessage, hash: str) -> AsyncIterator[WireFrame]:
+        outgoing = await asyncio.to_thread(self.node.wire.prepare, message, 0, hash)
         sent = 0
         for frame in outgoing.frames():
             sent += wire_size(frame)
@@ -140,7 +141,7 @@ class DflServicer(pb_grpc.DflNodeServicer):
             self._refused(exc.reason, exc.detail, request.aggregator[:64] or context.peer())
             yield pb.Frame(result=transfer_result(exc))
             return
-        async for frame in self._stream(message):
+        async for frame in self._stream(message, negotiate(self.node.wire.hashes, request.hashes)):
             yield frame
 
     async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeReply:
@@ -177,7 +178,8 @@ async def _idle_limited(frames: AsyncIterator[ReadFrame], timeout: float) -> Asy
     iterator = aiter(frames)
     while True:
         try:
-            frame = await asyncio.wait_for(anext(iterator), timeout)
+            async with asyncio.timeout(timeout):  # no task per frame, as wait_for would start: ~100 per 100 MB
+                frame = await anext(iterator)
         except StopAsyncIteration:
             return
         except TimeoutError:

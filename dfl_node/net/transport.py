@@ -19,7 +19,7 @@ import grpc
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.auth import NO_SECURITY, Security
-from dfl_node.net.codec import Outgoing, assemble
+from dfl_node.net.codec import DEFAULT_HASH, Outgoing, assemble, negotiate
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.net.frames import ReadFrame, WireFrame, decode_frame, encode_frame, wire_size
 from dfl_node.net.proto import dfl_pb2 as pb
@@ -128,6 +128,9 @@ class PeerClient:
     A push or a pull first waits for the channel to connect, for at most ``connect_timeout`` seconds: the
     calls themselves wait for a ready channel (``wait_for_ready``) up to their whole deadline, so a peer that
     does not accept the connection would otherwise hold the caller's role for a round timeout.
+
+    Every Hello offers our payload hashes and learns the peer's (:attr:`hash`: what a push to it carries;
+    sha256 until the peer has answered a Hello, or for a peer that offers none we know); a pull offers ours.
     """
 
     def __init__(self, address: str, wire: WireIdentity, security: Security = NO_SECURITY,
@@ -150,6 +153,7 @@ class PeerClient:
         self.challenge: bytes | None = None  # swarm key: the peer's last challenge, answered by our next Hello
         self.authenticated = False  # swarm key: whether our connection proved it (the peer accepted our Hello)
         self.hello_message = hello_message
+        self.hash = DEFAULT_HASH  # the payload digest our pushes to this peer carry (negotiated in Hello)
         self._auth_lock = asyncio.Lock()
         self.stub = pb_grpc.DflNodeStub(self.channel)
         self.transfer = self.channel.stream_stream(
@@ -171,6 +175,13 @@ class PeerClient:
             raise _unreachable(exc, timeout) from exc
 
     async def _hello(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
+        """Our hashes offered, and the one our pushes carry learnt from the reply (:meth:`_hello_once`)."""
+        request.hashes[:] = self.wire.hashes
+        reply = await self._hello_once(request, timeout)
+        self.hash = negotiate(self.wire.hashes, reply.hashes)
+        return reply
+
+    async def _hello_once(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
         """With a swarm key: signed with the peer's last challenge (at first contact the peer answers
         ``auth_required`` with one and we ask again), and the reply must prove the key over our nonce,
         else :class:`~dfl_node.peering.errors.PeerUnauthenticated`."""
@@ -250,7 +261,7 @@ class PeerClient:
         Raises :class:`TransferRefused` when the peer refuses (``closed``: our channel closed under the call,
         as our node stops), :class:`PeerUnreachable` when it cannot be reached.
         """
-        outgoing = await asyncio.to_thread(self.wire.prepare, message, epoch)
+        outgoing = await asyncio.to_thread(self.wire.prepare, message, epoch, self.hash)
         return await self.send(outgoing, timeout=timeout, on_accepted=on_accepted)
 
     async def send(self, outgoing: Outgoing, *, timeout: float,
@@ -292,6 +303,7 @@ class PeerClient:
         :class:`PeerUnreachable` when it is unreachable or dies mid-stream.
         """
         wire_request = to_wire(request)
+        wire_request.hashes[:] = self.wire.hashes  # the source's model comes with a digest we accept
         return await self._call(lambda: self._pull(wire_request, timeout=timeout), timeout)
 
     async def _pull(self, request: pb.PullRequest, *, timeout: float) -> tuple[ModelMessage, int]:

@@ -10,8 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dfl_node.algorithms.messages import ModelMessage, on_device
-from dfl_node.net.codec import BufferPool, Limits, Manifest, MessageAssembler, Outgoing, Resolver, prepare
+from dfl_node.net.codec import (
+    DEFAULT_HASH,
+    OFFERED_HASHES,
+    BufferPool,
+    Limits,
+    Manifest,
+    MessageAssembler,
+    Outgoing,
+    Resolver,
+    prepare,
+)
 from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.peering.wire_dtypes import EXACT
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DflNode"].full_name
 
@@ -32,7 +43,9 @@ def channel_options(limits: Limits) -> list[tuple[str, int]]:
 @dataclass(frozen=True)
 class WireIdentity:
     """What a received model must agree with: our swarm, and our architecture (``model``, its fingerprint
-    and manifest) or another one that ``resolve`` builds from our registry for an algorithm that fuses it."""
+    and manifest) or another one that ``resolve`` builds from our registry for an algorithm that fuses it;
+    a digest under one of the ``hashes`` we offer; and floating tensors encoded as our ``wire_dtype`` sends
+    them (:mod:`dfl_node.peering.wire_dtypes`), which is also how we encode ours."""
 
     swarm: str
     model: str
@@ -41,11 +54,14 @@ class WireIdentity:
     limits: Limits
     resolve: Resolver | None = field(default=None, compare=False)
     buffers: BufferPool = field(default_factory=BufferPool, compare=False)  # receive buffers, reused across transfers
+    hashes: tuple[str, ...] = OFFERED_HASHES  # the payload digests we accept, preferred first (codec.negotiate)
+    wire_dtype: str = EXACT
 
     def assembler(self) -> MessageAssembler:
         return MessageAssembler(
             swarm=self.swarm, fingerprint=self.fingerprint, manifest=self.manifest, limits=self.limits,
-            buffers=self.buffers, model=self.model, resolve=self.resolve,
+            buffers=self.buffers, model=self.model, resolve=self.resolve, hashes=self.hashes,
+            wire_dtype=self.wire_dtype,
         )  # fmt: skip
 
     def fingerprint_of(self, model: str) -> str:
@@ -57,10 +73,12 @@ class WireIdentity:
             raise ValueError(f"{model!r} is not our architecture ({self.model})")
         return self.resolve(model)[0]
 
-    def prepare(self, message: ModelMessage, epoch: int = 0) -> Outgoing:
-        """The frames of ``message``, encoded from CPU tensors (a model on another device is copied here)."""
+    def prepare(self, message: ModelMessage, epoch: int = 0, hash: str = DEFAULT_HASH) -> Outgoing:
+        """The frames of ``message`` with a digest under ``hash`` (one the receiver offered), encoded from CPU
+        tensors (a model on another device is copied here) as our wire dtype sends them."""
         message = on_device(message, "cpu")
-        return prepare(message, swarm=self.swarm, fingerprint=self.fingerprint_of(message.model), epoch=epoch)
+        return prepare(message, swarm=self.swarm, fingerprint=self.fingerprint_of(message.model), epoch=epoch,
+                       hash=hash, wire_dtype=self.wire_dtype)
 
 
 def wire_bytes(header: pb.TransferHeader) -> int:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dfl_node.config import AlgorithmName, LearningConfig
+from dfl_node.config import WIRE_DTYPE_HELP, AlgorithmName, LearningConfig, WireDtype
 from dfl_node.learning.settings import DATASET_DEPENDENT
 from dfl_node.net.announcement import parse_peer
 
@@ -93,6 +93,7 @@ class NodeConfig(LearningConfig):
                                   "(it never holds a role or a buffer)")
     max_buffered_mb: float = Field(2048.0, gt=0, description="an aggregator buffers at most this many MB of received "
                                    "models at once; further senders are refused (over_memory)")
+    wire_dtype: WireDtype = Field("exact", description=WIRE_DTYPE_HELP)
     min_accuracy: float = Field(0.0, ge=0, le=1, description="refuse a received whole model whose accuracy on this "
                                 "node's validation split is below this (low_accuracy); 0: no accuracy gate")
     history_limit: int = Field(2048, ge=1, description="/history and the checkpoint keep this many newest events "

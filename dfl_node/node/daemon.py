@@ -90,7 +90,8 @@ class Node:
         self.fingerprint = fingerprint(config.model, layout)
         self._layouts: dict[str, tuple[str, Manifest]] = {}
         resolve = self._layout_of if self.algorithm.architectures == "any" else None
-        self.wire = WireIdentity(config.swarm, str(spec), self.fingerprint, manifest_of(layout), Limits(), resolve)
+        self.wire = WireIdentity(config.swarm, str(spec), self.fingerprint, manifest_of(layout), Limits(), resolve,
+                                 wire_dtype=config.wire_dtype)
         self.grpc_address = config.grpc_address
         self.checkpoint = Checkpoint(config.state_path, fsync=config.fsync)
         self.state = NodeState(history=deque(maxlen=config.history_limit))

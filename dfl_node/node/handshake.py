@@ -3,7 +3,8 @@
 A peer is compatible when it speaks our protocol version, is in our swarm, runs our algorithm and
 runs an architecture that algorithm can fuse with ours (identical for Def-KT/FullAvg/Combo, any
 registry model for FedAvg's clusters), with the fingerprint our own registry gives that
-architecture. Hello also carries a node's profile (architecture, sample count) for round plans,
+architecture, and sends models as our wire does (``--wire-dtype``: a lossy setting is the swarm's, not
+a node's). Hello also carries a node's profile (architecture, sample count) for round plans,
 and catches a second live node with our id: while starting, that stops the start; afterwards it
 is logged once per impostor and counted.
 
@@ -21,6 +22,7 @@ from dfl_node import PROTOCOL_VERSION
 from dfl_node.net.psk import AUTH_REQUIRED, same_endpoint
 from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
 from dfl_node.peering.messages import Hello, HelloReply, Progress
+from dfl_node.peering.wire_dtypes import EXACT
 
 if TYPE_CHECKING:
     from dfl_node.node.daemon import Node
@@ -40,11 +42,12 @@ class Handshake:
         return Hello(protocol_version=PROTOCOL_VERSION, swarm=cfg.swarm, node_id=cfg.id, fingerprint=node.fingerprint,
                      algorithm=cfg.algorithm, boot_id=node.boot_id, grpc_address=node.grpc_address,
                      http_port=cfg.http_port, status_url=cfg.status_url or "", model=node.wire.model,
-                     num_samples=node.ctx.num_samples)
+                     num_samples=node.ctx.num_samples, wire_dtype=node.wire.wire_dtype, progress=node.progress())
 
     def reply(self, accepted: bool, reason: str = "", progress: Progress | None = None) -> HelloReply:
         """Our answer to a Hello: who we are, and our verdict on the peer."""
-        return HelloReply(**vars(self.message()), accepted=accepted, reason=reason, progress=progress or Progress())
+        return HelloReply(**{**vars(self.message()), "progress": progress or Progress()}, accepted=accepted,
+                          reason=reason)
 
     def incompatibility(self, other: Hello) -> str | None:
         node = self.node
@@ -54,6 +57,8 @@ class Handshake:
             return "swarm_mismatch"
         if other.algorithm != node.config.algorithm:
             return "algorithm_mismatch"
+        if (other.wire_dtype or EXACT) != node.wire.wire_dtype:
+            return "wire_dtype_mismatch"
         try:
             expected = node.wire.fingerprint_of(other.model)
         except ValueError:
@@ -84,10 +89,10 @@ class Handshake:
     def _refused(self, reason: str, other: Hello, where: str) -> None:
         node = self.node
         node.state.rejected[reason] += 1
-        node.refusals.warning(reason, "refused %s (%s) at hello: %s (theirs swarm=%r model=%r fingerprint=%s…, "
-                    "ours swarm=%r "
-                    "model=%r fingerprint=%s…)", other.node_id, where, reason, other.swarm, other.model,
-                    other.fingerprint[:12], node.config.swarm, node.wire.model, node.fingerprint[:12])
+        node.refusals.warning(reason, "refused %s (%s) at hello: %s (theirs swarm=%r model=%r fingerprint=%s… "
+                    "wire dtype=%s, ours swarm=%r model=%r fingerprint=%s… wire dtype=%s)", other.node_id, where,
+                    reason, other.swarm, other.model, other.fingerprint[:12], (other.wire_dtype or EXACT)[:16],
+                    node.config.swarm, node.wire.model, node.fingerprint[:12], node.wire.wire_dtype)
 
     async def probe(self, address: str) -> HelloReply | None:
         """Heartbeat: our Hello to ``address``; only compatible peers count as alive. Whether anything answered

@@ -140,12 +140,11 @@ class PeerTable:
         peer.address, peer.http_port, peer.boot_id = reply.grpc_address, reply.http_port, reply.boot_id
         peer.status_url, peer.model, peer.num_samples = reply.status_url, reply.model, reply.num_samples
         peer.last_seen, peer.heard_at, peer.alive = now, heard_at, True
-        if isinstance(reply, HelloReply):
-            before, peer.progress = peer.progress, reply.progress
-            if not reply.progress.holding:
-                peer.holding_since = None
-            elif before is None or not before.holding or before.epoch != reply.progress.epoch:
-                peer.holding_since = now
+        before, peer.progress = peer.progress, reply.progress  # a request's as a reply's: both are heartbeats
+        if not reply.progress.holding:
+            peer.holding_since = None
+        elif before is None or not before.holding or before.epoch != reply.progress.epoch:
+            peer.holding_since = now
         if rejoined:
             log.info("peer %s at %s is alive", peer.id, peer.address)
             asyncio.get_running_loop().create_task(self._notify())
@@ -220,10 +219,19 @@ class PeerTable:
                     self.on_forget(address)
 
     async def run(self) -> None:
-        """Heartbeat every known address; expire peers silent for longer than ``timeout``."""
+        """Heartbeat every known address; expire peers silent for longer than ``timeout``.
+
+        Between two confirmed peers one Hello per heartbeat is enough: the node with the lower id sends it,
+        and the other hears its identity and progress from it (and the reply tells the sender the same). The
+        higher id sends one only when it has not heard from its peer for 1.5 heartbeats — the peer does not
+        know it, or cannot reach it — so a pair's heartbeats cost half what they did, which was most of an
+        idle node's CPU, and a silent peer is still found out within ``timeout``."""
         while True:
+            now = self.clock.monotonic()
+            quiet = {p.address for p in self.peers.values()
+                     if p.alive and p.id < self.self_id and now - p.heard_at < 1.5 * self.heartbeat}
             addresses = ({p.address for p in self.peers.values()} | set(self.static)
-                         | {a for a, _ in self.pending.values()})
+                         | {a for a, _ in self.pending.values()}) - quiet
             await asyncio.gather(*(self.probe(a) for a in addresses))
             self.prune()
             await asyncio.sleep(self.heartbeat)

@@ -3,15 +3,31 @@
 Each mirrors one message of ``proto/dfl/v1/dfl.proto`` field by field, under the same names (so
 :mod:`dfl_node.net.convert` converts them generically) and with protobuf's defaults (so a message
 that leaves a field out means what it means on the wire). What only the wire needs stays on the wire:
-a Hello's swarm-key nonces and proofs (:mod:`dfl_node.net.psk`), a transfer's manifest and sha256
-(:mod:`dfl_node.net.codec`). Maps are typed as read-only mappings and repeated fields are tuples: a
-message that crossed to a node is never changed there.
+a Hello's swarm-key nonces and proofs (:mod:`dfl_node.net.psk`), the payload hashes a Hello or a pull offers,
+a transfer's manifest and digest (:mod:`dfl_node.net.codec`). Maps are typed as read-only mappings and
+repeated fields are tuples: a message that crossed to a node is never changed there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """Where a node stands, as every Hello and HelloReply says: read when a token is lost (round mode) and shown
+    on fleet pages (both modes)."""
+
+    round: int = 0  # rounds completed as far as this node knows
+    epoch: int = 0  # the newest token epoch it has seen
+    holding: bool = False  # it holds the token of that epoch now
+    done: bool = False  # the fleet reached its last round
+    state: Mapping[str, str] = field(default_factory=dict)  # the algorithm state the token for ``round`` carries
+    busy: bool = False  # it plays a role now: its fusion may still complete a round
+    role: str = ""  # for fleet pages: its role now
+    local_accuracy: float | None = None  # for fleet pages: None until evaluated
+    global_accuracy: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,31 +45,16 @@ class Hello:
     status_url: str = ""
     model: str = ""  # architecture spec, e.g. "cnn-ln:32,64"
     num_samples: int = 0  # training samples: the node's profile, read by round plans
-
-
-@dataclass(frozen=True, kw_only=True)
-class Progress:
-    """Where a node stands, as every HelloReply says: read when a token is lost (round mode) and shown on fleet
-    pages (both modes)."""
-
-    round: int = 0  # rounds completed as far as this node knows
-    epoch: int = 0  # the newest token epoch it has seen
-    holding: bool = False  # it holds the token of that epoch now
-    done: bool = False  # the fleet reached its last round
-    state: Mapping[str, str] = field(default_factory=dict)  # the algorithm state the token for ``round`` carries
-    busy: bool = False  # it plays a role now: its fusion may still complete a round
-    role: str = ""  # for fleet pages: its role now
-    local_accuracy: float | None = None  # for fleet pages: None until evaluated
-    global_accuracy: float | None = None
+    wire_dtype: str = ""  # how its floating tensors travel (dfl_node.peering.wire_dtypes); "": exact, an older node
+    progress: Progress = field(default_factory=Progress)  # where it stands: a Hello is a heartbeat both ways
 
 
 @dataclass(frozen=True, kw_only=True)
 class HelloReply(Hello):
-    """A peer's answer to our Hello: its own identity, whether it accepts us, and its progress."""
+    """A peer's answer to our Hello: its own identity and progress, and whether it accepts us."""
 
     accepted: bool = False
     reason: str = ""  # short stable code when not accepted, e.g. "swarm_mismatch"
-    progress: Progress = field(default_factory=Progress)
 
 
 @dataclass(frozen=True, kw_only=True)

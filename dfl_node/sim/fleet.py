@@ -66,8 +66,8 @@ class VirtualFleet:
         :func:`~dfl_node.node.service.run_node` runs it (its first evaluation, its heartbeats, its scheduler)."""
         config = self.configs[node_id]
         address = self.addresses[node_id]
-        node = Node(config, network=self.fabric.endpoint(address, connect_timeout=config.connect_timeout),
-                    clock=self.clock)
+        node = Node(config, network=self.fabric.endpoint(address, connect_timeout=config.connect_timeout,
+                                                         wire_dtype=config.wire_dtype), clock=self.clock)
         self.fabric.serve(address, node.requests)
         node.handshake.starting = False
         self.nodes[node_id] = node

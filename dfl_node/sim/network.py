@@ -15,7 +15,8 @@ does — same order, same counting, same errors — so node code cannot tell the
   then the reply future (a failure is the servicer's ``ABORTED``: :class:`PeerUnreachable`); epoch checks
   happen in the handler, as they do over gRPC;
 * models cross without serialization, but copied (a receiver over gRPC gets tensors of its own; a shared one
-  would change under it when the sender trains on), and counted as the wire would count them:
+  would change under it when the sender trains on), as the codec decodes them on a lossy ``--wire-dtype``
+  (:func:`~dfl_node.peering.wire_dtypes.through`), and counted as the wire would count them:
   :func:`wire_size`, payload plus a header estimate;
 * reaching a peer fails as gRPC fails: a Hello to a dead address at once (connection refused), one across a
   partition at its deadline; the round RPCs wait for the peer to become reachable up to their deadline
@@ -40,6 +41,7 @@ from dfl_node.peering.errors import UNCOUNTED_REFUSALS, PeerUnreachable, Transfe
 from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, PullRequest, Token
 from dfl_node.peering.port import PeerHandler
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
+from dfl_node.peering.wire_dtypes import EXACT, payload_bytes, through
 
 T = TypeVar("T")
 
@@ -58,14 +60,16 @@ def current_node() -> str | None:
     return _OWNER.get()
 
 
-def wire_size(message: ModelMessage) -> int:
-    """The bytes ``message`` would take on the wire: its payload plus an estimate of its header."""
-    return message.nbytes + HEADER_BYTES + PART_HEADER_BYTES * len(message.parts)
+def wire_size(message: ModelMessage, wire_dtype: str = EXACT) -> int:
+    """The bytes ``message`` would take on a ``wire_dtype`` wire: its payload plus an estimate of its header."""
+    return payload_bytes(message, wire_dtype) + HEADER_BYTES + PART_HEADER_BYTES * len(message.parts)
 
 
-def _copied(message: ModelMessage) -> ModelMessage:
-    """``message`` with tensors of its own, as a receiver over gRPC has them (no serialization, one copy)."""
-    return replace(message, parts=tuple(replace(p, values=p.values.detach().clone()) for p in message.parts),
+def _copied(message: ModelMessage, wire_dtype: str = EXACT) -> ModelMessage:
+    """``message`` with tensors of its own, as a receiver over gRPC has them (no serialization, one copy), and
+    decoded as the codec decodes a lossy ``wire_dtype``."""
+    crossed = through(message, wire_dtype)
+    return replace(crossed, parts=tuple(replace(p, values=p.values.detach().clone()) for p in crossed.parts),
                    metadata=dict(message.metadata))
 
 
@@ -127,9 +131,10 @@ class MemoryFabric:
         return asyncio.get_running_loop().create_task(work, context=self._as(address))
 
     # ----- the fleet ----------------------------------------------------------------------
-    def endpoint(self, address: str, *, connect_timeout: float = 5.0) -> MemoryNetwork:
-        """The network of the node that will serve at ``address`` (:meth:`serve` it once it is built)."""
-        return MemoryNetwork(self, address, connect_timeout)
+    def endpoint(self, address: str, *, connect_timeout: float = 5.0, wire_dtype: str = EXACT) -> MemoryNetwork:
+        """The network of the node that will serve at ``address`` (:meth:`serve` it once it is built); its models
+        and those sent to it cross as a ``wire_dtype`` wire delivers them (the same on every node: Hello)."""
+        return MemoryNetwork(self, address, connect_timeout, wire_dtype)
 
     def serve(self, address: str, handler: PeerHandler) -> None:
         """``handler`` answers at ``address`` from now on (a node started, or restarted)."""
@@ -207,8 +212,9 @@ class MemoryFabric:
 class MemoryNetwork:
     """One node's side of the fabric: the :class:`~dfl_node.peering.port.PeerNetwork` it is given."""
 
-    def __init__(self, fabric: MemoryFabric, address: str, connect_timeout: float) -> None:
+    def __init__(self, fabric: MemoryFabric, address: str, connect_timeout: float, wire_dtype: str = EXACT) -> None:
         self.fabric, self.address, self.connect_timeout = fabric, address, connect_timeout
+        self.wire_dtype = wire_dtype
         self.names: dict[str, str] = {}  # identities are the wire's business (mTLS): unused here
         self.links: dict[str, MemoryLink] = {}
 
@@ -232,6 +238,7 @@ class MemoryLink:
     def __init__(self, network: MemoryNetwork, address: str) -> None:
         self.fabric, self.src, self.dst = network.fabric, network.address, address
         self.connect_timeout = network.connect_timeout
+        self.wire_dtype = network.wire_dtype
 
     def _handler(self) -> PeerHandler:
         handler = self.fabric.handlers.get(self.dst)
@@ -313,16 +320,16 @@ class MemoryLink:
     async def _transfer(self, handler: PeerHandler, message: ModelMessage, epoch: int,
                         on_accepted: Callable[[], None] | None) -> tuple[ModelMessage | None, int, int]:
         """The server's side of a push, in :meth:`DflServicer.Transfer`'s order (see the module's docstring)."""
-        size = wire_size(message)
+        size = wire_size(message, self.wire_dtype)
         offer = Offer(sender=message.sender, round=message.round, epoch=epoch, purpose=message.purpose,
-                      model=message.model, total_size=message.nbytes)
+                      model=message.model, total_size=payload_bytes(message, self.wire_dtype))
         await self._travel()  # the header
         intake = None
         try:
             intake = await handler.admit(offer)
             await self._travel(size - HEADER_BYTES)  # the payload
             handler.on_transferred(0, size)
-            pending = await intake.deliver(_copied(message))
+            pending = await intake.deliver(_copied(message, self.wire_dtype))
             intake = None  # delivered: from here the aggregator owns it, even if this call is cancelled
         except TransferRejected as exc:
             handler.on_rejected(exc.reason, exc.detail, message.sender)
@@ -339,10 +346,10 @@ class MemoryLink:
             raise PeerUnreachable("aborted", f"{exc.reason}: {exc.detail}") from exc
         if reply is None:
             return None, size, 0
-        received = wire_size(reply)
+        received = wire_size(reply, self.wire_dtype)
         handler.on_transferred(received, 0)
         await self._travel(received, back=True)
-        return _copied(reply), size, received
+        return _copied(reply, self.wire_dtype), size, received
 
     async def pull(self, request: PullRequest, *, timeout: float) -> tuple[ModelMessage, int]:
         await self._connect()
@@ -356,10 +363,10 @@ class MemoryLink:
                 if exc.reason not in UNCOUNTED_REFUSALS:
                     handler.on_rejected(exc.reason, exc.detail, request.aggregator[:64] or self.src)
                 raise TransferRefused(exc.reason, exc.detail) from exc
-            size = wire_size(message)
+            size = wire_size(message, self.wire_dtype)
             handler.on_transferred(size, 0)
             await self._travel(size, back=True)
-            return _copied(message), size
+            return _copied(message, self.wire_dtype), size
 
         return await self.fabric.call(self.dst, served(), timeout)
 

@@ -54,7 +54,7 @@ class Simulation:
         self.test = fleet.test.to(self.device)
         for ctx in self.nodes.values():
             equip(self.algorithm, ctx, config.seed)  # the algorithm's extra models (DFML's peak, FML's meme)
-        self.transport = InMemoryTransport(self.algorithm, self.nodes)
+        self.transport = InMemoryTransport(self.algorithm, self.nodes, config.wire_dtype)
         self.state: dict[str, str] = {}  # the algorithm state a round token would carry
 
     def plan(self, round_: int) -> RoundPlan:

@@ -133,6 +133,7 @@ def plan_fleet(
             data=shards / node.id, test_data=shards / TEST_FILE, algorithm=algorithm, mode=mode,
             host=node.host, grpc_port=node.grpc_port, http_port=node.http_port, swarm=swarm, mdns=mdns, peers=peers,
             state_dir=node.state_dir, min_peers=len(nodes) - 1, rounds=config.rounds, eval_every=config.eval_every,
+            wire_dtype=config.wire_dtype,
             # REST on the address the node serves on: the driver polls node.url, from another namespace with --netns
             http_host=node.host,
             # off loopback (--netns) the nodes serve a bridge inside this machine that only the testbed's namespaces

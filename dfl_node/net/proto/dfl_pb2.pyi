@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HelloRequest(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "auth_nonce", "auth_challenge", "auth_proof")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "auth_nonce", "auth_challenge", "auth_proof", "wire_dtype", "hashes", "progress")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,9 @@ class HelloRequest(_message.Message):
     AUTH_NONCE_FIELD_NUMBER: _ClassVar[int]
     AUTH_CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     AUTH_PROOF_FIELD_NUMBER: _ClassVar[int]
+    WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -36,10 +39,13 @@ class HelloRequest(_message.Message):
     auth_nonce: bytes
     auth_challenge: bytes
     auth_proof: bytes
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_challenge: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ...) -> None: ...
+    wire_dtype: str
+    hashes: _containers.RepeatedScalarFieldContainer[str]
+    progress: RoundProgress
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_challenge: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "auth_nonce", "auth_proof", "progress")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "auth_nonce", "auth_proof", "progress", "wire_dtype", "hashes")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +62,8 @@ class HelloReply(_message.Message):
     AUTH_NONCE_FIELD_NUMBER: _ClassVar[int]
     AUTH_PROOF_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -72,10 +80,12 @@ class HelloReply(_message.Message):
     auth_nonce: bytes
     auth_proof: bytes
     progress: RoundProgress
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ...) -> None: ...
+    wire_dtype: str
+    hashes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TensorEntry(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "start", "count", "offset", "nbytes")
+    __slots__ = ("name", "dtype", "shape", "start", "count", "offset", "nbytes", "encoding", "scale")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +93,8 @@ class TensorEntry(_message.Message):
     COUNT_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -90,10 +102,12 @@ class TensorEntry(_message.Message):
     count: int
     offset: int
     nbytes: int
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+    encoding: str
+    scale: float
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., encoding: _Optional[str] = ..., scale: _Optional[float] = ...) -> None: ...
 
 class TransferHeader(_message.Message):
-    __slots__ = ("sender", "swarm", "protocol_version", "round", "purpose", "fingerprint", "manifest", "total_size", "sha256", "num_samples", "metadata", "epoch", "model")
+    __slots__ = ("sender", "swarm", "protocol_version", "round", "purpose", "fingerprint", "manifest", "total_size", "digest", "hash", "num_samples", "metadata", "epoch", "model")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,7 +123,8 @@ class TransferHeader(_message.Message):
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
-    SHA256_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -122,12 +137,13 @@ class TransferHeader(_message.Message):
     fingerprint: str
     manifest: _containers.RepeatedCompositeFieldContainer[TensorEntry]
     total_size: int
-    sha256: bytes
+    digest: bytes
+    hash: str
     num_samples: int
     metadata: _containers.ScalarMap[str, str]
     epoch: int
     model: str
-    def __init__(self, sender: _Optional[str] = ..., swarm: _Optional[str] = ..., protocol_version: _Optional[int] = ..., round: _Optional[int] = ..., purpose: _Optional[str] = ..., fingerprint: _Optional[str] = ..., manifest: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., total_size: _Optional[int] = ..., sha256: _Optional[bytes] = ..., num_samples: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., epoch: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+    def __init__(self, sender: _Optional[str] = ..., swarm: _Optional[str] = ..., protocol_version: _Optional[int] = ..., round: _Optional[int] = ..., purpose: _Optional[str] = ..., fingerprint: _Optional[str] = ..., manifest: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., total_size: _Optional[int] = ..., digest: _Optional[bytes] = ..., hash: _Optional[str] = ..., num_samples: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., epoch: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("data",)
@@ -223,7 +239,7 @@ class RoundAssignment(_message.Message):
     def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., role: _Optional[str] = ..., aggregator: _Optional[str] = ..., aggregator_address: _Optional[str] = ..., state: _Optional[_Mapping[str, str]] = ..., senders: _Optional[_Iterable[str]] = ..., pull: _Optional[bool] = ..., deadline_s: _Optional[float] = ..., candidates: _Optional[_Iterable[str]] = ..., addresses: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("aggregator", "swarm", "round", "epoch", "state")
+    __slots__ = ("aggregator", "swarm", "round", "epoch", "state", "hashes")
     class StateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -236,12 +252,14 @@ class PullRequest(_message.Message):
     ROUND_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
     aggregator: str
     swarm: str
     round: int
     epoch: int
     state: _containers.ScalarMap[str, str]
-    def __init__(self, aggregator: _Optional[str] = ..., swarm: _Optional[str] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., state: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    hashes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, aggregator: _Optional[str] = ..., swarm: _Optional[str] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., state: _Optional[_Mapping[str, str]] = ..., hashes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProbeRequest(_message.Message):
     __slots__ = ("sender", "swarm", "round", "epoch", "mode", "dtype", "shape", "samples", "labels")
