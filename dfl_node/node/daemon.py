@@ -118,6 +118,8 @@ class Node:
         self.checkpoint.lock.acquire()
         try:
             self._restore()
+            if self.checkpoint.generation is None:  # a new node: its w0 is what a failed first role goes back to
+                self._save(self.state.durable(), None)
             self.state.digest = param_digest(self.ctx.model.state_dict())
             self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
             self.requests = PeerRequests(self)  # what the gRPC server calls
@@ -185,6 +187,16 @@ class Node:
         durable = self.state.durable()
         async with self._saving:
             await asyncio.to_thread(self._save, durable, snapshot)
+
+    async def restore_durable(self) -> None:
+        """Put the models back as the newest checkpoint has them: a role that did not complete leaves nothing
+        that lasts. Every change is checkpointed before the next role starts (and a node checkpoints its ``w0``
+        when it has none), so that is the model the role found — read back from disk rather than copied before
+        every role, which held one more model in memory for the whole role."""
+        saved = await asyncio.to_thread(self.checkpoint.load, self.fingerprint)
+        if saved is None:  # __init__ wrote one: the folder was emptied under the running node
+            raise RuntimeError(f"{self.config.id}: no checkpoint to restore the model from")
+        self.ctx.restore_checkpoint({name: tensor.to(self.device) for name, tensor in saved[0].items()})
 
     def _save(self, durable: dict[str, Any], snapshot: dict[str, torch.Tensor] | None) -> None:
         state = self.ctx.checkpoint_state() if snapshot is None else snapshot

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load, save
+from safetensors.torch import load, save_file
 
 from dfl_node.errors import OperatorError
 from dfl_node.node.state_lock import StateLock
@@ -53,6 +53,17 @@ def _write(path: Path, data: bytes, fsync: bool) -> None:
             os.fsync(f.fileno())
 
 
+def _sha256_and_sync(path: Path, fsync: bool) -> str:
+    """The sha256 of a file just written, read back in chunks (never whole in memory); fsynced if asked."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+        if fsync:
+            os.fsync(f.fileno())
+    return digest.hexdigest()
+
+
 class CheckpointError(ValueError):
     """A checkpoint file that does not verify (why, in one line)."""
 
@@ -75,13 +86,14 @@ class Checkpoint:
 
     def save(self, model_state: dict[str, torch.Tensor], fingerprint: str, state: dict[str, Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        model = save({k: v.detach().contiguous() for k, v in model_state.items()},
-                     metadata={"fingerprint": fingerprint})
+        # written straight to its file, not built as bytes first: that was a second copy of the model in memory
+        save_file({k: v.detach().contiguous() for k, v in model_state.items()},
+                  str(self.directory / f".{MODEL_FILE}.tmp"), metadata={"fingerprint": fingerprint})
+        model_sha256 = _sha256_and_sync(self.directory / f".{MODEL_FILE}.tmp", self.fsync)
         self.generation = (self._newest_generation() if self.generation is None else self.generation) + 1
-        check = dict(zip(CHECK_KEYS, (self.generation, hashlib.sha256(model).hexdigest())))
-        staged = {MODEL_FILE: model, STATE_FILE: json.dumps({**state, **check}).encode()}
-        for name, data in staged.items():
-            _write(self.directory / f".{name}.tmp", data, self.fsync)
+        check = dict(zip(CHECK_KEYS, (self.generation, model_sha256)))
+        _write(self.directory / f".{STATE_FILE}.tmp", json.dumps({**state, **check}).encode(), self.fsync)
+        staged = (MODEL_FILE, STATE_FILE)
         for name in staged:  # the current pair becomes the previous one …
             if (self.directory / name).exists():
                 os.replace(self.directory / name, self.directory / PREVIOUS[name])

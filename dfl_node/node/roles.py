@@ -211,10 +211,9 @@ class Roles:
     async def _play_sender(self, step: Step, transport: PeerTransport) -> bool:
         """Returns whether the round is done for this sender: its aggregator confirmed a durable fusion of
         its model, and its own checkpoint followed. A sender whose round is not done puts its models back as
-        they were (:meth:`NodeContext.snapshot`): training in place (Combo, FedAvg, a sender that keeps its
+        they were (:meth:`Node.restore_durable`): training in place (Combo, FedAvg, a sender that keeps its
         trained model) is done again when the round is played again, from the same start, so a replayed
         round ends as an unfailed one would."""
-        before = self.node.ctx.snapshot()
         try:
             await self.node.settle_evaluation(step.round)  # the model this role changes, if a point needs it
             await play_sender(self.node.algorithm, self.node.ctx, step, transport)
@@ -226,10 +225,10 @@ class Roles:
             return True
         except (TransferFailed, SelectionFailed) as exc:
             log.info("%s: round %d: %s", self.node.config.id, step.round + 1, exc)
-            self.node.ctx.restore_checkpoint(before)
+            await self.node.restore_durable()
         except Exception:  # a bug must not kill the node: the role is given back, the round goes on
             log.exception("%s: round %d: the sender role failed", self.node.config.id, step.round + 1)
-            self.node.ctx.restore_checkpoint(before)
+            await self.node.restore_durable()
         finally:
             transport._verdict(False)
             self.release_role()
@@ -241,7 +240,6 @@ class Roles:
         crash can still undo; if nothing was fused they are told ``not_fused`` (:meth:`Collector.close`), and
         the models go back to how the role found them (its own local step undone, as a sender's)."""
         assert transport.collector is not None
-        before = self.node.ctx.snapshot()
         try:
             await self.node.settle_evaluation(step.round)
             if await play_aggregator(self.node.algorithm, self.node.ctx, step, transport):
@@ -250,10 +248,10 @@ class Roles:
                 await self.node.model_changed("fusion", step.round + 1, ",".join(step.group.senders))
                 transport.collector.answer(transport.replies)
                 return True
-            self.node.ctx.restore_checkpoint(before)
+            await self.node.restore_durable()
         except Exception:  # a bug (check_message passed): keep serving, the senders get no reply
             log.exception("%s: round %d: aggregating failed", self.node.config.id, step.round + 1)
-            self.node.ctx.restore_checkpoint(before)
+            await self.node.restore_durable()
         finally:
             self.node.state.fusing = 0
             transport.collector.close()
