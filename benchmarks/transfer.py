@@ -10,8 +10,8 @@
 * ``confirmation``: from that verdict to the end of the stream: the receiver fuses (FullAvg's in-place
   average) and checkpoints its model (fsync) before it confirms, exactly once under crashes. This is how
   long a sender's transfer stays unconfirmed, not the wire: the issue's figure of 155–227 MB/s timed both.
-  Each push is assigned first, and waits until the receiver has taken its aggregator role (which copies
-  its model, for a round that has to be played again) and, after the push, until it is idle again.
+  Each push is assigned first, and waits until the receiver has taken its aggregator role and, after the
+  push, until it is idle again.
 * ``raw_tcp``: the same bytes through a plain socket to a process that only ``recv_into``s them.
 * ``unary_grpc``: the same bytes as one unary gRPC message (how most DFL frameworks send models).
 * ``bare_grpc_stream_{count,HASH}``: the ceiling of any asyncio gRPC stream here: the same bytes as 1 MiB messages
