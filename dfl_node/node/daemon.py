@@ -118,8 +118,6 @@ class Node:
         self.checkpoint.lock.acquire()
         try:
             self._restore()
-            if self.checkpoint.generation is None:  # a new node: its w0 is what a failed first role goes back to
-                self._save(self.state.durable(), None)
             self.state.digest = param_digest(self.ctx.model.state_dict())
             self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
             self.requests = PeerRequests(self)  # what the gRPC server calls
@@ -190,11 +188,11 @@ class Node:
 
     async def restore_durable(self) -> None:
         """Put the models back as the newest checkpoint has them: a role that did not complete leaves nothing
-        that lasts. Every change is checkpointed before the next role starts (and a node checkpoints its ``w0``
-        when it has none), so that is the model the role found — read back from disk rather than copied before
+        that lasts. Every change is checkpointed before the next role starts, and a role starts from a checkpoint
+        (:meth:`checkpointed`), so that is the model the role found — read back from disk rather than copied before
         every role, which held one more model in memory for the whole role."""
         saved = await asyncio.to_thread(self.checkpoint.load, self.fingerprint)
-        if saved is None:  # __init__ wrote one: the folder was emptied under the running node
+        if saved is None:  # the role waited for one: the folder was emptied under the running node
             raise RuntimeError(f"{self.config.id}: no checkpoint to restore the model from")
         self.ctx.restore_checkpoint({name: tensor.to(self.device) for name, tensor in saved[0].items()})
 
@@ -213,6 +211,14 @@ class Node:
         """The w0 point of the accuracy curve, once per state dir (a restarted node has its history)."""
         if self.config.evaluate and not self.state.history:
             await self.model_changed("eval", self.state.round, None)
+        await self.checkpointed()
+
+    async def checkpointed(self) -> None:
+        """Until a checkpoint exists: what a role that fails goes back to (:meth:`restore_durable`). A new node's
+        first is its ``w0``, written once it serves (a start-up that fails writes nothing), or by the first role
+        that comes sooner."""
+        if self.checkpoint.generation is None:
+            await self.save()
 
     async def model_changed(self, event: str, round_: int, peer: str | None) -> None:
         """After every change of the model: evaluate (on the schedule: :mod:`.eval_schedule`), fingerprint the

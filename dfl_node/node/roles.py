@@ -215,6 +215,7 @@ class Roles:
         trained model) is done again when the round is played again, from the same start, so a replayed
         round ends as an unfailed one would."""
         try:
+            await self.node.checkpointed()  # what this role goes back to if it fails
             await self.node.settle_evaluation(step.round)  # the model this role changes, if a point needs it
             await play_sender(self.node.algorithm, self.node.ctx, step, transport)
             self._exchanged(step)
@@ -241,6 +242,7 @@ class Roles:
         the models go back to how the role found them (its own local step undone, as a sender's)."""
         assert transport.collector is not None
         try:
+            await self.node.checkpointed()
             await self.node.settle_evaluation(step.round)
             if await play_aggregator(self.node.algorithm, self.node.ctx, step, transport):
                 self.node.state.counters["fusions"] += 1
