@@ -60,7 +60,8 @@ from _daemon import (  # benchmarks/_daemon.py
 
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.net.allocator import tune_for_streaming
-from dfl_node.net.codec import CHUNK_SIZE, HASHES
+from dfl_node.net.codec import CHUNK_SIZE
+from dfl_node.net.hashes import HASHES
 from dfl_node.net.transport import PeerClient
 from dfl_node.peering.messages import Assignment, Hello
 from dfl_node.testbed.launcher import free_port
@@ -94,7 +95,7 @@ BARE_STREAM_SINK = textwrap.dedent("""
     import asyncio, sys, grpc
     from concurrent.futures import ThreadPoolExecutor
     from dfl_node.net.allocator import tune_for_streaming
-    from dfl_node.net.codec import HASHES
+    from dfl_node.net.hashes import HASHES
     port, hashing = int(sys.argv[1]), sys.argv[2]
     tune_for_streaming()  # as the daemon does
     hasher = ThreadPoolExecutor(1)
@@ -160,7 +161,7 @@ def measure_unary(payload: bytes, repeat: int) -> list[float]:
 
 
 async def measure_bare_stream(payload: bytes, repeat: int, hashing: str) -> list[float]:
-    """``hashing``: a name of :data:`~dfl_node.net.codec.HASHES` the sink hashes the chunks with, or "count"."""
+    """``hashing``: a name of :data:`~dfl_node.net.hashes.HASHES` the sink hashes the chunks with, or "count"."""
     with _sink(BARE_STREAM_SINK, hashing) as port:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             put = channel.stream_unary("/bench.Sink/Put")

@@ -18,7 +18,7 @@ from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, m
 
 import dfl_node
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
-from dfl_node.net import codec
+from dfl_node.net import buffers, codec
 from dfl_node.net.codec import Limits, TransferRejected, prepare
 from dfl_node.net.convert import transfer_result
 from dfl_node.net.frames import decode_frame, encode_frame
@@ -243,7 +243,7 @@ async def test_transfer_over_real_grpc_on_loopback() -> None:
 
 
 def test_buffer_pool_reuses_a_buffer_only_once_nothing_refers_to_it() -> None:
-    pool = codec.BufferPool(keep=2)
+    pool = buffers.BufferPool(keep=2)
     first = pool.take(64)
     first_id = id(first)
     view = torch.frombuffer(first, dtype=torch.float32)  # a received tensor still in use
@@ -257,7 +257,7 @@ def test_buffer_pool_reuses_a_buffer_only_once_nothing_refers_to_it() -> None:
 
 
 def test_pooled_assembly_never_overwrites_a_message_still_in_use() -> None:
-    pool = codec.BufferPool()
+    pool = buffers.BufferPool()
     state = make_state()
     first_msg = make_msg(state)
     second_msg = make_msg({k: v + 1 if v.is_floating_point() else v for k, v in state.items()})
@@ -277,5 +277,5 @@ def test_trim_heap_trims_where_malloc_is_glibcs_and_does_nothing_elsewhere() -> 
     glibc = platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c") is not None
     chunks = [bytearray(64 << 10) for _ in range(256)]  # 16 MiB in heap-sized pieces, then freed
     del chunks
-    assert codec.trim_heap() is glibc
-    assert codec.trim_heap() is glibc  # idempotent, and cheap once there is nothing left to hand back
+    assert buffers.trim_heap() is glibc
+    assert buffers.trim_heap() is glibc  # idempotent, and cheap once there is nothing left to hand back

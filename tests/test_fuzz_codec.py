@@ -35,7 +35,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfl_node.algorithms.selection import SelectionError, check_probe
-from dfl_node.net.codec import CHUNK_SIZE, BufferPool, MessageAssembler, TransferRejected, manifest_of
+from dfl_node.net.buffers import BufferPool
+from dfl_node.net.codec import CHUNK_SIZE, MessageAssembler, TransferRejected, manifest_of
 from dfl_node.net.convert import from_wire
 from dfl_node.net.frames import ReadFrame, decode_frame
 from dfl_node.net.proto import dfl_pb2 as pb

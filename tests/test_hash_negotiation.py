@@ -15,8 +15,9 @@ import pytest
 from codec_helpers import assembler, feed_all, frames_of, make_msg
 
 from dfl_node import PROTOCOL_VERSION
-from dfl_node.net import codec
-from dfl_node.net.codec import DEFAULT_HASH, OFFERED_HASHES, TransferRejected, negotiate
+from dfl_node.net import buffers, codec
+from dfl_node.net.codec import TransferRejected
+from dfl_node.net.hashes import DEFAULT_HASH, OFFERED_HASHES, negotiate
 from dfl_node.net.transport import PeerClient
 from dfl_node.peering.messages import Hello
 from tests.test_node_hostile import Target, _hello, target  # noqa: F401  (a fixture: a real node on loopback)
@@ -96,7 +97,7 @@ def test_the_intake_thread_holds_a_bounded_number_of_chunks() -> None:
         behind = asm.behind()
         if behind is not None:
             behind.result()
-        assert len(asm._pending) <= codec.MAX_PENDING_CHUNKS + 1
+        assert len(asm._pending) <= buffers.MAX_PENDING_CHUNKS + 1
     asm.finish()
 
 

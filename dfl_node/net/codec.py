@@ -7,36 +7,32 @@ raw little-endian bytes, back to back in manifest order, with no padding and **n
 only ever become tensors through ``torch.frombuffer`` with a dtype from :data:`ALLOWED_DTYPES` (or an
 encoding of :mod:`dfl_node.peering.wire_dtypes`, decoded to such a dtype).
 
-The digest is BLAKE3 where both ends offer it (:data:`OFFERED_HASHES`, exchanged in Hello and in a pull's
-request: :func:`negotiate`), sha256 otherwise; a receiver refuses a hash it did not offer.
+The digest is BLAKE3 where both ends offer it (:mod:`dfl_node.net.hashes`, exchanged in Hello and in a
+pull's request), sha256 otherwise; a receiver refuses a hash it did not offer.
 
 The receiver (:class:`MessageAssembler`) checks the whole header against its own model before it
-allocates anything, then copies chunks into one buffer (reused across transfers, :class:`BufferPool`)
-and hashes them in a worker thread as they arrive, so the event loop only hands chunks on. How frames
-become bytes is :mod:`dfl_node.net.frames`.
+allocates anything, then copies chunks into one buffer, reused across transfers, and hashes them in the
+intake thread as they arrive (both :mod:`dfl_node.net.buffers`), so the event loop only hands chunks on. How
+frames become bytes is :mod:`dfl_node.net.frames`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
-import ctypes.util
-import functools
-import hashlib
 import math
 import sys
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
 
-import numpy as np
 import torch
 
 import dfl_node
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
-from dfl_node.net.frames import Payload, ReadFrame, WireFrame, chunk_frame
+from dfl_node.net.buffers import INTAKE, MAX_PENDING_CHUNKS, BufferPool, absorb
+from dfl_node.net.frames import ReadFrame, WireFrame, chunk_frame
+from dfl_node.net.hashes import DEFAULT_HASH, DIGEST_BYTES, HASHES, OFFERED_HASHES, Hasher
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.wire_dtypes import ENCODINGS, EXACT, INT8_LEVELS, decode, encode, encoding
@@ -58,38 +54,6 @@ ALLOWED_DTYPES: dict[str, torch.dtype] = {
 _DTYPE_NAMES = {dt: name for name, dt in ALLOWED_DTYPES.items()}
 _ENCODING_NAMES = {dt: name for name, dt in ENCODINGS.items()}
 
-
-class Hasher(Protocol):
-    def update(self, data: Payload, /) -> object: ...
-    def digest(self) -> bytes: ...
-
-
-def _available_hashes() -> dict[str, Callable[[], Hasher]]:
-    """sha256, and BLAKE3 where its wheel is installed: a node without it offers sha256 only, and its peers
-    fall back to that."""
-    hashes: dict[str, Callable[[], Hasher]] = {"sha256": hashlib.sha256}
-    try:
-        import blake3
-    except ImportError:
-        return hashes
-    hashes["blake3"] = blake3.blake3
-    return hashes
-
-
-HASHES = _available_hashes()
-DEFAULT_HASH = "sha256"  # what every node accepts, and what a header naming no hash carries (an older sender)
-OFFERED_HASHES: tuple[str, ...] = tuple(h for h in ("blake3", "sha256") if h in HASHES)  # preferred first
-DIGEST_BYTES = 32  # both hashes' digests
-
-
-def negotiate(ours: Iterable[str], theirs: Iterable[str]) -> str:
-    """The hash a transfer to a peer carries: the first of ``ours`` that it offered too, else sha256 (a peer
-    that offered none we know: one older than negotiation, or without BLAKE3).
-
-    BLAKE3 because a receiver must hash every byte before it accepts a model: sha256 ran at ~1.8 GB/s on
-    this machine's SHA extensions, BLAKE3 at ~4.7 GB/s on one core (100 MB: 55 ms against 21 ms)."""
-    offered = set(theirs)
-    return next((h for h in ours if h in offered and h in HASHES), DEFAULT_HASH)
 
 Manifest = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
 Resolver = Callable[[str], tuple[str, Manifest]]  # another architecture's spec -> (its fingerprint, its manifest)
@@ -204,84 +168,6 @@ def prepare(msg: ModelMessage, *, swarm: str, fingerprint: str, epoch: int = 0, 
     return Outgoing(header, tuple(w.raw for w in wire_parts))
 
 
-# One thread: chunks are copied and hashed in order, and a message built after its chunks. Off the event
-# loop, which was a stream's bottleneck: with the copy into the receive buffer on it, a receiver's main
-# thread spent ~95 ms of CPU per 100 MB here against ~62 ms without (gRPC's own copies are the rest).
-_INTAKE = ThreadPoolExecutor(1, thread_name_prefix="intake")
-MAX_PENDING_CHUNKS = 8  # chunks handed to the intake thread and not yet absorbed: the memory it may hold
-
-
-def _absorb(digest: Hasher, target: memoryview, data: Payload) -> None:
-    """Copy a chunk into its place in the receive buffer and hash it, both without the GIL (numpy's copy,
-    hashlib's and blake3's updates), so the event loop goes on receiving meanwhile."""
-    np.copyto(np.frombuffer(target, dtype=np.uint8), np.frombuffer(data, dtype=np.uint8))
-    digest.update(data)
-
-
-def _refcount(buffers: list[bytearray], i: int) -> int:
-    return sys.getrefcount(buffers[i])
-
-
-_ALONE = _refcount([bytearray()], 0)  # the count of a buffer only a list refers to, on this interpreter
-
-
-class BufferPool:
-    """Receive buffers kept for the next transfer of the same size.
-
-    Writing to freshly allocated memory costs a page fault per 4 KiB; measured here, filling a new
-    100 MB buffer took ~0.2 s against ~0.03 s for one already touched, which capped a whole transfer
-    at ~500 MB/s. A buffer is handed out again only when nothing but the pool refers to it: the
-    tensors of a received message are views made by ``torch.frombuffer``, which holds a reference to
-    the buffer (as does the intake thread's ``memoryview`` of a chunk's place), so a model still in use
-    is never overwritten. Use a pool from one thread.
-    """
-
-    def __init__(self, keep: int = 2) -> None:
-        self._keep = keep
-        self._buffers: list[bytearray] = []
-
-    def take(self, size: int) -> bytearray:
-        """A buffer of exactly ``size`` bytes (contents undefined): a free pooled one, else a new one."""
-        free = [i for i in range(len(self._buffers)) if _refcount(self._buffers, i) == _ALONE]
-        for i in free:
-            if len(self._buffers[i]) == size:
-                return self._buffers[i]
-        fresh = bytearray(size)
-        if len(self._buffers) >= self._keep and free:
-            del self._buffers[free[0]]
-        if len(self._buffers) < self._keep:
-            self._buffers.append(fresh)
-        return fresh
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # no C library found, or one without malloc_trim (musl)
-        return None
-
-
-def trim_heap() -> bool:
-    """Hand the C heap's free memory back to the kernel (glibc's ``malloc_trim``); False where there is none.
-
-    A receiver calls it once a group's transfers are over (:meth:`~dfl_node.node.collector.Collector.close`).
-    Concurrent streams leave gRPC's freed read buffers spread over malloc's per-thread arenas, where
-    glibc keeps them mapped (:mod:`dfl_node.net.allocator` keeps freed memory on the heap on purpose
-    while a stream runs). Measured on an aggregator (FullAvg) taking groups of 4 concurrent 100 MB
-    models: without it, its RSS between groups grew by 40-60 MB a group (2 pooled buffers + 1.3x the
-    model after the first group, + 2.9x after the fourth) and its peak from 5.6x to 8.2x the model;
-    with it, the RSS between groups stayed at the pooled buffers + 0.1-0.5x over 8 groups, peaks
-    4.7-6.9x (``benchmarks/aggregator.py``), for 3-6 ms per call.
-    """
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
-
-
 class MessageAssembler:
     """Consumes frames one at a time, validating as early as possible (the header before any allocation).
 
@@ -352,7 +238,7 @@ class MessageAssembler:
         if end > self._header.total_size:
             raise self._reject("trailing_data", f"{end} bytes received, header said {self._header.total_size}")
         assert self._digest is not None
-        self._pending.append(_INTAKE.submit(_absorb, self._digest, memoryview(self._buf)[self._received : end], data))
+        self._pending.append(INTAKE.submit(absorb, self._digest, memoryview(self._buf)[self._received : end], data))
         self._received = end
 
     def behind(self) -> Future[None] | None:
@@ -508,4 +394,4 @@ async def assemble(
         if (behind := assembler.behind()) is not None:
             await asyncio.wrap_future(behind)
     assembler.ended()  # a truncated stream is refused now, before the await below (see ``ended``)
-    return await asyncio.wrap_future(_INTAKE.submit(assembler.finish))
+    return await asyncio.wrap_future(INTAKE.submit(assembler.finish))

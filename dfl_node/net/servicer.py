@@ -19,9 +19,10 @@ import grpc
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Role
 from dfl_node.net.auth import Authenticator
-from dfl_node.net.codec import DEFAULT_HASH, assemble, negotiate
+from dfl_node.net.codec import assemble
 from dfl_node.net.convert import from_wire, to_wire, transfer_result
 from dfl_node.net.frames import ReadFrame, WireFrame, wire_size
+from dfl_node.net.hashes import DEFAULT_HASH, negotiate
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.wire import WireIdentity, wire_bytes

@@ -19,9 +19,10 @@ import grpc
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.auth import NO_SECURITY, Security
-from dfl_node.net.codec import DEFAULT_HASH, Outgoing, assemble, negotiate
+from dfl_node.net.codec import Outgoing, assemble
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.net.frames import ReadFrame, WireFrame, decode_frame, encode_frame, wire_size
+from dfl_node.net.hashes import DEFAULT_HASH, negotiate
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.psk import AUTH_REQUIRED, check_reply, sign_request

@@ -10,17 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dfl_node.algorithms.messages import ModelMessage, on_device
-from dfl_node.net.codec import (
-    DEFAULT_HASH,
-    OFFERED_HASHES,
-    BufferPool,
-    Limits,
-    Manifest,
-    MessageAssembler,
-    Outgoing,
-    Resolver,
-    prepare,
-)
+from dfl_node.net.buffers import BufferPool
+from dfl_node.net.codec import Limits, Manifest, MessageAssembler, Outgoing, Resolver, prepare
+from dfl_node.net.hashes import DEFAULT_HASH, OFFERED_HASHES
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.peering.wire_dtypes import EXACT
 

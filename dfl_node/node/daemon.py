@@ -28,10 +28,8 @@ import torch
 
 from dfl_node.algorithms import NodeContext, NodeProfile, Role, make_algorithm
 from dfl_node.algorithms.base import equip
-from dfl_node.api.formatting import format_accuracy, format_bytes
 from dfl_node.api.metrics import NodeMetrics
-from dfl_node.api.schemas import COUNTER_FIELDS, FleetEvent, FleetView, HistoryEntry, NodeStatus
-from dfl_node.api.urls import peer_url
+from dfl_node.api.schemas import FleetEvent, FleetView, HistoryEntry, NodeStatus
 from dfl_node.errors import OperatorError
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.devices import resolve_device
@@ -46,15 +44,16 @@ from dfl_node.node.async_mode import AsyncScheduler
 from dfl_node.node.clock import Clock
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.eval_schedule import EvalSchedule
-from dfl_node.node.fleet_view import fleet_view
 from dfl_node.node.handshake import Handshake
 from dfl_node.node.logs import RateLimitedLog
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.persistence import Checkpoint
+from dfl_node.node.reports import log_summary, report_exchange
 from dfl_node.node.requests import PeerRequests
 from dfl_node.node.roles import Roles
 from dfl_node.node.rounds import RoundScheduler
 from dfl_node.node.state import NodeState
+from dfl_node.node.views import fleet_view, node_status, role_name
 from dfl_node.peering.errors import PeerUnreachable
 from dfl_node.peering.messages import Ack, Progress, Token
 from dfl_node.peering.port import PeerLink, PeerNetwork
@@ -241,7 +240,7 @@ class Node:
         await self.save()
         if exchanged:
             self.metrics.observe("role", seconds, role=state.role.value)
-            self._report_exchange(event, round_, peer or "?", seconds, moved, evaluated)
+            report_exchange(self, event, round_, peer or "?", seconds, moved, evaluated)
 
     async def settle_evaluation(self, upto: int | None) -> None:
         """Evaluate the standing model if it is owed (:meth:`EvalSchedule.owed`): before a role of round ``upto``
@@ -256,29 +255,6 @@ class Node:
         self.state.history.append(HistoryEntry(round=self.state.round if since is None else since,
                                                time=self.clock.wall(), event="eval", role=self.state.role.value,
                                                local_accuracy=local, global_accuracy=global_))
-
-    def _report_exchange(self, event: str, round_: int, peer: str, seconds: float, moved: int,
-                         evaluated: bool) -> None:
-        """The INFO line of a send or a fusion (its round is /history's; its accuracy if it was evaluated), and
-        /fleet's recent event."""
-        config, state = self.config, self.state
-        what = f"sent to {peer}" if event == "send" else f"fused {peer}"
-        traffic = f"{format_bytes(moved)} in {seconds:.2f} s" if moved else f"{seconds:.2f} s"
-        self.state.recent.append(FleetEvent(time=self.clock.wall(), event="send" if event == "send" else "fusion",
-                                            round=round_, peer=peer, detail=traffic))
-        local, global_ = state.accuracy
-        accuracy = "" if not evaluated or (local, global_) == (None, None) else \
-            f"; accuracy local {format_accuracy(local)}, global {format_accuracy(global_)}"
-        log.info("%s: %s: %s as %s, %s%s", config.id, self.progress_text(round_), what, state.role.value, traffic,
-                 accuracy)
-
-    def progress_text(self, round_: int) -> str:
-        """``round 5/20`` (round mode, toward --rounds), ``exchange 12, 34 s of 60 s`` (async, toward --duration)."""
-        config = self.config
-        if config.mode == "round":
-            return f"round {round_}/{config.rounds}" if config.rounds else f"round {round_}"
-        elapsed = self.clock.wall() - self.started
-        return f"exchange {round_}, {elapsed:.0f} s" + (f" of {config.duration:.0f} s" if config.duration else "")
 
     def _measure(self, evaluated: bool) -> tuple[tuple[float | None, float | None], str]:
         accuracy = self.evaluate() if evaluated else self.state.accuracy
@@ -301,14 +277,7 @@ class Node:
         await self.settle_evaluation(None)
         await self.save(copy=True)
         if first:
-            self.log_summary(f"done after {round_} rounds")
-
-    def log_summary(self, what: str) -> None:
-        """The run's last INFO line: what ended it, the node's exchanges and its final accuracy."""
-        counters, (local, global_) = self.state.counters, self.state.accuracy
-        log.info("%s: %s: %d sends, %d fusions, %s sent, %s received; accuracy local %s, global %s", self.config.id,
-                 what, counters["models_sent"], counters["fusions"], format_bytes(counters["bytes_sent"]),
-                 format_bytes(counters["bytes_received"]), format_accuracy(local), format_accuracy(global_))
+            log_summary(self, f"done after {round_} rounds")
 
     # ----- the scheduler port (dfl_node.node.ports.SchedulerPort) ------------------------
     def enter_epoch(self, epoch: int) -> bool:
@@ -322,7 +291,7 @@ class Node:
         state = self.state
         local, global_ = state.accuracy
         return Progress(round=state.round, epoch=state.epoch, holding=state.holding, done=state.done,
-                        state=dict(state.token_state), busy=state.role is not Role.IDLE, role=self.role_name(),
+                        state=dict(state.token_state), busy=state.role is not Role.IDLE, role=role_name(self),
                         local_accuracy=local, global_accuracy=global_)
 
     def fleet_round(self) -> int:
@@ -359,7 +328,7 @@ class Node:
         await self.roles.quiesce()  # the last role's model, evaluated while no role changes it
         await self.settle_evaluation(None)
         await self.save(copy=True)
-        self.log_summary(f"done after {self.config.duration:.0f} s")
+        log_summary(self, f"done after {self.config.duration:.0f} s")
 
     def _peer_lost(self, peer_id: str) -> None:
         """A peer stopped answering: an aggregator no longer waits for it (it would only wait for its deadline),
@@ -395,39 +364,13 @@ class Node:
 
     # ----- reporting ---------------------------------------------------------------------
     def status(self) -> NodeStatus:
-        state = self.state
-        local, global_ = state.accuracy
-        return NodeStatus(
-            id=self.config.id, swarm=self.config.swarm, algorithm=self.config.algorithm, mode=self.config.mode,
-            model=str(self.ctx.spec), authentication=self.security.mode, insecure=self.config.open_to_network,
-            round=state.round, role=self.role_name(), peers=self.peers.infos(),
-            unreachable_peers=sorted(self.peers.unreachable),
-            local_accuracy=local, global_accuracy=global_,
-            **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
-            boot_id=self.boot_id, uptime_s=self.clock.wall() - self.started, grpc_address=self.grpc_address,
-            http_port=self.config.http_port, param_sha256=state.digest, fusing=state.fusing > 0,
-            max_concurrent_fusions=state.max_fusing, epoch=state.epoch, holding=state.holding,
-            done=state.done and state.role is Role.IDLE,
-        )
-
-    def role_name(self) -> str:
-        """The role an operator sees: the one played, else "holder" while holding the token, else "idle"."""
-        state = self.state
-        return "holder" if state.role is Role.IDLE and state.holding else state.role.value
+        return node_status(self)
 
     def get_history(self) -> list[HistoryEntry]:
         return list(self.state.history)
 
     def fleet(self) -> FleetView:
         return fleet_view(self)
-
-    def rest_url(self) -> str | None:
-        """Where operators reach this node's REST API: ``--status-url``, else its advertised host, HTTP port."""
-        if not self.config.http_port:
-            return None
-        if self.config.status_url:
-            return self.config.status_url.rstrip("/")
-        return peer_url({"http_port": self.config.http_port, "address": self.grpc_address}, "http://127.0.0.1")
 
     def transferred(self, direction: str, nbytes: int, seconds: float | None = None) -> None:
         """One model (or reply) crossed the wire: counted (``bytes_sent`` or ``bytes_received``), its size and,

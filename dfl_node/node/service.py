@@ -36,6 +36,7 @@ from dfl_node.net.discovery import Announcement, MdnsDiscovery
 from dfl_node.net.server import start_server
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
+from dfl_node.node.views import rest_url
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
         app = create_app(node.status, node.get_history, node.fleet, node.metrics)
         http = _EmbeddedUvicorn(uvicorn.Config(app, log_level="warning", lifespan="off"))
         http_task = loop.create_task(http.serve(sockets=[bound.http_socket]))
-        log.info("%s: dashboard and REST API on %s/ (metrics at /metrics)", config.id, node.rest_url())
+        log.info("%s: dashboard and REST API on %s/ (metrics at /metrics)", config.id, rest_url(node))
     try:
         await node.evaluate_start()
         workers = [loop.create_task(node.run())]

@@ -1,5 +1,6 @@
-"""The fleet as one node knows it (``GET /fleet``): itself, each peer as of its last answer to our Hello, the
-round token's holder and how long it has held it, and the node's recent sends, fusions and refusals.
+"""What the REST API shows of a node: its status (``GET /status``) and the fleet as it knows it (``GET
+/fleet``): itself, each peer as of its last answer to our Hello, the round token's holder and how long it has
+held it, and the node's recent sends, fusions and refusals.
 
 Everything comes from what the node already has — its peer table's progress (every HelloReply carries
 the peer's round, role, accuracy and whether it holds the token) and its own state — so a fleet page
@@ -12,7 +13,8 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from dfl_node.api.schemas import FleetMember, FleetView, TokenView
+from dfl_node.algorithms.plan import Role
+from dfl_node.api.schemas import COUNTER_FIELDS, FleetMember, FleetView, NodeStatus, TokenView
 from dfl_node.api.urls import peer_url
 from dfl_node.node.peers import Peer
 
@@ -61,7 +63,7 @@ def _token(node: Node, peers: Iterable[Peer]) -> TokenView | None:
 def fleet_view(node: Node) -> FleetView:
     """What ``GET /fleet`` serves for ``node``."""
     status = node.status()
-    own_url = node.rest_url()
+    own_url = rest_url(node)
     me = FleetMember(id=status.id, is_self=True, status_url=own_url, grpc_address=status.grpc_address, alive=True,
                      round=status.round, role=status.role, local_accuracy=status.local_accuracy,
                      global_accuracy=status.global_accuracy, holding=status.holding, done=status.done,
@@ -74,3 +76,37 @@ def fleet_view(node: Node) -> FleetView:
         if member.role == "holder" and not member.holding:  # "holder" is an idle node's holding: stale too
             member.role = "idle"
     return FleetView(node=status.id, mode=status.mode, members=members, token=token, recent=list(node.state.recent))
+
+
+def role_name(node: Node) -> str:
+    """The role an operator sees: the one played, else "holder" while holding the token, else "idle"."""
+    state = node.state
+    return "holder" if state.role is Role.IDLE and state.holding else state.role.value
+
+
+def node_status(node: Node) -> NodeStatus:
+    """What ``GET /status`` serves for ``node``."""
+    state, config = node.state, node.config
+    local, global_ = state.accuracy
+    return NodeStatus(
+        id=config.id, swarm=config.swarm, algorithm=config.algorithm, mode=config.mode,
+        model=str(node.ctx.spec), authentication=node.security.mode, insecure=config.open_to_network,
+        round=state.round, role=role_name(node), peers=node.peers.infos(),
+        unreachable_peers=sorted(node.peers.unreachable),
+        local_accuracy=local, global_accuracy=global_,
+        **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
+        boot_id=node.boot_id, uptime_s=node.clock.wall() - node.started, grpc_address=node.grpc_address,
+        http_port=config.http_port, param_sha256=state.digest, fusing=state.fusing > 0,
+        max_concurrent_fusions=state.max_fusing, epoch=state.epoch, holding=state.holding,
+        done=state.done and state.role is Role.IDLE,
+    )
+
+
+def rest_url(node: Node) -> str | None:
+    """Where operators reach the node's REST API: ``--status-url``, else its advertised host and HTTP port."""
+    config = node.config
+    if not config.http_port:
+        return None
+    if config.status_url:
+        return config.status_url.rstrip("/")
+    return peer_url({"http_port": config.http_port, "address": node.grpc_address}, "http://127.0.0.1")
