@@ -1,18 +1,20 @@
-"""Simulator speed before and after issue 10's inner loop, in one run: rounds per second of each
-algorithm on 000's MNIST MLP setting (ζ=4, K=10, Q=1), 1 torch thread.
+"""Simulator speed before and after a change, in one run: rounds per second of each algorithm on 000's MNIST
+MLP setting (ζ=4, K=10, Q=1), 1 torch thread.
 
-The tree before the issue (``--before``, a commit: by default the last one before the issue's first)
-is checked out in a temporary ``git worktree``; each measurement is a child process importing
-``dfl_node`` from one tree or the other, and the passes alternate (before, after, before, after…)
-so that a noisy machine slows both alike. Per algorithm: the median over passes of the rounds per
-second of ``--rounds`` timed rounds after one warm-up round, evaluation excluded (``eval_s``:
-evaluating all models once, the test set batched after the issue), by the clock (``rounds_per_s``)
-and by the process's CPU time (``cpu_rounds_per_s``: on a machine shared with other work the clock
-also counts the time others held the core; one thread's CPU time does not). Prints one JSON object;
+The default ``--before`` is the last tree whose simulator had a round loop of its own (``Simulation``, before
+issue 19 made ``dfl-node simulate`` K of the daemon's nodes on a virtual clock); ``--after`` is this tree.
+The before tree is checked out in a temporary ``git worktree``; each measurement is a child process importing
+``dfl_node`` from one tree or the other, and the passes alternate (before, after, before, after…) so that a
+noisy machine slows both alike. Both trees are timed the same way, whole runs from the provisioned data to
+the result, evaluated at the start and the end only: a run of ``--rounds`` + 1 rounds less a run of 1 round,
+so that neither start-up (the fleet writes shards, builds its nodes) nor evaluation counts — a round's
+marginal cost, by the clock (``rounds_per_s``) and by the process's CPU time (``cpu_rounds_per_s``: on a
+machine shared with other work the clock also counts the time others held the core; one thread's CPU time
+does not). ``eval_s`` is the 1-round run's whole time: start-up and two evaluations. Prints one JSON object;
 ``ratio`` and ``cpu_ratio`` are after/before.
 
-    python benchmarks/sim_speed.py [--rounds 50] [--repeat 3] [--before COMMIT] [--config FILE] [--data-dir DIR]
-    python benchmarks/sim_speed.py --rounds 40 --repeat 5    # README's figures
+    python benchmarks/sim_speed.py [--rounds 40] [--repeat 3] [--before COMMIT] [--config FILE] [--data-dir DIR]
+    python benchmarks/sim_speed.py --rounds 40 --repeat 3    # README's figures
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRE_ISSUE = "a45e377eed3efff4dd6c652b538d8973bcddb8d7"  # the commit before issue 10's first commit
+PRE_ISSUE = "63a0fcb7279047eee601fa1fc37b0c54e269de7d"  # the last tree with the simulator's own round loop
 
 
 class _TreeOnly(importlib.abc.MetaPathFinder):
@@ -70,24 +72,30 @@ def measure(tree: Path, config_path: Path, rounds: int, data_dir: str | None) ->
         if missing.name != "dfl_node.config_loader":
             raise
         from dfl_node.config import load_config  # noqa: PLC0415
+    from dfl_node import sim  # noqa: PLC0415
     from dfl_node.learning.fleet import provision  # noqa: PLC0415
-    from dfl_node.sim import Simulation  # noqa: PLC0415
 
     config = load_config(ExperimentConfig, config_path, {"data_dir": data_dir})  # its data_dir is read from its folder
     torch.set_num_threads(1)
     fleet = provision(config)
     report: dict = {"tree": str(Path(dfl_node.__file__).parents[1])}
-    for algorithm in config.algorithms:
-        sim = Simulation(config, algorithm, fleet)
-        sim.run_round(0)  # warm-up
+
+    def run(algorithm: str, rounds: int) -> tuple[float, float]:
+        """A whole run of ``rounds`` rounds, evaluated at its start and end: (wall, CPU) seconds."""
+        short = config.model_copy(update={"rounds": rounds, "eval_every": rounds})
         start, cpu = time.perf_counter(), time.process_time()
-        for t in range(1, rounds + 1):
-            sim.run_round(t)
-        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-        start = time.perf_counter()
-        sim.evaluate(rounds, start)
-        report[algorithm] = {"rounds_per_s": rounds / elapsed, "cpu_rounds_per_s": rounds / cpu,
-                             "eval_s": time.perf_counter() - start}
+        if hasattr(sim, "Simulation"):  # the simulator's own round loop (before issue 19)
+            sim.Simulation(short, algorithm, fleet).run()
+        else:  # K real nodes on the virtual clock
+            sim.run_fleet(short, algorithm, data=fleet)
+        return time.perf_counter() - start, time.process_time() - cpu
+
+    for algorithm in config.algorithms:
+        run(algorithm, 1)  # warm-up
+        one, one_cpu = run(algorithm, 1)
+        many, many_cpu = run(algorithm, rounds + 1)
+        report[algorithm] = {"rounds_per_s": rounds / (many - one), "cpu_rounds_per_s": rounds / (many_cpu - one_cpu),
+                             "eval_s": one}
     strays = sorted(name for name, module in list(sys.modules.items()) if name.split(".")[0] == "dfl_node"
                     and getattr(module, "__file__", None) and not Path(module.__file__).resolve().is_relative_to(tree))
     if strays:
@@ -115,7 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "experiments" / "mnist_mlp_zeta4.yaml")
     parser.add_argument("--data-dir", default=None, help="dataset folder (else the config's data_dir)")
-    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=3, help="passes per tree, alternating")
     parser.add_argument("--before", default=PRE_ISSUE, help="commit to compare against")
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)  # the tree to import

@@ -15,11 +15,14 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner, Result
+from safetensors.torch import load_file
 
 from dfl_node.cli import cli
 from dfl_node.cli.logs import QUIET_LIBRARIES
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.results import RunResult
+from dfl_node.sim import run_fleet
 from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, stop_all
 
 # The fleet every daemon test uses: 4 nodes on digits, quick to train, and what the simulator runs too.
@@ -32,6 +35,13 @@ def fleet_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shards")
     write_fleet(provision(FLEET), out)
     return out
+
+
+def simulated(config: ExperimentConfig, algorithm: str, workdir: Path) -> tuple[RunResult, dict[str, dict]]:
+    """``dfl-node simulate``'s run of ``algorithm`` (K real nodes on the virtual clock), and each node's final
+    checkpoint — its model with the algorithm's extra models (DFML's peak, FML's meme) and scalars."""
+    result = run_fleet(config, algorithm, workdir)
+    return result, {n.id: load_file(str(workdir / algorithm / n.id / "model.safetensors")) for n in result.nodes}
 
 
 # ----------------------------------------------------------------------------- real daemons

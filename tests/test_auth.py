@@ -29,7 +29,6 @@ from safetensors.torch import load_file
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.cli import cli
 from dfl_node.errors import OperatorError
-from dfl_node.learning.fleet import provision
 from dfl_node.net import psk
 from dfl_node.net.certs import init_ca, issue_node, new_swarm_key
 from dfl_node.net.convert import to_wire
@@ -38,9 +37,8 @@ from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.tls import TlsError, TlsFiles, dns_names, load_tls
 from dfl_node.node.daemon import Node
 from dfl_node.node.service import _bind_http, announcement
-from dfl_node.sim import Simulation
 from dfl_node.testbed.launcher import all_done, free_port, wait_until
-from tests.conftest import FLEET, loopback_fleet
+from tests.conftest import FLEET, loopback_fleet, simulated
 from tests.test_startup_errors import node_config, running, start_cli
 
 IDS = [f"node-{i}" for i in range(FLEET.nodes)]
@@ -350,12 +348,11 @@ def test_authenticated_fleet_equals_simulator(fleet_shards: Path, pki: Path, tmp
         statuses = wait_until(nodes, all_done, timeout=180)
         logs = "\n".join(n.log_path.read_text() for n in nodes)
     assert logs.count(f"authentication: {mode}") == len(nodes)
-    sim = Simulation(config, algorithm, provision(config))
-    result = sim.run()
+    result, models = simulated(config, algorithm, tmp_path / "sim")
     expected = {n.id: n for n in result.nodes}
     for node in nodes:
         mine = load_file(str(node.state_dir / "model.safetensors"))
-        theirs = sim.nodes[node.id].checkpoint_state()
+        theirs = models[node.id]
         assert max(float((mine[k] - theirs[k]).abs().max()) for k in theirs) == 0.0, node.id
         assert statuses[node.id]["models_sent"] == expected[node.id].models_sent
         assert statuses[node.id]["rejected"] == {}, statuses[node.id]["rejected"]  # nothing legitimate was refused

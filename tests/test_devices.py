@@ -17,7 +17,7 @@ from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.devices import device_problem, resolve_device
 from dfl_node.learning.fleet import provision
 from dfl_node.node.config import NodeConfig
-from dfl_node.sim import Simulation
+from dfl_node.sim import run_fleet
 from dfl_node.testbed.launcher import node_env
 from tests.conftest import error_lines, invoke
 
@@ -70,7 +70,7 @@ def test_a_config_naming_cuda_stays_readable_without_it() -> None:
     GPU run validates anywhere, and a driver asked to run it says why it cannot."""
     config = ExperimentConfig.model_validate({"device": "cuda", "nodes": 2, "rounds": 1})
     with pytest.raises(ValueError, match="cuda is not available here"):
-        Simulation(config, "defkt", provision(config))
+        run_fleet(config, "defkt")
 
 
 def test_a_wrong_device_name_is_refused() -> None:
@@ -90,10 +90,7 @@ def test_simulations_on_cpu_and_auto_match_the_default() -> None:
         digests = []
         for device in ([None, "cpu", "auto"] if NO_CUDA else [None, "cpu"]):
             config = ExperimentConfig(**base, **({"device": device} if device else {}))
-            sim = Simulation(config, algorithm, fleet)
-            assert sim.device == torch.device("cpu")
-            assert all(ctx.train.x.device.type == "cpu" for ctx in sim.nodes.values())
-            digests.append([n.param_sha256 for n in sim.run().nodes])
+            digests.append([n.param_sha256 for n in run_fleet(config, algorithm, data=fleet).nodes])
         assert all(d == digests[0] for d in digests), algorithm
 
 

@@ -23,7 +23,7 @@ from dfl_node.learning.mutual import alpha_at, class_proportions, wsm_loss
 from dfl_node.learning.training import SgdParams, local_sgd
 from dfl_node.node.persistence import Checkpoint
 from dfl_node.results import cluster_accuracy, comparison, rounds_to_reach, write_results
-from dfl_node.sim import Simulation
+from dfl_node.sim import run_fleet
 
 CONFIG = LearningConfig(batch_size=8, mkt_batch_size=8, lr=0.1, momentum=0.0, dfml_epochs=2, meme_model="mlp:8")
 UNRELATED = ["mlp:16", "cnn-ln:4,8"]  # two architectures of different kinds
@@ -190,14 +190,14 @@ def test_dfml_fml_and_partial_training_learn_in_the_simulator(tmp_path) -> None:
     base = ExperimentConfig(nodes=4, rounds=12, eval_every=6, batch_size=20, mkt_batch_size=20, lr=0.05, seed=1,
                             architectures=UNRELATED, dfml_epochs=1, meme_model="mlp:16", algorithms=["dfml"])
     fleet = provision(base)
-    dfml = Simulation(base, "dfml", fleet).run()
+    dfml = run_fleet(base, "dfml", data=fleet)
     assert list(dfml.history[-1].series) == ["regular"]  # the peak models are the node's; regular beside them
     assert dfml.history[-1].global_accuracy > dfml.history[0].global_accuracy + 0.3
     assert {n.model for n in dfml.nodes} == set(UNRELATED) and set(cluster_accuracy(dfml)) == set(UNRELATED)
-    fml = Simulation(base, "fml", fleet).run()
+    fml = run_fleet(base, "fml", data=fleet)
     assert list(fml.history[-1].series) == ["meme"] and fml.history[-1].series["meme"].global_accuracy > 0.5
     widths = base.model_copy(update={"architectures": ["mlp:32,32", "mlp:16,16", "mlp:8,8"]})
-    runs = [Simulation(widths, name, fleet).run() for name in ("heterofl", "fedrolex", "fedavg")]
+    runs = [run_fleet(widths, name, data=fleet) for name in ("heterofl", "fedrolex", "fedavg")]
     assert all(r.history[-1].global_accuracy > r.history[0].global_accuracy + 0.2 for r in runs)
     table = comparison([dfml, *runs], "fedavg")
     reached = rounds_to_reach(runs[-1], table["baseline_final_global_accuracy"])  # fedavg's own: at most 12

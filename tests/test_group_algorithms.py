@@ -13,11 +13,11 @@ from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile,
 from dfl_node.algorithms.base import sample_gather, senders_for
 from dfl_node.config import ExperimentConfig, LearningConfig
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.fleet import architectures, provision
+from dfl_node.learning.fleet import architectures
 from dfl_node.learning.fusion import average_states
 from dfl_node.learning.models import ModelSpec, spread
 from dfl_node.learning.training import SgdParams, local_sgd, minibatches
-from dfl_node.sim import Simulation
+from dfl_node.sim import run_fleet
 
 CONFIG = LearningConfig(batch_size=8, lr=0.1, momentum=0.0)
 
@@ -123,7 +123,7 @@ def test_a_mixed_fleet_learns_with_fedavg_per_cluster_in_the_simulator() -> None
                               architectures=["mlp:32,32", "mlp:16"], algorithms=["fedavg"])
     specs = architectures(config)
     assert [str(s) for s in specs.values()] == ["mlp:32,32", "mlp:16", "mlp:32,32", "mlp:16"]
-    result = Simulation(config, "fedavg", provision(config)).run()
+    result = run_fleet(config, "fedavg")
     assert result.history[-1].global_accuracy > result.history[0].global_accuracy + 0.2
     assert result.models_transmitted == 12 * 2  # 2 senders (50 % of 4) each round
 

@@ -14,11 +14,9 @@ from torch import nn
 from dfl_node.algorithms import NodeContext
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.fleet import provision
 from dfl_node.learning.fusion import mkt_losses, mutual_knowledge_transfer
 from dfl_node.learning.models import ModelSpec, build_model
-from dfl_node.learning.training import SgdParams, evaluate, local_sgd, minibatches, sgd
-from dfl_node.sim import Simulation
+from dfl_node.learning.training import SgdParams, local_sgd, minibatches, sgd
 
 PARAMS = SgdParams(lr=0.05, momentum=0.5, batch_size=16, epochs=2)
 
@@ -108,14 +106,3 @@ def test_trained_copy_reuses_one_spare_and_leaves_the_model_alone() -> None:
     plain_local_sgd(plain, ctx.train, ctx.local_params(), ctx.local_generator(1))
     assert second is first and same(second, plain)
     assert ctx.spare("received") is not first
-
-
-def test_the_simulator_evaluates_the_test_set_batched_within_one_sample_of_the_loop() -> None:
-    config = ExperimentConfig(nodes=4, rounds=3, batch_size=20, mkt_batch_size=20, lr=0.05, hidden=[32, 32])
-    sim = Simulation(config, "defkt", provision(config))
-    for t in range(3):
-        sim.run_round(t)
-    record = sim.evaluate(3, 0.0)
-    for node_id, ctx in sim.nodes.items():
-        assert abs(record.per_node_global[node_id] - evaluate(ctx.model, sim.test).accuracy) <= 1 / len(sim.test)
-        assert record.per_node_local[node_id] == evaluate(ctx.model, ctx.val).accuracy

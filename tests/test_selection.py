@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
 
@@ -11,7 +10,6 @@ import torch
 
 from dfl_node.algorithms import Group, NodeContext, NodeProfile, Step, make_algorithm
 from dfl_node.algorithms.base import sample_pairs
-from dfl_node.algorithms.runner import play_sender
 from dfl_node.algorithms.selection import (
     Probe,
     ProbeAnswer,
@@ -30,8 +28,7 @@ from dfl_node.learning.models import ModelSpec
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.probes import ProbeRequest, answer_from_reply, probe_from_request, probe_reply, probe_request
-from dfl_node.sim import Simulation
-from dfl_node.sim.transport import InMemoryTransport
+from dfl_node.sim import run_fleet
 
 SPEC = ModelSpec("mlp", (10, 10))
 CONFIG = LearningConfig(hidden=[10, 10], batch_size=4, mkt_batch_size=4, lr=0.01, momentum=0.0, selection_samples=3)
@@ -109,20 +106,6 @@ def test_the_sender_chooses_the_candidate_that_knows_what_it_does_not(selection:
         assert probe.weights[1] > probe.weights[0] > 0 and probe.weights[2] == 0  # errors in 1; 2 not held
 
 
-def test_an_open_group_is_played_through_the_runner_and_the_chosen_node_aggregates() -> None:
-    nodes = _fleet("class-profile")
-    algo = make_algorithm("defkt-select", nodes["s"].config)
-    transport = InMemoryTransport(algo, nodes)
-
-    async def play() -> None:
-        await play_sender(algo, nodes["s"], STEP, transport)
-        await asyncio.gather(*transport.started)
-
-    asyncio.run(play())
-    assert transport.received == {"s": 0, "a": 0, "b": 1, "c": 0}
-    assert transport.models_transmitted == 1
-
-
 def test_rules_break_ties_by_loss_then_id() -> None:
     answers = {"n3": ProbeAnswer("n3", 4, 3, 0.5), "n1": ProbeAnswer("n1", 4, 3, 0.5),
                "n2": ProbeAnswer("n2", 4, 3, 0.4), "n0": ProbeAnswer("n0", 4, 2, 0.1)}
@@ -174,7 +157,7 @@ def test_selection_in_the_simulator_fuses_once_a_round_and_is_seeded() -> None:
     config = ExperimentConfig(nodes=5, rounds=6, eval_every=6, batch_size=20, mkt_batch_size=20, lr=0.05,
                               hidden=[16], partition="shards", zeta=2)
     fleet = provision(config)
-    runs = [Simulation(config, "defkt-select", fleet).run() for _ in range(2)]
+    runs = [run_fleet(config, "defkt-select", data=fleet) for _ in range(2)]
     assert runs[0].models_transmitted == 6
     assert [n.param_sha256 for n in runs[0].nodes] == [n.param_sha256 for n in runs[1].nodes]
 

@@ -19,14 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from dfl_node.learning.fleet import provision
 from dfl_node.node.daemon import Node
-from dfl_node.sim import Simulation
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.experiment import run_fleet
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
 from dfl_node.sim.network import LinkProfile
-from tests.conftest import FLEET
+from tests.conftest import FLEET, simulated
 
 ROUNDS = 3
 
@@ -53,24 +51,25 @@ ROUND_WORK_S = 10 * COMPUTE_S  # one round's own work on that clock, with room (
 
 
 @pytest.mark.parametrize("algorithm", ["defkt", "fairavg", "fedavg"])  # a pair, a pull, a group algorithm
-def test_rounds_on_the_memory_network_equal_the_simulator_bit_for_bit(algorithm: str, fleet_shards: Path,
-                                                                      tmp_path: Path) -> None:
+def test_what_compute_and_links_cost_changes_no_bit(algorithm: str, fleet_shards: Path, tmp_path: Path) -> None:
+    """The timeline moves with the costs (each compute call 0.5 virtual s, each message 10 ms): the nodes'
+    models end as ``dfl-node simulate``'s, whose default costs are others, bit for bit."""
     async def main() -> tuple[dict[str, dict[str, torch.Tensor]], float]:
-        async with sim_fleet(fleet_shards, tmp_path, ROUNDS, algorithm, profile=LinkProfile(LATENCY_S)) as fleet:
+        async with sim_fleet(fleet_shards, tmp_path / "costed", ROUNDS, algorithm,
+                             profile=LinkProfile(LATENCY_S)) as fleet:
             await asyncio.wait_for(fleet.finished(), 600)
             return ({n: node.ctx.snapshot() for n, node in fleet.nodes.items()}, asyncio.get_running_loop().time())
 
     states, virtual = run_virtual(main(), lambda work: COMPUTE_S, FLEET.threads)
-    config = FLEET.model_copy(update={"rounds": ROUNDS})
-    simulation = Simulation(config, algorithm, provision(config))
-    simulation.run()
-    assert states.keys() == simulation.nodes.keys()
-    for node_id, ctx in simulation.nodes.items():
-        expected, got = ctx.checkpoint_state(), states[node_id]
+    result, models = simulated(FLEET.model_copy(update={"rounds": ROUNDS}), algorithm, tmp_path / "simulate")
+    assert states.keys() == models.keys()
+    for node_id, expected in models.items():
+        got = states[node_id]
         assert got.keys() == expected.keys(), node_id
         differ = [name for name, tensor in expected.items() if not torch.equal(got[name], tensor)]
         assert not differ, f"{node_id}: {differ} differ from the simulator's"
     assert virtual >= ROUNDS * COMPUTE_S  # the clock moved: at least one compute call per round
+    assert virtual != result.wall_time_s  # … and differently from the default costs'
 
 
 def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_virtual_time(
@@ -118,12 +117,15 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
 def test_nodes_that_evaluate_on_the_schedule_draw_the_simulators_curve(fleet_shards: Path, tmp_path: Path) -> None:
     """Issue 21: a node evaluated after every change, which cost more than a round where the test set is large.
     Now only the models that stand at the curve's points are evaluated — once each, a model off the schedule
-    just before a later role replaces it — and the fleet's curve is still the simulator's, value for value."""
+    just before a later role replaces it — and the curve is still that of nodes evaluated every round, value
+    for value."""
     config = FLEET.model_copy(update={"rounds": 12, "eval_every": 4})
-    fleet = run_fleet(config, "defkt", tmp_path, evaluate=True, eval_every=config.eval_every)
-    simulated = Simulation(config, "defkt", provision(config)).run()
-    expected = {h.round: (h.per_node_local, h.per_node_global) for h in simulated.history if h.round}
-    assert {h.round: (h.per_node_local, h.per_node_global) for h in fleet.history} == expected
+    scheduled = run_fleet(config, "defkt", tmp_path)
+    every_round = run_fleet(config.model_copy(update={"eval_every": 1}), "defkt", tmp_path / "every-round")
+    expected = {h.round: (h.per_node_local, h.per_node_global, h.bytes_transmitted) for h in every_round.history
+                if h.round % config.eval_every == 0}
+    assert {h.round: (h.per_node_local, h.per_node_global, h.bytes_transmitted) for h in scheduled.history} == expected
+    assert list(expected) == [0, 4, 8, 12] and expected[0][2] == 0 < expected[4][2] < expected[8][2]
     histories = [json.loads(path.read_text())["history"] for path in (tmp_path / "defkt").glob("*/state.json")]
     changes = sum(h["event"] in ("send", "fusion") for history in histories for h in history)
     evaluations = sum(h["local_accuracy"] is not None for history in histories for h in history)

@@ -8,15 +8,14 @@ from click.testing import CliRunner
 
 from dfl_node.cli import cli
 from dfl_node.config import ExperimentConfig
-from dfl_node.learning.fleet import provision
-from dfl_node.sim import Simulation
+from dfl_node.sim import run_fleet
 
 SMALL = dict(nodes=4, rounds=6, eval_every=3, batch_size=20, mkt_batch_size=20, lr=0.05, hidden=[32, 32])
 
 
 def _run(algorithm: str, **overrides: object):
     config = ExperimentConfig(**{**SMALL, **overrides})
-    return Simulation(config, algorithm, provision(config)).run()
+    return run_fleet(config, algorithm)
 
 
 def test_same_seed_same_models_other_seed_other_models() -> None:

@@ -98,6 +98,13 @@ class NodeStatus(Counters):
         return Counters(**{name: getattr(self, name) for name in COUNTER_FIELDS})
 
 
+class SeriesAccuracy(BaseModel):
+    """Accuracies of another model a node reports beside its own (DFML's regular model, FML's meme model)."""
+
+    local_accuracy: float | None = None
+    global_accuracy: float | None = None
+
+
 class HistoryEntry(BaseModel):
     """One event in the node's history (``GET /history``)."""
 
@@ -108,6 +115,10 @@ class HistoryEntry(BaseModel):
     peer: str | None = None
     local_accuracy: float | None = None
     global_accuracy: float | None = None
+    series: dict[str, SeriesAccuracy] = Field(default_factory=dict, description="where evaluated, the algorithm's "
+                                              "other reported models, by name (DFML: regular; FML: meme)")
+    bytes_received: int = Field(0, description="model bytes this node had received by then: summed over a fleet, "
+                                "the bytes that crossed its wire")
     detail: dict[str, float | int | str] = Field(default_factory=dict)
 
 

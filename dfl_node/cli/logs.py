@@ -65,6 +65,14 @@ def _apply(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     return value
 
 
+def quieter_by_default(level: str) -> None:
+    """For a verb whose INFO is too much — ``simulate`` runs K nodes in one process, each saying what a daemon
+    says — log at ``level`` unless a level was given (flag or ``DFL_LOG_LEVEL``)."""
+    given = click.get_current_context().meta.setdefault("dfl_log", {})
+    if "log_level" not in given:
+        setup_logging(level, given.get("log_format", "text"), given.get("log_libraries", False))
+
+
 def log_options(command: F) -> F:
     """``--log-level``, ``--log-format`` and ``--log-libraries`` (each also from ``DFL_LOG_*``), applied as
     soon as they are parsed; not passed to the command. (No click defaults: a verb's unset option must not

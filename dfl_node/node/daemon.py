@@ -29,7 +29,7 @@ import torch
 from dfl_node.algorithms import NodeContext, NodeProfile, Role, make_algorithm
 from dfl_node.algorithms.base import equip
 from dfl_node.api.metrics import NodeMetrics
-from dfl_node.api.schemas import FleetEvent, FleetView, HistoryEntry, NodeStatus
+from dfl_node.api.schemas import FleetEvent, FleetView, HistoryEntry, NodeStatus, SeriesAccuracy
 from dfl_node.errors import OperatorError
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.devices import resolve_device
@@ -227,16 +227,14 @@ class Node:
         """
         state = self.state
         evaluated = self.schedule.at_change(round_)
-        state.accuracy, state.digest = await asyncio.to_thread(self._measure, evaluated)
+        accuracies, state.digest = await asyncio.to_thread(self._measure, evaluated)
         exchanged = event in ("send", "fusion")
         detail: dict[str, float | int | str] = {}
         if exchanged:
             state.counters["rounds_completed"] += 1
             seconds, moved = self.roles.elapsed()
             detail = {"seconds": round(seconds, 3), "bytes": moved}
-        local, global_ = state.accuracy if evaluated else (None, None)
-        state.history.append(HistoryEntry(round=round_, time=self.clock.wall(), event=event, role=state.role.value,
-                                          peer=peer, local_accuracy=local, global_accuracy=global_, detail=detail))
+        self._record(round_, event, accuracies, peer=peer, detail=detail)
         await self.save()
         if exchanged:
             self.metrics.observe("role", seconds, role=state.role.value)
@@ -249,24 +247,33 @@ class Node:
         since = self.schedule.owed(upto)
         if since is None and not (upto is None and self.config.evaluate and self.state.accuracy == (None, None)):
             return
-        self.state.accuracy = await asyncio.to_thread(self.evaluate)
+        accuracies = await asyncio.to_thread(self.evaluate)
         self.schedule.owed_since = None
-        local, global_ = self.state.accuracy
-        self.state.history.append(HistoryEntry(round=self.state.round if since is None else since,
-                                               time=self.clock.wall(), event="eval", role=self.state.role.value,
-                                               local_accuracy=local, global_accuracy=global_))
+        self._record(self.state.round if since is None else since, "eval", accuracies)
 
-    def _measure(self, evaluated: bool) -> tuple[tuple[float | None, float | None], str]:
-        accuracy = self.evaluate() if evaluated else self.state.accuracy
-        return accuracy, param_digest(self.ctx.model.state_dict())
+    def _record(self, round_: int, event: str, accuracies: dict[str, SeriesAccuracy] | None, *,
+                peer: str | None = None, detail: dict[str, float | int | str] | None = None) -> None:
+        """A history entry for ``event``; ``accuracies`` (from :meth:`evaluate`, None where the model was not
+        evaluated) become the node's accuracy and the entry's, the first model's as the node's own."""
+        state, local, global_, others = self.state, None, None, {}
+        if accuracies is not None:
+            own, *_ = accuracies
+            local, global_ = state.accuracy = (accuracies[own].local_accuracy, accuracies[own].global_accuracy)
+            others = {name: accuracy for name, accuracy in accuracies.items() if name != own}
+        state.history.append(HistoryEntry(round=round_, time=self.clock.wall(), event=event, role=state.role.value,
+                                          peer=peer, local_accuracy=local, global_accuracy=global_, series=others,
+                                          bytes_received=state.counters["bytes_received"], detail=detail or {}))
 
-    def evaluate(self) -> tuple[float | None, float | None]:
-        """(local, global) accuracy of the model the algorithm reports first (the node's own; DFML: its peak
-        model): on its validation split and the global test set."""
-        model = next(iter(self.algorithm.reported_models(self.ctx).values()))
-        local = evaluate(model, self.ctx.val).accuracy if len(self.ctx.val) else None
-        global_ = evaluate(model, self.test).accuracy if self.test is not None else None
-        return local, global_
+    def _measure(self, evaluated: bool) -> tuple[dict[str, SeriesAccuracy] | None, str]:
+        return self.evaluate() if evaluated else None, param_digest(self.ctx.model.state_dict())
+
+    def evaluate(self) -> dict[str, SeriesAccuracy]:
+        """The accuracies of every model the algorithm reports, by name, the node's own first (DFML: its peak
+        model; then DFML's regular model, FML's meme model): on its validation split and the global test set."""
+        val, test = self.ctx.val, self.test
+        return {name: SeriesAccuracy(local_accuracy=evaluate(model, val).accuracy if len(val) else None,
+                                     global_accuracy=evaluate(model, test).accuracy if test is not None else None)
+                for name, model in self.algorithm.reported_models(self.ctx).items()}
 
     async def finish(self, round_: int) -> None:
         """The fleet is done at ``round_``: settle the last role, make sure there is an accuracy, checkpoint. Both

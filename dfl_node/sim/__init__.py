@@ -1,7 +1,8 @@
-"""The in-process drivers: :class:`Simulation` (K virtual nodes, the daemon's algorithm objects through the same
-round runner over an in-memory transport: the fast path) and, in :mod:`dfl_node.sim.fleet`, K of the daemon's
-own nodes on an in-memory network and a virtual clock (``dfl-node simulate --mode``)."""
+"""The simulator: K of the daemon's own nodes in one process (:mod:`dfl_node.sim.fleet`), on an in-memory peer
+network (:mod:`dfl_node.sim.network`) and a virtual clock (:mod:`dfl_node.sim.clock`), their devices and links
+costed (:mod:`dfl_node.sim.costs`) and their faults played (:mod:`dfl_node.sim.faults`): ``dfl-node simulate``,
+through :func:`~dfl_node.sim.experiment.run_fleet`."""
 
-from dfl_node.sim.simulator import Simulation, initial_models
+from dfl_node.sim.experiment import run_fleet
 
-__all__ = ["Simulation", "initial_models"]
+__all__ = ["run_fleet"]

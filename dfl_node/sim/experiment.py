@@ -4,13 +4,19 @@ its faults played as scheduled (:mod:`dfl_node.sim.faults`). Deterministic for a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
 from dfl_node.config import ExperimentConfig
-from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.fleet_results import fleet_result
+from dfl_node.learning.fleet import Fleet, provision, write_fleet
 from dfl_node.node.config import NodeConfig
 from dfl_node.results import RunResult
 from dfl_node.sim.clock import VIRTUAL_EPOCH, run_virtual
@@ -18,8 +24,8 @@ from dfl_node.sim.costs import CostModel
 from dfl_node.sim.faults import Fault, fault_figures, play_faults, stall_bound
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
 from dfl_node.sim_config import FaultSchedule
-from dfl_node.testbed.launcher import fleet_result
 
+Progress = Callable[[int, float], None]  # (rounds the fleet reached, virtual seconds gone)
 HISTORY_LIMIT = 1_000_000  # a simulated node keeps its whole history: the faults block reads it back
 
 
@@ -34,15 +40,28 @@ def round_work(config: ExperimentConfig, algorithm: str, costs: CostModel, large
     return 2 * (steps * device.step_s + largest_shard * device.eval_sample_s + 4 * link.latency_s)
 
 
-def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path, *, mode: str = "round", duration: float = 0.0,
-              random_kills: int = 0, random_slowdowns: int = 0, fault_seed: int = 0, **settings: Any) -> RunResult:
+def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path | None = None, *, mode: str = "round",
+              duration: float = 0.0, random_kills: int = 0, random_slowdowns: int = 0, fault_seed: int = 0,
+              data: Fleet | None = None, progress: Progress | None = None, **settings: Any) -> RunResult:
     """Run ``algorithm`` on ``config``'s fleet as real nodes in ``mode`` (async: for ``duration`` virtual
-    seconds), shards and state dirs under ``workdir``. The config's faults are played from the start — or,
-    with ``random_kills``, that many kills and a partition drawn from ``fault_seed``, then ``random_slowdowns``
-    slow links and nodes (:meth:`~dfl_node.sim_config.FaultSchedule.random`, spaced by the liveness bounds);
-    ``fault_seed`` also picks among the nodes a kill's role names, and the messages a lossy link loses.
+    seconds), shards and state dirs under ``workdir`` (None: a temporary folder, removed after). The config's
+    faults are played from the start — or, with ``random_kills``, that many kills and a partition drawn from
+    ``fault_seed``, then ``random_slowdowns`` slow links and nodes
+    (:meth:`~dfl_node.sim_config.FaultSchedule.random`, spaced by the liveness bounds); ``fault_seed`` also
+    picks among the nodes a kill's role names, and the messages a lossy link loses. ``data``: the config's
+    fleet data if already provisioned (several algorithms on the same data). ``progress`` is called from
+    another thread, a few times a second, with the rounds the fleet reached and the virtual seconds gone.
     ``settings`` override any node setting."""
-    data = provision(config)
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dfl-sim-")))
+        return _run_fleet(config, algorithm, workdir, mode, duration, random_kills, random_slowdowns, fault_seed,
+                          provision(config) if data is None else data, progress, settings)
+
+
+def _run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path, mode: str, duration: float,
+               random_kills: int, random_slowdowns: int, fault_seed: int, data: Fleet, progress: Progress | None,
+               settings: dict[str, Any]) -> RunResult:
     shards = workdir / "shards"
     write_fleet(data, shards)
     configs = plan_nodes(config, algorithm, shards, workdir / algorithm, mode=mode, duration=duration,
@@ -57,7 +76,7 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path, *, mode: 
                                         slow_recovery=stall_bound(node, False, work),
                                         heal_within=0.9 * node.round_timeout, slowdowns=random_slowdowns,
                                         nodes=[c.id for c in configs])
-    statuses, histories, happened, ended, states = run_virtual(_run(configs, costs, schedule, fault_seed),
+    statuses, histories, happened, ended, states = run_virtual(_run(configs, costs, schedule, fault_seed, progress),
                                                                costs.compute(), config.threads)
     train_sizes = {c.node_id: len(c.train) for c in data.clients}
     result = fleet_result("simulate", statuses, histories, config, algorithm, train_sizes, VIRTUAL_EPOCH, ended)
@@ -81,19 +100,42 @@ def by_class(statuses: dict[str, dict], class_of: dict[str, str]) -> dict[str, d
             for name, members in classes.items()}
 
 
-async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSchedule, seed: int
-               ) -> tuple[dict[str, dict], dict[str, list[dict]], list[Fault], float, dict[str, dict[str, Any]]]:
+async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSchedule, seed: int,
+               progress: Progress | None) -> tuple[dict[str, dict], dict[str, list[dict]], list[Fault], float,
+                                                   dict[str, dict[str, Any]]]:
     fleet = VirtualFleet(configs, costs.transfer())
+    with contextlib.ExitStack() as stack:
+        if progress is not None:
+            stack.enter_context(_reporting(fleet, progress))
+        try:
+            fleet.start_all()
+            happened = await play_faults(fleet, costs, schedule, seed)
+            await fleet.finished()
+            ended = fleet.clock.wall()
+            statuses = {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
+            histories = {n: [h.model_dump(mode="json") for h in node.get_history()]
+                         for n, node in sorted(fleet.nodes.items())}
+            for node_id in sorted(fleet.nodes):
+                await fleet.stop(node_id)
+            return statuses, histories, happened, ended, fleet.durable_states()
+        finally:
+            await fleet.close()
+
+
+@contextlib.contextmanager
+def _reporting(fleet: VirtualFleet, progress: Progress) -> Iterator[None]:
+    """Call ``progress`` from a thread of its own every 0.2 s of *wall* time while the fleet runs: a task on the
+    virtual loop would add timers to the simulation it reports on. It reads two numbers the loop writes."""
+    stop, loop = threading.Event(), asyncio.get_running_loop()
+
+    def report() -> None:
+        while not stop.wait(0.2):
+            progress(fleet.round_reached(), loop.time())
+
+    reporter = threading.Thread(target=report, name="simulate-progress", daemon=True)
+    reporter.start()
     try:
-        fleet.start_all()
-        happened = await play_faults(fleet, costs, schedule, seed)
-        await fleet.finished()
-        ended = fleet.clock.wall()
-        statuses = {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
-        histories = {n: [h.model_dump(mode="json") for h in node.get_history()]
-                     for n, node in sorted(fleet.nodes.items())}
-        for node_id in sorted(fleet.nodes):
-            await fleet.stop(node_id)
-        return statuses, histories, happened, ended, fleet.durable_states()
+        yield
     finally:
-        await fleet.close()
+        stop.set()
+        reporter.join()

@@ -110,6 +110,10 @@ class VirtualFleet:
         return durable_states(((n, c.state_path, self.fingerprints[n]) for n, c in self.configs.items()),
                               min(c.history_limit for c in self.configs.values()))
 
+    def round_reached(self) -> int:
+        """The newest round a node now up has reached (round mode; async mode: 0)."""
+        return max((node.state.round for node in list(self.nodes.values())), default=0)
+
     async def finished(self) -> None:
         """Until every node now up has finished its run (its rounds, or its async duration)."""
         await asyncio.gather(*(n.scheduler.finished.wait() for n in self.nodes.values()))

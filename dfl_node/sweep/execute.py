@@ -10,10 +10,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from dfl_node.learning.fleet import provision
-from dfl_node.sim import Simulation
+from dfl_node.sim import run_fleet
 from dfl_node.sweep.grid import RunTask
 
 
@@ -27,11 +24,9 @@ class Outcome:
 
 
 def execute(task: RunTask) -> dict[str, Any]:
-    """Provision the run's fleet, run the simulator, return the run's result JSON (a RunResult,
-    its final averaged accuracies, and the grid point it belongs to)."""
-    config = task.experiment()
-    torch.set_num_threads(config.threads)
-    result = Simulation(config, task.algorithm, provision(config)).run()
+    """Run the simulator on the run's config, return the run's result JSON (a RunResult, its final averaged
+    accuracies, and the grid point it belongs to)."""
+    result = run_fleet(task.experiment(), task.algorithm)
     payload = result.model_dump(mode="json")
     payload["global_accuracy"], payload["local_accuracy"] = result.global_accuracy, result.local_accuracy
     payload["sweep"] = {"name": task.name, "point": task.point, "algorithm": task.algorithm, "seed": task.seed}

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dfl_node.config import ExperimentConfig, LearningConfig
+from dfl_node.fleet_results import fleet_result
 from dfl_node.learning.fleet import TEST_FILE, Fleet, architectures, fleet_ids
 from dfl_node.node.config import is_loopback
-from dfl_node.results import EvalRecord, NodeResult, RunResult
+from dfl_node.results import RunResult
 from dfl_node.testbed.fetch import fetch_all
 
 Wrap = Callable[[list[str]], list[str]]
@@ -222,55 +223,6 @@ def done_twice() -> Callable[[dict[str, dict | None]], bool]:
     return check
 
 
-def fleet_rounds(statuses: dict[str, dict]) -> tuple[str, int]:
-    """The fleet's mode and what it really did (never the configured T).
-
-    Round mode: the round every node reached. Async mode has no rounds: the completed exchanges,
-    counted as fusions (a model received and fused), summed over the fleet.
-    """
-    mode = next(iter(statuses.values()))["mode"]
-    if mode == "async":
-        return mode, sum(s["fusions"] for s in statuses.values())
-    return mode, min(s["round"] for s in statuses.values())
-
-
-def fleet_positions(histories: dict[str, list[dict]], mode: str) -> dict[str, list[tuple[int, dict]]]:
-    """Each node's history entries, tagged with how far the fleet had come, in the unit of :func:`fleet_rounds`.
-
-    In round mode an entry's round is a fleet-wide clock. Async mode has none: an entry's position is
-    the number of fusions anywhere in the fleet up to its time (the nodes share this machine's clock).
-    """
-    if mode != "async":
-        return {node_id: [(h["round"], h) for h in entries] for node_id, entries in histories.items()}
-    tagged: dict[str, list[tuple[int, dict]]] = {node_id: [] for node_id in histories}
-    fusions = 0
-    for node_id, h in sorted(((i, h) for i, entries in histories.items() for h in entries), key=lambda e: e[1]["time"]):
-        fusions += h["event"] == "fusion"
-        tagged[node_id].append((fusions, h))
-    return tagged
-
-
-def accuracy_curve(positions: dict[str, list[tuple[int, dict]]], points: list[int], started: float) -> list[EvalRecord]:
-    """Averaged accuracies at each point, from each node's last evaluation at or before it.
-
-    A point is left out until every node has been evaluated; its wall time is when the last entry
-    counted at that point happened, relative to ``started`` (unix time).
-    """
-    history = []
-    for point in points:
-        reached = {i: [h for x, h in entries if x <= point] for i, entries in positions.items()}
-        known = {i: [h for h in hs if h["global_accuracy"] is not None] for i, hs in reached.items()}
-        if not all(known.values()):
-            continue
-        per_global = {i: hs[-1]["global_accuracy"] for i, hs in known.items()}
-        per_local = {i: hs[-1]["local_accuracy"] for i, hs in known.items()}
-        last = max(h["time"] for hs in reached.values() for h in hs)
-        history.append(EvalRecord(round=point, global_accuracy=sum(per_global.values()) / len(per_global),
-                                  local_accuracy=sum(per_local.values()) / len(per_local), per_node_global=per_global,
-                                  per_node_local=per_local, bytes_transmitted=0, wall_time_s=max(0.0, last - started)))
-    return history
-
-
 def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, fleet: Fleet, started: float
             ) -> RunResult:
     """The fleet's final state in the simulator's schema, as it happened; ``started``: unix time of the launch."""
@@ -282,28 +234,3 @@ def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, 
     statuses = {node_id: status for node_id, status in polled.items() if status is not None}  # all of them
     train_sizes = {c.node_id: len(c.train) for c in fleet.clients}
     return fleet_result("testbed", statuses, histories, config, algorithm, train_sizes, started, time.time())
-
-
-def fleet_result(driver: str, statuses: dict[str, dict], histories: dict[str, list[dict]], config: ExperimentConfig,
-                 algorithm: str, train_sizes: dict[str, int], started: float, ended: float) -> RunResult:
-    """A fleet's result from each node's ``/status`` and ``/history`` (as JSON), in the simulator's schema;
-    ``started``/``ended`` on the nodes' wall clock (a simulated fleet's is virtual).
-
-    ``rounds`` and the curve's points count what the fleet did (see :func:`fleet_rounds`), so an
-    async run, or a round run that stopped early, is never reported as the configured T rounds.
-    """
-    mode, rounds = fleet_rounds(statuses)
-    results = [
-        NodeResult(id=node_id, global_accuracy=status["global_accuracy"], local_accuracy=status["local_accuracy"],
-                   param_sha256=status["param_sha256"], num_train=train_sizes[node_id],
-                   models_sent=status["models_sent"], models_received=status["models_received"],
-                   model=status["model"])
-        for node_id, status in statuses.items()
-    ]
-    points = sorted({*range(config.eval_every, rounds + 1, config.eval_every), rounds})
-    return RunResult(
-        driver=driver, algorithm=algorithm, mode=mode, config=config.model_dump(mode="json"), rounds=rounds,
-        history=accuracy_curve(fleet_positions(histories, mode), points, started), nodes=results,
-        bytes_transmitted=sum(s["bytes_sent"] for s in statuses.values()),
-        models_transmitted=sum(s["models_sent"] for s in statuses.values()), wall_time_s=ended - started,
-    )
