@@ -6,12 +6,14 @@ issue 19 made ``dfl-node simulate`` K of the daemon's nodes on a virtual clock);
 The before tree is checked out in a temporary ``git worktree``; each measurement is a child process importing
 ``dfl_node`` from one tree or the other, and the passes alternate (before, after, before, after…) so that a
 noisy machine slows both alike. Both trees are timed the same way, whole runs from the provisioned data to
-the result, evaluated at the start and the end only: a run of ``--rounds`` + 1 rounds less a run of 1 round,
-so that neither start-up (the fleet writes shards, builds its nodes) nor evaluation counts — a round's
-marginal cost, by the clock (``rounds_per_s``) and by the process's CPU time (``cpu_rounds_per_s``: on a
-machine shared with other work the clock also counts the time others held the core; one thread's CPU time
-does not). ``eval_s`` is the 1-round run's whole time: start-up and two evaluations. Prints one JSON object;
-``ratio`` and ``cpu_ratio`` are after/before.
+the result, evaluated at the start and the end only: a run of ``--rounds`` more rounds less a run of
+``--rounds``/2, so that neither start-up (the fleet writes shards, builds its nodes) nor evaluation counts — a
+round's marginal cost, by the clock (``rounds_per_s``) and by the process's CPU time (``cpu_rounds_per_s``: on
+a machine shared with other work the clock also counts the time others held the core; one thread's CPU time
+does not). The shorter run is not 1 round: a node evaluates its final model only if it changed, so after
+one round only two nodes would, and the longer run's other eight evaluations would count as rounds.
+``eval_s`` is the shorter run's whole time. Prints one JSON object; ``ratio`` and ``cpu_ratio`` are
+after/before.
 
     python benchmarks/sim_speed.py [--rounds 40] [--repeat 3] [--before COMMIT] [--config FILE] [--data-dir DIR]
     python benchmarks/sim_speed.py --rounds 40 --repeat 3    # README's figures
@@ -90,12 +92,14 @@ def measure(tree: Path, config_path: Path, rounds: int, data_dir: str | None) ->
             sim.run_fleet(short, algorithm, data=fleet)
         return time.perf_counter() - start, time.process_time() - cpu
 
+    base = max(1, rounds // 2)  # long enough that every node's model changed: both runs evaluate every node at the end
     for algorithm in config.algorithms:
         run(algorithm, 1)  # warm-up
-        one, one_cpu = run(algorithm, 1)
-        many, many_cpu = run(algorithm, rounds + 1)
-        report[algorithm] = {"rounds_per_s": rounds / (many - one), "cpu_rounds_per_s": rounds / (many_cpu - one_cpu),
-                             "eval_s": one}
+        short, short_cpu = run(algorithm, base)
+        long, long_cpu = run(algorithm, base + rounds)
+        report[algorithm] = {"rounds_per_s": rounds / (long - short),
+                             "cpu_rounds_per_s": rounds / (long_cpu - short_cpu),
+                             "eval_s": short}
     strays = sorted(name for name, module in list(sys.modules.items()) if name.split(".")[0] == "dfl_node"
                     and getattr(module, "__file__", None) and not Path(module.__file__).resolve().is_relative_to(tree))
     if strays:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,24 +72,30 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Pa
     assert "resumed from checkpoint generation 1" in caplog.text
 
 
-@pytest.mark.parametrize("cut_after", range(4))
+@pytest.mark.parametrize("cut_after", range(6))
 def test_a_save_cut_short_at_any_rename_resumes_from_a_whole_pair(tmp_path: Path, cut_after: int,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save's file-system steps after its files are written: the two old previous files unlinked, the current
+    pair renamed to previous, the new pair renamed into place. The process dies before any one of them."""
     _two_generations(tmp_path)
-    renames = 0
-    real_replace = os.replace
+    steps = 0
+    real = {"rename": os.rename, "unlink": os.unlink}
 
-    def crashing_replace(src: os.PathLike, dst: os.PathLike) -> None:
-        nonlocal renames
-        if renames == cut_after:
-            raise KeyboardInterrupt("kill -9")  # the process dies here: nothing after it happens
-        renames += 1
-        real_replace(src, dst)
+    def crashing(name: str) -> Callable[..., None]:
+        def step(*args: object, **kwargs: object) -> None:
+            nonlocal steps
+            if steps == cut_after:
+                raise KeyboardInterrupt("kill -9")  # the process dies here: nothing after it happens
+            steps += 1
+            real[name](*args, **kwargs)
+        return step
 
-    monkeypatch.setattr(os, "replace", crashing_replace)
+    for name in real:
+        monkeypatch.setattr(os, name, crashing(name))
     with pytest.raises(KeyboardInterrupt):
         Checkpoint(tmp_path).save(_model(3.0), FP, {"round": 3})
-    monkeypatch.setattr(os, "replace", real_replace)
+    for name, function in real.items():
+        monkeypatch.setattr(os, name, function)
     # the new pair is whole only once both renames into place are done: until then, the old pair (which a
     # cut between the first two renames leaves as state.json beside model.prev.safetensors)
     assert _resumed(tmp_path) == (2.0, 2)

@@ -16,7 +16,7 @@ from dfl_node.errors import OperatorError
 # Each verb: where it lives, and the line `dfl-node --help` shows for it without importing it (a test checks
 # that the line opens the verb's own help).
 VERBS: dict[str, tuple[str, str]] = {
-    "simulate": ("dfl_node.cli.simulate:simulate", "Run K virtual nodes in-process, round by round"),
+    "simulate": ("dfl_node.cli.simulate:simulate", "Run K real nodes in one process"),
     "testbed": ("dfl_node.cli.testbed:testbed", "Run a fleet of real daemons on this machine"),
     "start": ("dfl_node.cli.node_cmds:start", "Run this device's node"),
     "stop": ("dfl_node.cli.operator:stop", "Stop the node that runs in STATE_DIR"),
