@@ -21,8 +21,9 @@ PLOT_MISSING = "draws with matplotlib, which is not installed: pip install 'dfl-
 # Modules a node has no use for: scikit-learn and matplotlib are not even its dependencies any more, Ray is an
 # extra of sweeps, SciPy and pandas come with them; cryptography only with mutual TLS (--tls-dir), gRPC
 # reflection only with --reflection (grpcio imports the empty grpc_reflection package itself: its v1alpha is
-# the service).
-UNUSED = ("sklearn", "matplotlib", "ray", "scipy", "pandas", "cryptography", "grpc_reflection.v1alpha")
+# the service); the REST API serves no WebSocket, so uvicorn loads no WebSocket protocol (wsproto).
+UNUSED = ("sklearn", "matplotlib", "ray", "scipy", "pandas", "cryptography", "grpc_reflection.v1alpha", "wsproto",
+          "websockets")
 
 # `dfl-node start` as its console script runs it, in this process, then what it had imported once it was done.
 AUDIT = f"""

@@ -1,6 +1,8 @@
 """Heartbeats (issue 21): of two confirmed peers only the lower id sends the Hello of each heartbeat; the other
 hears the peer's identity and progress from it, and sends its own only when it has not heard from the peer for
-1.5 heartbeats. A pair's heartbeats were most of an idle node's CPU (two Hellos a second per pair)."""
+1.5 heartbeats. A pair's heartbeats were most of an idle node's CPU (two Hellos a second per pair). A quiet pair (the
+peer's last two heartbeats said the same, no token, no role) says Hello every 2 heartbeats, and at every heartbeat
+again as soon as something changes or the peer falls silent."""
 
 from __future__ import annotations
 
@@ -19,20 +21,17 @@ def hello_of(node_id: str, round_: int = 0) -> HelloReply:
 
 
 async def one_heartbeat(table: PeerTable) -> list[str]:
-    """The addresses ``table`` says Hello to in one pass of its heartbeat loop."""
+    """The addresses ``table`` says Hello to in one pass of its heartbeat loop (the next comes a heartbeat later)."""
     probed: list[str] = []
-    first_pass = asyncio.Event()
 
     async def hello(address: str) -> HelloReply | None:
         probed.append(address)
-        first_pass.set()
         return None
 
     table.hello = hello
     loop = asyncio.create_task(table.run())
     try:
-        await asyncio.wait_for(first_pass.wait(), 5)
-        await asyncio.sleep(0)  # the rest of the pass's gather
+        await asyncio.sleep(0.1 * HEARTBEAT)  # the pass's gather is done long before its sleep ends
     finally:
         loop.cancel()
     return sorted(probed)
@@ -56,3 +55,46 @@ async def test_the_higher_id_says_hello_once_the_lower_one_has_been_silent() -> 
     table.seen(hello_of("a"))
     table.peers["a"].heard_at -= 1.5 * HEARTBEAT  # a has not said Hello for 1.5 heartbeats
     assert await one_heartbeat(table) == ["a:1"]
+
+
+def quiet_table(peer: str, *, round_: int = 0, holding: bool = False) -> PeerTable:
+    """``m``'s table with ``peer`` heard twice (the second time just now): the same progress both times."""
+    table = PeerTable("m", hello=None, clock=Clock(), heartbeat=HEARTBEAT, timeout=4.0,  # type: ignore[arg-type]
+                      static=[])
+    table.seen(hello_of(peer))
+    reply = hello_of(peer, round_)
+    table.seen(HelloReply(node_id=reply.node_id, grpc_address=reply.grpc_address, boot_id=reply.boot_id,
+                          accepted=True, progress=Progress(round=round_, holding=holding)))
+    return table
+
+
+async def test_a_quiet_pair_says_hello_every_two_heartbeats() -> None:
+    table = quiet_table("z")  # z is above us: ours to send
+    assert table.quiet_interval == 2 * HEARTBEAT
+    assert await one_heartbeat(table) == []  # heard just now, and nothing changed
+    table.peers["z"].heard_at -= 1.5 * HEARTBEAT  # the next heartbeat is 2 after the last Hello
+    assert await one_heartbeat(table) == ["z:1"]
+    table.peers["z"].heard_at -= 1.0 * HEARTBEAT  # that one was lost: sent again at the next heartbeat
+    assert await one_heartbeat(table) == ["z:1"]
+
+
+async def test_the_higher_id_of_a_quiet_pair_waits_for_the_lower_ones_hello() -> None:
+    table = quiet_table("a")
+    table.peers["a"].heard_at -= 2 * HEARTBEAT  # a's Hello of every 2 heartbeats is due, not late
+    assert await one_heartbeat(table) == []
+    table.peers["a"].heard_at -= 0.5 * HEARTBEAT
+    assert await one_heartbeat(table) == ["a:1"]
+
+
+async def test_a_pair_is_not_quiet_while_something_changes() -> None:
+    moved = quiet_table("z")
+    moved.seen(hello_of("z", 1))  # its progress changed: every heartbeat again
+    assert await one_heartbeat(moved) == ["z:1"]
+    holding = quiet_table("z", holding=True)  # a token holder is never quiet
+    assert await one_heartbeat(holding) == ["z:1"]
+
+
+def test_a_short_timeout_keeps_the_heartbeat() -> None:
+    """Half the timeout, never more than 2 heartbeats, never less than one: a quiet pair keeps 2 tries in a timeout."""
+    table = PeerTable("m", hello=None, clock=Clock(), heartbeat=1.0, timeout=1.5, static=[])  # type: ignore[arg-type]
+    assert table.quiet_interval == 1.0

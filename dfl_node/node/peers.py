@@ -2,9 +2,9 @@
 
 Peers come from mDNS, from static ``--peer`` addresses, and from Hellos they send us. mDNS cannot
 tell that a node crashed (its records linger for many minutes), so liveness is the application's:
-every ``heartbeat`` seconds each known address gets a Hello with a short deadline; a peer silent
-for ``peer_timeout`` seconds is marked dead and leaves the round plans, and rejoins as soon as it
-answers again.
+every ``heartbeat`` seconds each known address gets a Hello with a short deadline (a *quiet* pair less often:
+:meth:`PeerTable.run`); a peer silent for ``peer_timeout`` seconds is marked dead and leaves the round plans,
+and rejoins as soon as it answers again.
 
 The table is bounded. A peer is *confirmed* only once it answered a Hello of ours at the address it
 gave: a Hello it sends us (anyone can send one, with any id and address) makes it *pending*, at most
@@ -54,6 +54,7 @@ class Peer:
     alive: bool = True
     progress: Progress | None = None  # where it stood at its last reply to our Hello
     holding_since: float | None = None  # wall clock: since when its replies say it holds the token (its epoch)
+    quiet: bool = False  # its last two heartbeats said the same, and it holds no token and plays no role
 
     def info(self) -> PeerInfo:
         return PeerInfo(id=self.id, address=self.address, http_port=self.http_port or None,
@@ -80,6 +81,8 @@ class PeerTable:
         self.heartbeat = heartbeat
         self.timeout = timeout
         self.expiry = max(expiry, timeout)
+        # a quiet pair's heartbeat period: half the timeout (so 2 Hellos in 3 can be lost), but no longer than 2 beats
+        self.quiet_interval = max(heartbeat, min(2 * heartbeat, timeout / 2))
         self.max_pending = max_pending
         self.static = list(static)
         self.unreachable: dict[str, str] = {}  # static address -> why our last Hello there got no answer
@@ -141,6 +144,7 @@ class PeerTable:
         peer.status_url, peer.model, peer.num_samples = reply.status_url, reply.model, reply.num_samples
         peer.last_seen, peer.heard_at, peer.alive = now, heard_at, True
         before, peer.progress = peer.progress, reply.progress  # a request's as a reply's: both are heartbeats
+        peer.quiet = before == reply.progress and not (reply.progress.holding or reply.progress.busy)
         if not reply.progress.holding:
             peer.holding_since = None
         elif before is None or not before.holding or before.epoch != reply.progress.epoch:
@@ -218,6 +222,14 @@ class PeerTable:
                 if not self._in_use(address):
                     self.on_forget(address)
 
+    def _due(self, peer: Peer, now: float) -> bool:
+        """Whether this heartbeat owes ``peer`` a Hello (a confirmed, live peer; see :meth:`run`)."""
+        silent = now - peer.heard_at
+        if peer.id < self.self_id:  # the peer says Hello to us: ours only once it has fallen silent
+            period = self.quiet_interval if peer.quiet else self.heartbeat
+            return silent >= period + 0.5 * self.heartbeat
+        return not peer.quiet or silent >= self.quiet_interval - 0.5 * self.heartbeat
+
     async def run(self) -> None:
         """Heartbeat every known address; expire peers silent for longer than ``timeout``.
 
@@ -225,13 +237,24 @@ class PeerTable:
         and the other hears its identity and progress from it (and the reply tells the sender the same). The
         higher id sends one only when it has not heard from its peer for 1.5 heartbeats — the peer does not
         know it, or cannot reach it — so a pair's heartbeats cost half what they did, which was most of an
-        idle node's CPU, and a silent peer is still found out within ``timeout``."""
+        idle node's CPU, and a silent peer is still found out within ``timeout``.
+
+        A *quiet* pair — the peer's last two heartbeats said the same, and it holds no token and plays no role,
+        as in a swarm standing by — says Hello every :attr:`quiet_interval` (2 heartbeats with the defaults:
+        ``min(2 heartbeats, timeout / 2)``) rather than every heartbeat, which halves again what an idle swarm's
+        heartbeats cost. The lower id sends it once the peer has been silent for that long, so a lost one is
+        sent again at the next heartbeat; the higher id once it has been silent half a heartbeat longer. What
+        stays: the pass runs every heartbeat, so a silent peer is marked dead within ``timeout`` (plus a
+        heartbeat) as before, and a pair that is not quiet (a Hello whose progress changed) is back to every
+        heartbeat at once. What changes while quiet: a live peer is kept as long as one of the Hellos sent
+        between ``quiet_interval`` and ``timeout`` of silence gets through (with the defaults, those at 2, 3 and
+        4 s rather than 1, 2, 3 and 4 s), and its progress is up to ``quiet_interval`` old rather than a
+        heartbeat (where that matters, :meth:`refresh` asks afresh)."""
         while True:
             now = self.clock.monotonic()
-            quiet = {p.address for p in self.peers.values()
-                     if p.alive and p.id < self.self_id and now - p.heard_at < 1.5 * self.heartbeat}
+            skipped = {p.address for p in self.peers.values() if p.alive and not self._due(p, now)}
             addresses = ({p.address for p in self.peers.values()} | set(self.static)
-                         | {a for a, _ in self.pending.values()}) - quiet
+                         | {a for a, _ in self.pending.values()}) - skipped
             await asyncio.gather(*(self.probe(a) for a in addresses))
             self.prune()
             await asyncio.sleep(self.heartbeat)
