@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import torch
+from pydantic import BaseModel
 from torch import nn
 
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
-from dfl_node.learning.settings import LearningConfig
+from dfl_node.learning.settings import LearningConfig, NoSettings
 from dfl_node.learning.training import SgdParams, local_sgd
 
 
@@ -180,9 +181,13 @@ class Algorithm(ABC):
     architectures: ClassVar[Literal["identical", "any"]] = "identical"
     replies: ClassVar[bool] = False
     pulls: ClassVar[bool] = False
+    settings_model: ClassVar[type[BaseModel]] = NoSettings  # its own settings (dfl_node.learning.settings)
+    settings: BaseModel  # an instance of settings_model: a subclass narrows the type
 
     def __init__(self, config: LearningConfig) -> None:
-        self.config = config
+        self.config = config  # what every algorithm shares: seed, Q, local training, supervision …
+        own = set(self.settings_model.model_fields)
+        self.settings = self.settings_model.model_validate(config.model_dump(include=own))  # its own, only those
 
     @property
     def selects(self) -> bool:

@@ -14,25 +14,28 @@ from dfl_node.algorithms.base import AlgorithmError, NodeContext, PairAlgorithm
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
 from dfl_node.learning.fusion import average_parts_, expected_ranges, segment_parts
+from dfl_node.learning.settings import ComboSettings
 from dfl_node.learning.training import local_sgd
 
 
 class Combo(PairAlgorithm):
+    settings_model = ComboSettings
+    settings: ComboSettings
     name = "combo"
     replies = True
 
     @property
     def sender_segments(self) -> list[int]:
-        return list(range(1, self.config.segments, 2))
+        return list(range(1, self.settings.segments, 2))
 
     @property
     def receiver_segments(self) -> list[int]:
-        return list(range(0, self.config.segments, 2))
+        return list(range(0, self.settings.segments, 2))
 
     def _message(self, ctx: NodeContext, round_: int, purpose: str, indices: list[int]) -> ModelMessage:
-        parts = segment_parts(ctx.model.state_dict(), indices, self.config.segments)
+        parts = segment_parts(ctx.model.state_dict(), indices, self.settings.segments)
         return ctx.message(round_, purpose, parts, segments=",".join(map(str, indices)),
-                           segment_count=str(self.config.segments))
+                           segment_count=str(self.settings.segments))
 
     def _check(self, ctx: NodeContext, message: ModelMessage, purpose: str, indices: list[int]) -> None:
         self.check_purpose(message, purpose)
@@ -40,7 +43,7 @@ class Combo(PairAlgorithm):
             raise AlgorithmError(f"{message.purpose} from {message.sender} is from a {message.model} model, "
                                  f"not {ctx.spec}")
         carried = [(p.name, p.start, p.start + p.values.numel()) for p in message.parts]
-        if carried != expected_ranges(ctx.model.state_dict(), indices, self.config.segments):
+        if carried != expected_ranges(ctx.model.state_dict(), indices, self.settings.segments):
             raise AlgorithmError(f"{message.purpose} from {message.sender} does not carry segments {indices}")
 
     def _average(self, ctx: NodeContext, message: ModelMessage) -> None:

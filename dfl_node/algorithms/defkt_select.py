@@ -38,7 +38,7 @@ from dfl_node.algorithms.selection import (
     rank_by_profile,
     rank_by_samples,
 )
-from dfl_node.learning.settings import LearningConfig
+from dfl_node.learning.settings import LearningConfig, SelectionSettings
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ def candidate_pools(seed: int, round_: int, others: Sequence[str], pools: int, l
 
 
 class DefKTSelect(SelectsReceiver, DefKT):
+    settings_model = SelectionSettings
+    settings: SelectionSettings
     name = "defkt-select"
     sender_keeps_trained_default: ClassVar[bool] = True  # 001 Procedure 1: "stores w̃ as its local model"
 
@@ -65,12 +67,12 @@ class DefKTSelect(SelectsReceiver, DefKT):
 
     @property
     def selection_mode(self) -> str:
-        return self.config.selection
+        return self.settings.selection
 
     @property
     def selects(self) -> bool:
         """Whether senders choose their receivers (open groups) rather than being given one."""
-        return self.config.selection != "random"
+        return self.settings.selection != "random"
 
     def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
         ids = [p.node_id for p in profiles]
@@ -79,7 +81,7 @@ class DefKTSelect(SelectsReceiver, DefKT):
             return RoundPlan(round_, pairs)
         senders = [g.senders[0] for g in pairs]
         others = [i for i in ids if i not in senders]
-        pools = candidate_pools(self.config.seed, round_, others, len(senders), self.config.selection_candidates)
+        pools = candidate_pools(self.config.seed, round_, others, len(senders), self.settings.selection_candidates)
         return RoundPlan(round_, tuple(Group("", (s,), candidates=pool) for s, pool in zip(senders, pools)))
 
     def _trained(self, ctx: NodeContext, message: ModelMessage) -> torch.nn.Module:
@@ -92,7 +94,7 @@ class DefKTSelect(SelectsReceiver, DefKT):
         if self.selection_mode == "class-profile":
             errors, held = per_class(model, ctx.val, ctx.val.num_classes)
             return Probe(ctx.node_id, step.round, "class-profile", weights=error_weights(errors, held))
-        idx = least_certain(model, ctx.val, probe_budget(self.config.selection_samples, ctx.val.input_shape))
+        idx = least_certain(model, ctx.val, probe_budget(self.settings.selection_samples, ctx.val.input_shape))
         return Probe(ctx.node_id, step.round, "probe-samples", x=ctx.val.x[idx].contiguous(), y=ctx.val.y[idx].clone())
 
     def answer(self, ctx: NodeContext, probe: Probe) -> ProbeAnswer:

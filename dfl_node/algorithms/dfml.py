@@ -35,12 +35,15 @@ from dfl_node.learning.mutual import (
     updates_peak,
     weighted_mutual_learning,
 )
+from dfl_node.learning.settings import DFMLSettings
 from dfl_node.learning.training import SgdParams
 
 STATE = "dfml"  # prefix of this algorithm's keys in a plan's state
 
 
 class DFML(GatherAlgorithm):
+    settings_model = DFMLSettings
+    settings: DFMLSettings
     name = "dfml"
 
     def auxiliary_models(self, spec: ModelSpec) -> dict[str, ModelSpec]:
@@ -52,21 +55,21 @@ class DFML(GatherAlgorithm):
     # ----- the α schedule ------------------------------------------------------------------
     def next_state(self, round_: int, members: int, state: Mapping[str, str]) -> dict[str, str]:
         """α^(t) and the peak threshold for round t, and the cycle state round t + 1 starts from."""
-        c = self.config
-        cycle = CycleState.decode(state, STATE, c.alpha_period).at(round_, c.alpha_period_growth)
-        alpha = cyclic_alpha(round_ - cycle.start, cycle.period, c.alpha_min, c.alpha_max)
-        updates = c.peak_updates or peak_updates(members, senders_for(members, c.senders))
-        threshold = peak_threshold(cycle, updates, c.alpha_min, c.alpha_max)
+        s = self.settings
+        cycle = CycleState.decode(state, STATE, s.alpha_period).at(round_, s.alpha_period_growth)
+        alpha = cyclic_alpha(round_ - cycle.start, cycle.period, s.alpha_min, s.alpha_max)
+        updates = s.peak_updates or peak_updates(members, senders_for(members, s.senders))
+        threshold = peak_threshold(cycle, updates, s.alpha_min, s.alpha_max)
         return {**cycle.encode(STATE), f"{STATE}.alpha": repr(alpha), f"{STATE}.peak_alpha": repr(threshold)}
 
     def alpha(self, step: Step) -> tuple[float, float]:
         """(α^(t), the peak threshold) of ``step``: from its plan, or in async mode from the round alone."""
-        c = self.config
+        s = self.settings
         if f"{STATE}.alpha" in step.state:
             return float(step.state[f"{STATE}.alpha"]), float(step.state[f"{STATE}.peak_alpha"])
-        cycle = CycleState(0, c.alpha_period).at(step.round, c.alpha_period_growth)
-        alpha = alpha_at(step.round, c.alpha_period, c.alpha_period_growth, c.alpha_min, c.alpha_max)
-        return alpha, peak_threshold(cycle, c.peak_updates or 1, c.alpha_min, c.alpha_max)
+        cycle = CycleState(0, s.alpha_period).at(step.round, s.alpha_period_growth)
+        alpha = alpha_at(step.round, s.alpha_period, s.alpha_period_growth, s.alpha_min, s.alpha_max)
+        return alpha, peak_threshold(cycle, s.peak_updates or 1, s.alpha_min, s.alpha_max)
 
     # ----- the roles -----------------------------------------------------------------------
     def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:
@@ -76,7 +79,7 @@ class DFML(GatherAlgorithm):
         """Weighted mutual learning's SGD: the MKT settings (``mkt_lr``, ``mkt_batch_size``), K passes."""
         params = ctx.mkt_params()
         return SgdParams(lr=params.lr, momentum=params.momentum, batch_size=params.batch_size,
-                         epochs=self.config.dfml_epochs)
+                         epochs=self.settings.dfml_epochs)
 
     def aggregate(self, ctx: NodeContext, step: Step, messages: Sequence[ModelMessage]) -> dict[str, ModelMessage]:
         for message in messages:

@@ -21,12 +21,15 @@ from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_f
 from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
 from dfl_node.learning.fairness import fairness_weight
 from dfl_node.learning.fusion import weighted_average_
+from dfl_node.learning.settings import FairAvgSettings
 from dfl_node.learning.training import evaluate, local_sgd
 
 log = logging.getLogger(__name__)
 
 
 class FairAvg(Algorithm):
+    settings_model = FairAvgSettings
+    settings: FairAvgSettings
     name = "fairavg"
     pulls = True  # 002 Alg. 1 line 5: "request the learning model w_j from node j"
 
@@ -45,12 +48,12 @@ class FairAvg(Algorithm):
 
     def weight(self, ctx: NodeContext, pulled: ModelMessage) -> float:
         """P_i (eq. 4) of this node's model against ``pulled``, both scored on this node's own data."""
-        data = ctx.val if self.config.fair_data == "val" else ctx.train
+        data = ctx.val if self.settings.fair_data == "val" else ctx.train
         other = copy.deepcopy(ctx.model)
         other.load_state_dict(state_from_parts(pulled.parts))
-        c = self.config
-        return fairness_weight(evaluate(ctx.model, data).accuracy, evaluate(other, data).accuracy, c.fair_c,
-                               c.fair_weight_min, c.fair_weight_max)
+        s = self.settings
+        return fairness_weight(evaluate(ctx.model, data).accuracy, evaluate(other, data).accuracy, s.fair_c,
+                               s.fair_weight_min, s.fair_weight_max)
 
     def aggregate(self, ctx: NodeContext, step: Step, messages: Sequence[ModelMessage]) -> dict[str, ModelMessage]:
         for message in messages:  # one pair in 002; several are fused one after another, in source order

@@ -19,21 +19,24 @@ from dfl_node.algorithms.plan import NodeProfile, RoundPlan, Step
 from dfl_node.learning.fusion import average_states
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import class_proportions, supervision
+from dfl_node.learning.settings import FedProxSettings, GroupSettings
 from dfl_node.learning.training import local_sgd
 
 
 class FedAvg(Algorithm):
+    settings_model = GroupSettings
+    settings: GroupSettings
     name = "fedavg"
     architectures = "any"  # it receives any registry model, and averages each architecture on its own
     replies = True
     proximal_mu = 0.0
 
     def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
-        group = sample_gather(self.config.seed, round_, [p.node_id for p in profiles], self.config.senders)
+        group = sample_gather(self.config.seed, round_, [p.node_id for p in profiles], self.settings.senders)
         return RoundPlan(round_, (group,))
 
     def invitations(self, candidates: int) -> int:
-        return senders_for(candidates + 1, self.config.senders)
+        return senders_for(candidates + 1, self.settings.senders)
 
     def _train(self, ctx: NodeContext, step: Step) -> None:
         kind = self.config.supervision or "ce"  # 003 trains its baselines with WSM too (``supervision: wsm``)
@@ -89,8 +92,10 @@ class FedAvg(Algorithm):
 
 
 class FedProx(FedAvg):
+    settings_model = FedProxSettings
+    settings: FedProxSettings
     name = "fedprox"
 
     @property
     def proximal_mu(self) -> float:  # type: ignore[override]
-        return self.config.prox_mu
+        return self.settings.prox_mu

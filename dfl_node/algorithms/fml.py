@@ -22,25 +22,28 @@ from dfl_node.algorithms.plan import Step
 from dfl_node.learning.fusion import average_states
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import deep_mutual_learning
+from dfl_node.learning.settings import FMLSettings
 
 
 class FML(GatherAlgorithm):
+    settings_model = FMLSettings
+    settings: FMLSettings
     name = "fml"
     supervision_default = "ce"  # 004's CE; 003 compares it with WSM (``supervision: wsm``)
 
     @property
     def meme_spec(self) -> str:
-        return str(ModelSpec.parse(self.config.meme_model))
+        return str(ModelSpec.parse(self.settings.meme_model))
 
     def auxiliary_models(self, spec: ModelSpec) -> dict[str, ModelSpec]:
-        return {"meme": ModelSpec.parse(self.config.meme_model)}
+        return {"meme": ModelSpec.parse(self.settings.meme_model)}
 
     def reported_models(self, ctx: NodeContext) -> dict[str, nn.Module]:
         return {"local": ctx.model, "meme": ctx.auxiliary["meme"]}
 
     def _mutual(self, ctx: NodeContext, step: Step) -> None:
-        c = self.config
-        deep_mutual_learning(ctx.model, ctx.auxiliary["meme"], ctx.train, ctx.local_params(), c.fml_alpha, c.fml_beta,
+        s = self.settings
+        deep_mutual_learning(ctx.model, ctx.auxiliary["meme"], ctx.train, ctx.local_params(), s.fml_alpha, s.fml_beta,
                              ctx.local_generator(step.round), self.supervise(ctx.train))
 
     def _meme_message(self, ctx: NodeContext, round_: int, purpose: str, parts: tuple) -> ModelMessage:

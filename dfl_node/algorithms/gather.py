@@ -20,17 +20,20 @@ from dfl_node.algorithms.plan import NodeProfile, RoundPlan, Step
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import Supervision, class_proportions, supervision
+from dfl_node.learning.settings import GroupSettings
 from dfl_node.learning.training import local_sgd
 
 
 class GatherAlgorithm(Algorithm):
+    settings_model = GroupSettings
+    settings: GroupSettings
     architectures = "any"
     replies = True
     supervision_default: ClassVar[str] = "wsm"  # 003 runs everything with WSM (its §4.2)
 
     def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
         self.check_fleet(profiles)
-        group = sample_gather(self.config.seed, round_, [p.node_id for p in profiles], self.config.senders)
+        group = sample_gather(self.config.seed, round_, [p.node_id for p in profiles], self.settings.senders)
         return RoundPlan(round_, (group,), self.next_state(round_, len(profiles), state))
 
     def check_fleet(self, profiles: Sequence[NodeProfile]) -> None:
@@ -45,7 +48,7 @@ class GatherAlgorithm(Algorithm):
         return {}
 
     def invitations(self, candidates: int) -> int:
-        return senders_for(candidates + 1, self.config.senders)
+        return senders_for(candidates + 1, self.settings.senders)
 
     def supervise(self, data: ArrayDataset) -> Supervision:
         """The supervision term on ``data``: WSM with its class proportions (eq. 2), or CE (``supervision``)."""

@@ -31,10 +31,14 @@ from dfl_node.learning.partial import (
     tensor_indices,
     tensor_layers,
 )
+from dfl_node.learning.settings import PartialSettings
 
 
 class PartialTraining(GatherAlgorithm):
     """Alg. 3's shared part; subclasses say how a sub-model's units are placed in W_g (:meth:`units`)."""
+
+    settings_model = PartialSettings
+    settings: PartialSettings
 
     def fuses(self, mine: str, theirs: str) -> bool:
         """Width-scaled models of one family: the same registry name and the same number of layers."""
@@ -107,7 +111,7 @@ class FedRolex(PartialTraining):
 
     def units(self, step: Step, aggregator: str, member: str, width: int, size: int, layer: int,
               largest: bool) -> torch.Tensor:
-        if largest and not self.config.fedrolex_roll_largest:
+        if largest and not self.settings.fedrolex_roll_largest:
             return heterofl_indices(width, size)  # W_g is the largest model, in its own layout
         return fedrolex_indices(width, size, int(step.state.get("fedrolex.t", step.round)))
 

@@ -1,5 +1,7 @@
-"""How a node learns and fuses (:class:`LearningConfig`): the settings every algorithm takes, identical
-on every node of a fleet and in the simulator.
+"""How a node learns and fuses (:class:`LearningConfig`): the settings every algorithm shares
+(:class:`SharedSettings`) and each algorithm's own, one model per algorithm or family (:class:`DFMLSettings`,
+:class:`SelectionSettings`, …), which the algorithm declares as its ``settings_model`` and reads as its
+``settings``; identical on every node of a fleet and in the simulator.
 
 They live in the learning layer, below the algorithms, so that the algorithms read their settings without
 importing :mod:`dfl_node.config` (which names the algorithms, and so imports them): no import circle.
@@ -48,8 +50,107 @@ PER_DATASET: dict[str, dict[str, int | float]] = {
 DATASET_DEPENDENT = ("batch_size", "mkt_batch_size", "lr")
 
 
-class LearningConfig(BaseModel):
-    """How a node learns and fuses; identical on every node of a fleet and in the simulator."""
+class AlgorithmSettings(BaseModel):
+    """An algorithm's own settings: the algorithm reads them from its ``settings`` (a model of just these fields,
+    :func:`dfl_node.algorithms.base.Algorithm.settings_model`), the settings every algorithm shares from its
+    ``config``. A fleet's :class:`LearningConfig` holds them all, flat, so that a flag, a ``DFL_*`` variable and a
+    config file name each one as before."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class NoSettings(AlgorithmSettings):
+    """defkt, fullavg, gossip: nothing of their own."""
+
+
+class ComboSettings(AlgorithmSettings):
+    """Combo (000's Combo): how many segments a model is cut into."""
+
+    segments: int = Field(2, ge=2, description="S: Combo's number of model segments")
+
+
+class GroupSettings(AlgorithmSettings):
+    """Algorithms whose round is one group of senders around an aggregator (fedavg, fedprox, dfml, heterofl,
+    fedrolex, feddropout, fml): how many send."""
+
+    senders: float = Field(0.5, gt=0, le=1, description="group algorithms (fedavg, fedprox): share of the fleet "
+                           "that sends to each round's aggregator (003: 50 %)")
+
+
+class FedProxSettings(GroupSettings):
+    """Fedprox: its proximal term."""
+
+    prox_mu: float = Field(0.01, ge=0, description="μ of FedProx's proximal term μ/2·‖w − w_start‖²")
+
+
+class DFMLSettings(GroupSettings):
+    """Dfml (003): its mutual-learning passes, its cyclic α and its peak models."""
+
+    dfml_epochs: int = Field(10, ge=1, description="dfml: K, passes of weighted mutual learning over the aggregator's "
+                             "data (003: 10)")
+    alpha_max: float = Field(0.9, ge=0, le=1, description="dfml: largest α of the cyclic schedule "
+                             "(003: 0.8, 0.9 or 1.0)")
+    alpha_min: float = Field(0.0, ge=0, le=1, description="dfml: smallest α of the cyclic schedule (003: 0)")
+    alpha_period: int = Field(10, ge=2, description="dfml: rounds of the first α cycle (003: 10)")
+    alpha_period_growth: int = Field(10, ge=0, description="dfml: rounds each completed α cycle adds to the next")
+    peak_updates: int = Field(0, ge=0, description="dfml: how many of a cycle's largest α values update peak models "
+                              "(0: 1 with 50 % senders or more, else ceil(N / (2|S|)), 003 A.4.6)")
+
+
+class FMLSettings(GroupSettings):
+    """Fml (004): its two losses and the meme model."""
+
+    fml_alpha: float = Field(0.5, ge=0, le=1, description="fml: α of the local model's loss α·CE + (1−α)·KL "
+                             "(004 eq. 3)")
+    fml_beta: float = Field(0.5, ge=0, le=1, description="fml: β of the meme model's loss β·CE + (1−β)·KL (004 eq. 3)")
+    meme_model: ModelSpecText = Field("cnn-ln:32,64", description="fml: the meme model every node shares, as a "
+                                      "registry spec (003 A.4.11: cnn-ln:32,64)")
+
+
+class PartialSettings(GroupSettings):
+    """Heterofl, fedrolex, feddropout (003's partial training): how FedRolex rolls."""
+
+    fedrolex_roll_largest: bool = Field(True, description="fedrolex: roll the largest participant's units with "
+                                        "eq. 9 too (003 Alg. 3). A shift shared by every participant only relabels "
+                                        "W_g's units, so this is HeteroFL bit for bit, as 003 Table 4's near-equal "
+                                        "figures suggest. Off: W_g is the largest model as it is and the smaller "
+                                        "models' windows roll over it (they then meet other units every round)")
+
+
+class SelectionSettings(AlgorithmSettings):
+    """Defkt-select (001): how a sender chooses its receiver."""
+
+    selection: Literal["random", "probe-samples", "class-profile"] = Field(
+        "class-profile", description="defkt-select (001): how a sender picks its receiver. random: 001's Def-KT "
+        "(Procedure 1); probe-samples: candidates are scored on the sender's least certain validation samples, "
+        "which leave the device (001, Procedure 2: opt-in); class-profile: candidates answer with their per-class "
+        "validation accuracy only, no data leaves a device")
+    selection_samples: int = Field(20, ge=1, le=256, description="probe-samples: raw samples a sender sends each "
+                                   "candidate (at most 256, and at most 512 KiB)")
+    selection_candidates: int = Field(0, ge=0, description="defkt-select: candidates a sender probes (0: every node "
+                                      "of its share of the fleet)")
+
+
+class FairAvgSettings(AlgorithmSettings):
+    """Fairavg (002): how a pair's weights are drawn from their accuracies."""
+
+    fair_c: float = Field(0.5, description="fairavg (002 eq. 4): the constant C in "
+                          "P_i = (pef_i − pef_j)/(2·pef_max) + C")
+    fair_weight_min: float = Field(0.0, ge=0, le=1, description="fairavg: P_i is clipped to [fair_weight_min, "
+                                   "fair_weight_max] (then P_j = 1 − P_i, eq. 5)")
+    fair_weight_max: float = Field(1.0, ge=0, le=1, description="fairavg: upper clip of P_i")
+    fair_data: Literal["val", "train"] = Field("val", description="fairavg: the node's own data pef is measured on "
+                                               "(002 uses local accuracy: the validation split)")
+
+    @model_validator(mode="after")
+    def _fair_clip_is_an_interval(self) -> FairAvgSettings:
+        if self.fair_weight_min > self.fair_weight_max:
+            raise ValueError(f"fair_weight_min {self.fair_weight_min} is above fair_weight_max {self.fair_weight_max}")
+        return self
+
+
+class SharedSettings(BaseModel):
+    """What every algorithm reads: the model, the seed, local training and mutual knowledge transfer, the device."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -61,25 +162,6 @@ class LearningConfig(BaseModel):
         None, description="supervision loss of local training and mutual learning: ce, or 003's WSM (eq. 2, class "
                           "proportions of the data trained on); default per algorithm: wsm for dfml, heterofl, "
                           "fedrolex and feddropout (003), ce for the others (defkt, fullavg, combo always ce)")
-    dfml_epochs: int = Field(10, ge=1, description="dfml: K, passes of weighted mutual learning over the aggregator's "
-                             "data (003: 10)")
-    alpha_max: float = Field(0.9, ge=0, le=1, description="dfml: largest α of the cyclic schedule "
-                             "(003: 0.8, 0.9 or 1.0)")
-    alpha_min: float = Field(0.0, ge=0, le=1, description="dfml: smallest α of the cyclic schedule (003: 0)")
-    alpha_period: int = Field(10, ge=2, description="dfml: rounds of the first α cycle (003: 10)")
-    alpha_period_growth: int = Field(10, ge=0, description="dfml: rounds each completed α cycle adds to the next")
-    peak_updates: int = Field(0, ge=0, description="dfml: how many of a cycle's largest α values update peak models "
-                              "(0: 1 with 50 % senders or more, else ceil(N / (2|S|)), 003 A.4.6)")
-    fml_alpha: float = Field(0.5, ge=0, le=1, description="fml: α of the local model's loss α·CE + (1−α)·KL "
-                             "(004 eq. 3)")
-    fml_beta: float = Field(0.5, ge=0, le=1, description="fml: β of the meme model's loss β·CE + (1−β)·KL (004 eq. 3)")
-    meme_model: ModelSpecText = Field("cnn-ln:32,64", description="fml: the meme model every node shares, as a "
-                                      "registry spec (003 A.4.11: cnn-ln:32,64)")
-    fedrolex_roll_largest: bool = Field(True, description="fedrolex: roll the largest participant's units with "
-                                        "eq. 9 too (003 Alg. 3). A shift shared by every participant only relabels "
-                                        "W_g's units, so this is HeteroFL bit for bit, as 003 Table 4's near-equal "
-                                        "figures suggest. Off: W_g is the largest model as it is and the smaller "
-                                        "models' windows roll over it (they then meet other units every round)")
     local_epochs: int = Field(1, ge=1, description="M: local passes of a sender (000 eq. 1)")
     # batch_size, lr, mkt_batch_size: their defaults are the dataset's (PER_DATASET), these where it has none
     batch_size: int = Field(200, ge=1, description="B1: local training batch size")
@@ -88,33 +170,19 @@ class LearningConfig(BaseModel):
     mkt_epochs: int = Field(1, ge=1, description="E: passes of mutual knowledge transfer over the receiver's data")
     mkt_batch_size: int = Field(200, ge=1, description="B2: MKT batch size")
     mkt_lr: float | None = Field(None, gt=0, description="η1 = η2 of MKT; defaults to lr")
-    segments: int = Field(2, ge=2, description="S: Combo's number of model segments")
     sender_keeps_trained: bool | None = Field(
         None, description="sender stores its trained model (001's variant); default per algorithm: Combo and "
                           "defkt-select (001) yes, else no"
     )
     threads: int = Field(1, ge=1, description="torch threads (1 per node process keeps testbeds fast)")
-    senders: float = Field(0.5, gt=0, le=1, description="group algorithms (fedavg, fedprox): share of the fleet "
-                           "that sends to each round's aggregator (003: 50 %)")
-    prox_mu: float = Field(0.01, ge=0, description="μ of FedProx's proximal term μ/2·‖w − w_start‖²")
-    selection: Literal["random", "probe-samples", "class-profile"] = Field(
-        "class-profile", description="defkt-select (001): how a sender picks its receiver. random: 001's Def-KT "
-        "(Procedure 1); probe-samples: candidates are scored on the sender's least certain validation samples, "
-        "which leave the device (001, Procedure 2: opt-in); class-profile: candidates answer with their per-class "
-        "validation accuracy only, no data leaves a device")
-    selection_samples: int = Field(20, ge=1, le=256, description="probe-samples: raw samples a sender sends each "
-                                   "candidate (at most 256, and at most 512 KiB)")
-    selection_candidates: int = Field(0, ge=0, description="defkt-select: candidates a sender probes (0: every node "
-                                      "of its share of the fleet)")
-    fair_c: float = Field(0.5, description="fairavg (002 eq. 4): the constant C in "
-                          "P_i = (pef_i − pef_j)/(2·pef_max) + C")
-    fair_weight_min: float = Field(0.0, ge=0, le=1, description="fairavg: P_i is clipped to [fair_weight_min, "
-                                   "fair_weight_max] (then P_j = 1 − P_i, eq. 5)")
-    fair_weight_max: float = Field(1.0, ge=0, le=1, description="fairavg: upper clip of P_i")
-    fair_data: Literal["val", "train"] = Field("val", description="fairavg: the node's own data pef is measured on "
-                                               "(002 uses local accuracy: the validation split)")
     device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="where models and data live: cpu, cuda (an "
                                                    "error where CUDA is absent) or auto (cuda when available)")
+
+
+class LearningConfig(SelectionSettings, FairAvgSettings, ComboSettings, FMLSettings, PartialSettings, DFMLSettings,
+                     FedProxSettings, SharedSettings):
+    """How a node learns and fuses; identical on every node of a fleet and in the simulator: the settings every
+    algorithm shares (listed first), then each algorithm's own, from the models it inherits."""
 
     def unusable_here(self) -> dict[str, str]:
         """Settings valid anywhere that this machine cannot honour (field → problem), which
@@ -135,11 +203,6 @@ class LearningConfig(BaseModel):
             if name not in self.model_fields_set:
                 setattr(self, name, value)  # now counted as set: a copy or a re-read keeps it
 
-    @model_validator(mode="after")
-    def _fair_clip_is_an_interval(self) -> LearningConfig:
-        if self.fair_weight_min > self.fair_weight_max:
-            raise ValueError(f"fair_weight_min {self.fair_weight_min} is above fair_weight_max {self.fair_weight_max}")
-        return self
 
 
 def dataset_defaults(dataset: str | None) -> dict[str, int | float]:
