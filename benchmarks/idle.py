@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 
 from _daemon import vm  # benchmarks/_daemon.py: this tree first on sys.path
-from scale import IDLE_CPU_TARGET_PERCENT, IDLE_RSS_TARGET_MB, Meter, all_see_each_other, fleet, mb
+from scale import IDLE_CPU_TARGET_PERCENT, IDLE_RSS_TARGET_MB, fleet, mb, standing_by
 
 from dfl_node.cli.testbed import TESTBED_DEFAULTS
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import provision, write_fleet
-from dfl_node.testbed.launcher import wait_until
 
 
 def threads(pid: int) -> int:
@@ -39,14 +38,7 @@ def idle_fleet(size: int, root: Path, seconds: float, settle: float, timeout: fl
     config = shards.model_copy(update={"nodes": size})  # size 1: a node alone, on node-0's shard
     with fleet(config, "defkt", root / "shards", root / f"idle-{size}-{time.monotonic_ns()}",
                {"min_peers": size}) as nodes:
-        wait_until(nodes, all_see_each_other, timeout, every=1.0)
-        time.sleep(settle)
-        meter = Meter(nodes)
-        meter.start()
-        while time.monotonic() - meter.started < seconds:
-            time.sleep(1.0)
-            meter.sample()
-        meter.stop()
+        meter = standing_by(nodes, seconds, settle, timeout)
         anon = [vm(meter.pid(n), "RssAnon") for n in nodes]
         count = [threads(meter.pid(n)) for n in nodes]
     rss = [statistics.mean(meter.rss[n.id]) for n in nodes]

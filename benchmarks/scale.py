@@ -140,20 +140,27 @@ def mb(value: float) -> float:
     return round(value / MB, 1)
 
 
+def standing_by(nodes: list[NodeProcess], seconds: float, settle: float, timeout: float) -> Meter:
+    """Once every node sees every other and ``settle`` seconds more have passed, ``nodes`` metered for
+    ``seconds`` (RSS sampled every second), nothing polling them meanwhile."""
+    wait_until(nodes, all_see_each_other, timeout, every=1.0)
+    time.sleep(settle)
+    meter = Meter(nodes)
+    meter.start()
+    while time.monotonic() - meter.started < seconds:
+        time.sleep(1.0)
+        meter.sample()
+    meter.stop()
+    return meter
+
+
 def idle_phase(config: ExperimentConfig, algorithm: str, shards: Path, workdir: Path, seconds: float, settle: float,
                timeout: float) -> tuple[dict, list[NodeProcess]]:
     """The fleet standing by: discovered, nothing to do (no node's ``min_peers`` can be met)."""
     with fleet(config, algorithm, shards, workdir, {"min_peers": config.nodes}) as nodes:
         launched = time.monotonic()
-        wait_until(nodes, all_see_each_other, timeout, every=1.0)
-        discovered_s = time.monotonic() - launched
-        time.sleep(settle)
-        meter = Meter(nodes)
-        meter.start()
-        while time.monotonic() - meter.started < seconds:
-            time.sleep(1.0)
-            meter.sample()
-        meter.stop()
+        meter = standing_by(nodes, seconds, settle, timeout)
+        discovered_s = meter.started - settle - launched
         after = poll_status(nodes)  # only now: a poll costs the daemons CPU
     per_node = {
         n.id: {"rss_mb": mb(statistics.mean(meter.rss[n.id])), "cpu_percent": round(meter.cpu_percent(n.id), 3),
