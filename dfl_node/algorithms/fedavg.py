@@ -17,7 +17,7 @@ from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext, sam
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import NodeProfile, RoundPlan, Step
 from dfl_node.learning.fusion import average_states
-from dfl_node.learning.models import ModelSpec
+from dfl_node.learning.models import tensor_shapes
 from dfl_node.learning.mutual import class_proportions, supervision
 from dfl_node.learning.settings import FedProxSettings, GroupSettings
 from dfl_node.learning.training import local_sgd
@@ -57,12 +57,11 @@ class FedAvg(Algorithm):
     def _check_model(self, ctx: NodeContext, message: ModelMessage) -> None:
         """A whole model of the architecture it names, built from our registry for our data (shapes only)."""
         try:
-            layout = ModelSpec.parse(message.model).build(ctx.train.input_shape, ctx.train.num_classes,
-                                                          device="meta").state_dict()
+            layout = tensor_shapes(message.model, tuple(ctx.train.input_shape), ctx.train.num_classes)
         except ValueError as exc:
             raise AlgorithmError(f"{message.purpose} from {message.sender}: {exc}") from None
         carried = [(p.name, p.shape, p.is_whole) for p in message.parts]
-        if carried != [(name, tuple(t.shape), True) for name, t in layout.items()]:
+        if carried != [(name, shape, True) for name, shape in layout]:
             raise AlgorithmError(f"{message.purpose} from {message.sender} is not a whole {message.model} model")
 
     def aggregate(self, ctx: NodeContext, step: Step, messages: Sequence[ModelMessage]) -> dict[str, ModelMessage]:

@@ -18,7 +18,7 @@ from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext, sam
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import NodeProfile, RoundPlan, Step
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.models import ModelSpec
+from dfl_node.learning.models import ModelSpec, tensor_shapes
 from dfl_node.learning.mutual import Supervision, class_proportions, supervision
 from dfl_node.learning.settings import GroupSettings
 from dfl_node.learning.training import local_sgd
@@ -70,12 +70,11 @@ class GatherAlgorithm(Algorithm):
 
     @staticmethod
     def layout(ctx: NodeContext, model: str) -> dict[str, tuple[int, ...]]:
-        """Tensor shapes of registry model ``model`` for this node's data (built on the meta device: no memory)."""
+        """Tensor shapes of registry model ``model`` for this node's data (:func:`tensor_shapes`)."""
         try:
-            built = ModelSpec.parse(model).build(ctx.train.input_shape, ctx.train.num_classes, device="meta")
+            return dict(tensor_shapes(model, tuple(ctx.train.input_shape), ctx.train.num_classes))
         except ValueError as exc:
             raise AlgorithmError(str(exc)) from None
-        return {name: tuple(t.shape) for name, t in built.state_dict().items()}
 
     def check_model(self, ctx: NodeContext, message: ModelMessage, purpose: str) -> None:
         """``message`` is ``purpose`` and carries a whole model of the architecture it names, for our data."""

@@ -8,6 +8,7 @@ before any transfer, that they can fuse each other's models.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -110,6 +111,19 @@ class ModelSpec:
             return build_model(self.name, input_shape, num_classes, hidden=self.widths, seed=seed)
 
 
+Shape = tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=64)  # bounded: the specs come from peers
+def tensor_shapes(model: str, input_shape: tuple[int, ...], num_classes: int) -> tuple[tuple[str, Shape], ...]:
+    """Tensor names and shapes of registry model ``model`` (a spec's text) for data of ``input_shape`` and
+    ``num_classes``: built on the meta device (no memory: a hostile spec of huge widths allocates nothing), once
+    per spec — a receiver checks every message it takes against it, and a build costs ~10 ms where a round of
+    a small model costs less. A spec the registry cannot build is a ValueError."""
+    built = ModelSpec.parse(model).build(input_shape, num_classes, device="meta")
+    return tuple((name, tuple(t.shape)) for name, t in built.state_dict().items())
+
+
 def spread(architectures: Sequence[str], node_ids: Sequence[str]) -> dict[str, str]:
     """003's even assignment of architectures to nodes: node i runs ``architectures[i mod A]``."""
     return {node_id: architectures[i % len(architectures)] for i, node_id in enumerate(node_ids)}
@@ -138,7 +152,9 @@ def build_model(
         raise ValueError(f"unknown model {name!r}; available: {', '.join(available_models())}")
     builder, _ = _REGISTRY[name]
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        # the CPU generator only, where the model is built: torch.manual_seed also queues a seed for every lazy
+        # accelerator backend (CUDA, XPU, MTIA) with a formatted stack trace each, ~4 ms a call under asyncio here
+        torch.random.default_generator.manual_seed(seed)
         model = builder(tuple(input_shape), num_classes, hidden)  # type: ignore[arg-type]
     return model
 
