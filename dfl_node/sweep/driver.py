@@ -62,7 +62,7 @@ def run_sweep(grid_path: Path, out: Path, *, workers: int, ray: str | None = Non
         write_atomic(result_path(out, result.task), result.payload)
         outcome.ran.append(result.task.name)
         echo(f"[{done}/{len(todo)}] done {result.task.name}: global {result.payload['global_accuracy']:.4f} "
-             f"local {result.payload['local_accuracy']:.4f} ({result.payload['wall_time_s']:.1f} s)")
+             f"local {result.payload['local_accuracy']:.4f} ({result.payload['wall_time_s']:.1f} virtual s)")
 
     try:
         if ray is not None:
