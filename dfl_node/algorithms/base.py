@@ -105,10 +105,9 @@ class NodeContext:
         return state
 
     def snapshot(self) -> dict[str, torch.Tensor]:
-        """A copy of :meth:`checkpoint_state`: what :meth:`restore_checkpoint` puts back. A node takes one before
-        each role and restores it if the role does not complete, so a round played again starts where its
-        first try started (exactly once, and the same result once); a checkpoint taken outside a role uses one
-        so that a role starting meanwhile cannot tear it."""
+        """A copy of :meth:`checkpoint_state`, in the form :meth:`restore_checkpoint` puts back: a checkpoint taken
+        outside a role writes one, so that a role starting meanwhile cannot tear it. (A role that fails reads
+        the model back from the newest checkpoint: :meth:`dfl_node.node.daemon.Node.restore_durable`.)"""
         return {name: tensor.detach().clone() for name, tensor in self.checkpoint_state().items()}
 
     def restore_checkpoint(self, state: dict[str, torch.Tensor]) -> None:
