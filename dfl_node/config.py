@@ -80,12 +80,12 @@ class ExperimentConfig(LearningConfig):
     architectures: list[ModelSpecText] = Field(default_factory=list, description="per-node architectures as registry "
                                                "specs NAME[:W1,W2,...] (e.g. cnn-ln:32,64), spread evenly: node i runs "
                                                "entry i mod A; empty: every node runs model/hidden")
-    # a simulated fleet of real nodes (dfl-node simulate --mode): see dfl_node.sim_config
-    devices: dict[str, DeviceClass] = Field(default_factory=dict, description="simulate --mode: device classes by "
+    # a simulated fleet of real nodes (dfl-node simulate): see dfl_node.sim_config
+    devices: dict[str, DeviceClass] = Field(default_factory=dict, description="simulate: device classes by "
                                             "name, what computation costs on each")
-    links: dict[str, LinkClass] = Field(default_factory=dict, description="simulate --mode: link classes by name, "
+    links: dict[str, LinkClass] = Field(default_factory=dict, description="simulate: link classes by name, "
                                         "what a transfer costs on each (\"default\": nodes of no class)")
-    faults: FaultSchedule = Field(default_factory=FaultSchedule, description="simulate --mode: kills and "
+    faults: FaultSchedule = Field(default_factory=FaultSchedule, description="simulate: kills and "
                                   "partitions, in virtual seconds")
     wire_dtype: WireDtype = Field("exact", description=WIRE_DTYPE_HELP)
 

@@ -1,4 +1,4 @@
-"""What an experiment config adds for a simulated fleet of real nodes (``dfl-node simulate --mode``): what
+"""What an experiment config adds for a simulated fleet of real nodes (``dfl-node simulate``): what
 computation costs on each class of devices (``devices:``), what a transfer costs on each class of links
 (``links:``), and what goes wrong when (``faults:``). All times are virtual seconds (:mod:`dfl_node.sim.clock`).
 

@@ -143,7 +143,7 @@ def node_options(func: F) -> F:
     for name in reversed(NODE_SETTINGS):
         field = NodeConfig.model_fields[name]
         func = click.option(f"--{name.replace('_', '-')}", name, type=float, default=None,
-                            help=f"--mode: {field.description} (default: {field.default:g})")(func)
+                            help=f"the nodes': {field.description} (default: {field.default:g})")(func)
     return func
 
 

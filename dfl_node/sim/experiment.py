@@ -1,4 +1,4 @@
-"""``dfl-node simulate --mode round|async``: an experiment as K real nodes (:mod:`dfl_node.sim.fleet`) on the
+"""``dfl-node simulate [--mode round|async]``: an experiment as K real nodes (:mod:`dfl_node.sim.fleet`) on the
 in-memory network and the virtual clock, its devices and links costed by the config (:mod:`dfl_node.sim.costs`),
 its faults played as scheduled (:mod:`dfl_node.sim.faults`). Deterministic for a config and a seed."""
 
