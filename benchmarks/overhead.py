@@ -2,10 +2,12 @@
 and then ``dfl-node testbed`` (4 nodes, round mode), for this tree and for the tree before issue 21, in one run.
 
 Both drivers play the same rounds (same seed, plan, data and settings: their final parameters are compared,
-and must be bit-identical), so the difference of their times per round is what the daemons add: the token's
-hand-over and assignments, transfers over gRPC, evaluations and checkpoints. A round's time is measured
-between the first and the last point of the run's accuracy curve (start-up and discovery left out), as
-``(wall_time_s[last] - wall_time_s[first]) / (round[last] - round[first])``.
+and must be bit-identical), so the difference of their times per round is what the daemons add over the same
+nodes in one process: transfers over gRPC and real time. A testbed round's time is measured between the first
+and the last point after round 0 of the run's accuracy curve (start-up and discovery left out), as
+``(wall_time_s[last] - wall_time_s[first]) / (round[last] - round[first])``. The simulator's curve is in virtual
+seconds (since issue 19 it is the same nodes on a virtual clock), so its round is timed by the clock around the
+command instead: a run of the case's rounds less a run of half as many, start-up included in both.
 
 Cases (issue 21's table): digits Def-KT 200 rounds, digits FedAvg 100 rounds, MNIST MLP (784-200-200-10)
 Def-KT 30 rounds (needs ``--data-dir``, the folder of the real datasets); every learning setting is given, so
@@ -27,6 +29,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,28 +57,42 @@ def worktree(commit: str) -> Iterator[Path]:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], check=False)
 
 
-def run(tree: Path, driver: str, flags: list[str], out: Path, env: dict[str, str]) -> dict:
-    """One run of ``dfl-node DRIVER`` of ``tree``, as a user runs it; its result (``OUT/<algorithm>.json``). It
-    runs in ``out``'s parent, so that ``python -m`` finds ``dfl_node`` on ``PYTHONPATH`` only (its daemons too)."""
+def run(tree: Path, driver: str, flags: list[str], out: Path, env: dict[str, str]) -> tuple[dict, float]:
+    """One run of ``dfl-node DRIVER`` of ``tree``, as a user runs it: its result (``OUT/<algorithm>.json``) and the
+    seconds it took. It runs in ``out``'s parent, so that ``python -m`` finds ``dfl_node`` on ``PYTHONPATH`` only
+    (its daemons too)."""
     command = [sys.executable, "-m", "dfl_node", driver, *COMMON, *flags, "--out", str(out)]
+    started = time.perf_counter()
     done = subprocess.run(command, env={**env, "PYTHONPATH": str(tree)}, cwd=out.parent, capture_output=True,
                           text=True, timeout=3600)
+    elapsed = time.perf_counter() - started
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} ({tree}) failed ({done.returncode}):\n{done.stderr[-2000:]}")
     (result,) = out.glob("*.json")
-    return json.loads(result.read_text())
+    return json.loads(result.read_text()), elapsed
+
+
+def with_rounds(flags: list[str], rounds: int) -> list[str]:
+    at = flags.index("--rounds") + 1
+    return [*flags[:at], str(rounds), *flags[at + 1:]]
 
 
 def per_round_ms(result: dict) -> float:
-    first, last = result["history"][0], result["history"][-1]
+    """Between the curve's first point after round 0 (a fleet's round-0 point is its nodes' ``w0``, before
+    discovery) and its last."""
+    first = next(h for h in result["history"] if h["round"] > 0)
+    last = result["history"][-1]
     return 1000 * (last["wall_time_s"] - first["wall_time_s"]) / (last["round"] - first["round"])
 
 
 def measure(tree: Path, name: str, work: Path, env: dict[str, str]) -> dict:
     flags = CASES[name]
-    simulated = run(tree, "simulate", [*flags, "--threads", "1"], work / f"{name}-simulate", env)
-    testbed = run(tree, "testbed", flags, work / f"{name}-testbed", env)
-    sim_ms, bed_ms = per_round_ms(simulated), per_round_ms(testbed)
+    rounds = int(flags[flags.index("--rounds") + 1])
+    simulated, elapsed = run(tree, "simulate", [*flags, "--threads", "1"], work / f"{name}-simulate", env)
+    _, elapsed_half = run(tree, "simulate", [*with_rounds(flags, rounds // 2), "--threads", "1"],
+                          work / f"{name}-simulate-half", env)
+    testbed, _ = run(tree, "testbed", flags, work / f"{name}-testbed", env)
+    sim_ms, bed_ms = 1000 * (elapsed - elapsed_half) / (rounds - rounds // 2), per_round_ms(testbed)
     params = {driver: {n["id"]: n["param_sha256"] for n in result["nodes"]}
               for driver, result in (("simulate", simulated), ("testbed", testbed))}
     return {"rounds": testbed["rounds"], "simulate_ms_per_round": round(sim_ms, 1),
