@@ -55,37 +55,31 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path | None = N
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dfl-sim-")))
-        return _run_fleet(config, algorithm, workdir, mode, duration, random_kills, random_slowdowns, fault_seed,
-                          provision(config) if data is None else data, progress, settings)
-
-
-def _run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path, mode: str, duration: float,
-               random_kills: int, random_slowdowns: int, fault_seed: int, data: Fleet, progress: Progress | None,
-               settings: dict[str, Any]) -> RunResult:
-    shards = workdir / "shards"
-    write_fleet(data, shards)
-    configs = plan_nodes(config, algorithm, shards, workdir / algorithm, mode=mode, duration=duration,
-                         history_limit=HISTORY_LIMIT, **settings)
-    costs = CostModel({c.id: c.grpc_address for c in configs}, config.devices, config.links, fault_seed)
-    work = round_work(config, algorithm, costs, max(len(c.train) for c in data.clients))
-    node = configs[0]
-    schedule = config.faults
-    if random_kills or random_slowdowns:
-        schedule = FaultSchedule.random(fault_seed, random_kills, peer_timeout=node.peer_timeout,
-                                        recovery=stall_bound(node, True, work),
-                                        slow_recovery=stall_bound(node, False, work),
-                                        heal_within=0.9 * node.round_timeout, slowdowns=random_slowdowns,
-                                        nodes=[c.id for c in configs])
-    statuses, histories, happened, ended, states = run_virtual(_run(configs, costs, schedule, fault_seed, progress),
-                                                               costs.compute(), config.threads)
-    train_sizes = {c.node_id: len(c.train) for c in data.clients}
-    result = fleet_result("simulate", statuses, histories, config, algorithm, train_sizes, VIRTUAL_EPOCH, ended)
-    if schedule.kills or schedule.partitions or schedule.links or schedule.slow_nodes:
-        result.faults = fault_figures(happened, states, node, work)
-        result.faults["round_work_s"] = round(work, 3)
-    if config.devices:
-        result.device_classes = by_class(statuses, costs.class_of)
-    return result
+        data = provision(config) if data is None else data
+        shards = workdir / "shards"
+        write_fleet(data, shards)
+        configs = plan_nodes(config, algorithm, shards, workdir / algorithm, mode=mode, duration=duration,
+                             history_limit=HISTORY_LIMIT, **settings)
+        costs = CostModel({c.id: c.grpc_address for c in configs}, config.devices, config.links, fault_seed)
+        work = round_work(config, algorithm, costs, max(len(c.train) for c in data.clients))
+        node = configs[0]
+        schedule = config.faults
+        if random_kills or random_slowdowns:
+            schedule = FaultSchedule.random(fault_seed, random_kills, peer_timeout=node.peer_timeout,
+                                            recovery=stall_bound(node, True, work),
+                                            slow_recovery=stall_bound(node, False, work),
+                                            heal_within=0.9 * node.round_timeout, slowdowns=random_slowdowns,
+                                            nodes=[c.id for c in configs])
+        statuses, histories, happened, ended, states = run_virtual(_run(configs, costs, schedule, fault_seed, progress),
+                                                                   costs.compute(), config.threads)
+        train_sizes = {c.node_id: len(c.train) for c in data.clients}
+        result = fleet_result("simulate", statuses, histories, config, algorithm, train_sizes, VIRTUAL_EPOCH, ended)
+        if schedule.kills or schedule.partitions or schedule.links or schedule.slow_nodes:
+            result.faults = fault_figures(happened, states, node, work)
+            result.faults["round_work_s"] = round(work, 3)
+        if config.devices:
+            result.device_classes = by_class(statuses, costs.class_of)
+        return result
 
 
 def by_class(statuses: dict[str, dict], class_of: dict[str, str]) -> dict[str, dict[str, Any]]:
