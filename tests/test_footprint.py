@@ -21,9 +21,10 @@ PLOT_MISSING = "draws with matplotlib, which is not installed: pip install 'dfl-
 # Modules a node has no use for: scikit-learn and matplotlib are not even its dependencies any more, Ray is an
 # extra of sweeps, SciPy and pandas come with them; cryptography only with mutual TLS (--tls-dir), gRPC
 # reflection only with --reflection (grpcio imports the empty grpc_reflection package itself: its v1alpha is
-# the service); the REST API serves no WebSocket, so uvicorn loads no WebSocket protocol (wsproto).
+# the service); the REST API serves no WebSocket, so uvicorn loads no WebSocket protocol (wsproto); the node's
+# SGD is its own, so torch.optim never loads its compiler (torch._dynamo).
 UNUSED = ("sklearn", "matplotlib", "ray", "scipy", "pandas", "cryptography", "grpc_reflection.v1alpha", "wsproto",
-          "websockets")
+          "websockets", "torch._dynamo")
 
 # `dfl-node start` as its console script runs it, in this process, then what it had imported once it was done.
 AUDIT = f"""

@@ -6,6 +6,9 @@ same bits."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +19,9 @@ from dfl_node.config import ExperimentConfig
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fusion import mkt_losses, mutual_knowledge_transfer
 from dfl_node.learning.models import ModelSpec, build_model
-from dfl_node.learning.training import SgdParams, local_sgd, minibatches, sgd
+from dfl_node.learning.training import SgdParams, local_sgd, minibatches, release, sgd
 
+ROOT = Path(__file__).resolve().parents[1]
 PARAMS = SgdParams(lr=0.05, momentum=0.5, batch_size=16, epochs=2)
 
 
@@ -80,17 +84,38 @@ def test_mkt_is_the_plain_loop_bit_for_bit_update_after_update() -> None:
         assert same(ours[0], plain[0]) and same(ours[1], plain[1]), round_
 
 
-def test_a_reused_optimiser_takes_new_settings_and_forgets_momentum() -> None:
+def test_an_update_frees_its_gradients_and_momentum() -> None:
     net = model()
-    first = sgd(net, PARAMS)
-    local_sgd(net, data(), PARAMS, torch.Generator().manual_seed(0))
-    # the momentum buffers and gradients of the update are freed when it ends, not kept until the next one
-    assert not first.state and all(p.grad is None for p in net.parameters())
-    again = sgd(net, SgdParams(lr=0.2, momentum=0.0, batch_size=8, epochs=1))
-    assert again is first and not again.state
-    assert again.param_groups[0]["lr"] == 0.2 and again.param_groups[0]["momentum"] == 0.0
-    net[1] = nn.Linear(64, 32)  # new parameter objects: a new optimiser
-    assert sgd(net, PARAMS) is not first
+    optimizer = sgd(net, PARAMS)
+    F.cross_entropy(net(data().x), data().y).backward()
+    optimizer.step()
+    assert optimizer.buffers is not None and all(p.grad is not None for p in net.parameters())
+    release(optimizer)
+    # freed when the update ends, not kept until the next one
+    assert optimizer.buffers is None and all(p.grad is None for p in net.parameters())
+
+
+def test_without_momentum_too_the_steps_are_torchs() -> None:
+    still = SgdParams(lr=0.2, momentum=0.0, batch_size=8, epochs=2)
+    ours, plain = model(4), model(4)
+    local_sgd(ours, data(5), still, torch.Generator().manual_seed(0))
+    plain_local_sgd(plain, data(5), still, torch.Generator().manual_seed(0))
+    assert same(ours, plain) and not same(ours, model(4))
+
+
+def test_training_loads_no_compiler() -> None:
+    """``torch.optim``'s first optimiser imports ``torch._dynamo`` (1 s, 73 MB): a fresh process that trains
+    and fuses with ours does not."""
+    script = ("import sys, torch\n"
+              "from tests.test_inner_loop import PARAMS, data, model\n"
+              "from dfl_node.learning.training import local_sgd\n"
+              "from dfl_node.learning.fusion import mutual_knowledge_transfer\n"
+              "local_sgd(model(), data(), PARAMS, torch.Generator().manual_seed(0))\n"
+              "mutual_knowledge_transfer(model(1), model(2), data(), PARAMS, PARAMS, torch.Generator())\n"
+              "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
 
 
 def test_trained_copy_reuses_one_spare_and_leaves_the_model_alone() -> None:

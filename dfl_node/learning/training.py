@@ -5,15 +5,13 @@ the same generator state gets bit-identical models — the simulator and the dae
 
 The inner loop does nothing but forward, backward and step: batches are gathered with
 ``index_select`` (a row copy; ``data.x[idx]``'s advanced indexing took 5× as long on 000's MNIST
-shards), an optimiser is reused across updates with its momentum buffers dropped at each update's
-start (:func:`sgd`), and losses are summed on the device and read once per update. None of it changes
-a value: the batches, the arithmetic and its order are those of a per-batch ``data.x[idx]``, a fresh
-optimiser and ``loss.item()``.
+shards), the optimiser is our own few lines (:class:`Sgd`: ``torch.optim``'s loads a compiler), and losses
+are summed on the device and read once per update. None of it changes a value: the batches, the arithmetic
+and its order are those of a per-batch ``data.x[idx]``, a fresh ``torch.optim.SGD`` and ``loss.item()``.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -60,29 +58,51 @@ def shuffled_batches(data: ArrayDataset, batch_size: int,
         yield data.x.index_select(0, idx), data.y.index_select(0, idx)
 
 
-_OPTIMIZERS: weakref.WeakKeyDictionary[nn.Module, torch.optim.SGD] = weakref.WeakKeyDictionary()
+class Sgd:
+    """SGD with momentum over ``parameters`` for one update: the arithmetic of ``torch.optim.SGD`` (no dampening,
+    weight decay or Nesterov; the momentum buffer starts as the first gradient), whose CPU steps are these
+    ``foreach`` calls one tensor at a time, and whose other devices run them as they are here. A momentum buffer
+    does not outlive its update, as in the papers' code.
+
+    Why not ``torch.optim.SGD`` itself: its constructor imports ``torch._dynamo`` on first use, 1.15 s and 73 MB
+    of RSS in every process that trains (a daemon, each restart of it), for a compiler a node never runs.
+    ``tests/test_inner_loop.py`` holds the two to the same bits."""
+
+    def __init__(self, parameters: list[nn.Parameter], params: SgdParams) -> None:
+        self.parameters, self.lr, self.momentum = parameters, params.lr, params.momentum
+        self.buffers: list[torch.Tensor] | None = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradients (``set_to_none`` is the only way: the name and argument are ``torch.optim``'s)."""
+        for parameter in self.parameters:
+            parameter.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        stepped = [p for p in self.parameters if p.grad is not None]
+        grads = [p.grad for p in stepped]
+        if self.momentum:
+            if self.buffers is None:
+                self.buffers = [g.detach().clone() for g in grads]
+            else:
+                torch._foreach_mul_(self.buffers, self.momentum)
+                torch._foreach_add_(self.buffers, grads)
+            grads = self.buffers
+        torch._foreach_add_(stepped, grads, alpha=-self.lr)
 
 
-def sgd(model: nn.Module, params: SgdParams) -> torch.optim.Optimizer:
-    """``model``'s SGD optimiser for one update, with no momentum buffers: they do not outlive an update,
-    as in the papers' code. The optimiser object is reused from the model's previous update (its state
-    cleared, its settings set), which is the same math as a new one without rebuilding it every round."""
-    parameters = list(model.parameters())
-    optimizer = _OPTIMIZERS.get(model)
-    if optimizer is None or [id(p) for p in optimizer.param_groups[0]["params"]] != [id(p) for p in parameters]:
-        optimizer = _OPTIMIZERS[model] = torch.optim.SGD(parameters, lr=params.lr, momentum=params.momentum)
-    optimizer.state.clear()
-    optimizer.param_groups[0].update(lr=params.lr, momentum=params.momentum)
-    return optimizer
+def sgd(model: nn.Module, params: SgdParams) -> Sgd:
+    """``model``'s SGD for one update (:class:`Sgd`)."""
+    return Sgd(list(model.parameters()), params)
 
 
-def release(*optimizers: torch.optim.Optimizer) -> None:
+def release(*optimizers: Sgd) -> None:
     """End of an update: free the gradients and momentum buffers now rather than at the next update. The
     math is the same (they never outlive an update); the memory is not: a node that trained would else
     hold two more copies of its model while it receives and aggregates others (benchmarks/aggregator.py)."""
     for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
-        optimizer.state.clear()
+        optimizer.buffers = None
 
 
 def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator: torch.Generator,
