@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -114,3 +115,19 @@ def test_nothing_that_verifies_is_an_operator_error_and_another_model_too(tmp_pa
     with pytest.raises(OperatorError, match="holds another model"):
         Checkpoint(other).load("fingerprint-b")
     assert Checkpoint(tmp_path / "none").load(FP) is None
+
+
+def test_a_state_naming_its_model_by_sha256_still_pairs(tmp_path: Path) -> None:
+    """States written before BLAKE3 named the model file's sha256: a node upgraded in place resumes from them, and
+    a sha256 that does not match its file still falls back to the previous pair."""
+    _two_generations(tmp_path)
+    assert "checkpoint_model_blake3" in json.loads((tmp_path / STATE_FILE).read_text())  # its wheel is a dependency
+    for state_file, model_file in ((STATE_FILE, MODEL_FILE), (PREVIOUS[STATE_FILE], PREVIOUS[MODEL_FILE])):
+        state = json.loads((tmp_path / state_file).read_text())
+        del state["checkpoint_model_blake3"]
+        state["checkpoint_model_sha256"] = hashlib.sha256((tmp_path / model_file).read_bytes()).hexdigest()
+        (tmp_path / state_file).write_text(json.dumps(state))
+    assert _resumed(tmp_path) == (2.0, 2)
+    state = json.loads((tmp_path / STATE_FILE).read_text())
+    (tmp_path / STATE_FILE).write_text(json.dumps({**state, "checkpoint_model_sha256": "0" * 64}))
+    assert _resumed(tmp_path) == (1.0, 1)
