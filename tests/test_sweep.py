@@ -137,8 +137,10 @@ def _sweep_command(grid: Path, out: Path) -> list[str]:
 def test_ctrl_c_keeps_finished_runs_whole_and_a_rerun_finishes_the_rest(tmp_path: Path) -> None:
     grid, out = write_grid(tmp_path, rounds=30), tmp_path / "out"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # Ctrl-C as at a terminal: SIGINT at its default, whatever this process inherited (a shell's background job,
+    # or `sh -c … &`, starts with SIGINT ignored, and Python then leaves it ignored: the sweep would run on)
     proc = subprocess.Popen(_sweep_command(grid, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=ROOT)
+                            env=env, cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = proc.stdout.readline()  # blocks until the first run has been written
         assert first.startswith("[1/8] done"), first + proc.stderr.read()
