@@ -19,10 +19,12 @@ import pytest
 from dfl_node.algorithms.plan import Role
 from dfl_node.config import ExperimentConfig
 from dfl_node.node.daemon import Node
+from dfl_node.node.rounds import liveness_bound
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
 from dfl_node.sim.ledger import Ledger, completed_rounds
-from tests.chaos import HISTORY_LIMIT, SEED, STALL_BOUND, TIMEOUTS
+from dfl_node.sim.network import LinkProfile
+from tests.chaos import HISTORY_LIMIT, ROUND_MARGIN, SEED, STALL_BOUND, TIMEOUTS
 from tests.conftest import FLEET
 
 STEP_S = 0.05  # virtual seconds per training step: a round's training and fusion take seconds
@@ -46,14 +48,14 @@ def highest_round(fleet: VirtualFleet) -> int:
 
 
 def run_case(shards: Path, state: Path, config: ExperimentConfig, script: Script, mode: str = "round",
-             **settings: Any) -> tuple[Ledger, int, list[float]]:
-    """Run the test fleet under ``script`` until every node is done; the durable ledger, the rounds completed,
-    and the moments of the kills (the nodes' clock)."""
+             links: LinkProfile | None = None, **settings: Any) -> tuple[Ledger, int, list[float]]:
+    """Run the test fleet under ``script`` until every node is done (every message taking what ``links`` says);
+    the durable ledger, the rounds completed, and the moments of the kills (the nodes' clock)."""
     configs = plan_nodes(config, "defkt", shards, state, mode=mode, evaluate=False, history_limit=HISTORY_LIMIT,
                          **{**TIMEOUTS, **settings})
 
     async def main() -> tuple[dict[str, dict[str, Any]], list[float]]:
-        fleet = VirtualFleet(configs)
+        fleet = VirtualFleet(configs, None if links is None else lambda src, dst: links)
         try:
             fleet.start_all()
             kills = await script(fleet)
@@ -147,3 +149,25 @@ def test_members_killed_in_turn_neither_stall_the_token_nor_repeat_a_round(fleet
     assert completed == 40
     assert ledger.lost_rounds(completed) == [] and ledger.repeated_rounds() == []
     assert max(ledger.stall_after(at) for at in kills) <= STALL_BOUND
+
+
+def test_a_holder_killed_between_its_two_assigns_does_not_hold_the_aggregator_for_round_timeout(
+        fleet_shards: Path, tmp_path: Path) -> None:
+    """Found by the real storm (a 62 s stall): the holder assigned the aggregator, then died before it assigned the
+    sender, and came back within ``peer_timeout``. The aggregator waited ``round_timeout`` for a sender nobody had
+    told to send, and while it waited, its role kept the lost token from being regenerated. Each message takes
+    0.1 s here, so the kill lands after the aggregator took its role and before the sender has its own."""
+    async def script(fleet: VirtualFleet) -> list[float]:
+        await until(fleet, lambda n: highest_round(fleet) >= 2)
+        await until(fleet, lambda n: n.state.role is Role.AGGREGATOR
+                    and not any(m.state.role is Role.SENDER for m in fleet.nodes.values()))
+        holder = await until(fleet, lambda n: n.state.holding)
+        return [kill_and_restart(fleet, holder)]
+
+    ledger, completed, kills = run_case(fleet_shards, tmp_path, FLEET.model_copy(update={"rounds": 6}), script,
+                                        links=LinkProfile(latency_s=0.1))
+    assert completed == 6 and ledger.lost_rounds(6) == [] and ledger.repeated_rounds() == []
+    bound = liveness_bound(quick=True, **{k: TIMEOUTS[k] for k in ("peer_timeout", "token_timeout", "heartbeat",
+                                                                     "round_timeout")}) + ROUND_MARGIN
+    assert bound < TIMEOUTS["round_timeout"]  # so the bound tells the two apart
+    assert ledger.stall_after(kills[0]) <= bound

@@ -68,7 +68,7 @@ class Sgd:
     of RSS in every process that trains (a daemon, each restart of it), for a compiler a node never runs.
     ``tests/test_inner_loop.py`` holds the two to the same bits."""
 
-    def __init__(self, parameters: list[nn.Parameter], params: SgdParams) -> None:
+    def __init__(self, parameters: list[torch.Tensor], params: SgdParams) -> None:
         self.parameters, self.lr, self.momentum = parameters, params.lr, params.momentum
         self.buffers: list[torch.Tensor] | None = None
 
@@ -80,7 +80,7 @@ class Sgd:
     @torch.no_grad()
     def step(self) -> None:
         stepped = [p for p in self.parameters if p.grad is not None]
-        grads = [p.grad for p in stepped]
+        grads = [g for p in stepped if (g := p.grad) is not None]
         if self.momentum:
             if self.buffers is None:
                 self.buffers = [g.detach().clone() for g in grads]

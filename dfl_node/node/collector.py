@@ -24,8 +24,9 @@ from dfl_node.peering.messages import Offer
 
 class Collector:
     def __init__(self, step: Step, epoch: int, clock: Clock, *, deadline_s: float, max_bytes: int,
-                 expected: Iterable[str] | None = None) -> None:
+                 expected: Iterable[str] | None = None, assigned_by: str = "") -> None:
         self.step = step
+        self.assigned_by = assigned_by  # the holder whose Assign this group waits on ("": our own, async mode)
         self.epoch = epoch
         self.clock = clock
         self.deadline = clock.monotonic() + deadline_s
@@ -80,6 +81,15 @@ class Collector:
         """A sender that will not send (it refused its invitation)."""
         self.expected.discard(sender)
         self._changed.set()
+
+    def orphaned(self) -> set[str]:
+        """The holder that assigned this group crashed: the senders it had not assigned yet never will be, and
+        which those are nobody here can tell. The group stops waiting for every sender that has not begun to
+        send (its round is played again under a regenerated token; nothing was fused). Who they were."""
+        idle = self.missing() - self.receiving.keys()
+        for sender in idle:
+            self.withdraw(sender)
+        return idle
 
     def missing(self) -> set[str]:
         return self.expected - self.messages.keys()

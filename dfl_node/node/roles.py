@@ -112,7 +112,8 @@ class Roles:
             return Ack(ok=ok, reason="" if ok else "not_fused" if rounds else "transfer_failed")
         collector = self.collector = Collector(step, assignment.epoch, self.node.clock,
                                                max_bytes=self.max_buffered_bytes,
-                                               deadline_s=self.deadline_of(assignment))
+                                               deadline_s=self.deadline_of(assignment),
+                                               assigned_by=assignment.holder if rounds and not group.pull else "")
         fusing = self._settling = loop.create_task(self._play_aggregator(
             step, PeerTransport(self.node, assignment.epoch, collector=collector, assignment=assignment)))
         if group.pull and rounds:
