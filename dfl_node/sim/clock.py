@@ -24,6 +24,7 @@ one here. What we need is ~40 lines over asyncio's own scheduling:
 from __future__ import annotations
 
 import asyncio
+import gc
 import concurrent.futures
 import selectors
 from collections.abc import Callable, Coroutine
@@ -117,8 +118,10 @@ def run_virtual(main: Coroutine[Any, Any, T], cost: CostFn | None = None, thread
     on ``threads`` threads as a daemon sets them for its process: the work runs inline on this thread, and
     the number of threads decides a float sum's order, so the bits a simulated node computes."""
     loop = VirtualTimeLoop(cost)
+    gc.freeze()  # what exists now (imports, the data) outlives the run: no full collection need scan it again
     try:
         with torch_threads(threads):
             return loop.run_until_complete(main)
     finally:
+        gc.unfreeze()
         loop.close()
