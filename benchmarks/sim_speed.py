@@ -16,7 +16,7 @@ one round only two nodes would, and the longer run's other eight evaluations wou
 after/before.
 
     python benchmarks/sim_speed.py [--rounds 40] [--repeat 3] [--before COMMIT] [--config FILE] [--data-dir DIR]
-    python benchmarks/sim_speed.py --rounds 40 --repeat 3    # README's figures
+    python benchmarks/sim_speed.py --rounds 40 --repeat 5    # README's figures
 """
 
 from __future__ import annotations
