@@ -24,8 +24,8 @@ one here. What we need is ~40 lines over asyncio's own scheduling:
 from __future__ import annotations
 
 import asyncio
-import gc
 import concurrent.futures
+import gc
 import selectors
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
