@@ -19,12 +19,11 @@ import pytest
 from dfl_node.algorithms.plan import Role
 from dfl_node.config import ExperimentConfig
 from dfl_node.node.daemon import Node
-from dfl_node.node.rounds import liveness_bound
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
 from dfl_node.sim.ledger import Ledger, completed_rounds
 from dfl_node.sim.network import LinkProfile
-from tests.chaos import HISTORY_LIMIT, ROUND_MARGIN, SEED, STALL_BOUND, TIMEOUTS
+from tests.chaos import HISTORY_LIMIT, SEED, STALL_BOUND, TIMEOUTS, stall_bound
 from tests.conftest import FLEET
 
 STEP_S = 0.05  # virtual seconds per training step: a round's training and fusion take seconds
@@ -167,7 +166,6 @@ def test_a_holder_killed_between_its_two_assigns_does_not_hold_the_aggregator_fo
     ledger, completed, kills = run_case(fleet_shards, tmp_path, FLEET.model_copy(update={"rounds": 6}), script,
                                         links=LinkProfile(latency_s=0.1))
     assert completed == 6 and ledger.lost_rounds(6) == [] and ledger.repeated_rounds() == []
-    bound = liveness_bound(quick=True, **{k: TIMEOUTS[k] for k in ("peer_timeout", "token_timeout", "heartbeat",
-                                                                     "round_timeout")}) + ROUND_MARGIN
+    bound = stall_bound(TIMEOUTS, True)
     assert bound < TIMEOUTS["round_timeout"]  # so the bound tells the two apart
     assert ledger.stall_after(kills[0]) <= bound

@@ -62,8 +62,8 @@ def mutual_knowledge_transfer(
     for _ in range(received_params.epochs):
         for x, y in shuffled_batches(data, received_params.batch_size, generator):
             loss1, loss2 = mkt_losses(received(x), local(x), y)
-            opt_received.zero_grad(set_to_none=True)
-            opt_local.zero_grad(set_to_none=True)
+            opt_received.zero_grad()
+            opt_local.zero_grad()
             (loss1 + loss2).backward()  # the graphs are disjoint: each loss reaches only its own model
             opt_received.step()
             opt_local.step()

@@ -196,7 +196,7 @@ def weighted_mutual_learning(models: Sequence[nn.Module], data: ArrayDataset, pa
         for x, y in shuffled_batches(data, params.batch_size, generator):
             losses = dfml_losses([m(x) for m in models], y, alpha, counts, supervise)
             for optimizer in optimizers:
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()
             torch.stack(losses).sum().backward()  # the graphs are disjoint: each loss reaches its own model
             for optimizer in optimizers:
                 optimizer.step()
@@ -212,8 +212,8 @@ def deep_mutual_learning(local: nn.Module, meme: nn.Module, data: ArrayDataset, 
     for _ in range(params.epochs):
         for x, y in shuffled_batches(data, params.batch_size, generator):
             loss_local, loss_meme = fml_losses(local(x), meme(x), y, alpha, beta, supervise)
-            opt_local.zero_grad(set_to_none=True)
-            opt_meme.zero_grad(set_to_none=True)
+            opt_local.zero_grad()
+            opt_meme.zero_grad()
             (loss_local + loss_meme).backward()
             opt_local.step()
             opt_meme.step()

@@ -72,8 +72,8 @@ class Sgd:
         self.parameters, self.lr, self.momentum = parameters, params.lr, params.momentum
         self.buffers: list[torch.Tensor] | None = None
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop the gradients (``set_to_none`` is the only way: the name and argument are ``torch.optim``'s)."""
+    def zero_grad(self) -> None:
+        """Drop the gradients (``torch.optim``'s ``zero_grad(set_to_none=True)``)."""
         for parameter in self.parameters:
             parameter.grad = None
 
@@ -101,7 +101,7 @@ def release(*optimizers: Sgd) -> None:
     math is the same (they never outlive an update); the memory is not: a node that trained would else
     hold two more copies of its model while it receives and aggregates others (benchmarks/aggregator.py)."""
     for optimizer in optimizers:
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         optimizer.buffers = None
 
 
@@ -121,7 +121,7 @@ def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator
     total, steps = torch.zeros((), dtype=torch.float64, device=data.x.device), 0
     for _ in range(params.epochs):
         for x, y in shuffled_batches(data, params.batch_size, generator):
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
             for param, anchor in zip(model.parameters(), anchors):

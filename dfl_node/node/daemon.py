@@ -111,7 +111,7 @@ class Node:
                                timeout=config.peer_timeout, static=config.peers,
                                on_join=self._peer_joined,
                                expiry=config.peer_expiry, max_pending=config.max_pending_peers,
-                               on_forget=self.network.forget, on_lost=self._peer_lost)
+                               on_forget=self.network.forget, on_lost=self.roles.peer_lost)
         # The state dir is locked before anything reads it, and held until run_node ends: a second node
         # started on it stops with the one-line error, having read (and logged) nothing of the first's state.
         self.checkpoint.lock.acquire()
@@ -337,44 +337,10 @@ class Node:
         await self.save(copy=True)
         log_summary(self, f"done after {self.config.duration:.0f} s")
 
-    def _peer_lost(self, peer_id: str) -> None:
-        """A peer stopped answering: an aggregator no longer waits for it (it would only wait for its deadline),
-        unless its transfer is under way (that stream ends on its own, or after ``stream_timeout``); nor for the
-        senders of a holder that is gone (:meth:`_holder_gone`)."""
-        collector = self.roles.collector
-        if collector is not None and peer_id in collector.missing() and peer_id not in collector.receiving:
-            log.info("%s: round %d: sender %s is gone; not waiting for it", self.config.id, collector.round + 1,
-                     peer_id)
-            collector.withdraw(peer_id)
-        self._holder_gone(peer_id, "is gone")
-
     def _peer_joined(self, peer_id: str, restarted: bool) -> None:
-        """A peer (re)joined. One that *restarted* (a new boot id: it crashed and came back, faster than
-        ``peer_timeout`` perhaps, so it was never seen to leave) cannot still be sending what its old
-        incarnation was assigned: an aggregator stops waiting for it at once, a transfer of it under way
-        included, rather than until its deadline (``round_timeout``: a 130 s stall in a storm); nor can it still
-        assign the senders it had not yet (:meth:`_holder_gone`)."""
-        collector = self.roles.collector
-        if restarted and collector is not None and peer_id in collector.missing():
-            log.info("%s: round %d: sender %s restarted; not waiting for it", self.config.id, collector.round + 1,
-                     peer_id)
-            collector.abandon(peer_id)
-        if restarted:
-            self._holder_gone(peer_id, "restarted")
+        """A peer (re)joined: the role under way, then the scheduler, learn of it."""
+        self.roles.peer_joined(peer_id, restarted)
         self.scheduler.on_join(peer_id, restarted)
-
-    def _holder_gone(self, peer_id: str, how: str) -> None:
-        """The holder that assigned our aggregator role crashed, perhaps between our Assign and its senders'. An
-        aggregator that waited for them until its deadline (``round_timeout``) also kept the lost token from being
-        regenerated, as its role counts as the token at work: a 62 s stall in a storm. It stops waiting for the
-        senders that have not begun to send (:meth:`Collector.orphaned`)."""
-        collector = self.roles.collector
-        if collector is None or collector.assigned_by != peer_id or collector.gathered.is_set():
-            return
-        orphaned = collector.orphaned()
-        if orphaned:
-            log.info("%s: round %d: holder %s %s; not waiting for %s", self.config.id, collector.round + 1, peer_id,
-                     how, ", ".join(sorted(orphaned)))
 
     def client(self, address: str) -> PeerLink:
         """Our link to the peer at ``address``."""

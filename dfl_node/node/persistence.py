@@ -17,19 +17,19 @@ state.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load, save_file
 
 from dfl_node.errors import OperatorError
+from dfl_node.net.hashes import HASHES, OFFERED_HASHES
 from dfl_node.node.state_lock import StateLock
 
 log = logging.getLogger(__name__)
@@ -37,27 +37,10 @@ log = logging.getLogger(__name__)
 MODEL_FILE, STATE_FILE = "model.safetensors", "state.json"
 PREVIOUS = {MODEL_FILE: "model.prev.safetensors", STATE_FILE: "state.prev.json"}
 GENERATION = "checkpoint_generation"
-
-
-class _Hash(Protocol):
-    def update(self, data: bytes, /) -> object: ...
-    def hexdigest(self) -> str: ...
-
-
-def _file_hashes() -> dict[str, Callable[[], _Hash]]:
-    """What a state file may name its model file's digest with (its key), the preferred first."""
-    hashes: dict[str, Callable[[], _Hash]] = {}
-    try:
-        import blake3
-        hashes["checkpoint_model_blake3"] = blake3.blake3
-    except ImportError:  # a node without the wheel writes sha256 (and reads what it can)
-        pass
-    hashes["checkpoint_model_sha256"] = hashlib.sha256
-    return hashes
-
-
-FILE_HASHES = _file_hashes()
-CHECK_KEYS = (GENERATION, *FILE_HASHES)  # what a state file says of its model
+# What a state file may name its model file's digest by, the preferred first: the hashes a transfer may carry
+# (BLAKE3 where its wheel is installed; sha256 always, and in states written before BLAKE3).
+FILE_DIGESTS = {f"checkpoint_model_{name}": HASHES[name] for name in OFFERED_HASHES}
+CHECK_KEYS = (GENERATION, *FILE_DIGESTS)  # what a state file says of its model
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -76,22 +59,18 @@ def _write(path: Path, data: bytes, fsync: bool) -> None:
             os.fsync(f.fileno())
 
 
-def _hexdigest(new: Callable[[], _Hash], data: bytes) -> str:
-    digest = new()
-    digest.update(data)
-    return digest.hexdigest()
+def _digest(key: str, chunks: Iterable[bytes]) -> str:
+    """The digest that state key ``key`` names, of ``chunks``."""
+    digest = FILE_DIGESTS[key]()
+    for chunk in chunks:
+        digest.update(chunk)
+    return digest.digest().hex()
 
 
-def _digest_and_sync(path: Path, key: str, fsync: bool) -> str:
-    """The digest (by its state key) of a file just written, read back in chunks (never whole in memory); fsynced
-    if asked."""
-    digest = FILE_HASHES[key]()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-        if fsync:
-            os.fsync(f.fileno())
-    return digest.hexdigest()
+def _chunks(f: BinaryIO) -> Iterator[bytes]:
+    """A file read in chunks: a model read back is never whole in memory."""
+    while chunk := f.read(1 << 20):
+        yield chunk
 
 
 class CheckpointError(ValueError):
@@ -119,8 +98,11 @@ class Checkpoint:
         # written straight to its file, not built as bytes first: that was a second copy of the model in memory
         save_file({k: v.detach().contiguous() for k, v in model_state.items()},
                   str(self.directory / f".{MODEL_FILE}.tmp"), metadata={"fingerprint": fingerprint})
-        named_by = next(iter(FILE_HASHES))
-        model_digest = _digest_and_sync(self.directory / f".{MODEL_FILE}.tmp", named_by, self.fsync)
+        named_by = next(iter(FILE_DIGESTS))
+        with open(self.directory / f".{MODEL_FILE}.tmp", "rb") as written:
+            model_digest = _digest(named_by, _chunks(written))
+            if self.fsync:
+                os.fsync(written.fileno())
         self.generation = (self._newest_generation() if self.generation is None else self.generation) + 1
         check = {GENERATION: self.generation, named_by: model_digest}
         _write(self.directory / f".{STATE_FILE}.tmp", json.dumps({**state, **check}).encode(), self.fsync)
@@ -165,14 +147,15 @@ class Checkpoint:
         if not states and not problems:
             states.append((STATE_FILE, {}))  # a model without its state file: the node's counters start afresh
         checked: dict[str, tuple[dict[str, str], dict[str, torch.Tensor] | CheckpointError]] = {}
+        named = {k for _, state in states for k in FILE_DIGESTS if k in state}  # the digests worth computing
         for state_name, state in sorted(states, key=lambda item: -int(item[1].get(GENERATION, 0))):
             # (a state whose digest this node cannot compute, BLAKE3 without its wheel, pairs as one that names none)
-            key = next((k for k in FILE_HASHES if k in state), None)
+            key = next((k for k in FILE_DIGESTS if k in state), None)
             for path in models:  # a crash between two renames can leave a state beside its model's new name
                 if key is None and path.name != MODEL_FILE:
                     continue  # a state written before checkpoints named their model pairs with the current one
                 if path.name not in checked:
-                    checked[path.name] = _verified(path, fingerprint)
+                    checked[path.name] = _verified(path, fingerprint, named)
                 digests, tensors = checked[path.name]
                 if isinstance(tensors, dict) and (key is None or digests[key] == state[key]):
                     self.generation = int(state.get(GENERATION, 0))
@@ -187,12 +170,13 @@ class Checkpoint:
                             "); move the folder away to start afresh")
 
 
-def _verified(path: Path, fingerprint: str) -> tuple[dict[str, str], dict[str, torch.Tensor] | CheckpointError]:
-    """Model file ``path``'s digests (by the state key that names each) and its tensors if it is whole and finite,
-    else why not; another architecture's checkpoint is an :class:`OperatorError` (the operator pointed at the
-    wrong folder)."""
+def _verified(path: Path, fingerprint: str, keys: Iterable[str]) -> tuple[dict[str, str],
+                                                                          dict[str, torch.Tensor] | CheckpointError]:
+    """Model file ``path``'s digests by the state ``keys`` that name them, and its tensors if it is whole and
+    finite, else why not; another architecture's checkpoint is an :class:`OperatorError` (the operator pointed at
+    the wrong folder)."""
     data = path.read_bytes()
-    digests = {key: _hexdigest(new, data) for key, new in FILE_HASHES.items()}
+    digests = {key: _digest(key, (data,)) for key in keys}
     try:
         with safe_open(str(path), framework="pt") as f:
             saved = (f.metadata() or {}).get("fingerprint")

@@ -59,6 +59,46 @@ class Roles:
         self.node.state.role = Role.IDLE
         self._idle.set()
 
+    # ----- peers that leave or restart while a group waits for them -------------------------
+    def peer_lost(self, peer_id: str) -> None:
+        """A peer stopped answering: an aggregator no longer waits for it (it would only wait for its deadline),
+        unless its transfer is under way (that stream ends on its own, or after ``stream_timeout``); nor for the
+        senders of a holder that is gone (:meth:`_holder_gone`)."""
+        collector = self.collector
+        if collector is not None and peer_id in collector.missing() and peer_id not in collector.receiving:
+            log.info("%s: round %d: sender %s is gone; not waiting for it", self.node.config.id,
+                     collector.round + 1, peer_id)
+            collector.withdraw(peer_id)
+        self._holder_gone(peer_id, "is gone")
+
+    def peer_joined(self, peer_id: str, restarted: bool) -> None:
+        """A peer (re)joined. One that *restarted* (a new boot id: it crashed and came back, faster than
+        ``peer_timeout`` perhaps, so it was never seen to leave) cannot still be sending what its old
+        incarnation was assigned: an aggregator stops waiting for it at once, a transfer of it under way
+        included, rather than until its deadline (``round_timeout``: a 130 s stall in a storm); nor can it still
+        assign the senders it had not yet (:meth:`_holder_gone`)."""
+        if not restarted:
+            return
+        collector = self.collector
+        if collector is not None and peer_id in collector.missing():
+            log.info("%s: round %d: sender %s restarted; not waiting for it", self.node.config.id,
+                     collector.round + 1, peer_id)
+            collector.abandon(peer_id)
+        self._holder_gone(peer_id, "restarted")
+
+    def _holder_gone(self, peer_id: str, how: str) -> None:
+        """The holder that assigned our aggregator role crashed, perhaps between our Assign and its senders'. An
+        aggregator that waited for them until its deadline (``round_timeout``) also kept the lost token from being
+        regenerated, as its role counts as the token at work: a 62 s stall in a storm. It stops waiting for the
+        senders that have not begun to send (:meth:`Collector.orphaned`)."""
+        collector = self.collector
+        if collector is None or collector.assigned_by != peer_id or collector.gathered.is_set():
+            return
+        orphaned = collector.orphaned()
+        if orphaned:
+            log.info("%s: round %d: holder %s %s; not waiting for %s", self.node.config.id, collector.round + 1,
+                     peer_id, how, ", ".join(sorted(orphaned)))
+
     async def settled(self) -> None:
         """Until this node's last role (its fusion, replies, evaluation and checkpoint) is over."""
         if self._settling is not None:
