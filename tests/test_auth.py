@@ -37,6 +37,7 @@ from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.tls import TlsError, TlsFiles, dns_names, load_tls
 from dfl_node.node.daemon import Node
 from dfl_node.node.service import _bind_http, announcement
+from dfl_node.peering.probes import ProbeRequest
 from dfl_node.testbed.launcher import all_done, free_port, wait_until
 from tests.conftest import FLEET, loopback_fleet, simulated
 from tests.test_startup_errors import node_config, running, start_cli
@@ -313,23 +314,53 @@ async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path,
         return node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id, grpc_port=port,
                            swarm_key_file=key, mode="async", interval=3600)
 
-    async with running(config("node-0", ports[0])) as node0, running(config("node-1", ports[1])):
+    async with running(config("node-0", ports[0])) as node0, running(config("node-1", ports[1])) as node1:
         relay = grpc.aio.server()
         servicer = Relay(node0.grpc_address)
         pb_grpc.add_DflNodeServicer_to_server(servicer, relay)
         relayed = f"127.0.0.2:{relay.add_insecure_port('127.0.0.2:0')}"
         await relay.start()
         try:
-            node1 = None
-            node0.peers.static.clear()
-            # node-1 dials the relay as if it were a peer
-            nodes = [n for n in (node0,)]
-            assert nodes
-            from dfl_node.node.handshake import Handshake  # noqa: F401 - the probing side is node-1's
+            assert await node1.handshake.probe(relayed) is None  # node-1 dials the relay as if it were a peer
         finally:
             await relay.stop(None)
             await servicer.channel.close()
-        del node1, relayed
+        assert node1.state.rejected["address_mismatch"] == 1
+        assert relayed not in {p.address for p in node1.peers.peers.values()}
+
+
+async def test_a_key_holder_is_never_refused_as_unauthenticated(fleet_shards: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer counts a call on a connection that did not authenticate as an intruder's. A node authenticates
+    before its call whenever that would happen: its peer was not up yet when it called (the Hello waits for
+    the connection, as the call does), the peer restarted since (a new connection), or its session at the peer
+    is about to expire — only its own Hellos renew it, and node-1 sends none to node-0, which says Hello to it."""
+    monkeypatch.setattr(psk, "SESSION_TTL_S", 2.0)
+    key = new_swarm_key(tmp_path / "swarm.key")
+    port = free_port()
+
+    def config(node_id: str, grpc_port: int, **changes: object):  # noqa: ANN202
+        return node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id,
+                           grpc_port=grpc_port, swarm_key_file=key, mode="async", interval=3600, **changes)
+
+    # node-1's heartbeat: no Hello of its own while this test runs, however late node-0's come
+    async with running(config("node-1", free_port(), heartbeat=60)) as node1:
+        client = node1.client(f"127.0.0.1:{port}")
+
+        async def probed() -> None:
+            answer = await client.probe(ProbeRequest(sender="node-1", swarm=node1.config.swarm), timeout=30)
+            assert (answer.ok, answer.reason) == (False, "not_selecting")  # served: node-0 is not selecting
+
+        calling = asyncio.create_task(probed())  # nothing listens there yet
+        async with running(config("node-0", port)) as node0:
+            await calling
+            await until(lambda: node0.peers.alive_ids() == ["node-1"])
+            await asyncio.sleep(psk.SESSION_TTL_S)  # node-1's session at node-0 expires meanwhile
+            await probed()
+            assert node0.state.rejected["unauthenticated"] == 0
+        async with running(config("node-0", port)) as restarted:
+            await probed()
+            assert restarted.state.rejected["unauthenticated"] == 0
 
 
 # ----------------------------------------------------------------------------- fleets ≡ the simulator

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
 
 from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.net import psk
 from dfl_node.net.auth import NO_SECURITY, Security
 from dfl_node.net.codec import Outgoing, assemble
 from dfl_node.net.convert import from_wire, to_wire
@@ -123,8 +125,9 @@ class PeerClient:
     With TLS material the channel is mutual TLS, and the peer's certificate must be valid for
     ``tls_name`` (the node id we expect there) or, without one, for the host we dial. With a swarm key,
     :meth:`hello` runs the challenge–response (:mod:`dfl_node.net.psk`), and the round RPCs make sure
-    our connection authenticated first (a Hello from ``hello_message``), once more if the peer says it
-    no longer is (it restarted, or our connection is new).
+    our connection authenticated first (a Hello from ``hello_message``) whenever the peer would refuse the
+    call — and count the refusal as an intruder's — otherwise (:meth:`_session_usable`); once more if it
+    refuses all the same (our connection dropped between that check and the call).
 
     A push or a pull first waits for the channel to connect, for at most ``connect_timeout`` seconds: the
     calls themselves wait for a ready channel (``wait_for_ready``) up to their whole deadline, so a peer that
@@ -152,7 +155,7 @@ class PeerClient:
             self.channel = grpc.aio.insecure_channel(address, options=options)
         self.swarm_key = security.swarm_key
         self.challenge: bytes | None = None  # swarm key: the peer's last challenge, answered by our next Hello
-        self.authenticated = False  # swarm key: whether our connection proved it (the peer accepted our Hello)
+        self.authenticated_at: float | None = None  # swarm key: when we sent the last Hello the peer accepted
         self.hello_message = hello_message
         self.hash = DEFAULT_HASH  # the payload digest our pushes to this peer carry (negotiated in Hello)
         self._auth_lock = asyncio.Lock()
@@ -175,50 +178,62 @@ class PeerClient:
                 raise PeerUnauthenticated("tls_handshake", failure) from exc
             raise _unreachable(exc, timeout) from exc
 
-    async def _hello(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
+    async def _hello(self, request: pb.HelloRequest, timeout: float, wait_for_ready: bool = False) -> pb.HelloReply:
         """Our hashes offered, and the one our pushes carry learnt from the reply (:meth:`_hello_once`)."""
         request.hashes[:] = self.wire.hashes
-        reply = await self._hello_once(request, timeout)
+        reply = await self._hello_once(request, timeout, wait_for_ready)
         self.hash = negotiate(self.wire.hashes, reply.hashes)
         return reply
 
-    async def _hello_once(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
+    async def _hello_once(self, request: pb.HelloRequest, timeout: float, wait_for_ready: bool) -> pb.HelloReply:
         """With a swarm key: signed with the peer's last challenge (at first contact the peer answers
         ``auth_required`` with one and we ask again), and the reply must prove the key over our nonce,
         else :class:`~dfl_node.peering.errors.PeerUnauthenticated`."""
         if self.swarm_key is None:
-            return await self.stub.Hello(request, timeout=timeout)
+            return await self.stub.Hello(request, timeout=timeout, wait_for_ready=wait_for_ready)
         async with self._auth_lock:  # one challenge, one Hello: concurrent Hellos would reuse it (a replay)
             for _ in range(2):
                 signed = sign_request(self.swarm_key, request, self.challenge)
                 self.challenge = None
-                reply = await self.stub.Hello(signed, timeout=timeout)
+                sent_at = time.monotonic()  # the peer's session runs from its receipt, a little later
+                reply = await self.stub.Hello(signed, timeout=timeout, wait_for_ready=wait_for_ready)
                 check_reply(self.swarm_key, signed, reply)
                 self.challenge = reply.auth_nonce
                 if reply.reason != AUTH_REQUIRED:
                     break
-            self.authenticated = reply.accepted
+            self.authenticated_at = sent_at if reply.accepted else None
             return reply
+
+    def _session_usable(self) -> bool:
+        """Whether the peer will serve our next call without a Hello first: it accepted our last one, the
+        channel is still connected (else the call opens a new connection, which no Hello authenticated: the
+        peer was not up yet, or it restarted), and that session is younger than half its lifetime
+        (``SESSION_TTL_S``: only our own Hellos renew it, and a node sends none to a peer with a lower id
+        while that peer says Hello to it)."""
+        return (self.authenticated_at is not None
+                and time.monotonic() - self.authenticated_at < psk.SESSION_TTL_S / 2
+                and self.channel.get_state() is grpc.ChannelConnectivity.READY)
 
     async def _authenticated(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call()`` on a connection that proved the swarm key (a no-op without one)."""
         if self.swarm_key is None or self.hello_message is None:
             return await call()
-        if not self.authenticated:
+        if not self._session_usable():
             await self._authenticate()
         try:
             return await call()
         except (grpc.aio.AioRpcError, TransferRefused) as exc:
             if not _unauthenticated(exc):
                 raise
-        self.authenticated = False  # the peer restarted, or gRPC reconnected: authenticate anew, once
-        await self._authenticate()
+        await self._authenticate()  # our connection dropped and came back meanwhile: authenticate anew, once
         return await call()
 
     async def _authenticate(self) -> None:
+        """A Hello that waits for our channel to connect (up to ``connect_timeout``), as the call after it will:
+        one sent while the channel is down fails at once, and the call would then reach the peer unauthenticated."""
         assert self.hello_message is not None
         with contextlib.suppress(grpc.aio.AioRpcError, PeerUnauthenticated):  # then the call itself is refused
-            await self._hello(to_wire(self.hello_message()), timeout=5.0)
+            await self._hello(to_wire(self.hello_message()), timeout=self.connect_timeout, wait_for_ready=True)
 
     async def _reachable(self) -> None:
         """Until our channel is connected (at once if it is), else :class:`TransferRefused`: ``unreachable``,
