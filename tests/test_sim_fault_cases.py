@@ -169,3 +169,39 @@ def test_a_holder_killed_between_its_two_assigns_does_not_hold_the_aggregator_fo
     bound = stall_bound(TIMEOUTS, True)
     assert bound < TIMEOUTS["round_timeout"]  # so the bound tells the two apart
     assert ledger.stall_after(kills[0]) <= bound
+
+
+def test_a_holder_killed_while_its_sender_trains_still_has_that_senders_model_fused(
+        fleet_shards: Path, tmp_path: Path) -> None:
+    """The other side of the case above: the holder assigned both roles and died while its sender trained. The
+    sender was told to send and will: its aggregator must keep waiting for it (nothing refused, the round fused
+    with that sender's model) rather than give it up with the holder, which only the senders never assigned
+    deserve. The sender is caught before its transfer begins; the holder is in neither role."""
+    caught: dict[str, Any] = {}
+
+    async def script(fleet: VirtualFleet) -> list[float]:
+        def training_under_a_bystander(_: Node) -> bool:
+            nodes = fleet.nodes.values()
+            aggregators = [n for n in nodes if n.state.role is Role.AGGREGATOR and n.roles.collector is not None]
+            holders = [n for n in nodes if n.state.holding and n.state.role is Role.IDLE]
+            if len(aggregators) != 1 or len(holders) != 1 or highest_round(fleet) < 2:
+                return False
+            collector = aggregators[0].roles.collector
+            assert collector is not None
+            senders = [fleet.nodes[s] for s in collector.missing() - collector.receiving.keys() if s in fleet.nodes]
+            if not senders or any(s.state.role is not Role.SENDER for s in senders):
+                return False
+            caught.update(round=collector.round, aggregator=aggregators[0].node_id,
+                          senders={s.node_id for s in senders})
+            return True
+
+        holder = await until(fleet, lambda n: training_under_a_bystander(n) and n.state.holding)
+        return [kill_and_restart(fleet, holder)]
+
+    ledger, completed, kills = run_case(fleet_shards, tmp_path, FLEET.model_copy(update={"rounds": 6}), script,
+                                        links=LinkProfile(latency_s=0.1))
+    assert completed == 6 and ledger.lost_rounds(6) == [] and ledger.repeated_rounds() == []
+    fused = [senders for a, r, senders, _ in ledger.fusions if (a, r) == (caught["aggregator"], caught["round"])]
+    assert fused == [caught["senders"]], (caught, ledger.fusions)
+    assert not any(ledger.rejected.values()), ledger.rejected  # the sender's transfer was taken, not refused
+    assert ledger.stall_after(kills[0]) <= stall_bound(TIMEOUTS, True)

@@ -12,7 +12,7 @@ resolve only once the fusion is checkpointed, so the end of a sender's stream co
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
@@ -82,14 +82,13 @@ class Collector:
         self.expected.discard(sender)
         self._changed.set()
 
-    def orphaned(self) -> set[str]:
-        """The holder that assigned this group crashed: the senders it had not assigned yet never will be, and
-        which those are nobody here can tell. The group stops waiting for every sender that has not begun to
-        send (its round is played again under a regenerated token; nothing was fused). Who they were."""
-        idle = self.missing() - self.receiving.keys()
-        for sender in idle:
+    def release(self, assigned: Callable[[str], bool]) -> set[str]:
+        """The holder that assigned this group crashed: stop waiting for the senders that have not begun to send
+        and were never ``assigned`` (its round is played again under a regenerated token). Who they were."""
+        never = {sender for sender in self.missing() - self.receiving.keys() if not assigned(sender)}
+        for sender in never:
             self.withdraw(sender)
-        return idle
+        return never
 
     def missing(self) -> set[str]:
         return self.expected - self.messages.keys()

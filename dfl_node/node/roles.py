@@ -38,6 +38,7 @@ class Roles:
         self._idle = asyncio.Event()  # set while no role is held
         self._idle.set()
         self._taken_at, self._bytes_at = 0.0, 0  # the node's clock and its traffic when the role was taken
+        self._releasing: set[asyncio.Task] = set()  # _release_unassigned tasks under way
 
     def take_role(self, role: Role) -> None:
         if self.node.state.role is not Role.IDLE:
@@ -90,14 +91,28 @@ class Roles:
         """The holder that assigned our aggregator role crashed, perhaps between our Assign and its senders'. An
         aggregator that waited for them until its deadline (``round_timeout``) also kept the lost token from being
         regenerated, as its role counts as the token at work: a 62 s stall in a storm. It stops waiting for the
-        senders that have not begun to send (:meth:`Collector.orphaned`)."""
+        senders the holder never assigned (:meth:`_release_unassigned`)."""
         collector = self.collector
         if collector is None or collector.assigned_by != peer_id or collector.gathered.is_set():
             return
-        orphaned = collector.orphaned()
-        if orphaned:
-            log.info("%s: round %d: holder %s %s; not waiting for %s", self.node.config.id, collector.round + 1,
-                     peer_id, how, ", ".join(sorted(orphaned)))
+        task = asyncio.get_running_loop().create_task(self._release_unassigned(collector, peer_id, how))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release_unassigned(self, collector: Collector, holder: str, how: str) -> None:
+        """Which of the senders we still wait for did the holder assign before it died? Those that play a role
+        now: a sender takes its role on its Assign and keeps it until its transfer is confirmed, and in round
+        mode no other role is played meanwhile. So every peer is asked where it stands (a Hello each), and the
+        group stops waiting for the senders that play none (:meth:`Collector.release`); the others were told to
+        send, will (a sender trains first), and their models are fused as if the holder had lived."""
+        await self.node.peers.refresh()
+        if self.collector is not collector or collector.gathered.is_set():
+            return
+        progress = self.node.peers.progress()
+        released = collector.release(lambda sender: sender in progress and progress[sender].busy)
+        if released:
+            log.info("%s: round %d: holder %s %s; not waiting for %s, which it never assigned", self.node.config.id,
+                     collector.round + 1, holder, how, ", ".join(sorted(released)))
 
     async def settled(self) -> None:
         """Until this node's last role (its fusion, replies, evaluation and checkpoint) is over."""

@@ -38,10 +38,11 @@
   ``peer_timeout + token_timeout + 2·heartbeat + min(1 s, token_timeout/4)`` plus one round's own work:
   the restart, the Hello that reveals it, a lost token's ``token_timeout`` of silence, the watchdog's
   tick and the holder's replay heartbeat. A *holder* that crashes may have assigned an aggregator and not yet
-  its senders: that aggregator stops waiting once it sees the holder restarted (or gone), rather than at its
-  deadline, as its role would otherwise count as the token at work and keep it from being regenerated
-  (:meth:`Roles._holder_gone`). A member down for longer is waited for up to ``round_timeout``
-  more (it may be the only one that knows the newest round): then add ``round_timeout``.
+  its senders: once that aggregator sees the holder restarted (or gone), it asks its missing senders where they
+  stand and stops waiting for those that play no role, which were never assigned, rather than at its deadline,
+  as its role would otherwise count as the token at work and keep it from being regenerated; the senders that
+  were assigned still send, and are fused (:meth:`Roles._holder_gone`). A member down for longer is waited for
+  up to ``round_timeout`` more (it may be the only one that knows the newest round): then add ``round_timeout``.
   :func:`liveness_bound` computes it; ``tests/test_faults.py``'s real storm and ``tests/test_sim_storms.py``'s
   in-process ones check it after every kill.
 """

@@ -46,17 +46,19 @@ class Ledger:
 
     fusions: list[tuple[str, int, set[str], float]]  # (aggregator, round fused, its senders, wall time)
     sends: list[tuple[str, int, str]]  # (sender, round, aggregator): transfers their senders count as done
+    rejected: dict[str, dict[str, int]]  # node id -> its refusals by reason (what /status shows as "rejected")
 
     @classmethod
     def of(cls, states: dict[str, dict[str, Any]]) -> Ledger:
         fusions, sends = [], []
+        rejected = {node_id: {k: v for k, v in state["rejected"].items() if v} for node_id, state in states.items()}
         for node_id, state in states.items():
             for h in state["history"]:  # an entry's round is the round after the exchange
                 if h["event"] == "fusion":
                     fusions.append((node_id, h["round"] - 1, set(h["peer"].split(",")), h["time"]))
                 elif h["event"] == "send":
                     sends.append((node_id, h["round"] - 1, h["peer"]))
-        return cls(fusions, sends)
+        return cls(fusions, sends, rejected)
 
     def lost_models(self) -> list[tuple[str, int, str]]:
         """Sends whose aggregator holds no durable fusion of them: accepted, counted, and gone."""
