@@ -10,7 +10,9 @@ distinct labels for the two directions (a proof can never be replayed as the oth
 2. B checks that ``c`` is one it issued, unused and under 30 s old (it is used up now: a replayed
    Hello is refused, ``auth_replay``), and ``proof_A``. On success the *connection* the Hello came
    on (gRPC's ``context.peer()``, the caller's IP and port) is authenticated as A for 30 s, renewed
-   by every Hello: each heartbeat is one.
+   by every Hello A sends on it. A's heartbeats are Hellos, but a node sends none to a peer with a lower id
+   that says Hello to it, so before a call A says Hello again once half the 30 s are over, or when its
+   channel is not connected (the call would open a new connection): :class:`~dfl_node.net.transport.PeerClient`.
 3. B's every reply carries a fresh challenge ``c'`` and ``proof_B = mac("server", swarm, B's id,
    B's address, n_A, c')``: A learns that B knows K, and only adopts ``c'`` when ``proof_B`` holds.
    A also checks that B's address resolves to the endpoint it dialed, so a host that makes A dial it
