@@ -38,7 +38,7 @@
   ``peer_timeout + token_timeout + 2·heartbeat + min(1 s, token_timeout/4)`` plus one round's own work:
   the restart, the Hello that reveals it, a lost token's ``token_timeout`` of silence, the watchdog's
   tick and the holder's replay heartbeat. A *holder* that crashes may have assigned an aggregator and not yet
-  its senders: once that aggregator sees the holder restarted (or gone), it asks its missing senders where they
+  its senders: once that aggregator sees the holder restarted (or gone), it asks its peers where they
   stand and stops waiting for those that play no role, which were never assigned, rather than at its deadline,
   as its role would otherwise count as the token at work and keep it from being regenerated; the senders that
   were assigned still send, and are fused (:meth:`Roles._holder_gone`). A member down for longer is waited for
