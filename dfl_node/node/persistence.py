@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -67,12 +67,6 @@ def _digest(key: str, chunks: Iterable[bytes]) -> str:
     return digest.digest().hex()
 
 
-def _chunks(f: BinaryIO) -> Iterator[bytes]:
-    """A file read in chunks: a model read back is never whole in memory."""
-    while chunk := f.read(1 << 20):
-        yield chunk
-
-
 class CheckpointError(ValueError):
     """A checkpoint file that does not verify (why, in one line)."""
 
@@ -100,7 +94,7 @@ class Checkpoint:
                   str(self.directory / f".{MODEL_FILE}.tmp"), metadata={"fingerprint": fingerprint})
         named_by = next(iter(FILE_DIGESTS))
         with open(self.directory / f".{MODEL_FILE}.tmp", "rb") as written:
-            model_digest = _digest(named_by, _chunks(written))
+            model_digest = _digest(named_by, iter(lambda: written.read(1 << 20), b""))  # never whole in memory
             if self.fsync:
                 os.fsync(written.fileno())
         self.generation = (self._newest_generation() if self.generation is None else self.generation) + 1
