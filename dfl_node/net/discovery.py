@@ -36,7 +36,7 @@ import logging
 import socket
 from collections.abc import Callable
 
-from zeroconf import DNSQuestionType, IPVersion, ServiceStateChange, Zeroconf
+from zeroconf import DNSQuestionType, IPVersion, ServiceStateChange, Zeroconf, current_time_millis
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from dfl_node.net.announcement import (
@@ -62,6 +62,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RESOLVE_TIMEOUT_S = 3.0
+REQUERY_FIRST_S, REQUERY_MAX_S = 30.0, 3600.0
+"""The browse queries after zeroconf's own first four (in its first ~14 s): the first this long after the start,
+each interval twice the one before (RFC 6762 §5.2), up to an hour (see :meth:`MdnsDiscovery._requery`)."""
 """How long the resolve of an Added/Updated service may take (it is served from
 the cache when the announcement carried all records, which is the usual case)."""
 
@@ -143,6 +146,7 @@ class MdnsDiscovery:
         self._closing = False
         self._peers: dict[str, Announcement] = {}  # instance name (lower) -> last reported
         self._resolving: dict[str, asyncio.Task[None]] = {}
+        self._requerying: asyncio.Task[None] | None = None
 
     @property
     def me(self) -> Announcement:
@@ -186,6 +190,7 @@ class MdnsDiscovery:
             )
             await (await self._aiozc.async_register_service(info))  # probe, then announce
             self._info = info
+            self._requerying = asyncio.get_running_loop().create_task(self._requery(self._browser))
             log.info("mDNS: announcing %s (%s) on %s", self._me.node_id, self._name, self._interfaces)
         except BaseException:
             await self.stop()
@@ -209,6 +214,8 @@ class MdnsDiscovery:
         self._closing = True
         aiozc, browser, info = self._aiozc, self._browser, self._info
         self._browser = self._info = None
+        if self._requerying is not None:
+            self._requerying.cancel()
         for task in self._resolving.values():
             task.cancel()
         self._resolving.clear()
@@ -227,6 +234,19 @@ class MdnsDiscovery:
         finally:
             self._aiozc = None
             self._peers.clear()
+
+    @staticmethod
+    async def _requery(browser: AsyncServiceBrowser) -> None:
+        """Go on asking who serves our service type. zeroconf's browser asks four times in its first ~14 s, then
+        only to refresh the records it holds: a peer whose answers and announcements were all lost meanwhile (a
+        lossy link at start) was never found again by browsing, and a round-mode fleet waited for it for good.
+        The series goes on as RFC 6762 §5.2 lets it, each interval twice the last, up to an hour; every query
+        lists the peers we know (known-answer suppression), so only those we do not know answer."""
+        interval = REQUERY_FIRST_S
+        while True:
+            await asyncio.sleep(interval)
+            browser.query_scheduler.async_send_ready_queries(False, current_time_millis(), {SERVICE_TYPE})
+            interval = min(2 * interval, REQUERY_MAX_S)
 
     # -- browser events (run on the event loop; must not block) -------------
 
