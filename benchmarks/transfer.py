@@ -180,7 +180,8 @@ def measure_unary(payload: bytes, repeat: int) -> list[float]:
 
 async def measure_bare_stream(payload: bytes, repeat: int, hashing: str) -> list[float]:
     """``hashing``: a name of :data:`~dfl_node.net.hashes.HASHES` the sink hashes the chunks with, that name
-    followed by ``_copy`` to also copy them into a receive buffer (the least a node must do), or "count"."""
+    followed by ``_least`` to also copy them into a receive buffer and check them for NaN/Inf (the least a
+    node must do), or "count"."""
     with _sink(BARE_STREAM_SINK, hashing, str(len(payload))) as port:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             put = channel.stream_unary("/bench.Sink/Put")
@@ -287,7 +288,7 @@ def main() -> None:
     raw = measure_raw_tcp(payload, args.repeat)
     unary = measure_unary(payload, args.repeat)
     bare = {name: asyncio.run(measure_bare_stream(payload, args.repeat, name))
-            for name in ("count", *(h + keep for h in HASHES if h in series for keep in ("", "_least")))}
+            for name in ("count", *(h + suffix for h in HASHES if h in series for suffix in ("", "_least")))}
 
     def mbps(times: list[float]) -> float:
         return round(size / 1e6 / statistics.median(times), 1)
