@@ -282,7 +282,6 @@ async def test_stop_is_safe_before_start_and_after_failed_start(monkeypatch) -> 
         await d.start()  # one-shot object
 
 
-
 async def test_a_peer_missed_by_the_first_queries_is_found_by_a_later_one(swarm, monkeypatch) -> None:
     """zeroconf's browser asks 4 times in its first ~14 s, then only to refresh the records it holds: a peer whose
     every answer was lost until then (a lossy link at start) was never found again. Our queries go on

@@ -62,11 +62,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RESOLVE_TIMEOUT_S = 3.0
+"""How long the resolve of an Added/Updated service may take (it is served from
+the cache when the announcement carried all records, which is the usual case)."""
 REQUERY_FIRST_S, REQUERY_MAX_S = 30.0, 3600.0
 """The browse queries after zeroconf's own first four (in its first ~14 s): the first this long after the start,
 each interval twice the one before (RFC 6762 §5.2), up to an hour (see :meth:`MdnsDiscovery._requery`)."""
-"""How long the resolve of an Added/Updated service may take (it is served from
-the cache when the announcement carried all records, which is the usual case)."""
 
 
 def _announced_addresses(host: str) -> list[str]:
