@@ -7,10 +7,12 @@ again as soon as something changes or the peer falls silent."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from dfl_node.node.clock import Clock
 from dfl_node.node.peers import PeerTable
 from dfl_node.peering.messages import Hello, HelloReply, Progress
+from dfl_node.sim.clock import run_virtual
 
 HEARTBEAT = 1.0
 
@@ -24,14 +26,14 @@ async def one_heartbeat(table: PeerTable) -> list[str]:
     """The addresses ``table`` says Hello to in one pass of its heartbeat loop (the next comes a heartbeat later)."""
     probed: list[str] = []
 
-    async def hello(address: str) -> HelloReply | None:
+    async def hello(address: str, timeout: float) -> HelloReply | None:
         probed.append(address)
         return None
 
     table.hello = hello
     loop = asyncio.create_task(table.run())
     try:
-        await asyncio.sleep(0.1 * HEARTBEAT)  # the pass's gather is done long before its sleep ends
+        await asyncio.sleep(0.1 * HEARTBEAT)  # the pass's Hellos are sent long before its sleep ends
     finally:
         loop.cancel()
     return sorted(probed)
@@ -98,3 +100,41 @@ def test_a_short_timeout_keeps_the_heartbeat() -> None:
     """Half the timeout, never more than 2 heartbeats, never less than one: a quiet pair keeps 2 tries in a timeout."""
     table = PeerTable("m", hello=None, clock=Clock(), heartbeat=1.0, timeout=1.5, static=[])  # type: ignore[arg-type]
     assert table.quiet_interval == 1.0
+
+
+def test_a_pair_whose_round_trip_is_longer_than_a_heartbeat_stays_alive() -> None:
+    """Found by a simulated fault case whose links took a heartbeat each way: a Hello waited a heartbeat for its
+    answer, so the lower id never had one in time, and the higher id, hearing its Hellos, sent none of its own;
+    each side marked the other dead every ``timeout``. A Hello now waits as long as a peer may be silent. Two
+    tables over a link of 0.75 heartbeats each way, for 60 heartbeats of virtual time: neither loses the other."""
+    latency = 0.75 * HEARTBEAT
+    tables: dict[str, PeerTable] = {}
+    lost: list[str] = []
+
+    def hello_from(me: str) -> Callable[[str, float], Awaitable[HelloReply | None]]:
+        async def hello(address: str, timeout: float) -> HelloReply | None:
+            async def call() -> HelloReply:
+                await asyncio.sleep(latency)  # our Hello reaches the peer, which hears us in it
+                peer = tables[address]
+                peer.heard(Hello(node_id=me, grpc_address=f"{me}:1", boot_id=me))
+                await asyncio.sleep(latency)  # and its reply comes back
+                return hello_of(peer.self_id)
+            try:
+                return await asyncio.wait_for(call(), timeout)
+            except TimeoutError:
+                return None
+        return hello
+
+    async def main() -> None:
+        for me, other in (("a", "z"), ("z", "a")):
+            tables[f"{me}:1"] = PeerTable(me, hello_from(me), Clock(), heartbeat=HEARTBEAT, timeout=4.0,
+                                          static=[f"{other}:1"], on_lost=lost.append)
+        beating = [asyncio.create_task(table.run()) for table in tables.values()]
+        await asyncio.sleep(60 * HEARTBEAT)
+        for task in beating:
+            task.cancel()
+        await asyncio.gather(*beating, return_exceptions=True)
+        assert [t.alive_ids() for t in tables.values()] == [["z"], ["a"]]
+
+    run_virtual(main())
+    assert lost == []

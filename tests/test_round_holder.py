@@ -41,7 +41,7 @@ class MinimalNode:
         self.finished = asyncio.Event()
         self.roles = self  # the port's roles: this fake records what it is asked to assign (assign_to)
 
-    async def _no_hello(self, address: str) -> HelloReply | None:
+    async def _no_hello(self, address: str, timeout: float) -> HelloReply | None:
         return None
 
     def join(self, peer_id: str) -> None:

@@ -124,7 +124,7 @@ async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path,
         relayed = f"127.0.0.2:{relay.add_insecure_port('127.0.0.2:0')}"
         await relay.start()
         try:
-            assert await node1.handshake.probe(relayed) is None  # node-1 dials the relay as if it were a peer
+            assert await node1.handshake.probe(relayed, 2.0) is None  # node-1 dials the relay as if it were a peer
         finally:
             await relay.stop(None)
             await servicer.channel.close()

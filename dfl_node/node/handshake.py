@@ -94,13 +94,14 @@ class Handshake:
                     reason, other.swarm, other.model, other.fingerprint[:12], (other.wire_dtype or EXACT)[:16],
                     node.config.swarm, node.wire.model, node.fingerprint[:12], node.wire.wire_dtype)
 
-    async def probe(self, address: str) -> HelloReply | None:
-        """Heartbeat: our Hello to ``address``; only compatible peers count as alive. Whether anything answered
-        at all goes to the peer table, which shows static peers that do not (:meth:`PeerTable.unanswered`)."""
+    async def probe(self, address: str, timeout: float) -> HelloReply | None:
+        """Heartbeat: our Hello to ``address``, answered within ``timeout``; only compatible peers count as
+        alive. Whether anything answered at all goes to the peer table, which shows static peers that do not
+        (:meth:`PeerTable.unanswered`)."""
         node = self.node
         client = node.client(address)
         try:
-            reply = await client.hello(self.message(), timeout=self.hello_timeout)
+            reply = await client.hello(self.message(), timeout=timeout)
         except PeerUnreachable as exc:
             node.peers.unanswered(address, exc.detail)
             return None
@@ -118,14 +119,9 @@ class Handshake:
         if reason:  # the peer counts its refusal of us; we just leave it out of the table
             log.debug("%s at %s is incompatible: %s", reply.node_id, address, reason)
             return None
-        return reply if await self._proven(address, client.checked_id, reply) else None
+        return reply if await self._proven(address, client.checked_id, reply, timeout) else None
 
-    @property
-    def hello_timeout(self) -> float:
-        """A heartbeat's Hello waits no longer than the heartbeat itself (at most 2 s)."""
-        return min(self.node.config.heartbeat, 2.0)
-
-    async def _proven(self, address: str, checked: str | None, reply: HelloReply) -> bool:
+    async def _proven(self, address: str, checked: str | None, reply: HelloReply, timeout: float) -> bool:
         """Whether the node that answered at ``address`` is the node its reply names. mTLS: our channel
         checked the certificate for ``checked``; if that was not the reply's id (the host name we dialed,
         or an mDNS announcement that was wrong), one more Hello on a channel that checks the id decides.
@@ -134,7 +130,7 @@ class Handshake:
         if node.security.tls is not None and checked != reply.node_id:
             self.node.network.names[address] = reply.node_id
             try:
-                again = await node.client(address).hello(self.message(), timeout=self.hello_timeout)
+                again = await node.client(address).hello(self.message(), timeout=timeout)
             except (PeerUnreachable, PeerUnauthenticated) as exc:
                 self.node.network.names.pop(address, None)
                 if exc.reason == "tls_handshake":

@@ -2,9 +2,9 @@
 
 Peers come from mDNS, from static ``--peer`` addresses, and from Hellos they send us. mDNS cannot
 tell that a node crashed (its records linger for many minutes), so liveness is the application's:
-every ``heartbeat`` seconds each known address gets a Hello with a short deadline (a *quiet* pair less often:
-:meth:`PeerTable.run`); a peer silent for ``peer_timeout`` seconds is marked dead and leaves the round plans,
-and rejoins as soon as it answers again.
+every ``heartbeat`` seconds each known address gets a Hello (a *quiet* pair less often: :meth:`PeerTable.run`);
+a peer silent for ``peer_timeout`` seconds is marked dead and leaves the round plans, and rejoins as soon as it
+answers again.
 
 The table is bounded. A peer is *confirmed* only once it answered a Hello of ours at the address it
 gave: a Hello it sends us (anyone can send one, with any id and address) makes it *pending*, at most
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 UNANSWERED_LOG_INTERVAL = 60.0  # seconds between two WARNINGs about the same silent static peer
 
-HelloFn = Callable[[str], Awaitable[HelloReply | None]]  # address -> accepted reply, or None
+HelloFn = Callable[[str, float], Awaitable[HelloReply | None]]  # (address, timeout) -> accepted reply, or None
 
 
 @dataclass
@@ -83,6 +83,8 @@ class PeerTable:
         self.expiry = max(expiry, timeout)
         # a quiet pair's heartbeat period: half the timeout (so 2 Hellos in 3 can be lost), but no longer than 2 beats
         self.quiet_interval = max(heartbeat, min(2 * heartbeat, timeout / 2))
+        # how long a Hello somebody waits on (a refresh, the start's check of static peers) waits for its answer
+        self.answer_within = min(heartbeat, 2.0)
         self.max_pending = max_pending
         self.static = list(static)
         self.unreachable: dict[str, str] = {}  # static address -> why our last Hello there got no answer
@@ -195,8 +197,9 @@ class PeerTable:
         if self.unreachable.pop(address, None) is not None:
             log.info("static peer %s answers now", address)
 
-    async def probe(self, address: str) -> None:
-        reply = await self.hello(address)
+    async def probe(self, address: str, timeout: float | None = None) -> None:
+        """Our Hello to ``address``, answered within ``timeout`` (default :attr:`answer_within`)."""
+        reply = await self.hello(address, self.answer_within if timeout is None else timeout)
         if reply is not None:
             self.pending.pop(reply.node_id, None)
             self.seen(reply)
@@ -249,23 +252,32 @@ class PeerTable:
         heartbeat at once. What changes while quiet: a live peer is kept as long as one of the Hellos sent
         between ``quiet_interval`` and ``timeout`` of silence gets through (with the defaults, those at 2, 3 and
         4 s rather than 1, 2, 3 and 4 s), and its progress is up to ``quiet_interval`` old rather than a
-        heartbeat (where that matters, :meth:`refresh` asks afresh)."""
-        while True:
-            now = self.clock.monotonic()
-            skipped = {p.address for p in self.peers.values() if p.alive and not self._due(p, now)}
-            addresses = ({p.address for p in self.peers.values()} | set(self.static)
-                         | {a for a, _ in self.pending.values()}) - skipped
-            await asyncio.gather(*(self.probe(a) for a in addresses))
-            self.prune()
-            await asyncio.sleep(self.heartbeat)
+        heartbeat (where that matters, :meth:`refresh` asks afresh).
+
+        A pass does not wait for its Hellos: each may take as long as a peer may be silent (``timeout``). So a
+        link whose round trip is longer than a heartbeat keeps its peers (with a heartbeat's deadline, the lower
+        id of such a pair never had an answer in time, and the higher id, hearing its Hellos, sent none: the
+        pair fell apart every ``timeout``), and an address that does not answer delays no other's Hello. The
+        addresses are taken in order, so that a simulated fleet plays the same for every hash seed."""
+        async with asyncio.TaskGroup() as hellos:
+            while True:
+                self.prune()
+                now = self.clock.monotonic()
+                skipped = {p.address for p in self.peers.values() if p.alive and not self._due(p, now)}
+                addresses = ({p.address for p in self.peers.values()} | set(self.static)
+                             | {a for a, _ in self.pending.values()}) - skipped
+                for address in sorted(addresses):
+                    hellos.create_task(self.probe(address, self.timeout))
+                await asyncio.sleep(self.heartbeat)
 
     def progress(self) -> dict[str, Progress]:
         """Round mode: where each live peer stood at its last reply (those that never replied left out)."""
         return {p.id: p.progress for p in self.peers.values() if p.alive and p.progress is not None}
 
     async def refresh(self) -> None:
-        """One Hello to every confirmed peer now, so that what :meth:`progress` says is not a heartbeat old."""
-        await asyncio.gather(*(self.probe(p.address) for p in list(self.peers.values())))
+        """One Hello to every confirmed peer now, so that what :meth:`progress` says is not a heartbeat old
+        (a peer that does not answer within :attr:`answer_within` keeps what it said last)."""
+        await asyncio.gather(*(self.probe(p.address) for p in sorted(self.peers.values(), key=lambda p: p.id)))
 
     def profiles(self) -> list[NodeProfile]:
         """The live peers' profiles (architecture, sample count), as their Hellos announced them."""
