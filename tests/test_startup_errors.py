@@ -166,9 +166,9 @@ async def test_a_duplicate_met_after_start_up_is_reported_once(fleet_shards: Pat
             running(node_config(fleet_shards, tmp_path / "b")) as b:
         probes, enough, hello = 0, asyncio.Event(), a.peers.hello
 
-        async def counted(address: str):  # noqa: ANN202
+        async def counted(address: str, timeout: float):  # noqa: ANN202
             nonlocal probes
-            reply = await hello(address)
+            reply = await hello(address, timeout)
             probes += address == b.grpc_address
             if probes >= 5:
                 enough.set()
