@@ -198,8 +198,10 @@ class PeerTable:
             log.info("static peer %s answers now", address)
 
     async def probe(self, address: str, timeout: float | None = None) -> None:
-        """Our Hello to ``address``, answered within ``timeout`` (default :attr:`answer_within`)."""
-        reply = await self.hello(address, self.answer_within if timeout is None else timeout)
+        """Our Hello to ``address``, answered within ``timeout``: by default as long as a peer may be silent
+        (nobody waits on it: a heartbeat's, a discovered or pending peer's); :attr:`answer_within` where
+        somebody does."""
+        reply = await self.hello(address, self.timeout if timeout is None else timeout)
         if reply is not None:
             self.pending.pop(reply.node_id, None)
             self.seen(reply)
@@ -267,7 +269,7 @@ class PeerTable:
                 addresses = ({p.address for p in self.peers.values()} | set(self.static)
                              | {a for a, _ in self.pending.values()}) - skipped
                 for address in sorted(addresses):
-                    hellos.create_task(self.probe(address, self.timeout))
+                    hellos.create_task(self.probe(address))
                 await asyncio.sleep(self.heartbeat)
 
     def progress(self) -> dict[str, Progress]:
@@ -277,7 +279,8 @@ class PeerTable:
     async def refresh(self) -> None:
         """One Hello to every confirmed peer now, so that what :meth:`progress` says is not a heartbeat old
         (a peer that does not answer within :attr:`answer_within` keeps what it said last)."""
-        await asyncio.gather(*(self.probe(p.address) for p in sorted(self.peers.values(), key=lambda p: p.id)))
+        peers = sorted(self.peers.values(), key=lambda p: p.id)
+        await asyncio.gather(*(self.probe(p.address, self.answer_within) for p in peers))
 
     def profiles(self) -> list[NodeProfile]:
         """The live peers' profiles (architecture, sample count), as their Hellos announced them."""

@@ -128,7 +128,7 @@ def _bind_http(config: NodeConfig) -> socket.socket | None:
 
 async def _check_static_peers(node: Node) -> None:
     """One Hello to each static peer before we serve: a live node with our id among them stops the start."""
-    await asyncio.gather(*(node.peers.probe(address) for address in node.config.peers))
+    await asyncio.gather(*(node.peers.probe(address, node.peers.answer_within) for address in node.config.peers))
     if node.handshake.duplicate:
         raise OperatorError(node.handshake.duplicate)
 
