@@ -103,8 +103,8 @@ def test_a_short_timeout_keeps_the_heartbeat() -> None:
 
 
 def test_a_pair_whose_round_trip_is_longer_than_a_heartbeat_stays_alive() -> None:
-    """Found by a simulated fault case whose links took a heartbeat each way: a Hello waited a heartbeat for its
-    answer, so the lower id never had one in time, and the higher id, hearing its Hellos, sent none of its own;
+    """Found by a simulated fault case whose Hellos took a heartbeat to go and come back: a Hello waited a heartbeat
+    for its answer, so the lower id never had one in time, and the higher id, hearing its Hellos, sent none of its own;
     each side marked the other dead every ``timeout``. A Hello now waits as long as a peer may be silent. Two
     tables over a link of 0.75 heartbeats each way, for 60 heartbeats of virtual time: neither loses the other."""
     latency = 0.75 * HEARTBEAT
