@@ -2,7 +2,8 @@
 # A base image for deploy/Dockerfile on a machine that reaches Debian's and PyPI's package mirrors but
 # no image registry (so `FROM python:3.12-slim` cannot be pulled). Writes a root file system tarball:
 # Debian 12 (python3 3.11, venv) from debootstrap, plus a wheel folder /wheels holding CPU torch and
-# every dependency of pyproject.toml, and an /etc/pip.conf that makes pip install from /wheels only.
+# every dependency of pyproject.toml at the lock's versions (constraints.txt), and an /etc/pip.conf that
+# makes pip install from /wheels only.
 # Import it and build against it:
 #
 #   deploy/offline-base.sh /var/cache/dfl-node/offline-base.tar          # root; ~1-2 min, cached
@@ -21,7 +22,7 @@ import sys, tomllib
 print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
 EOF
 )
-inputs=$(printf '%s\n' "$requirements" | cat - "$0" | sha256sum | cut -d' ' -f1)
+inputs=$(printf '%s\n' "$requirements" | cat - "$0" "$here/constraints.txt" | sha256sum | cut -d' ' -f1)
 if [[ -s $out && "$(cat "$out.inputs" 2>/dev/null)" == "$inputs" ]]; then
   echo "$out is up to date"
   exit 0
@@ -44,7 +45,7 @@ download() {  # pip, without the noise of package-index folders that this machin
   "${pip[@]}" "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 }
 download torch==2.13.0
-download -r "$work/requirements.txt" 'setuptools>=68' wheel
+download -r "$work/requirements.txt" -c "$here/constraints.txt" 'setuptools>=68' wheel   # the lock's versions
 printf '[global]\nno-index = true\nfind-links = /wheels\n' >"$work/rootfs/etc/pip.conf"
 
 mkdir -p "$(dirname "$out")"

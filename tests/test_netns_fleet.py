@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dfl_node.learning.fleet import provision, write_fleet
-from dfl_node.testbed.launcher import NodeProcess, all_done, wait_until
+from dfl_node.testbed.launcher import NodeProcess, wait_until
 from dfl_node.testbed.netns import NetnsTopology, delete_namespace, list_namespaces, node_environment, read_env_file
 from tests.conftest import FLEET
 from tests.test_testbed_cli import summary_rounds
@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
 ROOT = Path(__file__).resolve().parents[1]
 NODE_ENV = ROOT / "deploy" / "node.env"
-ROUNDS = 60
+ROUNDS = 1_000_000  # never reached: the test stops the fleet once the victim has fused again after its return
+LOCAL_EPOCHS = os.environ.get("DFL_TEST_LOCAL_EPOCHS", "10")  # any value works: 1 and 30 were run by hand
 TESTBED_TIMEOUT_S = 150  # the verb's own --timeout; a fleet that works is done in about a minute on 2 cores
 
 
@@ -37,8 +38,8 @@ def test_netns_fleet_discovers_by_mdns_survives_a_kill_and_resumes(tmp_path: Pat
     write_fleet(provision(FLEET), tmp_path / "shards")
     shared = read_env_file(NODE_ENV)  # the one shared node command line (compose, k8s, systemd use it too)
     assert "DFL_PEERS" not in shared and shared["DFL_MDNS"] == "true"  # discovery by mDNS only
-    # heavy enough local training (15 epochs of a tiny MLP) that the fleet is still running when the victim returns
-    quick = {"DFL_ROUNDS": str(ROUNDS), "DFL_LOCAL_EPOCHS": "15", "DFL_LR": "0.05", "DFL_BATCH_SIZE": "20",
+    # the fleet runs until the test stops it, so no step below depends on how fast this machine trains
+    quick = {"DFL_ROUNDS": str(ROUNDS), "DFL_LOCAL_EPOCHS": LOCAL_EPOCHS, "DFL_LR": "0.05", "DFL_BATCH_SIZE": "20",
              "DFL_MKT_BATCH_SIZE": "20",
              "DFL_HIDDEN": "32,32", "DFL_SEED": str(FLEET.seed), "DFL_SWARM": f"netns-{os.getpid()}"}
     with NetnsTopology(4, prefix="dfltest") as topology:
@@ -68,13 +69,11 @@ def test_netns_fleet_discovers_by_mdns_survives_a_kill_and_resumes(tmp_path: Pat
             assert back["boot_id"] != before["boot_id"]
             assert back["round"] >= 10 and back["fusions"] >= before["fusions"]  # state came from the checkpoint
             rejoined = wait_until(others, lambda s: all(victim.id in alive_peers(v) for v in s.values()), timeout=30)
-            round_at_rejoin = max(v["round"] for v in rejoined.values())
 
-            final = wait_until(nodes, all_done, timeout=180)
-            assert all(s["round"] == ROUNDS for s in final.values())
-            assert round_at_rejoin < ROUNDS, "the fleet must complete more rounds after the node rejoined"
-            # rounds whose pairing involved the dead node are lost; the rest of the fleet kept fusing after the rejoin
-            assert sum(s["fusions"] for s in final.values()) > sum(v["fusions"] for v in rejoined.values())
+            # the victim takes part again: it fuses a model after its return, and the others go on fusing
+            final = wait_until(nodes, lambda s: all(s.values()) and s[victim.id]["fusions"] > back["fusions"]
+                               and all(s[n.id]["fusions"] > rejoined[n.id]["fusions"] for n in others), timeout=120)
+            assert all(s["round"] < ROUNDS and not s["done"] for s in final.values())  # the test, not a limit, ends it
             assert all(not s["rejected"] for s in final.values()), {i: s["rejected"] for i, s in final.items()}
         finally:
             for node in nodes:

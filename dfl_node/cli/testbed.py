@@ -81,10 +81,9 @@ def work_folder(workdir: Path | None) -> Iterator[Path]:
         raise
     except BaseException as exc:
         note = f"work folder kept: {root} (shards, state, logs)"
-        if isinstance(exc, click.ClickException):
-            exc.message = f"{exc.message}\n{note}"
-        else:
-            click.echo(note, err=True)
+        if isinstance(exc, click.ClickException):  # the note joins the error's own line, in a new exception
+            raise click.ClickException(f"{exc.format_message()}\n{note}") from exc
+        click.echo(note, err=True)
         raise
     if workdir is None:
         shutil.rmtree(root / "shards", ignore_errors=True)
