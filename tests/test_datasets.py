@@ -339,7 +339,7 @@ def test_shard_round_trip(tmp_path: Path, small: ArrayDataset) -> None:
     "tensors, meta, match",
     [
         ({"x": torch.zeros(2, 1, 8, 8, dtype=torch.float64), "y": torch.zeros(2, dtype=torch.int64)}, "10", "float32"),
-        ({"x": torch.zeros(2, 8, 8), "y": torch.zeros(2, dtype=torch.int64)}, "10", "float32"),
+        ({"x": torch.zeros(2), "y": torch.zeros(2, dtype=torch.int64)}, "10", "float32"),
         ({"x": torch.zeros(2, 1, 8, 8), "y": torch.zeros(2, dtype=torch.int32)}, "10", "int64"),
         ({"x": torch.zeros(2, 1, 8, 8), "y": torch.zeros(3, dtype=torch.int64)}, "10", "int64"),
         ({"x": torch.zeros(2, 1, 8, 8), "y": torch.tensor([0, 10])}, "10", r"\[0, 10\)"),
@@ -359,3 +359,17 @@ def test_garbage_shard_rejected(tmp_path: Path) -> None:
     (tmp_path / "g.safetensors").write_bytes(b"\xff" * 64)
     with pytest.raises(ValueError, match="safetensors"):
         load_shard(tmp_path / "g.safetensors")
+
+
+def test_samples_of_any_shape_train_an_mlp_and_a_cnn_says_what_it_needs() -> None:
+    """A feature vector (F,) and a sensor window (C, L) are datasets as an image is; mlp takes any sample shape,
+    the convolutional models say in one line that they need images."""
+    from dfl_node.learning.models import ModelSpec
+
+    for shape in ((6,), (3, 20)):
+        data = ArrayDataset(torch.randn(5, *shape), torch.tensor([0, 1, 2, 1, 0]), 3)
+        assert data.input_shape == shape
+        assert ModelSpec.parse("mlp:8").build(data.input_shape, 3)(data.x).shape == (5, 3)
+        for name in ("cnn", "cnn-ln"):
+            with pytest.raises(ValueError, match=rf"{name} takes image samples \(C, H, W\); these samples are"):
+                ModelSpec.parse(name).build(data.input_shape, 3)

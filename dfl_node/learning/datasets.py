@@ -41,15 +41,18 @@ DIGITS_FILE = Path(__file__).with_name("data") / "digits.npz"
 
 @dataclass(frozen=True)
 class ArrayDataset:
-    """Images and labels held in memory as tensors (small datasets: no lazy loading needed)."""
+    """Samples and labels held in memory as tensors (a device's data fits in memory: no lazy loading needed).
 
-    x: torch.Tensor  # float32, (N, C, H, W), already normalized
+    A sample has any shape: a feature vector (F,), a window of sensor channels (C, L), an image (C, H, W).
+    """
+
+    x: torch.Tensor  # float32, (N, *sample shape), already normalized
     y: torch.Tensor  # int64, (N,)
     num_classes: int
 
     def __post_init__(self) -> None:
-        if self.x.dtype != torch.float32 or self.x.ndim != 4:
-            raise ValueError(f"x must be float32 (N, C, H, W), got {self.x.dtype} {tuple(self.x.shape)}")
+        if self.x.dtype != torch.float32 or self.x.ndim < 2:
+            raise ValueError(f"x must be float32 (N, *sample shape), got {self.x.dtype} {tuple(self.x.shape)}")
         if self.y.dtype != torch.int64 or self.y.ndim != 1 or len(self.y) != len(self.x):
             raise ValueError(f"y must be int64 (N,) with N={len(self.x)}, got {self.y.dtype} {tuple(self.y.shape)}")
 
@@ -68,9 +71,9 @@ class ArrayDataset:
         return self if x is self.x and y is self.y else ArrayDataset(x, y, self.num_classes)
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        c, h, w = self.x.shape[1:]
-        return int(c), int(h), int(w)
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one sample: (F,), (C, L), (C, H, W)…"""
+        return tuple(int(d) for d in self.x.shape[1:])
 
     def class_counts(self) -> np.ndarray:
         """Samples per class (length ``num_classes``); DFML's WSM loss needs the proportions."""
@@ -313,8 +316,8 @@ def load_shard(path: str | Path) -> ArrayDataset:
     x, y = tensors["x"], tensors["y"]
     if num_classes < 1:
         raise ValueError(f"{path}: num_classes must be >= 1, got {num_classes}")
-    if x.dtype != torch.float32 or x.ndim != 4:
-        raise ValueError(f"{path}: 'x' must be float32 (N, C, H, W), got {x.dtype} {tuple(x.shape)}")
+    if x.dtype != torch.float32 or x.ndim < 2:
+        raise ValueError(f"{path}: 'x' must be float32 (N, *sample shape), got {x.dtype} {tuple(x.shape)}")
     if y.dtype != torch.int64 or y.ndim != 1 or y.shape[0] != x.shape[0]:
         raise ValueError(f"{path}: 'y' must be int64 (N,) with N={x.shape[0]}, got {y.dtype} {tuple(y.shape)}")
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):

@@ -40,7 +40,7 @@ class Fleet:
     dataset: str | None = None  # the name of DATASETS the data was drawn from, written into every shard
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
+    def input_shape(self) -> tuple[int, ...]:
         return self.test.input_shape
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-InputShape = tuple[int, int, int]  # (C, H, W)
+InputShape = tuple[int, ...]  # one sample's shape: (F,), (C, L), (C, H, W)…
 ModelBuilder = Callable[[InputShape, int, Sequence[int] | None], nn.Module]
 
 _REGISTRY: dict[str, tuple[ModelBuilder, str]] = {}
@@ -38,9 +39,18 @@ def available_models() -> dict[str, str]:
     return {name: desc for name, (_, desc) in sorted(_REGISTRY.items())}
 
 
-@register("mlp", "000's MLP: input-200-200-classes, ReLU (hidden sizes configurable)")
+def _image_shape(name: str, input_shape: InputShape) -> tuple[int, int, int]:
+    """``input_shape`` as (C, H, W), which a 2-D convolution needs; other shapes are a ValueError saying what to use."""
+    if len(input_shape) != 3:
+        raise ValueError(f"{name} takes image samples (C, H, W); these samples are {tuple(input_shape)}: use mlp "
+                         "(any sample shape) or a model of your own (--model package.module:factory)")
+    channels, height, width = input_shape
+    return channels, height, width
+
+
+@register("mlp", "000's MLP: input-200-200-classes, ReLU (hidden sizes configurable); samples of any shape")
 def _mlp(input_shape: InputShape, num_classes: int, hidden: Sequence[int] | None) -> nn.Module:
-    sizes = [input_shape[0] * input_shape[1] * input_shape[2], *(hidden or (200, 200))]
+    sizes = [math.prod(input_shape), *(hidden or (200, 200))]
     layers: list[nn.Module] = [nn.Flatten()]
     for a, b in zip(sizes, sizes[1:]):
         layers += [nn.Linear(a, b), nn.ReLU()]
@@ -51,7 +61,7 @@ def _mlp(input_shape: InputShape, num_classes: int, hidden: Sequence[int] | None
 @register("cnn", "000's CNN (FedAvg): two 5x5 conv (32, 64) + 2x2 max-pool, FC 512; for 28x28x1 or 32x32x3")
 def _cnn(input_shape: InputShape, num_classes: int, hidden: Sequence[int] | None) -> nn.Module:
     c1, c2, fc = tuple(hidden) if hidden else (32, 64, 512)
-    channels, height, width = input_shape
+    channels, height, width = _image_shape("cnn", input_shape)
     # padding 2 keeps 28→28→14→14→7 (MNIST) and 32→32→16→16→8 (CIFAR-10)
     flat = c2 * (height // 4) * (width // 4)
     return nn.Sequential(
@@ -64,7 +74,7 @@ def _cnn(input_shape: InputShape, num_classes: int, hidden: Sequence[int] | None
 @register("cnn-ln", "003's CNN family (Table 10): per width a 5x5 conv (padding 2) + ReLU + 2x2 max-pool + "
                     "LayerNorm, then a linear classifier; widths [32, 64] unless given")
 def _cnn_ln(input_shape: InputShape, num_classes: int, hidden: Sequence[int] | None) -> nn.Module:
-    channels, height, width = input_shape
+    channels, height, width = _image_shape("cnn-ln", input_shape)
     layers: list[nn.Module] = []
     for out in hidden or (32, 64):
         height, width = height // 2, width // 2
@@ -155,7 +165,7 @@ def build_model(
         # the CPU generator only, where the model is built: torch.manual_seed also queues a seed for every lazy
         # accelerator backend (CUDA, XPU, MTIA) with a formatted stack trace each, ~4 ms a call under asyncio here
         torch.random.default_generator.manual_seed(seed)
-        model = builder(tuple(input_shape), num_classes, hidden)  # type: ignore[arg-type]
+        model = builder(tuple(input_shape), num_classes, hidden)
     return model
 
 
