@@ -13,11 +13,16 @@ time is :class:`dfl_node.errors.OperatorError`).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, GetJsonSchemaHandler, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
+from dfl_node.learning.data_format import DataFormat
+from dfl_node.learning.dataset_refs import BUILTIN_DATASETS, check_dataset, dataset_names, dataset_problem
 from dfl_node.learning.settings import LearningConfig, ModelName, ModelSpecText
 from dfl_node.registered import Registered, registry_of
 from dfl_node.sim_config import DeviceClass, FaultSchedule, LinkClass
@@ -29,10 +34,16 @@ def _algorithms() -> Iterable[str]:
     return ALGORITHMS
 
 
-def _datasets() -> Iterable[str]:
-    from dfl_node.learning.datasets import DATASETS  # noqa: PLC0415 - keeps torch out of reading settings
+@dataclass(frozen=True)
+class DatasetRef(Registered):
+    """A dataset setting: a registered name (built-in or an installed plugin, offered by ``--help``), or one of the
+    user's own (:mod:`dfl_node.learning.dataset_refs`): a path, or ``package.module:factory``."""
 
-    return DATASETS
+    def check(self, value: str) -> str:
+        return check_dataset(value)
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {**handler(schema), "examples": self.names()}
 
 
 def _partitions() -> Iterable[str]:
@@ -47,15 +58,17 @@ WIRE_DTYPE_HELP = ("how models' floating tensors travel: exact (as the model hol
                    "the same on every node of a swarm (peers that differ refuse each other at Hello)")
 
 AlgorithmName = Annotated[str, Registered("algorithm", _algorithms)]
-DatasetName = Annotated[str, Registered("dataset", _datasets)]
+DatasetName = Annotated[str, DatasetRef("dataset", dataset_names)]
 PartitionName = Annotated[str, Registered("partition", _partitions)]
 
 
-class ExperimentConfig(LearningConfig):
+class ExperimentConfig(LearningConfig, DataFormat):
     """A simulated (or testbed) experiment: data, fleet size, algorithms and schedule."""
 
     name: str = Field("experiment", description="title of the run in tables and results files")
-    dataset: DatasetName = Field("digits", description="dataset (digits is embedded, the others read from data_dir)")
+    dataset: DatasetName = Field("digits", description="dataset: digits (embedded), mnist, fashion_mnist or cifar10 "
+                                 "(read from data_dir), an installed dfl_node.datasets plugin, package.module:factory, "
+                                 "or your own: a .csv or .npz file or a folder of them (docs/data.md)")
     data_dir: Path | None = Field(None, description="folder with dataset files (else $DFL_DATA_DIR)")
     partition: PartitionName = Field("iid", description="how the training data is split across the nodes")
     zeta: int = Field(2, ge=1, description="ζ: segments (shards) or classes per client")
@@ -92,9 +105,20 @@ class ExperimentConfig(LearningConfig):
     @model_validator(mode="after")
     def _dataset_defaults(self) -> ExperimentConfig:
         """Batch sizes and learning rate not given are the dataset's (:data:`~dfl_node.learning.settings.PER_DATASET`):
-        the simulator, a testbed's daemons (which get them as ``DFL_*``) and the results file then see the same."""
-        self.use_dataset_defaults(self.dataset)
+        the simulator, a testbed's daemons (which get them as ``DFL_*``) and the results file then see the same. A
+        dataset of the user's own has them sized to it once it is read (:func:`~dfl_node.learning.fleet.provision`)."""
+        if self.dataset in BUILTIN_DATASETS:
+            self.use_dataset_defaults(self.dataset)
         return self
+
+    def unusable_here(self) -> dict[str, str]:
+        """As :meth:`LearningConfig.unusable_here`, and a dataset this machine cannot read
+        (:func:`~dfl_node.learning.dataset_refs.dataset_problem`)."""
+        problems = super().unusable_here()
+        found = dataset_problem(self.dataset, self.data_dir)
+        if found is not None:
+            problems[found[0]] = found[1]
+        return problems
 
     @model_validator(mode="after")
     def _mixed_fleets_need_algorithms_that_fuse_them(self) -> ExperimentConfig:

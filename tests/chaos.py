@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from dfl_node.config import ExperimentConfig
-from dfl_node.learning.fleet import read_node_data
+from dfl_node.learning.datasets import load_shard
+from dfl_node.learning.fleet import TRAIN_FILE
 from dfl_node.learning.models import ModelSpec, fingerprint
 from dfl_node.node.rounds import liveness_bound
 from dfl_node.sim import ledger
@@ -139,7 +140,7 @@ def chaos_fleet(shards: Path, workdir: Path, mode: str, config: ExperimentConfig
 
 
 def expected_fingerprint(shards: Path, config: ExperimentConfig = FLEET) -> str:
-    train, _ = read_node_data(shards / "node-0")
+    train = load_shard(shards / "node-0" / TRAIN_FILE)
     spec = ModelSpec(config.model, tuple(config.hidden) if config.hidden else None)
     return fingerprint(config.model, spec.build(train.input_shape, train.num_classes, seed=config.seed).state_dict())
 

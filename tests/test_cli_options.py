@@ -119,7 +119,8 @@ def test_help_lists_the_registries_names() -> None:
         assert f"[{'|'.join(sorted(names))}]" in shown
     schema = ExperimentConfig.model_json_schema()["properties"]
     assert schema["algorithms"]["items"]["enum"] == sorted(ALGORITHMS)
-    assert schema["dataset"]["enum"] == sorted(DATASETS) and schema["partition"]["enum"] == sorted(PARTITIONS)
+    # a dataset is a name, or a path of the user's own files: the names are examples, not an enum
+    assert schema["dataset"]["examples"] == sorted(DATASETS) and schema["partition"]["enum"] == sorted(PARTITIONS)
     assert NodeConfig.model_json_schema()["properties"]["algorithm"]["enum"] == sorted(ALGORITHMS)
 
 
@@ -193,6 +194,9 @@ def test_every_layer_checks_names_against_the_registry(tmp_path: Path, monkeypat
                                                        setting: str, kind: str, names: tuple[str, ...]) -> None:
     monkeypatch.chdir(tmp_path)
     problem = f"unknown {kind} 'nonesuch'; available: {available(names)}"
+    if kind == "dataset":  # or one of the user's own
+        problem += ("; or your own: the path of a .csv or .npz file or of a folder of them (./data.csv), or "
+                    "package.module:factory")
     flag = invoke("simulate", "--quiet", f"--{setting}", "nonesuch")
     assert flag.exit_code == 2 and error_lines(flag) == [f"Error: --{setting}: {problem}"]
     env = invoke("simulate", "--quiet", env={f"DFL_{setting.upper()}": "nonesuch"})

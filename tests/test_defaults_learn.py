@@ -183,6 +183,7 @@ def test_an_explicit_flag_wins_in_simulate_and_testbed(monkeypatch: pytest.Monke
 @pytest.mark.parametrize("verb", ["start", "simulate", "testbed"])
 def test_help_says_the_default_is_per_dataset(verb: str) -> None:
     shown = " ".join(invoke(verb, "--help").output.split())
-    assert "[env: DFL_BATCH_SIZE; default: per dataset (digits 20, others 200)]" in shown
-    assert "[env: DFL_MKT_BATCH_SIZE; default: per dataset (digits 20, others 200)]" in shown
-    assert "[env: DFL_LR; default: per dataset (digits 0.05, others 0.01)]" in shown
+    yours = "your own data: sized to it"
+    assert f"[env: DFL_BATCH_SIZE; default: per dataset (digits 20, others 200; {yours})]" in shown
+    assert f"[env: DFL_MKT_BATCH_SIZE; default: per dataset (digits 20, others 200; {yours})]" in shown
+    assert "[env: DFL_LR; default: per dataset (digits 0.05, others 0.01; your own data: 0.05)]" in shown

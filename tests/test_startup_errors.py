@@ -123,9 +123,8 @@ async def test_a_host_that_is_not_on_this_machine_is_refused(fleet_shards: Path,
 
 async def test_missing_shards_are_one_line(fleet_shards: Path, tmp_path: Path) -> None:
     status, lines, _ = await start_cli(node_config(fleet_shards, tmp_path / "state", data=tmp_path / "none"))
-    assert status == 1
-    assert lines == [f"error: {tmp_path / 'none'} must hold train.safetensors and val.safetensors; "
-                     "create them with `dfl-node partition`"]
+    assert status == 2  # input that cannot be used, as bad usage: nothing was started
+    assert lines == [f"error: --data {tmp_path / 'none'}: no such file or folder"]
 
 
 async def test_a_state_dir_holds_one_node(fleet_shards: Path, tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dfl_node import __version__
 
-__all__ = ["Counters", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "NodeStatus", "PeerInfo", "TokenView"]
+__all__ = ["Counters", "DataStatus", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "NodeStatus", "PeerInfo",
+           "TokenView"]
 
 
 class PeerInfo(BaseModel):
@@ -53,6 +54,22 @@ class Counters(BaseModel):
 
 
 COUNTER_FIELDS = tuple(Counters.model_fields)
+
+
+class DataStatus(BaseModel):
+    """The node's own data (``--data``), as it trains on it now."""
+
+    source: str = Field(description="the --data file or folder")
+    train_samples: int = Field(description="training samples: the node's profile, which plans and weights read")
+    val_samples: int = Field(description="local validation samples")
+    files: int = Field(description="data files read")
+    classes: int
+    sample_shape: list[int]
+    updated: float = Field(description="unix time the node last took new data (its start, until the data grows)")
+    updates: int = Field(0, description="times the node took new data while running")
+    bad_files: int = Field(0, description="data files skipped now: their newest version cannot be read")
+    skipped_versions: int = Field(0, description="file versions skipped since the start (each logged once)")
+    skipped: dict[str, str] = Field(default_factory=dict, description="skipped files (20 at most) and why")
 
 
 class NodeStatus(Counters):
@@ -91,6 +108,7 @@ class NodeStatus(Counters):
     holding: bool = Field(default=False, description="round mode: this node holds the round token (also while it "
                           "plays a role itself, when role names that role)")
     done: bool = Field(default=False, description="the node reached its round/time budget")
+    data: DataStatus | None = Field(default=None, description="the node's own data: samples, files, last change")
 
     @property
     def counters(self) -> Counters:

@@ -30,7 +30,8 @@ VERBS: dict[str, tuple[str, str]] = {
 
 class Verbs(click.Group):
     """The verbs of :data:`VERBS`, imported on first use (each with the log options); an operator's mistake,
-    from any verb, is one line ``error: …`` on stderr and exit 1, without a traceback."""
+    from any verb, is one line ``error: …`` on stderr and exit 1 (2 for input that cannot be used: a malformed
+    data file), without a traceback."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(VERBS)
@@ -52,7 +53,7 @@ class Verbs(click.Group):
             return super().invoke(ctx)
         except OperatorError as exc:
             click.echo(f"error: {exc}", err=True)
-            ctx.exit(1)
+            ctx.exit(exc.exit_code)
 
 
 @click.group(cls=Verbs, context_settings={"help_option_names": ["-h", "--help"]})

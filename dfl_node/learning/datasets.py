@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from dfl_node.errors import OperatorError
-
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10")
+from dfl_node.learning.dataset_refs import BUILTIN_DATASETS as DATASETS
 
 # Per-channel mean and std of each training set (checked against the real data).
 _STATS = {
@@ -271,26 +270,35 @@ def _load_cifar10(root: Path) -> tuple[ArrayDataset, ArrayDataset]:
         f"or point --data-dir / DFL_DATA_DIR at the folder that holds it.")
 
 
-def save_shard(path: str | Path, data: ArrayDataset, dataset: str | None = None) -> None:
+def save_shard(path: str | Path, data: ArrayDataset, dataset: str | None = None,
+               settings: dict[str, int | float] | None = None) -> None:
     """Write a node's data as safetensors (``x``, ``y``; metadata ``num_classes`` and, if given, the name of
-    the ``dataset`` it was drawn from, whose learning defaults a node then uses): no pickle on the wire."""
+    the ``dataset`` it was drawn from, whose learning defaults a node then uses, or the learning ``settings`` of
+    its fleet, for a dataset of the user's own): no pickle on the wire."""
     from safetensors.torch import save_file
 
-    metadata = {"num_classes": str(int(data.num_classes)), **({"dataset": dataset} if dataset else {})}
+    metadata = {"num_classes": str(int(data.num_classes)), **({"dataset": dataset} if dataset else {}),
+                **{name: str(value) for name, value in (settings or {}).items()}}
     save_file({"x": data.x.contiguous(), "y": data.y.contiguous()}, str(path), metadata=metadata)
+
+
+def shard_metadata(path: str | Path) -> dict[str, str]:
+    """The metadata of a shard written by :func:`save_shard` (its header only: no tensor is read); empty for a
+    file that is missing, unreadable or not safetensors (:func:`load_shard` reports that one)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception:  # missing, unreadable or corrupt: whoever loads the data says so
+        return {}
 
 
 def shard_dataset(path: str | Path) -> str | None:
     """The dataset a shard written by :func:`save_shard` was drawn from, as its metadata names it; None for a
     shard that names none (written before shards did, or by other tools), one that names no dataset of
-    :data:`DATASETS`, and a file that is missing or unreadable (:func:`load_shard` reports that one)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:  # the header only: no tensor is read
-            name = (f.metadata() or {}).get("dataset")
-    except Exception:  # missing, unreadable or corrupt: whoever loads the data says so
-        return None
+    :data:`DATASETS`, and a file that is missing or unreadable."""
+    name = shard_metadata(path).get("dataset")
     return name if name in DATASETS else None
 
 

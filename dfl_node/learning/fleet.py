@@ -7,15 +7,18 @@ same id.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from dfl_node.config import ExperimentConfig
-from dfl_node.learning.datasets import ArrayDataset, load_dataset, load_shard, save_shard, shard_dataset
+from dfl_node.learning.dataset_refs import BUILTIN_DATASETS
+from dfl_node.learning.datasets import ArrayDataset, save_shard, shard_dataset, shard_metadata
 from dfl_node.learning.models import ModelSpec, spread
 from dfl_node.learning.partitions import client_splits
+from dfl_node.learning.settings import DATASET_DEPENDENT, dataset_defaults, sized_defaults
+from dfl_node.learning.user_datasets import load_any_dataset
 
 TRAIN_FILE, VAL_FILE, TEST_FILE = "train.safetensors", "val.safetensors", "test.safetensors"
 
@@ -38,6 +41,8 @@ class Fleet:
     clients: list[ClientData]
     test: ArrayDataset
     dataset: str | None = None  # the name of DATASETS the data was drawn from, written into every shard
+    # a dataset of the user's own: the fleet's batch sizes and learning rate, written into every shard
+    learning: dict[str, int | float] = field(default_factory=dict)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -67,8 +72,13 @@ def subsets(config: ExperimentConfig, train: ArrayDataset, test: ArrayDataset) -
 
 
 def provision(config: ExperimentConfig) -> Fleet:
-    """Load the dataset and split it into ``config.nodes`` clients as the config says (seeded)."""
-    train, test = subsets(config, *load_dataset(config.dataset, config.data_dir))
+    """Load the dataset and split it into ``config.nodes`` clients as the config says (seeded).
+
+    A dataset of the user's own has no learning defaults of its own: the batch sizes and learning rate not given
+    are sized to its clients (:func:`~dfl_node.learning.settings.sized_defaults` of the median client's training
+    samples), filled into ``config`` — which the simulator's and the testbed's nodes are given — and written into
+    every shard, so that nodes started on them (``dfl-node partition``, then ``start``) resolve the same."""
+    train, test = subsets(config, *load_any_dataset(config.dataset, config.data_dir, config))
     splits = client_splits(
         train.y.numpy(), config.nodes, config.partition, config.seed,
         zeta=config.zeta, beta=config.beta, val_fraction=config.val_fraction,
@@ -78,7 +88,10 @@ def provision(config: ExperimentConfig) -> Fleet:
         ClientData(node_id, train.subset(split.train), train.subset(split.val))
         for node_id, split in zip(fleet_ids(config.nodes), splits)
     ]
-    return Fleet(clients, test, config.dataset)
+    if config.dataset in BUILTIN_DATASETS:
+        return Fleet(clients, test, config.dataset)
+    config.use_defaults(sized_defaults(int(np.median([len(c.train) for c in clients]))))
+    return Fleet(clients, test, learning={name: getattr(config, name) for name in DATASET_DEPENDENT})
 
 
 def write_fleet(fleet: Fleet, out_dir: Path) -> list[Path]:
@@ -89,10 +102,10 @@ def write_fleet(fleet: Fleet, out_dir: Path) -> list[Path]:
     for client in fleet.clients:
         folder = out_dir / client.node_id
         folder.mkdir(exist_ok=True)
-        save_shard(folder / TRAIN_FILE, client.train, fleet.dataset)
-        save_shard(folder / VAL_FILE, client.val, fleet.dataset)
+        save_shard(folder / TRAIN_FILE, client.train, fleet.dataset, fleet.learning)
+        save_shard(folder / VAL_FILE, client.val, fleet.dataset, fleet.learning)
         folders.append(folder)
-    save_shard(out_dir / TEST_FILE, fleet.test, fleet.dataset)
+    save_shard(out_dir / TEST_FILE, fleet.test, fleet.dataset, fleet.learning)
     return folders
 
 
@@ -102,11 +115,19 @@ def node_dataset(shard_dir: Path) -> str | None:
     return shard_dataset(shard_dir / TRAIN_FILE)
 
 
-def read_node_data(shard_dir: Path) -> tuple[ArrayDataset, ArrayDataset]:
-    """A node's own (train, val) shard as written by :func:`write_fleet` (``dfl-node partition``)."""
-    train_path, val_path = shard_dir / TRAIN_FILE, shard_dir / VAL_FILE
-    if not train_path.is_file() or not val_path.is_file():
-        raise FileNotFoundError(
-            f"{shard_dir} must hold {TRAIN_FILE} and {VAL_FILE}; create them with `dfl-node partition`"
-        )
-    return load_shard(train_path), load_shard(val_path)
+def node_defaults(data: Path) -> dict[str, int | float]:
+    """The learning defaults a node's shard carries (a shard folder of :func:`write_fleet`, or one shard file):
+    its dataset's, or the fleet's that :func:`provision` sized for a dataset of the user's own; none for data that
+    carries none (then sized to the node's own samples once read)."""
+    meta = shard_metadata(data if data.suffix == ".safetensors" else data / TRAIN_FILE)
+    if meta.get("dataset") in BUILTIN_DATASETS:
+        return dataset_defaults(meta["dataset"])
+    carried: dict[str, int | float] = {}
+    for name in DATASET_DEPENDENT:
+        try:
+            value = float(meta[name]) if name == "lr" else int(meta[name])
+        except (KeyError, ValueError):
+            continue
+        if 0 < value < float("inf"):
+            carried[name] = value
+    return carried

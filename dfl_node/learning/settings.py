@@ -14,6 +14,7 @@ experiment's from its ``dataset``, a node's from its shard), so every later read
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
@@ -48,6 +49,9 @@ PER_DATASET: dict[str, dict[str, int | float]] = {
     "digits": {"batch_size": 20, "mkt_batch_size": 20, "lr": 0.05},
 }
 DATASET_DEPENDENT = ("batch_size", "mkt_batch_size", "lr")
+# A dataset of the user's own (files, a plugin) has no entry above: its defaults are sized to the training samples
+# a node holds (sized_defaults), rather than those of a 60,000-sample benchmark.
+SIZED_STEPS, SIZED_BATCH, SIZED_LR = 16, (8, 128), 0.05
 
 
 class AlgorithmSettings(BaseModel):
@@ -199,10 +203,15 @@ class LearningConfig(SelectionSettings, FairAvgSettings, ComboSettings, FMLSetti
         :data:`PER_DATASET`: the field's own default stays). The one place these defaults are decided: called
         by the validators of the experiment's and the node's configs, so the value a run uses is the one its
         config holds, in results files and in every node's settings alike."""
-        for name, value in dataset_defaults(dataset).items():
-            if name not in self.model_fields_set:
-                setattr(self, name, value)  # now counted as set: a copy or a re-read keeps it
+        self.use_defaults(dataset_defaults(dataset))
 
+    def use_defaults(self, values: dict[str, int | float]) -> list[str]:
+        """Give each setting of ``values`` that was not set its value (then counted as set: a copy or a re-read
+        keeps it); the names given a value here."""
+        filled = [name for name in values if name not in self.model_fields_set]
+        for name in filled:
+            setattr(self, name, values[name])
+        return filled
 
 
 def dataset_defaults(dataset: str | None) -> dict[str, int | float]:
@@ -211,8 +220,21 @@ def dataset_defaults(dataset: str | None) -> dict[str, int | float]:
     return {name: own.get(name, LearningConfig.model_fields[name].default) for name in DATASET_DEPENDENT}
 
 
+def sized_defaults(num_samples: int) -> dict[str, int | float]:
+    """The defaults of :data:`DATASET_DEPENDENT` for a dataset of the user's own, of which a node trains on
+    ``num_samples``: batches of the power of two nearest to N/16 (about 16 SGD steps an epoch; 8 to 128), the same
+    for MKT, and the learning rate of the embedded digits (0.05, in its batches of 20). Powers of two, so that
+    nodes whose counts lie in one band (16·2^(k±½)) resolve alike; where a fleet must agree whatever its nodes
+    hold, the shards ``dfl-node partition`` writes carry the fleet's values, or the operator gives them."""
+    low, high = SIZED_BATCH
+    batch = min(high, max(low, 2 ** round(math.log2(max(num_samples, 1) / SIZED_STEPS))))
+    return {"batch_size": batch, "mkt_batch_size": batch, "lr": SIZED_LR}
+
+
 def per_dataset_default(name: str) -> str:
     """How ``--help`` states the default of a setting of :data:`DATASET_DEPENDENT`: ``per dataset (digits 20,
-    others 200)``."""
+    others 200; your own data: sized to it)``."""
     own = [f"{dataset} {values[name]:g}" for dataset, values in PER_DATASET.items() if name in values]
-    return f"per dataset ({', '.join([*own, f'others {LearningConfig.model_fields[name].default:g}'])})"
+    yours = f"{SIZED_LR:g}" if name == "lr" else "sized to it"
+    return (f"per dataset ({', '.join([*own, f'others {LearningConfig.model_fields[name].default:g}'])}; your own "
+            f"data: {yours})")

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from dfl_node.config import WIRE_DTYPE_HELP, AlgorithmName, LearningConfig, WireDtype
+from dfl_node.learning.data_format import DataFormat
 from dfl_node.learning.settings import DATASET_DEPENDENT
 from dfl_node.net.announcement import parse_peer
 
@@ -29,12 +30,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class NodeConfig(LearningConfig):
+class NodeConfig(LearningConfig, DataFormat):
     id: str = Field(..., min_length=1, max_length=48, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                     description="node id, unique in the swarm")
-    data: Path = Field(..., description="folder with this node's train.safetensors and val.safetensors "
-                       "(dfl-node partition)")
-    test_data: Path | None = Field(None, description="global test set (test.safetensors) for global accuracy")
+    data: Path = Field(..., description="this node's data: a .csv, .npz or .safetensors file, or a folder of them "
+                       "(read again as files are added or grow; val.* files validate), e.g. a shard folder of "
+                       "dfl-node partition; see docs/data.md")
+    test_data: Path | None = Field(None, description="global test set, a .safetensors, .csv or .npz file, for global "
+                                   "accuracy")
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="share of the samples held out for local validation "
+                                "where the data has no val.* file: stratified, seeded, and stable as the data grows")
+    max_samples: int = Field(0, ge=0, description="keep the newest this many samples of the training files (0: all)")
+    data_poll: float = Field(5.0, ge=0, description="seconds between looks at --data for added or grown files, taken "
+                             "from the next round on (0: read once, at start)")
     algorithm: AlgorithmName = Field("defkt", description="algorithm this node runs, the same on every node")
     mode: Literal["round", "async"] = Field("round", description="round: token-scheduled, reproducible; "
                                             "async: deployment")
@@ -130,13 +138,15 @@ class NodeConfig(LearningConfig):
 
     @model_validator(mode="after")
     def _dataset_defaults(self) -> NodeConfig:
-        """Batch sizes and learning rate not given are those of the dataset the node's shard was drawn from (its
-        metadata names it: ``dfl-node partition``, a testbed), so the nodes of a fleet partitioned together resolve
-        alike, and whatever reads this config sees the values in use. Given all three, no shard is read."""
+        """Batch sizes and learning rate not given are those the node's shard carries (``dfl-node partition``, a
+        testbed): its dataset's, or, for a dataset of the user's own, the fleet's, so the nodes of a fleet
+        partitioned together resolve alike, and whatever reads this config sees the values in use. Given all
+        three, no shard is read; data that carries none has them sized to it once read
+        (:class:`~dfl_node.node.data_watch.NodeData`)."""
         if not set(DATASET_DEPENDENT) <= self.model_fields_set:
-            from dfl_node.learning.fleet import node_dataset  # noqa: PLC0415 - torch only to read a shard
+            from dfl_node.learning.fleet import node_defaults  # noqa: PLC0415 - torch only to read a shard
 
-            self.use_dataset_defaults(node_dataset(self.data))
+            self.use_defaults(node_defaults(self.data))
         return self
 
     @model_validator(mode="after")

@@ -31,9 +31,7 @@ from dfl_node.algorithms.base import equip
 from dfl_node.api.metrics import NodeMetrics
 from dfl_node.api.schemas import FleetEvent, FleetView, HistoryEntry, NodeStatus, SeriesAccuracy
 from dfl_node.errors import OperatorError
-from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.devices import resolve_device
-from dfl_node.learning.fleet import read_node_data
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.training import evaluate
 from dfl_node.net.auth import load_security
@@ -43,6 +41,7 @@ from dfl_node.net.wire import WireIdentity
 from dfl_node.node.async_mode import AsyncScheduler
 from dfl_node.node.clock import Clock
 from dfl_node.node.config import NodeConfig
+from dfl_node.node.data_watch import NodeData
 from dfl_node.node.eval_schedule import EvalSchedule
 from dfl_node.node.handshake import Handshake
 from dfl_node.node.logs import RateLimitedLog
@@ -78,8 +77,9 @@ class Node:
         self.started = self.clock.wall()
         self.boot_id = uuid.uuid4().hex
         self.device = resolve_device(config.device)  # the shard, the test set and the model move there once
-        train, val = read_node_data(config.data)
-        self.test = load_shard(config.test_data).to(self.device) if config.test_data else None
+        self.data = NodeData(config, self.started)  # bad data: one line naming the file and row, exit 2
+        train, val = self.data.train, self.data.val
+        self.test = self.data.test.to(self.device) if self.data.test is not None else None
         spec = ModelSpec(config.model, tuple(config.hidden) if config.hidden else None)
         model = spec.build(train.input_shape, train.num_classes, seed=config.seed).to(self.device)  # w0 from the CPU
         self.ctx = NodeContext(config.id, model, spec, train.to(self.device), val.to(self.device), config)
@@ -203,7 +203,7 @@ class Node:
     async def run(self) -> None:
         """What a serving node does once it has evaluated its start (:meth:`evaluate_start`): its heartbeats and
         its scheduler, until cancelled (:func:`~dfl_node.node.service.run_node`, and the simulator's fleet)."""
-        await asyncio.gather(self.peers.run(), self.scheduler.run())
+        await asyncio.gather(self.peers.run(), self.scheduler.run(), self.data.watch(self))
 
     # ----- evaluation --------------------------------------------------------------------
     async def evaluate_start(self) -> None:

@@ -98,7 +98,7 @@ def node_status(node: Node) -> NodeStatus:
         boot_id=node.boot_id, uptime_s=node.clock.wall() - node.started, grpc_address=node.grpc_address,
         http_port=config.http_port, param_sha256=state.digest, fusing=state.fusing > 0,
         max_concurrent_fusions=state.max_fusing, epoch=state.epoch, holding=state.holding,
-        done=state.done and state.role is Role.IDLE,
+        done=state.done and state.role is Role.IDLE, data=node.data.status(),
     )
 
 

@@ -40,7 +40,7 @@ def plan_nodes(config: ExperimentConfig, algorithm: str, shards: Path, state: Pa
                           "hidden": list(specs[node_id].widths or ()), "data": shards / node_id,
                           "test_data": test if test.exists() else None, "algorithm": algorithm, "mode": mode,
                           "grpc_port": BASE_PORT + i, "http_port": 0, "mdns": False, "state_dir": state / node_id,
-                          "rounds": config.rounds, "min_peers": len(ids) - 1, "fsync": False,
+                          "rounds": config.rounds, "min_peers": len(ids) - 1, "fsync": False, "data_poll": 0,
                           "max_pending_peers": max(32, len(ids)),  # every peer says Hello at once at the start
                           "peers": [a for other, a in addresses.items() if other != node_id], **settings})
             for i, node_id in enumerate(ids)]

@@ -1,0 +1,142 @@
+"""One data file of a user's → its samples, checked: ``.csv`` (:mod:`.csv_reader`), ``.npz`` (arrays ``x`` and
+``y``) or ``.safetensors`` (a shard as ``dfl-node partition`` writes it: :func:`~.datasets.load_shard`).
+
+Every problem is an :class:`~dfl_node.errors.InputError` of one line naming the file and, where there is one,
+the row (CSV) or sample (``x[17]``): a node refuses it at start, and skips the file while it runs. Nothing is
+unpickled (``allow_pickle=False``; safetensors holds no code).
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dfl_node.errors import InputError
+from dfl_node.learning.csv_reader import read_csv
+from dfl_node.learning.data_format import DataFormat
+from dfl_node.learning.dataset_refs import DATA_SUFFIXES as SUFFIXES
+from dfl_node.learning.datasets import load_shard
+
+
+@dataclass(frozen=True)
+class Samples:
+    """A file's samples: float32 ``x`` of shape (N, *sample shape), int64 ``y`` (N,)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    num_classes: int | None = None  # what the file declares (a shard's metadata); None: it declares none
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.x.shape[1:])
+
+
+def is_data_file(path: Path) -> bool:
+    """A file a data folder's reader takes: one of :data:`SUFFIXES`, not hidden (``.name``), so that a writer can
+    put a file in place atomically (write ``data.csv.tmp`` or ``.data.csv``, then rename it)."""
+    return path.suffix.lower() in SUFFIXES and not path.name.startswith(".")
+
+
+def read_samples(path: Path, fmt: DataFormat, *, num_classes: int | None = None,
+                 complete_lines: bool = False) -> Samples:
+    """The samples of ``path``, reshaped to ``fmt.sample_shape`` if given, labels checked against ``num_classes``
+    (else ``fmt.num_classes``, else what the file declares). ``complete_lines``: see :func:`read_csv`."""
+    classes = num_classes or fmt.num_classes
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        table = read_csv(path, fmt.label_column, num_classes=classes, complete_lines=complete_lines)
+        samples = Samples(table.x, table.y)
+    elif suffix == ".npz":
+        samples = _read_npz(path)
+    elif suffix == ".safetensors":
+        samples = _read_safetensors(path)
+    else:
+        raise InputError(f"{path}: not a data file (its name must end in {', '.join(SUFFIXES)})")
+    if classes and samples.num_classes and samples.num_classes != classes:
+        raise InputError(f"{path}: its metadata says {samples.num_classes} classes, this node has {classes}")
+    _check_labels(samples.y, classes or samples.num_classes, path)
+    return reshaped(samples, fmt.sample_shape, path)
+
+
+def from_arrays(x: object, y: object, where: str, num_classes: int | None = None) -> Samples:
+    """Samples from arrays a user's code handed over (a dataset plugin), checked as a file's are."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype.kind not in "biuf" or x.ndim < 1 or y.ndim != 1 or len(x) != len(y):
+        raise InputError(f"{where}: x must be an array of numbers (N, *sample shape) and y N labels, got "
+                         f"{x.dtype} {x.shape} and {y.dtype} {y.shape}")
+    if not len(x):
+        raise InputError(f"{where}: no samples")
+    labels = _labels(y, where)
+    _check_labels(labels, num_classes, where)
+    features = np.ascontiguousarray(x, dtype=np.float32)
+    _check_finite(features, where)
+    return Samples(features if features.ndim > 1 else features[:, None], labels)
+
+
+def _read_npz(path: Path) -> Samples:
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            if not isinstance(arrays, np.lib.npyio.NpzFile):
+                raise InputError(f"{path}: a single .npy array, not an .npz archive of x and y (np.savez)")
+            if not {"x", "y"} <= set(arrays.files):
+                raise InputError(f"{path}: an .npz file needs arrays x and y (np.savez(path, x=..., y=...)), it "
+                                 f"holds {', '.join(sorted(arrays.files)) or 'none'}")
+            x, y = arrays["x"], arrays["y"]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"{path}: not a readable .npz file ({' '.join(str(exc).split())[:200]})") from None
+    return from_arrays(x, y, str(path))
+
+
+def _read_safetensors(path: Path) -> Samples:
+    try:
+        shard = load_shard(path)
+    except (OSError, ValueError) as exc:
+        raise InputError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
+    x = shard.x.numpy()
+    _check_finite(x, str(path))
+    return Samples(x, shard.y.numpy(), shard.num_classes)
+
+
+def _labels(y: np.ndarray, where: str) -> np.ndarray:
+    """Labels as int64: integers, or floats that are whole numbers (a CSV written by numpy's savetxt)."""
+    if y.ndim != 1 or y.dtype.kind not in "iuf":
+        raise InputError(f"{where}: y must be N whole-number labels, got {y.dtype} {y.shape}")
+    if y.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(y) | (y != np.floor(y)))
+        if bad.size:
+            raise InputError(f"{where}: y[{bad[0]}] = {y[bad[0]]} is not a class number (0, 1, 2, …)")
+    return y.astype(np.int64)
+
+
+def _check_labels(y: np.ndarray, num_classes: int | None, where: object) -> None:
+    top = num_classes or math.inf
+    bad = np.flatnonzero((y < 0) | (y >= top))
+    if bad.size:
+        classes = f"0..{num_classes - 1}" if num_classes else "0, 1, 2, …"
+        raise InputError(f"{where}: y[{bad[0]}] = {y[bad[0]]} is not one of the classes ({classes})")
+
+
+def _check_finite(x: np.ndarray, where: str) -> None:
+    finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    if not finite.all():
+        raise InputError(f"{where}: x[{np.flatnonzero(~finite)[0]}] holds NaN or an infinity")
+
+
+def reshaped(samples: Samples, shape: tuple[int, ...] | None, where: object) -> Samples:
+    """``samples`` with each sample reshaped to ``shape`` (None: as they are); the number of values must match."""
+    if shape is None or samples.sample_shape == shape:
+        return samples
+    if math.prod(samples.sample_shape) != math.prod(shape):
+        raise InputError(f"{where}: a sample holds {math.prod(samples.sample_shape)} values "
+                         f"{samples.sample_shape}; --sample-shape {','.join(map(str, shape))} needs "
+                         f"{math.prod(shape)}")
+    return Samples(samples.x.reshape(len(samples), *shape), samples.y, samples.num_classes)

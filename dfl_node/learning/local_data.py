@@ -1,0 +1,257 @@
+"""A node's own data (``--data``): a file, or a folder of files, as its training and validation sets; read at
+start, and again whenever :mod:`dfl_node.node.data_watch` sees the folder change.
+
+A folder's files are its ``.csv``, ``.npz`` and ``.safetensors`` files (:func:`~.data_files.is_data_file`), in
+the order they were last modified. ``val.*`` files are its validation set; ``test.*`` files are never read (the
+global test set is ``--test-data``). Without a validation file, each file holds back ``val_fraction`` of its
+samples (:func:`holdout`): in every class, in file order, so the share is exact to one sample per class and file,
+seeded, and stable as the file grows — a sample never moves between training and validation. ``max_samples``
+keeps the newest samples of the training files. A shard folder of ``dfl-node partition``
+(``train.safetensors``, ``val.safetensors``) is the case of one training file and one validation file: read as
+it always was, bit for bit.
+
+At start (:meth:`LocalData.load`) a bad file stops the node with its one line; later (:meth:`LocalData.refresh`)
+a bad version of a file is skipped, and the samples the node had from that file stay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dfl_node.errors import InputError
+from dfl_node.learning.data_files import Samples, is_data_file, read_samples
+from dfl_node.learning.data_format import DataFormat
+from dfl_node.learning.datasets import ArrayDataset
+
+VAL_STEM, TEST_STEM = "val", "test"
+
+
+@dataclass(frozen=True)
+class Version:
+    """What a cheap look at a file sees: its modification time and size."""
+
+    mtime_ns: int
+    size: int
+
+
+@dataclass(frozen=True)
+class _File:
+    """A file as last read well."""
+
+    version: Version
+    samples: Samples
+    held_out: np.ndarray  # bool per sample: validation, unless the folder has a validation file
+    validation: bool  # a val.* file: every sample validates
+
+
+@dataclass
+class DataView:
+    """The node's data as read now, and the files skipped (name → the one line that says why)."""
+
+    train: ArrayDataset
+    val: ArrayDataset
+    files: int
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def holdout(y: np.ndarray, fraction: float, seed: int, key: str) -> np.ndarray:
+    """Which samples of a file validate: the k-th sample of class c (in file order) when ⌊(k+1)·f + φ⌋ > ⌊k·f + φ⌋,
+    φ ∈ [0, 1) drawn from (``seed``, ``key``, c). Stratified (every class holds back f of its samples, to one),
+    seeded, and a function of k alone, so samples appended to the file never change an earlier sample's side."""
+    held = np.zeros(len(y), bool)
+    if fraction <= 0 or not len(y):
+        return held
+    order = np.argsort(y, kind="stable")
+    ordered = y[order]
+    classes, starts = np.unique(ordered, return_index=True)
+    group = np.searchsorted(classes, ordered)
+    rank = (np.arange(len(y)) - starts[group]).astype(np.float64)
+    phase = np.array([_phase(seed, key, int(c)) for c in classes])[group]
+    held[order] = np.floor((rank + 1) * fraction + phase) > np.floor(rank * fraction + phase)
+    return held
+
+
+def _phase(seed: int, key: str, label: int) -> float:
+    digest = hashlib.sha256(f"{seed}\x1f{key}\x1f{label}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+class LocalData:
+    """The files of ``path`` (a data file or a folder of them) as a node's training and validation sets."""
+
+    def __init__(self, path: Path, fmt: DataFormat, *, val_fraction: float, max_samples: int, seed: int) -> None:
+        self.path, self.fmt = path, fmt
+        self.val_fraction, self.max_samples, self.seed = val_fraction, max_samples, seed
+        self.num_classes: int | None = fmt.num_classes
+        self.classes_inferred = False  # num_classes from the largest label (the operator gave none)
+        self.sample_shape: tuple[int, ...] = ()
+        self._files: dict[str, _File] = {}
+        self._bad: dict[str, tuple[Version, str]] = {}  # name → the version that failed, and why
+        self.seen: dict[str, Version] = {}  # the versions the last load or refresh was given
+
+    @property
+    def folder(self) -> Path:
+        return self.path if self.path.is_dir() else self.path.parent
+
+    def scan(self) -> dict[str, Version]:
+        """Each data file's version, by name: a directory listing and a stat per file, nothing read."""
+        if self.path.is_dir():
+            paths: Iterable[Path] = (p for p in self.path.iterdir()
+                                     if is_data_file(p) and p.stem.lower() != TEST_STEM and p.is_file())
+        else:
+            paths = [self.path]
+        versions = {}
+        for path in paths:
+            try:
+                stat = path.stat()
+            except FileNotFoundError:  # gone between the listing and the stat
+                continue
+            versions[path.name] = Version(stat.st_mtime_ns, stat.st_size)
+        return versions
+
+    def load(self) -> DataView:
+        """Read every file, strictly: the first problem is an :class:`InputError` (the node does not start)."""
+        if not self.path.exists():
+            raise InputError(f"--data {self.path}: no such file or folder")
+        versions = self.seen = self.scan()
+        if not versions:
+            raise InputError(f"--data {self.path}: no data file in it (.csv, .npz, .safetensors; see docs/data.md)")
+        for name, version in sorted(versions.items()):
+            self._files[name] = self._read(name, version, complete_lines=False)
+        self._settle_classes()
+        first = min(self._files, key=lambda name: (self._files[name].version.mtime_ns, name))
+        self.sample_shape = self._files[first].samples.sample_shape
+        for name, entry in self._files.items():
+            self._check_shape(name, entry.samples)
+        view = self._view()
+        if not len(view.train):
+            raise InputError(f"--data {self.path}: no training samples (only validation files, or too few samples "
+                             f"to hold {self.val_fraction:g} of them back)")
+        return view
+
+    def refresh(self, versions: dict[str, Version]) -> tuple[DataView | None, list[str]]:
+        """The data after the files changed to ``versions`` (None: nothing usable changed), and the problems of the
+        file versions that failed now (each is skipped, and named once: a version that failed is not read again)."""
+        changed, problems = False, []
+        self.seen = versions
+        for name in set(self._files) - set(versions):
+            del self._files[name]
+            changed = True
+        for name in set(self._bad) - set(versions):
+            del self._bad[name]
+        for name, version in sorted(versions.items()):
+            known = self._files.get(name)
+            if (known is not None and known.version == version) or self._bad.get(name, (None,))[0] == version:
+                continue
+            try:
+                entry = self._read(name, version, complete_lines=True)
+                self._check_shape(name, entry.samples)
+            except InputError as exc:
+                self._bad[name] = version, str(exc)
+                problems.append(str(exc))
+                continue
+            self._files[name] = entry
+            self._bad.pop(name, None)
+            changed = True
+        if not changed:
+            return None, problems
+        view = self._view()
+        if not len(view.train):
+            problems.append(f"{self.path}: no training samples left in it; keeping the data read before")
+            return None, problems
+        return view, problems
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        return {name: problem for name, (_, problem) in sorted(self._bad.items())}
+
+    def _read(self, name: str, version: Version, *, complete_lines: bool) -> _File:
+        samples = read_samples(self.folder / name, self.fmt, num_classes=self.num_classes,
+                               complete_lines=complete_lines)
+        validation = self.path.is_dir() and Path(name).stem.lower() == VAL_STEM
+        held = holdout(samples.y, self.val_fraction, self.seed, name) if not validation else np.ones(len(samples), bool)
+        if self.max_samples and len(samples) > self.max_samples and not validation:  # never more of it is kept
+            keep = slice(len(samples) - self.max_samples, None)
+            samples, held = Samples(samples.x[keep], samples.y[keep], samples.num_classes), held[keep]
+        return _File(version, samples, held, validation)
+
+    def _settle_classes(self) -> None:
+        """The number of classes: given, else what the files declare (a shard's metadata), else the largest
+        label + 1 (:attr:`classes_inferred`); every file's labels are then checked against it."""
+        if self.num_classes is not None:
+            return
+        declared = {e.samples.num_classes for e in self._files.values() if e.samples.num_classes}
+        if len(declared) > 1:
+            raise InputError(f"--data {self.path}: its files declare different numbers of classes "
+                             f"({', '.join(map(str, sorted(declared)))}); give --num-classes")
+        if declared:
+            self.num_classes = declared.pop()
+            for name, entry in self._files.items():  # read again to name the sample (or row) whose label is out
+                if len(entry.samples) and int(entry.samples.y.max()) >= self.num_classes:
+                    self._read(name, entry.version, complete_lines=False)
+            return
+        top = max(int(e.samples.y.max()) for e in self._files.values())
+        if top < 1:
+            raise InputError(f"--data {self.path}: every label is 0, a single class; give --num-classes")
+        self.num_classes, self.classes_inferred = top + 1, True
+
+    def _check_shape(self, name: str, samples: Samples) -> None:
+        if samples.sample_shape != self.sample_shape:
+            raise InputError(f"{self.folder / name}: samples of shape {samples.sample_shape}, this node's data has "
+                             f"{self.sample_shape}")
+
+    def _view(self) -> DataView:
+        """The files, oldest first, as the training and validation sets; ``max_samples`` keeps the newest samples
+        of the training files."""
+        order = sorted(self._files, key=lambda name: (self._files[name].version.mtime_ns, name))
+        has_validation = any(self._files[name].validation for name in order)
+        budget = self.max_samples or math.inf
+        kept: dict[str, slice] = {}
+        for name in reversed(order):  # newest first
+            entry = self._files[name]
+            if entry.validation:
+                kept[name] = slice(None)
+                continue
+            take = int(min(len(entry.samples), budget))
+            kept[name] = slice(len(entry.samples) - take, None)
+            budget -= take
+        train, val = [], []
+        for name in order:
+            entry, rows = self._files[name], kept[name]
+            x, y, held = entry.samples.x[rows], entry.samples.y[rows], entry.held_out[rows]
+            if entry.validation:
+                val.append((x, y))
+            elif has_validation:
+                train.append((x, y))
+            else:
+                train.append((x[~held], y[~held]))
+                val.append((x[held], y[held]))
+        return DataView(self._dataset(train), self._dataset(val), len(order), self.skipped)
+
+    def _dataset(self, parts: list[tuple[np.ndarray, np.ndarray]]) -> ArrayDataset:
+        assert self.num_classes is not None
+        if len(parts) == 1:  # one file: its arrays as they are (a shard's tensors, bit for bit)
+            x, y = parts[0]
+        elif parts:
+            x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        else:
+            x, y = np.empty((0, *self.sample_shape), np.float32), np.empty(0, np.int64)
+        return ArrayDataset(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y)),
+                            self.num_classes)
+
+
+def read_test_set(path: Path, fmt: DataFormat, num_classes: int, sample_shape: tuple[int, ...]) -> ArrayDataset:
+    """The global test set (``--test-data``): one data file of the node's classes and sample shape."""
+    if not path.is_file():
+        raise InputError(f"--test-data {path}: no such file")
+    samples = read_samples(path, fmt, num_classes=num_classes)
+    if samples.sample_shape != sample_shape:
+        raise InputError(f"{path}: samples of shape {samples.sample_shape}, this node's data has {sample_shape}")
+    return ArrayDataset(torch.from_numpy(samples.x), torch.from_numpy(samples.y), num_classes)

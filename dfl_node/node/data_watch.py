@@ -1,0 +1,99 @@
+"""A node's own data: read at start (a bad file stops it with one line, exit 2), looked at again every
+``--data-poll`` seconds, and swapped in between roles when files were added or grew.
+
+A look is a directory listing and a stat per file (:meth:`~dfl_node.learning.local_data.LocalData.scan`): cheap
+when nothing changed. A file is read once it has stayed the same for one look (a writer may be half-way through
+it), in a worker thread; the node's training and validation sets are then replaced where no role holds them
+(:meth:`~dfl_node.node.roles.Roles.quiesce`): never in the middle of a training or a fusion. Its profile (sample
+count), which plans and averaging weights read, follows, since it is read from the data. A file version that
+cannot be read is skipped with one WARNING and counted in ``/status``; the node keeps the data it had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from dfl_node.api.schemas import DataStatus
+from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.local_data import DataView, LocalData, read_test_set
+from dfl_node.learning.settings import sized_defaults
+from dfl_node.node.config import NodeConfig
+
+if TYPE_CHECKING:
+    from dfl_node.node.daemon import Node
+
+log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
+MAX_SHOWN = 20  # skipped files named in /status, at most (all are counted)
+
+
+class NodeData:
+    """The data of the node ``config`` describes: its training and validation sets, its global test set, and
+    what ``/status`` shows of them."""
+
+    def __init__(self, config: NodeConfig, now: float) -> None:
+        self.config = config
+        self.local = LocalData(config.data, config, val_fraction=config.val_fraction, max_samples=config.max_samples,
+                               seed=config.seed)
+        view = self.local.load()
+        self.train, self.val = view.train, view.val
+        assert self.local.num_classes is not None
+        self.test: ArrayDataset | None = None
+        if config.test_data is not None:
+            self.test = read_test_set(config.test_data, config, self.local.num_classes, self.local.sample_shape)
+        self.files, self.updated, self.updates, self.skipped_versions = view.files, now, 0, 0
+        self.skipped: dict[str, str] = {}
+        self._announce(view)
+
+    def _announce(self, view: DataView) -> None:
+        """What the node learns from, and with which settings, in one line (and the classes, where inferred)."""
+        config, local = self.config, self.local
+        sized = config.use_defaults(sized_defaults(len(view.train)))
+        how = f" (sized to its {len(view.train)} training samples)" if sized else ""
+        log.info("%s: data %s: %d training + %d validation samples of shape %s, %d classes, in %d file%s; batch size "
+                 "%d, MKT batch size %d, lr %g%s", config.id, config.data, len(view.train), len(view.val),
+                 local.sample_shape, local.num_classes, view.files, "" if view.files == 1 else "s", config.batch_size,
+                 config.mkt_batch_size, config.lr, how)
+        if local.classes_inferred:
+            log.warning("%s: %d classes, inferred from the largest label in %s: every node of a fleet must have the "
+                        "same (a device that never saw the last class infers fewer, and its model fits no peer's); "
+                        "give --num-classes %d to fix it", config.id, local.num_classes, config.data,
+                        local.num_classes)
+
+    def status(self) -> DataStatus:
+        return DataStatus(source=str(self.config.data), train_samples=len(self.train), val_samples=len(self.val),
+                          files=self.files, classes=self.local.num_classes or 0,
+                          sample_shape=list(self.local.sample_shape), updated=self.updated, updates=self.updates,
+                          bad_files=len(self.skipped), skipped_versions=self.skipped_versions,
+                          skipped=dict(list(self.skipped.items())[:MAX_SHOWN]))
+
+    async def watch(self, node: Node) -> None:
+        """Look at the data every ``data_poll`` seconds, until cancelled; take what changed, between roles."""
+        interval = self.config.data_poll
+        if not interval:
+            return
+        before = self.local.seen
+        while True:
+            await asyncio.sleep(interval)
+            now = await asyncio.to_thread(self.local.scan)
+            if now != before or now == self.local.seen:  # still being written (look again), or nothing new
+                before = now
+                continue
+            view, problems = await asyncio.to_thread(self.local.refresh, now)
+            for problem in problems:
+                log.warning("%s: data file skipped, the node keeps the data it had: %s", node.node_id, problem)
+            self.skipped_versions += len(problems)
+            self.skipped = {name: problem[:300] for name, problem in self.local.skipped.items()}
+            if view is not None:
+                await node.roles.quiesce()  # no role holds the data from here to the swap: no await in between
+                self._take(node, view)
+
+    def _take(self, node: Node, view: DataView) -> None:
+        old = len(self.train)
+        self.train, self.val, self.files = view.train, view.val, view.files
+        node.ctx.train, node.ctx.val = view.train.to(node.device), view.val.to(node.device)
+        self.updated, self.updates = node.clock.wall(), self.updates + 1
+        log.info("%s: data changed: %d → %d training samples, %d validation, in %d file%s; used from the next "
+                 "round on", node.node_id, old, len(view.train), len(view.val), view.files,
+                 "" if view.files == 1 else "s")
