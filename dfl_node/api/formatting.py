@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["format_accuracy", "format_bytes"]
+__all__ = ["format_accuracy", "format_bytes", "format_data"]
 
 
 def format_accuracy(value: Any) -> str:
@@ -22,3 +22,12 @@ def format_bytes(n: Any) -> str:
             return f"{int(x)} {unit}" if unit == "B" else f"{x:.1f} {unit}"
         x /= 1024
     raise AssertionError("unreachable")
+
+
+def format_data(data: Any) -> str | None:
+    """A node's data (``/status``'s ``data``) in a line: ``240 + 60 samples (train + val), 3 files, 1 bad file``."""
+    if not isinstance(data, dict):
+        return None
+    files, bad = data.get("files"), data.get("bad_files") or 0
+    return (f"{data.get('train_samples')} + {data.get('val_samples')} samples (train + val), {files} "
+            f"file{'' if files == 1 else 's'}" + (f", {bad} bad file{'' if bad == 1 else 's'}" if bad else ""))

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dfl_node.api.formatting import format_accuracy, format_bytes
+from dfl_node.api.formatting import format_accuracy, format_bytes, format_data
 from dfl_node.api.urls import normalize_url, peer_url
 
 __all__ = ["fetch_status", "normalize_url", "peer_url", "show_status"]
@@ -105,6 +105,7 @@ def _node_table(s: dict[str, Any], url: str) -> Table:
         ("fusions", s.get("fusions")),
         ("rejected", _rejected(s.get("rejected"))),
         ("peers", _peers_summary(s.get("peers"))),
+        ("data", format_data(s.get("data"))),
         # static peers (--peer) that do not answer: shown only then (a typo, or an outage; the log says why)
         *([("static peers not answering", ", ".join(map(str, s["unreachable_peers"])))]
           if s.get("unreachable_peers") else []),

@@ -45,5 +45,8 @@ def start(config_path: Path | None, **flags: Any) -> None:
 def partition(out: Path, config_path: Path | None, **flags: Any) -> None:
     """Write one data shard per node plus the global test set (what a node's --data/--test-data read)."""
     config = experiment_config(config_path, {}, **flags)
-    folders = write_fleet(provision(config), out)
+    fleet = provision(config)
+    folders = write_fleet(fleet, out)
     click.echo(f"wrote {len(folders)} shards ({config.dataset}, {config.partition}) and test set to {out}")
+    if fleet.learning:  # a dataset of the user's own: the values every node started on these shards takes
+        click.echo("learning settings in every shard: " + ", ".join(f"{k} {v:g}" for k, v in fleet.learning.items()))

@@ -124,8 +124,9 @@ def experiment_options(func: F) -> F:
 
 
 # What deciding a fleet's shards takes (dfl_node.learning.fleet.provision): `partition` offers only these.
-PARTITION_FIELDS = ("dataset", "data_dir", "nodes", "partition", "zeta", "zeta_max", "beta", "samples", "large_nodes",
-                    "val_fraction", "seed", "train_samples", "test_samples")
+PARTITION_FIELDS = ("dataset", "data_dir", "label_column", "sample_shape", "num_classes", "nodes", "partition", "zeta",
+                    "zeta_max", "beta", "samples", "large_nodes", "val_fraction", "seed", "train_samples",
+                    "test_samples")
 
 
 def partition_options(func: F) -> F:

@@ -60,6 +60,6 @@ def dataset_problem(name: str, data_dir: Path | None) -> tuple[str, str] | None:
 
 
 def _users_own(path: Path) -> bool:
-    """A data file that is none of the built-in datasets' (``mnist.npz``…)."""
-    suffix = path.suffix.lower()
-    return suffix in (".csv", ".npz") and path.stem not in BUILTIN_DATASETS and not path.name.startswith(".")
+    """A data file that is none of the built-in datasets' (``mnist.npz``, ``fashion_mnist.npz``)."""
+    builtin = {f"{name}.npz" for name in BUILTIN_DATASETS}
+    return path.suffix.lower() in (".csv", ".npz") and path.name not in builtin and not path.name.startswith(".")
