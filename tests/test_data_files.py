@@ -18,7 +18,7 @@ from dfl_node.learning.csv_reader import read_csv
 from dfl_node.learning.data_files import read_samples
 from dfl_node.learning.data_format import DataFormat
 from dfl_node.learning.datasets import ArrayDataset, load_shard, save_shard
-from dfl_node.learning.local_data import LocalData, holdout
+from dfl_node.learning.local_data import LocalData, holdout, split_rows
 
 
 def write_csv(path: Path, x: np.ndarray, y: np.ndarray, header: bool = True) -> Path:
@@ -283,3 +283,31 @@ def test_labels_beyond_the_declared_classes_and_a_single_class_are_refused(tmp_p
     write_csv(tmp_path / "a.csv", np.zeros((5, 2)), np.zeros(5, int))
     with pytest.raises(InputError, match="every label is 0, a single class; give --num-classes"):
         local(tmp_path).load()
+
+
+def test_split_rows_moves_the_held_rows_last_in_place() -> None:
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    y = np.arange(10)
+    held = np.zeros(10, bool)
+    held[[1, 4, 5, 9]] = True
+    split_rows(x, y, held, chunk=2)
+    assert y.tolist() == [0, 2, 3, 6, 7, 8, 1, 4, 5, 9] and np.array_equal(x[:, 0], 2 * y)
+
+
+def test_a_files_samples_are_held_once_in_memory(tmp_path: Path) -> None:
+    """Its training and validation sets are views of the rows as read, not copies (the benchmark's peak)."""
+    write_csv(tmp_path / "a.csv", *blobs(200, seed=8))
+    view = local(tmp_path).load()
+    assert view.val.x.data_ptr() == view.train.x.data_ptr() + view.train.x.nbytes  # one buffer: train, then val
+
+
+def test_a_validation_file_that_comes_or_goes_rereads_the_training_files(tmp_path: Path) -> None:
+    write_csv(tmp_path / "a.csv", *blobs(100, seed=9))
+    data = local(tmp_path)
+    assert len(data.load().train) < 100  # its hold-out validates
+    write_csv(tmp_path / "val.csv", *blobs(10, seed=10))
+    view, _ = data.refresh(data.scan())
+    assert view is not None and (len(view.train), len(view.val)) == (100, 10)
+    (tmp_path / "val.csv").unlink()
+    view, _ = data.refresh(data.scan())
+    assert view is not None and len(view.train) < 100 and len(view.train) + len(view.val) == 100

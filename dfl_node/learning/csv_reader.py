@@ -2,7 +2,7 @@
 
 Fast: numpy's C parser (``numpy.loadtxt``) reads the file block by block, as quick as pandas' ``read_csv`` here
 (``benchmarks/read_csv.py``), with no dependency beyond numpy. Lean: the rows are counted first, the arrays
-allocated once, and each parsed block copied into them: peak memory is the arrays plus one block (4 MiB of
+allocated once, and each parsed block copied into them: peak memory is the arrays plus one block (1 MiB of
 text), not a list of Python objects per cell nor a float64 copy. Strict: whatever numpy refuses or the checks
 find (a cell that is not a number, NaN or an infinity, a row of other length, a label that is not a class number)
 is read again, line by line in Python, to say in one line which file, row and column; that slow path runs only
@@ -25,7 +25,7 @@ import numpy as np
 from dfl_node.errors import InputError
 from dfl_node.learning.data_format import DEFAULT_LABEL_COLUMN
 
-BLOCK_BYTES = 1 << 22
+BLOCK_BYTES = 1 << 20
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _LARGEST_LABEL = 1 << 24  # labels travel as float32 through the parser: exact up to here
 

@@ -5,8 +5,9 @@ A folder's files are its ``.csv``, ``.npz`` and ``.safetensors`` files (:func:`~
 the order they were last modified. ``val.*`` files are its validation set; ``test.*`` files are never read (the
 global test set is ``--test-data``). Without a validation file, each file holds back ``val_fraction`` of its
 samples (:func:`holdout`): in every class, in file order, so the share is exact to one sample per class and file,
-seeded, and stable as the file grows — a sample never moves between training and validation. ``max_samples``
-keeps the newest samples of the training files. A shard folder of ``dfl-node partition``
+seeded, and stable as the file grows — a sample never moves between training and validation; the rows are
+reordered in place (:func:`split_rows`), so that a file's training and validation sets are views of its arrays as
+read: a node holds its data once. ``max_samples`` keeps the newest samples of the training files. A shard folder of ``dfl-node partition``
 (``train.safetensors``, ``val.safetensors``) is the case of one training file and one validation file: read as
 it always was, bit for bit.
 
@@ -46,9 +47,14 @@ class _File:
     """A file as last read well."""
 
     version: Version
-    samples: Samples
-    held_out: np.ndarray  # bool per sample: validation, unless the folder has a validation file
+    samples: Samples  # where the file was split: its training samples first, then its held-out ones (file order)
+    held: np.ndarray | None  # where it was split (a folder without a val.* file): the hold-out, in file order
     validation: bool  # a val.* file: every sample validates
+
+    @property
+    def training(self) -> int:
+        """How many of its samples (the first ones) train."""
+        return len(self.samples) if self.held is None else int(np.count_nonzero(~self.held))
 
 
 @dataclass
@@ -76,6 +82,19 @@ def holdout(y: np.ndarray, fraction: float, seed: int, key: str) -> np.ndarray:
     phase = np.array([_phase(seed, key, int(c)) for c in classes])[group]
     held[order] = np.floor((rank + 1) * fraction + phase) > np.floor(rank * fraction + phase)
     return held
+
+
+def split_rows(x: np.ndarray, y: np.ndarray, held: np.ndarray, chunk: int = 1 << 16) -> None:
+    """Reorder ``x`` and ``y`` in place: the rows not ``held`` first, then the held ones, each in their order. It
+    takes a copy of the held rows and of one chunk, not of the data: the training set is then a view of the rows
+    as read (a node's data in memory once, not twice)."""
+    held_x, held_y = x[held], y[held]
+    kept = np.flatnonzero(~held)
+    for start in range(0, len(kept), chunk):
+        rows = kept[start:start + chunk]
+        x[start:start + len(rows)] = x[rows]  # rows[i] ≥ start + i: no row is overwritten before it has moved
+        y[start:start + len(rows)] = y[rows]
+    x[len(kept):], y[len(kept):] = held_x, held_y
 
 
 def _phase(seed: int, key: str, label: int) -> float:
@@ -123,8 +142,9 @@ class LocalData:
         versions = self.seen = self.scan()
         if not versions:
             raise InputError(f"--data {self.path}: no data file in it (.csv, .npz, .safetensors; see docs/data.md)")
+        split = not self._has_validation(versions)
         for name, version in sorted(versions.items()):
-            self._files[name] = self._read(name, version, complete_lines=False)
+            self._files[name] = self._read(name, version, complete_lines=False, split=split)
         self._settle_classes()
         first = min(self._files, key=lambda name: (self._files[name].version.mtime_ns, name))
         self.sample_shape = self._files[first].samples.sample_shape
@@ -146,12 +166,15 @@ class LocalData:
             changed = True
         for name in set(self._bad) - set(versions):
             del self._bad[name]
+        split = not self._has_validation(versions)  # a val.* file came or went: the training files read again
         for name, version in sorted(versions.items()):
             known = self._files.get(name)
-            if (known is not None and known.version == version) or self._bad.get(name, (None,))[0] == version:
+            as_read = known is not None and known.version == version and (known.validation or
+                                                                           (known.held is not None) == split)
+            if as_read or self._bad.get(name, (None,))[0] == version:
                 continue
             try:
-                entry = self._read(name, version, complete_lines=True)
+                entry = self._read(name, version, complete_lines=True, split=split)
                 self._check_shape(name, entry.samples)
             except InputError as exc:
                 self._bad[name] = version, str(exc)
@@ -172,14 +195,22 @@ class LocalData:
     def skipped(self) -> dict[str, str]:
         return {name: problem for name, (_, problem) in sorted(self._bad.items())}
 
-    def _read(self, name: str, version: Version, *, complete_lines: bool) -> _File:
+    def _has_validation(self, versions: dict[str, Version]) -> bool:
+        return self.path.is_dir() and any(Path(name).stem.lower() == VAL_STEM for name in versions)
+
+    def _read(self, name: str, version: Version, *, complete_lines: bool, split: bool) -> _File:
+        """Read a file; ``split``: hold back its share of validation samples (a training file of a folder that has
+        no val.* file). Its arrays are read anew, so they are reordered in place (:func:`split_rows`)."""
         samples = read_samples(self.folder / name, self.fmt, num_classes=self.num_classes,
                                complete_lines=complete_lines)
         validation = self.path.is_dir() and Path(name).stem.lower() == VAL_STEM
-        held = holdout(samples.y, self.val_fraction, self.seed, name) if not validation else np.ones(len(samples), bool)
         if self.max_samples and len(samples) > self.max_samples and not validation:  # never more of it is kept
             keep = slice(len(samples) - self.max_samples, None)
-            samples, held = Samples(samples.x[keep], samples.y[keep], samples.num_classes), held[keep]
+            samples = Samples(samples.x[keep].copy(), samples.y[keep].copy(), samples.num_classes)
+        held = None
+        if split and not validation:
+            held = holdout(samples.y, self.val_fraction, self.seed, name)
+            split_rows(samples.x, samples.y, held)
         return _File(version, samples, held, validation)
 
     def _settle_classes(self) -> None:
@@ -195,7 +226,7 @@ class LocalData:
             self.num_classes = declared.pop()
             for name, entry in self._files.items():  # read again to name the sample (or row) whose label is out
                 if len(entry.samples) and int(entry.samples.y.max()) >= self.num_classes:
-                    self._read(name, entry.version, complete_lines=False)
+                    self._read(name, entry.version, complete_lines=False, split=False)
             return
         top = max(int(e.samples.y.max()) for e in self._files.values())
         if top < 1:
@@ -208,36 +239,31 @@ class LocalData:
                              f"{self.sample_shape}")
 
     def _view(self) -> DataView:
-        """The files, oldest first, as the training and validation sets; ``max_samples`` keeps the newest samples
-        of the training files."""
+        """The files, oldest first, as the training and validation sets, each file's part a view of its arrays;
+        ``max_samples`` keeps the newest samples of the training files (the hold-out of those kept validates)."""
         order = sorted(self._files, key=lambda name: (self._files[name].version.mtime_ns, name))
-        has_validation = any(self._files[name].validation for name in order)
-        budget = self.max_samples or math.inf
-        kept: dict[str, slice] = {}
+        budget, takes = self.max_samples or math.inf, {}
         for name in reversed(order):  # newest first
-            entry = self._files[name]
-            if entry.validation:
-                kept[name] = slice(None)
-                continue
-            take = int(min(len(entry.samples), budget))
-            kept[name] = slice(len(entry.samples) - take, None)
-            budget -= take
+            if not self._files[name].validation:
+                takes[name] = int(min(len(self._files[name].samples), budget))
+                budget -= takes[name]
         train, val = [], []
         for name in order:
-            entry, rows = self._files[name], kept[name]
-            x, y, held = entry.samples.x[rows], entry.samples.y[rows], entry.held_out[rows]
+            entry = self._files[name]
+            x, y, n = entry.samples.x, entry.samples.y, len(entry.samples)
             if entry.validation:
                 val.append((x, y))
-            elif has_validation:
-                train.append((x, y))
-            else:
-                train.append((x[~held], y[~held]))
-                val.append((x[held], y[held]))
+                continue
+            tail = np.zeros(takes[name], bool) if entry.held is None else entry.held[n - takes[name]:]
+            end, kept, held = entry.training, int(np.count_nonzero(~tail)), int(np.count_nonzero(tail))
+            train.append((x[end - kept:end], y[end - kept:end]))
+            val.append((x[n - held:], y[n - held:]))
         return DataView(self._dataset(train), self._dataset(val), len(order), self.skipped)
 
     def _dataset(self, parts: list[tuple[np.ndarray, np.ndarray]]) -> ArrayDataset:
         assert self.num_classes is not None
-        if len(parts) == 1:  # one file: its arrays as they are (a shard's tensors, bit for bit)
+        parts = [part for part in parts if len(part[1])]
+        if len(parts) == 1:  # one file: a view of its arrays (a shard's tensors, bit for bit)
             x, y = parts[0]
         elif parts:
             x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
