@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -70,7 +71,7 @@ def read_csv(path: Path, label_column: str = DEFAULT_LABEL_COLUMN, *, num_classe
         x = np.empty((rows, columns - 1), np.float32)
         y = np.empty(rows, np.int64)
         f.seek(data_start)
-        done = _parse(f, layout, x, y, first_row, complete_lines)
+        done = _parse(f, layout, x, y, complete_lines, lambda offset: first_row + _newlines(f, data_start, offset))
     if done == 0:
         raise InputError(f"{path}: no rows of data" + (" (a header only)" if header else ""))
     return CsvTable(x[:done], y[:done], header)
@@ -130,9 +131,20 @@ def _count_rows(f: BinaryIO, start: int) -> int:
     return count + (last != b"\n")
 
 
-def _parse(f: BinaryIO, layout: _Layout, x: np.ndarray, y: np.ndarray, row: int, complete_lines: bool) -> int:
-    """Parse the file from its position in blocks of whole lines into ``x`` and ``y``; the rows filled."""
-    filled, pending = 0, b""
+def _newlines(f: BinaryIO, start: int, end: int) -> int:
+    """The line breaks between two offsets of the file (the row of a block with a problem: the slow path only)."""
+    position = f.tell()
+    f.seek(start)
+    count = f.read(end - start).count(b"\n")
+    f.seek(position)
+    return count
+
+
+def _parse(f: BinaryIO, layout: _Layout, x: np.ndarray, y: np.ndarray, complete_lines: bool,
+           row_at: Callable[[int], int]) -> int:
+    """Parse the file from its position in blocks of whole lines into ``x`` and ``y``; the rows filled. A block
+    with a problem is read again by :func:`_locate`, which names its row (``row_at`` its file offset)."""
+    filled, pending, offset = 0, b"", f.tell()
     while True:
         block = f.read(BLOCK_BYTES)
         data = pending + block
@@ -145,22 +157,21 @@ def _parse(f: BinaryIO, layout: _Layout, x: np.ndarray, y: np.ndarray, row: int,
         elif complete_lines:
             data = b""  # the writer's unfinished last line: next time
         if data and not data.isspace():
-            filled += _parse_block(data, layout, x, y, filled, row)
-        row += data.count(b"\n")
+            try:
+                filled += _parse_block(data, layout, x, y, filled)
+            except ValueError as exc:
+                raise _locate(data, layout, row_at(offset), str(exc)) from None
+        offset += len(data)
         if not block:
             return filled
 
 
-def _parse_block(data: bytes, layout: _Layout, x: np.ndarray, y: np.ndarray, at: int, row: int) -> int:
-    """One block of whole lines (the first is row ``row``) into ``x``/``y`` from index ``at``; its row count."""
-    try:
-        values = np.loadtxt(io.BytesIO(data), dtype=np.float32, delimiter=",", ndmin=2, comments=None,
-                            quotechar='"')
-    except ValueError as exc:
-        raise _locate(data, layout, row, str(exc)) from None
+def _parse_block(data: bytes, layout: _Layout, x: np.ndarray, y: np.ndarray, at: int) -> int:
+    """One block of whole lines into ``x``/``y`` from index ``at``; its row count. A ValueError: a problem in it."""
+    values = np.loadtxt(io.BytesIO(data), dtype=np.float32, delimiter=",", ndmin=2, comments=None, quotechar='"')
     labels = values[:, layout.label] if values.shape[1] == layout.columns else None
     if labels is None or not np.isfinite(values).all() or not _are_classes(labels, layout.num_classes):
-        raise _locate(data, layout, row, "")
+        raise ValueError("")
     count, label = len(values), layout.label
     x[at:at + count, :label] = values[:, :label]
     x[at:at + count, label:] = values[:, label + 1:]

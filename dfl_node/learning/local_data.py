@@ -7,9 +7,9 @@ global test set is ``--test-data``). Without a validation file, each file holds 
 samples (:func:`holdout`): in every class, in file order, so the share is exact to one sample per class and file,
 seeded, and stable as the file grows — a sample never moves between training and validation; the rows are
 reordered in place (:func:`split_rows`), so that a file's training and validation sets are views of its arrays as
-read: a node holds its data once. ``max_samples`` keeps the newest samples of the training files. A shard folder of ``dfl-node partition``
-(``train.safetensors``, ``val.safetensors``) is the case of one training file and one validation file: read as
-it always was, bit for bit.
+read: a node holds its data once. ``max_samples`` keeps the newest samples of the training files. A shard folder
+of ``dfl-node partition`` (``train.safetensors``, ``val.safetensors``) is the case of one training file and one
+validation file: read as it always was, bit for bit.
 
 At start (:meth:`LocalData.load`) a bad file stops the node with its one line; later (:meth:`LocalData.refresh`)
 a bad version of a file is skipped, and the samples the node had from that file stay.
