@@ -151,7 +151,7 @@ def node_options(func: F) -> F:
 # Preset used when `dfl-node simulate` / `testbed` get no config file: a quick, meaningful demo on digits (whose
 # batch sizes and learning rate are its dataset defaults, dfl_node.learning.settings.PER_DATASET).
 DEMO_DEFAULTS: dict[str, Any] = {
-    "name": "digits-demo", "dataset": "digits", "partition": "shards", "zeta": 4, "nodes": 10,
+    "name": "demo", "dataset": "digits", "partition": "shards", "zeta": 4, "nodes": 10,
     "rounds": 200, "eval_every": 20,
 }
 

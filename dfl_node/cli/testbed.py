@@ -26,7 +26,7 @@ from dfl_node.learning.fleet import Fleet, provision, write_fleet
 from dfl_node.results import RunResult, write_results
 from dfl_node.testbed.launcher import Placement, collect, done_twice, plan_fleet, stop_all, wait_until
 
-TESTBED_DEFAULTS = {**DEMO_DEFAULTS, "name": "digits-testbed", "nodes": 4, "rounds": 20, "eval_every": 5,
+TESTBED_DEFAULTS = {**DEMO_DEFAULTS, "name": "testbed", "nodes": 4, "rounds": 20, "eval_every": 5,
                     "algorithms": ["defkt"]}
 TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 ROUNDS_MEANING = {"round": "rounds: the round every node reached",
