@@ -311,3 +311,13 @@ def test_a_validation_file_that_comes_or_goes_rereads_the_training_files(tmp_pat
     (tmp_path / "val.csv").unlink()
     view, _ = data.refresh(data.scan())
     assert view is not None and len(view.train) < 100 and len(view.train) + len(view.val) == 100
+
+
+def test_a_file_gone_between_the_look_and_the_read_is_skipped(tmp_path: Path) -> None:
+    write_csv(tmp_path / "a.csv", *blobs(50, seed=11))
+    data = local(tmp_path)
+    data.load()
+    write_csv(tmp_path / "b.csv", *blobs(50, seed=12))
+    versions = data.scan()
+    (tmp_path / "b.csv").unlink()
+    assert data.refresh(versions) == (None, [f"{tmp_path / 'b.csv'}: cannot read it (No such file or directory)"])

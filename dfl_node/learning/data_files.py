@@ -50,15 +50,18 @@ def read_samples(path: Path, fmt: DataFormat, *, num_classes: int | None = None,
     (else ``fmt.num_classes``, else what the file declares). ``complete_lines``: see :func:`read_csv`."""
     classes = num_classes or fmt.num_classes
     suffix = path.suffix.lower()
-    if suffix == ".csv":
-        table = read_csv(path, fmt.label_column, num_classes=classes, complete_lines=complete_lines)
-        samples = Samples(table.x, table.y)
-    elif suffix == ".npz":
-        samples = _read_npz(path)
-    elif suffix == ".safetensors":
-        samples = _read_safetensors(path)
-    else:
-        raise InputError(f"{path}: not a data file (its name must end in {', '.join(SUFFIXES)})")
+    try:
+        if suffix == ".csv":
+            table = read_csv(path, fmt.label_column, num_classes=classes, complete_lines=complete_lines)
+            samples = Samples(table.x, table.y)
+        elif suffix == ".npz":
+            samples = _read_npz(path)
+        elif suffix == ".safetensors":
+            samples = _read_safetensors(path)
+        else:
+            raise InputError(f"{path}: not a data file (its name must end in {', '.join(SUFFIXES)})")
+    except OSError as exc:  # gone since the folder was listed, or not readable
+        raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     if classes and samples.num_classes and samples.num_classes != classes:
         raise InputError(f"{path}: its metadata says {samples.num_classes} classes, this node has {classes}")
     _check_labels(samples.y, classes or samples.num_classes, path)

@@ -80,7 +80,11 @@ class NodeData:
             if now != before or now == self.local.seen:  # still being written (look again), or nothing new
                 before = now
                 continue
-            view, problems = await asyncio.to_thread(self.local.refresh, now)
+            try:
+                view, problems = await asyncio.to_thread(self.local.refresh, now)
+            except Exception:  # a bug of ours: said once, and the node keeps learning on the data it has
+                log.exception("%s: reading the changed data failed; keeping the data it had", node.node_id)
+                continue
             for problem in problems:
                 log.warning("%s: data file skipped, the node keeps the data it had: %s", node.node_id, problem)
             self.skipped_versions += len(problems)
