@@ -89,12 +89,15 @@ def split_rows(x: np.ndarray, y: np.ndarray, held: np.ndarray, chunk: int = 1 <<
     takes a copy of the held rows and of one chunk, not of the data: the training set is then a view of the rows
     as read (a node's data in memory once, not twice)."""
     held_x, held_y = x[held], y[held]
-    kept = np.flatnonzero(~held)
-    for start in range(0, len(kept), chunk):
-        rows = kept[start:start + chunk]
-        x[start:start + len(rows)] = x[rows]  # rows[i] ≥ start + i: no row is overwritten before it has moved
-        y[start:start + len(rows)] = y[rows]
-    x[len(kept):], y[len(kept):] = held_x, held_y
+    filled = 0
+    for start in range(0, len(held), chunk):
+        kept = ~held[start:start + chunk]
+        count = int(np.count_nonzero(kept))
+        # rows from filled ≤ start on: those before start have moved, this chunk's are copied by the mask first
+        x[filled:filled + count] = x[start:start + chunk][kept]
+        y[filled:filled + count] = y[start:start + chunk][kept]
+        filled += count
+    x[filled:], y[filled:] = held_x, held_y
 
 
 def _phase(seed: int, key: str, label: int) -> float:
