@@ -52,6 +52,7 @@ from dfl_node.node.reports import log_summary, report_exchange
 from dfl_node.node.requests import PeerRequests
 from dfl_node.node.roles import Roles
 from dfl_node.node.rounds import RoundScheduler
+from dfl_node.node.served import ServedModel
 from dfl_node.node.state import NodeState
 from dfl_node.node.views import fleet_view, node_status, role_name
 from dfl_node.peering.errors import PeerUnreachable
@@ -118,6 +119,8 @@ class Node:
         try:
             self._restore()
             self.state.digest = param_digest(self.ctx.model.state_dict())
+            # what /model and /predict serve: the committed model, kept only where the REST API runs
+            self.served = ServedModel(self.algorithm, self.ctx, self.state.round, keep=bool(config.http_port))
             self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
             self.requests = PeerRequests(self)  # what the gRPC server calls
         except BaseException:
@@ -198,7 +201,9 @@ class Node:
     def _save(self, durable: dict[str, Any], snapshot: dict[str, torch.Tensor] | None) -> None:
         state = self.ctx.checkpoint_state() if snapshot is None else snapshot
         model = {name: tensor.detach().cpu() for name, tensor in state.items()}
-        self.checkpoint.save(model, self.fingerprint, durable)
+        self.checkpoint.save(model, self.fingerprint, durable, self.served.metadata())
+        # the live model's tensors (no snapshot, on the CPU) are copied: the next role changes them in place
+        self.served.commit(model, durable["round"], shared=snapshot is None and self.device.type == "cpu")
 
     async def run(self) -> None:
         """What a serving node does once it has evaluated its start (:meth:`evaluate_start`): its heartbeats and
