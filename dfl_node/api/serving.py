@@ -77,8 +77,9 @@ def read_samples(body: bytes, sample_shape: tuple[int, ...]) -> torch.Tensor:
             raise InvalidSamples(f"the body is not JSON ({error['msg'].removeprefix('Invalid JSON: ')}); "
                                  f"{expected}") from None
         raise InvalidSamples(f"{_where(error['loc'])}: {error['msg']}; {expected}") from None
-    samples = np.asarray(request.samples, dtype=np.float32)
-    if not np.isfinite(samples).all():  # finite as JSON numbers, beyond float32's range
+    with np.errstate(over="ignore"):  # a finite JSON number beyond float32's range becomes ±inf: refused next
+        samples = np.asarray(request.samples, dtype=np.float32)
+    if not np.isfinite(samples).all():
         first = int(np.argwhere(~np.isfinite(samples))[0][0])
         raise InvalidSamples(f"samples[{first}]: a value beyond float32's range (±3.4e38); {expected}")
     return torch.from_numpy(samples)
