@@ -26,27 +26,46 @@ from dfl_node.errors import OperatorError
 TIMEOUT_S = 60.0  # a batch of 1,024 samples on a slow device, with room
 
 
-def _is_header(cells: list[str]) -> bool:
+def _first_problem(lines: list[tuple[int, str]]) -> str:
+    """Where numpy found a problem, as a person counts: the file's line and column of the first cell that is not
+    a number, or the first line whose columns are not the first's."""
+    width = len(lines[0][1].split(","))
+    for number, line in lines:
+        cells = line.split(",")
+        if len(cells) != width:
+            return f"line {number} has {len(cells)} columns, line {lines[0][0]} {width}"
+        for column, cell in enumerate(cells, 1):
+            if not _is_number(cell):
+                return f"line {number}, column {column}: {cell.strip()!r} is not a number"
+    return "unreadable"
+
+
+def _is_number(cell: str) -> bool:
     try:
-        [float(cell) for cell in cells]
+        float(cell)
     except ValueError:
-        return True
-    return False
+        return False
+    return True
 
 
 def _read_csv(text: str, label_column: str) -> np.ndarray:
     """Numeric rows, one sample each; a first row that is not numbers is a header, whose ``label_column`` (the
     label a training file carries) is left out."""
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         return np.zeros((0, 0), dtype=np.float32)
-    first = [cell.strip() for cell in lines[0].split(",")]
+    first = [cell.strip() for cell in lines[0][1].split(",")]
     columns = None
-    if _is_header(first):
+    if not all(map(_is_number, first)):
         lines = lines[1:]
         columns = [i for i, name in enumerate(first) if name != label_column]
-    rows = np.loadtxt(io.StringIO("\n".join(lines)), delimiter=",", dtype=np.float32, ndmin=2)
-    return rows if columns is None or rows.size == 0 else rows[:, columns]
+    if not lines:
+        return np.zeros((0, 0), dtype=np.float32)
+    try:
+        rows = np.loadtxt(io.StringIO("\n".join(line for _, line in lines)), delimiter=",", dtype=np.float32, ndmin=2)
+    except ValueError:
+        raise ValueError(_first_problem(lines)) from None
+    return rows if columns is None else rows[:, columns]
 
 
 def read_samples(source: str, fmt: str | None, label_column: str) -> np.ndarray:

@@ -162,16 +162,18 @@ def _torchscript(model: TrainedModel, out: Path) -> None:
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
     """The ONNX exporter logs a WARNING per torchvision operator it cannot register when torchvision is not
-    installed, and warns of its own internals: none of it concerns a registry model."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    installed, its optimiser an INFO line per pass, and it warns of its own internals: none of it is the user's."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnx_ir", "onnxscript")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _onnx(model: TrainedModel, out: Path) -> None:
