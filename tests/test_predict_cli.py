@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -109,3 +110,14 @@ async def test_a_node_that_does_not_answer_is_one_line(tmp_path: Path) -> None:
     status, out, err = await predict(str(tmp_path / "one.json"), "--url", f"http://127.0.0.1:{free_port()}")
     assert status == 1 and out == ""
     assert err.startswith("error: cannot reach http://127.0.0.1:") and len(err.splitlines()) == 1, err
+
+
+def test_predict_imports_neither_torch_nor_the_node(tmp_path: Path) -> None:
+    """A device's script that asks its node pays for the request, not for torch (as ``status``)."""
+    (tmp_path / "one.json").write_text(json.dumps([[1.0, 2.0]]))
+    args = ["predict", str(tmp_path / "one.json"), "--url", f"http://127.0.0.1:{free_port()}"]
+    code = ("import sys; from dfl_node.cli import cli\n"
+            f"try:\n    cli({args!r})\nexcept SystemExit:\n    pass\n"
+            "print('imported:', sorted(m for m in ('torch', 'grpc', 'dfl_node.node') if m in sys.modules))")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert ran.stdout.strip().endswith("imported: []"), ran.stdout + ran.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import param_digest
 from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
-from dfl_node.node.service import run_node
+from dfl_node.node.service import _listen, run_node
 from dfl_node.testbed.launcher import free_port
 from tests.conftest import FLEET
 
@@ -205,3 +206,14 @@ async def test_a_body_too_large_is_413_unread(serving_node: tuple[Node, httpx.As
     assert streamed.status_code == 413 and streamed.json()["detail"] == f"the body exceeds {MAX_BODY} bytes"
     assert node.state.digest == digest and node.state.counters == {}
     assert 'outcome="too_large"} 2.0' in (await client.get("/metrics")).text
+
+
+def test_the_rest_apis_connections_send_at_once() -> None:
+    """Every answer of the REST API, /predict's included, is headers then a body: a connection with Nagle's
+    algorithm held the body back until the client's delayed ACK, 44 ms a request. The node's listening socket
+    passes TCP_NODELAY on to every connection it accepts."""
+    with _listen("127.0.0.1", 0) as listener, socket.create_connection(listener.getsockname()[:2]):
+        listener.setblocking(True)
+        accepted, _ = listener.accept()
+        with accepted:
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1

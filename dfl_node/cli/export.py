@@ -25,9 +25,10 @@ SUFFIXES: dict[str, ExportFormat] = {".safetensors": "safetensors", ".pt": "torc
                    "torch.jit.load or libtorch; onnx: for onnxruntime (needs the export extra). "
                    f"[default: from --out's suffix: {', '.join(SUFFIXES)}]")
 def export_model(state_dir: Path, out: Path, fmt: ExportFormat | None) -> None:
-    """Write the model of the node whose --state-dir is STATE_DIR (its newest checkpoint that verifies; the node
-    may be running) to --out. Every format computes logits (N, classes) from samples (N, *sample shape), float32,
-    for any batch size N; the file says the spec, sample shape, classes, node, round and digest of the weights."""
+    """Write a node's trained model as a file: the model of the node whose --state-dir is STATE_DIR (its newest
+    checkpoint that verifies; the node may be running), to --out. Every format computes logits (N, classes) from
+    samples (N, *sample shape), float32, for any batch size N; the file says the spec, sample shape, classes,
+    node, round and digest of the weights."""
     fmt = fmt or SUFFIXES.get(out.suffix.lower())
     if fmt is None:
         raise click.BadParameter(f"cannot tell the format from {out.name!r}: give --format or a suffix of "

@@ -138,9 +138,9 @@ def _batches(samples: np.ndarray, most: int, max_bytes: int) -> list[bytes]:
 @click.option("--json", "as_json", is_flag=True, help='One JSON document: {"predictions": [{"class", "probability", '
                                                       '"probabilities"}, ...], and the model that answered.')
 def predict(file: str, url: str, fmt: str | None, label_column: str, as_json: bool) -> None:
-    """Print a running node's class for each sample of FILE (default: stdin), one line each: the class and its
-    probability. FILE is a CSV (one sample a row, an optional header), an NPZ (array x) or JSON ({"samples": [...]}
-    or a list); each sample has the node's sample shape, or as many values."""
+    """Ask a running node for the classes of samples: those of FILE (default: stdin), one line each, the class and
+    its probability. FILE is a CSV (one sample a row, an optional header), an NPZ (array x) or JSON
+    ({"samples": [...]} or a list); each sample has the node's sample shape, or as many values."""
     try:
         samples = read_samples(file, fmt, label_column)
     except (OSError, ValueError) as exc:
