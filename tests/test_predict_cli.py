@@ -19,29 +19,16 @@ import pytest
 import torch
 
 from dfl_node.learning.datasets import load_shard
-from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
-from dfl_node.node.service import run_node
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import FLEET
+from tests.test_startup_errors import node_config, running
 
 
 @contextlib.asynccontextmanager
 async def running_node(shards: Path, state: Path) -> AsyncIterator[Node]:
-    config = NodeConfig(**FLEET.model_dump(include=set(NodeConfig.model_fields)), id="node-0", data=shards / "node-0",
-                        grpc_port=free_port(), http_port=free_port(), mdns=False, state_dir=state, evaluate=False)
-    node, stop = Node(config), asyncio.Event()
-    task = asyncio.create_task(run_node(node, stop))
-    ready = asyncio.create_task(node.ready.wait())
-    try:
-        await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            task.result()
+    """A node of the test fleet in this process, its REST API on a free port."""
+    async with running(node_config(shards, state, http_port=free_port())) as node:
         yield node
-    finally:
-        ready.cancel()
-        stop.set()
-        await task
 
 
 async def predict(*args: str, stdin: bytes = b"") -> tuple[int, str, str]:
