@@ -108,7 +108,7 @@ async def test_dfml_exports_its_peak_model(fleet_shards: Path, tmp_path: Path) -
     node.checkpoint.lock.release()
     peak = param_digest(node.ctx.auxiliary["peak"].state_dict())
     assert peak != param_digest(node.ctx.model.state_dict())
-    assert read_trained(tmp_path / "state").card.sha256 == node.served.model().card.sha256 == peak
+    assert read_trained(tmp_path / "state").card.sha256 == (await node.committed_model()).card.sha256 == peak
 
 
 def test_a_folder_without_a_described_checkpoint_is_one_line(tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ async def serving_node(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[tupl
     REST app."""
     node = Node(config(fleet_shards, tmp_path, "node-0"))
     await node.evaluate_start()  # its first checkpoint: w0
-    app = create_app(node.status, node.get_history, node.fleet, node.metrics, node.served.model)
+    app = create_app(node.status, node.get_history, node.fleet, node.metrics, node.committed_model)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as client:
             yield node, client
@@ -112,7 +112,9 @@ async def test_a_model_being_changed_is_served_only_once_checkpointed(
     node, client = serving_node
     committed = node.state.digest
     samples = node.ctx.val.x[:8]
+    assert node.served.committed is None  # a node nobody asked keeps no copy of its model
     before = (await client.post("/predict", json={"samples": samples.tolist()})).json()
+    assert node.served.committed is not None  # read from its checkpoint, kept from now on
     node.roles.take_role(Role.AGGREGATOR)  # as a role does before it trains or fuses in a worker thread
     with torch.no_grad():
         for parameter in node.ctx.model.parameters():
@@ -128,6 +130,20 @@ async def test_a_model_being_changed_is_served_only_once_checkpointed(
     assert after["sha256"] == changed == node.state.digest and after["round"] == 0
     with torch.no_grad():
         assert [p["class"] for p in after["predictions"]] == node.ctx.model(samples).argmax(1).tolist()
+
+
+async def test_before_its_first_checkpoint_a_node_serves_no_model(fleet_shards: Path, tmp_path: Path) -> None:
+    node = Node(config(fleet_shards, tmp_path, "node-0"))
+    app = create_app(node.status, node.get_history, node.fleet, node.metrics, node.committed_model)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as client:
+            for reply in (await client.get("/model"), await client.post("/predict", content=body([SAMPLE]))):
+                assert reply.status_code == 503
+                assert reply.json()["detail"] == "the node has not checkpointed a model yet (it is starting)"
+            await node.evaluate_start()  # what a node does once it serves: its first checkpoint, w0
+            assert (await client.post("/predict", content=body([SAMPLE]))).status_code == 200
+    finally:
+        node.checkpoint.lock.release()
 
 
 def body(samples: object) -> bytes:

@@ -25,8 +25,7 @@ from fastapi.responses import HTMLResponse, Response
 from dfl_node import __version__
 from dfl_node.api.metrics import CONTENT_TYPE, NodeMetrics
 from dfl_node.api.schemas import FleetView, HistoryEntry, NodeStatus
-from dfl_node.api.serving import add_model_routes
-from dfl_node.learning.export import TrainedModel
+from dfl_node.api.serving import Committed, add_model_routes
 
 __all__ = ["create_app", "dashboard_html"]
 
@@ -45,7 +44,7 @@ def create_app(
     history: Callable[[], list[HistoryEntry]],
     fleet: Callable[[], FleetView],
     metrics: NodeMetrics,
-    committed: Callable[[], TrainedModel] | None = None,
+    committed: Committed | None = None,
 ) -> FastAPI:
     """A FastAPI app serving the node described by ``status()``, ``history()`` and ``fleet()``, and the
     metrics of its registry; with ``committed`` (the node's committed model), ``/model`` and ``/predict`` too."""

@@ -14,8 +14,9 @@ most :data:`CONCURRENT` requests are worked on at once, so memory stays bounded 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import lru_cache
 from typing import Annotated, Any
 
@@ -30,6 +31,8 @@ from dfl_node.api.schemas import ModelInfo, Prediction, Predictions
 from dfl_node.learning.export import TrainedModel, probabilities
 
 __all__ = ["MAX_BATCH", "MAX_BODY", "add_model_routes"]
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 1024  # samples a request may hold
 MAX_BODY = 32 * 2**20  # bytes: 1,024 samples of 784 float32 values as JSON take 16 MB
@@ -112,14 +115,27 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def add_model_routes(app: FastAPI, committed: Callable[[], TrainedModel], metrics: NodeMetrics) -> None:
-    """``/model``, ``/model/info`` and ``/predict`` on ``app``, serving ``committed()``."""
+Committed = Callable[[], Awaitable[TrainedModel | None]]  # the node's committed model; None before its first
+
+
+def add_model_routes(app: FastAPI, committed: Committed, metrics: NodeMetrics) -> None:
+    """``/model``, ``/model/info`` and ``/predict`` on ``app``, serving ``await committed()``."""
     working = asyncio.Semaphore(CONCURRENT)
+
+    async def current() -> TrainedModel:
+        try:
+            model = await committed()
+        except Exception as exc:  # the state folder gone under the node, a bug: the API itself stays up
+            log.exception("the committed model is unavailable")
+            raise HTTPException(status_code=503, detail=f"the model is unavailable: {exc}") from exc
+        if model is None:
+            raise HTTPException(status_code=503, detail="the node has not checkpointed a model yet (it is starting)")
+        return model
 
     @app.get("/model", summary="The node's committed model as a safetensors file (its card in the metadata)",
              response_class=Response, responses={200: {"content": {"application/octet-stream": {}}}})
     async def get_model() -> Response:
-        model = committed()
+        model = await current()
         data = await asyncio.to_thread(model.to_bytes)
         name = f"{model.card.node}-round{model.card.round}.safetensors"
         return Response(data, media_type="application/octet-stream",
@@ -127,7 +143,7 @@ def add_model_routes(app: FastAPI, committed: Callable[[], TrainedModel], metric
 
     @app.get("/model/info", response_model=ModelInfo, summary="What /model serves and /predict accepts")
     async def get_model_info() -> ModelInfo:
-        card = committed().card
+        card = (await current()).card
         return ModelInfo(spec=card.spec, sample_shape=list(card.sample_shape), num_classes=card.num_classes,
                          fingerprint=card.fingerprint, node=card.node, round=card.round, sha256=card.sha256,
                          max_batch=MAX_BATCH, max_body_bytes=MAX_BODY)
@@ -146,7 +162,7 @@ def add_model_routes(app: FastAPI, committed: Callable[[], TrainedModel], metric
                 metrics.predicted("too_large")
                 raise
             try:
-                content, samples = await asyncio.to_thread(answer, committed(), body)
+                content, samples = await asyncio.to_thread(answer, await current(), body)
             except InvalidSamples as exc:
                 metrics.predicted("invalid")
                 raise HTTPException(status_code=422, detail=str(exc)) from None

@@ -206,8 +206,14 @@ def read_trained(directory: Path) -> TrainedModel:
     if metadata is None:
         raise OperatorError(f"{directory} holds no readable checkpoint ({MODEL_FILE}): is it a node's --state-dir?")
     served = Served.from_metadata(metadata, str(directory / MODEL_FILE))
-    saved = Checkpoint(directory).load(metadata.get("fingerprint", ""))
-    if saved is None:  # removed between the two reads
+    return load_served(directory, served, metadata.get("fingerprint", ""))
+
+
+def load_served(directory: Path, served: Served, fingerprint: str) -> TrainedModel:
+    """``served``, the model of the newest checkpoint in ``directory`` that verifies (of ``fingerprint``); none
+    there is an :class:`OperatorError`."""
+    saved = Checkpoint(directory).load(fingerprint)
+    if saved is None:
         raise OperatorError(f"{directory} holds no checkpoint ({MODEL_FILE})")
     tensors, durable = saved
     return served.trained(tensors, int(durable.get("round", 0)), copy=False)

@@ -3,12 +3,13 @@ a checkpoint describes it, and the copy a serving node keeps of the committed on
 
 *Which*: the model whose accuracy the node reports as its own (:meth:`Algorithm.reported_models`' first: the
 node's model, DFML's peak model). *Committed*: the model a checkpoint holds, never one that a role is training or
-fusing in a worker thread right now. A node that serves its REST API keeps a copy of it, replaced after every
-checkpoint (:meth:`ServedModel.commit`, in the thread that wrote the checkpoint, while the role that changed the
-model still holds it): a request reads that copy whatever the node is doing, and never waits for a role. A node
-without REST keeps none (the simulator's hundreds of nodes hold no extra model). ``dfl-node export`` reads the
-same model from a state folder (:func:`dfl_node.node.persistence.read_trained`): its checkpoint's metadata says
-which entries form it and how to rebuild it (:meth:`ServedModel.metadata`).
+fusing in a worker thread right now. The first request reads it from the node's newest checkpoint while no
+checkpoint is being written (:meth:`dfl_node.node.daemon.Node.committed_model`); from then on the node keeps a
+copy, replaced after every checkpoint (:meth:`ServedModel.commit`, in the thread that wrote the checkpoint, while
+the role that changed the model still holds it): a request reads that copy whatever the node is doing, and never
+waits for a role. A node nobody asks keeps nothing (an aggregator's memory, the simulator's hundreds of nodes).
+``dfl-node export`` reads the same model from a state folder (:func:`dfl_node.node.persistence.read_trained`): its
+checkpoint's metadata says which entries form it and how to rebuild it (:meth:`ServedModel.metadata`).
 """
 
 from __future__ import annotations
@@ -83,27 +84,18 @@ def served_of(algorithm: Algorithm, ctx: NodeContext) -> Served:
 
 
 class ServedModel:
-    """A node's served model: :class:`Served`, and (``keep``: the node serves REST) the committed copy."""
+    """A node's served model: :class:`Served`, and the committed copy, kept once a request asked for it."""
 
-    def __init__(self, algorithm: Algorithm, ctx: NodeContext, round_: int, keep: bool) -> None:
+    def __init__(self, algorithm: Algorithm, ctx: NodeContext) -> None:
         self.served = served_of(algorithm, ctx)
-        self.committed: TrainedModel | None = None
-        if keep:  # the model the node starts with: its checkpoint's, or w0 (which its first checkpoint holds)
-            cpu = {name: tensor.cpu() for name, tensor in ctx.checkpoint_state().items()}
-            self.committed = self.served.trained(cpu, round_, copy=True)
+        self.committed: TrainedModel | None = None  # none until asked for: most nodes never are
 
     def metadata(self) -> dict[str, str]:
         return self.served.metadata()
 
-    def model(self) -> TrainedModel:
-        """The committed model, for the REST API (which only a node that keeps one serves)."""
-        if self.committed is None:
-            raise RuntimeError("this node keeps no committed model: it serves no REST API")
-        return self.committed
-
     def commit(self, checkpoint_state: Mapping[str, torch.Tensor], round_: int, *, shared: bool) -> None:
         """A checkpoint of ``checkpoint_state`` (CPU tensors; ``shared``: the live model's own) was written at
-        ``round_``: that is now the committed model. The reference is replaced in one assignment, so a request
-        reads the old model or the new one, whole."""
+        ``round_``: that is now the committed model, where one is kept. The reference is replaced in one
+        assignment, so a request reads the old model or the new one, whole."""
         if self.committed is not None:
             self.committed = self.served.trained(checkpoint_state, round_, copy=shared)

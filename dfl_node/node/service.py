@@ -237,7 +237,7 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
     http, http_task = None, None
     if bound.http_socket:
         node.metrics.add_process_metrics()  # this process is the node's own
-        app = create_app(node.status, node.get_history, node.fleet, node.metrics, node.served.model)
+        app = create_app(node.status, node.get_history, node.fleet, node.metrics, node.committed_model)
         # no WebSocket route: ws="auto" would import wsproto (80 ms, 0.6 MB) for nothing
         http = _EmbeddedUvicorn(uvicorn.Config(app, log_level="warning", lifespan="off", ws="none"))
         http_task = loop.create_task(http.serve(sockets=[bound.http_socket]))
