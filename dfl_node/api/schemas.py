@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dfl_node import __version__
 
-__all__ = ["Counters", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "NodeStatus", "PeerInfo", "TokenView"]
+__all__ = ["Counters", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "ModelInfo", "NodeStatus", "PeerInfo",
+           "Prediction", "Predictions", "TokenView"]
 
 
 class PeerInfo(BaseModel):
@@ -171,3 +172,36 @@ class FleetView(BaseModel):
     members: list[FleetMember] = Field(description="this node first, then its peers by id")
     token: TokenView | None = Field(default=None, description="round mode only")
     recent: list[FleetEvent] = Field(default_factory=list)
+
+
+class ModelInfo(BaseModel):
+    """``GET /model/info``: the model ``/model`` serves and ``/predict`` answers with, and what a request may hold."""
+
+    spec: str = Field(description="the architecture, a registry spec (e.g. mlp:32,32)")
+    sample_shape: list[int] = Field(description="the shape of one sample: (F,), (C, L), (C, H, W)…")
+    num_classes: int
+    fingerprint: str = Field(description="sha256 of the architecture and its tensor names, shapes and dtypes")
+    node: str
+    round: int = Field(description="rounds the node had completed when this model was checkpointed")
+    sha256: str = Field(description="digest of the weights (param_sha256 of /status, for the node's own model)")
+    max_batch: int = Field(description="the most samples one /predict request may hold")
+    max_body_bytes: int = Field(description="the largest /predict body accepted")
+
+
+class Prediction(BaseModel):
+    """One sample's answer."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    class_: int = Field(alias="class", description="the most probable class")
+    probability: float = Field(description="its probability")
+    probabilities: list[float] = Field(description="every class's probability (softmax of the logits)")
+
+
+class Predictions(BaseModel):
+    """``POST /predict``'s answer: per sample, in the request's order, and the model that gave it."""
+
+    node: str
+    round: int
+    sha256: str = Field(description="digest of the weights that answered (as /model/info says)")
+    predictions: list[Prediction]

@@ -25,6 +25,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "plot": ("dfl_node.cli.plot:plot", "Plot averaged global (left) and local (right) accuracy"),
     "sweep": ("dfl_node.cli.sweep:sweep", "Run every grid point × seed × algorithm of GRID"),
     "certs": ("dfl_node.cli.certs:certs", "Credentials of a swarm"),
+    "predict": ("dfl_node.cli.predict:predict", "Ask a running node for the classes of samples"),
+    "export": ("dfl_node.cli.export:export_model", "Write a node's trained model as a file"),
 }
 
 

@@ -33,6 +33,7 @@ from dfl_node.api.schemas import FleetEvent, FleetView, HistoryEntry, NodeStatus
 from dfl_node.errors import OperatorError
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.devices import resolve_device
+from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.fleet import read_node_data
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.training import evaluate
@@ -47,11 +48,12 @@ from dfl_node.node.eval_schedule import EvalSchedule
 from dfl_node.node.handshake import Handshake
 from dfl_node.node.logs import RateLimitedLog
 from dfl_node.node.peers import PeerTable
-from dfl_node.node.persistence import Checkpoint
+from dfl_node.node.persistence import Checkpoint, load_served
 from dfl_node.node.reports import log_summary, report_exchange
 from dfl_node.node.requests import PeerRequests
 from dfl_node.node.roles import Roles
 from dfl_node.node.rounds import RoundScheduler
+from dfl_node.node.served import ServedModel
 from dfl_node.node.state import NodeState
 from dfl_node.node.views import fleet_view, node_status, role_name
 from dfl_node.peering.errors import PeerUnreachable
@@ -118,6 +120,7 @@ class Node:
         try:
             self._restore()
             self.state.digest = param_digest(self.ctx.model.state_dict())
+            self.served = ServedModel(self.algorithm, self.ctx)  # what /model, /predict and exports hold
             self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
             self.requests = PeerRequests(self)  # what the gRPC server calls
         except BaseException:
@@ -195,10 +198,23 @@ class Node:
             raise RuntimeError(f"{self.config.id}: no checkpoint to restore the model from")
         self.ctx.restore_checkpoint({name: tensor.to(self.device) for name, tensor in saved[0].items()})
 
+    async def committed_model(self) -> TrainedModel | None:
+        """The committed model, for ``/model`` and ``/predict`` (:mod:`.served`); None before the first checkpoint.
+        The first call reads it from the checkpoint while no save runs (the files are then one whole checkpoint);
+        every later save replaces the copy kept since."""
+        if self.served.committed is None:
+            async with self._saving:
+                if self.served.committed is None and self.checkpoint.generation is not None:
+                    self.served.committed = await asyncio.to_thread(load_served, self.checkpoint.directory,
+                                                                    self.served.served, self.fingerprint)
+        return self.served.committed
+
     def _save(self, durable: dict[str, Any], snapshot: dict[str, torch.Tensor] | None) -> None:
         state = self.ctx.checkpoint_state() if snapshot is None else snapshot
         model = {name: tensor.detach().cpu() for name, tensor in state.items()}
-        self.checkpoint.save(model, self.fingerprint, durable)
+        self.checkpoint.save(model, self.fingerprint, durable, self.served.metadata())
+        # the live model's tensors (no snapshot, on the CPU) are copied: the next role changes them in place
+        self.served.commit(model, durable["round"], shared=snapshot is None and self.device.type == "cpu")
 
     async def run(self) -> None:
         """What a serving node does once it has evaluated its start (:meth:`evaluate_start`): its heartbeats and
