@@ -72,6 +72,9 @@ def resolve(reference: str) -> Any:
         raise PluginError(f"{reference!r} is not a reference of the form package.module:attribute")
     try:
         return pkgutil.resolve_name(reference)
+    except ModuleNotFoundError as exc:
+        raise PluginError(f"cannot load {reference}: {type(exc).__name__}: {exc} (install its package, or put the "
+                          "folder that holds it on PYTHONPATH)") from exc
     except Exception as exc:  # ImportError, AttributeError, or whatever the module raises while it is imported
         raise PluginError(f"cannot load {reference}: {type(exc).__name__}: {exc}") from exc
 

@@ -13,7 +13,7 @@ import math
 
 from torch import nn
 
-from dfl_node.algorithms.fedavg import FedAvg
+from dfl_node.algorithms.defkt import DefKT
 
 
 def tiny(sample_shape, num_classes):
@@ -22,8 +22,8 @@ def tiny(sample_shape, num_classes):
                          nn.Linear(24, num_classes))
 
 
-class PluginAvg(FedAvg):
-    name = "plugin-avg"
+class PluginKT(DefKT):
+    name = "plugin-kt"
 
 
 NOT_CALLABLE = 42

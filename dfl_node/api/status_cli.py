@@ -123,8 +123,8 @@ def _node_table(s: dict[str, Any], url: str) -> Table:
         ("bytes sent/received", f"{format_bytes(s.get('bytes_sent'))} / {format_bytes(s.get('bytes_received'))}"),
         ("fusions", s.get("fusions")),
         ("rejected", _rejected(s.get("rejected"))),
-        ("peers", _peers_summary(s.get("peers"))),
         ("refused at hello", _refusals(s)),
+        ("peers", _peers_summary(s.get("peers"))),
         # static peers (--peer) that do not answer: shown only then (a typo, or an outage; the log says why)
         *([("static peers not answering", ", ".join(map(str, s["unreachable_peers"])))]
           if s.get("unreachable_peers") else []),

@@ -78,11 +78,11 @@ def check(ours: Hello, theirs: Hello, fingerprint_of: Callable[[str], str]) -> V
     if theirs.fingerprint == expected:
         return None
     if theirs.sample_shape and tuple(theirs.sample_shape) != tuple(ours.sample_shape):
-        return Verdict("sample_shape_mismatch", f"their samples are {_shape(tuple(theirs.sample_shape))}, ours "
-                       f"{_shape(tuple(ours.sample_shape))}: data with another number of features or another layout")
+        return Verdict("sample_shape_mismatch", f"samples {_shape(tuple(theirs.sample_shape))} there, "
+                       f"{_shape(tuple(ours.sample_shape))} here: other features, or another layout")
     if theirs.num_classes and theirs.num_classes != ours.num_classes:
-        return Verdict("num_classes_mismatch", f"their data has {theirs.num_classes} classes, ours "
-                       f"{ours.num_classes}: give every node the same --num-classes")
+        return Verdict("num_classes_mismatch", f"{theirs.num_classes} classes there, {ours.num_classes} here: give "
+                       "every node the same --num-classes")
     return Verdict("fingerprint_mismatch", f"their {_text(theirs.model)} has other tensors than ours on the same "
                    "data (other widths, or another version of the model's code)")
 
