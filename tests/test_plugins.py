@@ -177,7 +177,7 @@ def test_a_model_reference_that_cannot_load_is_one_line_at_start_exit_2(
                     "--state-dir", str(tmp_path / "state"))
     assert result.exit_code == 2
     [line] = error_lines(result)
-    assert line.startswith(f"Error: --model: ") and problem in line
+    assert line.startswith("Error: --model: ") and problem in line
 
 
 @pytest.mark.parametrize(("factory", "problem"), [

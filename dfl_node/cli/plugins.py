@@ -12,9 +12,10 @@ import json
 from typing import Any
 
 import click
+
 from dfl_node.plugins import GROUPS, PluginError, installed, load_installed
 
-# What `start`, `simulate` and `testbed` say under their options: where a model or an algorithm of one's own comes from.
+# What `start` and `simulate` say under their options: where a model or an algorithm of one's own comes from.
 EPILOG = ("Models and algorithms of your own: an installed plugin package (entry-point groups dfl_node.models, "
           "dfl_node.algorithms, dfl_node.datasets; `dfl-node plugins` lists them) named like a built-in, or "
           "--model package.module:factory. A peer's Hello never makes a node load anything: a peer whose model "
