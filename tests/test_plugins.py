@@ -86,6 +86,14 @@ def test_a_node_without_the_plugin_refuses_its_peers_with_unknown_model_and_they
                                                    and any(peer["alive"] for peer in s[p]["peers"])
                                                    for p in ("node-0", "node-1")), timeout=120)
         log = nodes[2].log_path.read_text()
+        nodes[2].stop()  # node-2 gets the plugin, and runs the fleet's model: it is let in, and nothing stays refused
+        nodes[2].env.update(PYTHONPATH=_on_pythonpath(folder), DFL_MODEL="tiny-b", DFL_HIDDEN="",
+                            DFL_STATE_DIR=str(tmp_path / "state" / "node-2-again"))
+        nodes[2].start()
+        mended = wait_until(nodes, lambda s: all(st is not None and not st["refused_peers"] and
+                                                 sum(p["alive"] for p in st["peers"]) == 2 for st in s.values()),
+                            timeout=120)
+    assert {st["model"] for st in mended.values()} == {"tiny-b"}
     assert statuses["node-2"]["rejected"]["unknown_model"] >= 2 and statuses["node-2"]["peers"] == []
     assert [p["id"] for p in statuses["node-0"]["peers"]] == ["node-1"]  # the two with the plugin are a fleet
     detail = next(r["detail"] for r in statuses["node-2"]["refused_peers"] if r["reason"] == "unknown_model")

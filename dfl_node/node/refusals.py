@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 from dfl_node.api.schemas import RefusedPeer
@@ -26,14 +25,9 @@ from dfl_node.peering.messages import Hello
 log = logging.getLogger(__name__)
 
 MAX_REFUSED = 32
+LOG_BUDGET, LOG_WINDOW = 10, 60.0  # at most this many lines about newly refused peers in a window of seconds
 ISOLATED_LOG_INTERVAL = 60.0  # seconds between two WARNINGs that a node has no compatible peer
 Side = Literal["us", "peer"]
-
-
-@dataclass
-class _Entry:
-    view: RefusedPeer
-    logged: bool = False
 
 
 class Refusals:
@@ -42,30 +36,43 @@ class Refusals:
 
     def __init__(self, node_id: str, clock: Clock, event: Callable[[str, str], None], grace: float) -> None:
         self.node_id, self.clock, self.event, self.grace = node_id, clock, event, grace
-        self._entries: dict[tuple[str, str, Side], _Entry] = {}
-        self._log = RateLimitedLog(log, clock.monotonic)  # the first line of each new peer, at most 1 / reason / 10 s
+        self._entries: dict[tuple[str, str, Side], RefusedPeer] = {}
         self._isolated = RateLimitedLog(log, clock.monotonic, interval=ISOLATED_LOG_INTERVAL)
         self._first_beat: float | None = None
+        self._window: tuple[float, int] = (-LOG_WINDOW, 0)  # (start, lines logged in it)
+        self._left_out = 0  # newly refused peers not logged since the last line (over the budget)
 
     def record(self, peer: Hello, address: str, reason: str, detail: str, by: Side) -> None:
         """A refusal at Hello of ``peer`` (seen at ``address``): kept, and logged the first time."""
         peer_id, now = peer.node_id[:64], self.clock.wall()
         key = (peer_id, reason, by)
-        entry = self._entries.get(key)
-        if entry is None:
+        view, new = self._entries.get(key), key not in self._entries
+        if view is None:
             if len(self._entries) >= MAX_REFUSED:
-                del self._entries[min(self._entries, key=lambda k: self._entries[k].view.last)]
-            entry = self._entries[key] = _Entry(RefusedPeer(id=peer_id, address=address[:100], reason=reason, by=by,
-                                                            detail="", since=now, last=now))
-            self.event(peer_id, f"{reason} at hello ({'by us' if by == 'us' else 'by the peer'})")
-        view = entry.view
+                del self._entries[min(self._entries, key=lambda k: self._entries[k].last)]
+            view = self._entries[key] = RefusedPeer(id=peer_id, address="", reason=reason, by=by, since=now, last=now)
         view.address, view.detail, view.last = (peer.grpc_address or address)[:100], detail[:300], now
         view.http_port, view.status_url = peer.http_port or None, peer.status_url[:200] or None
-        if not entry.logged:
-            who = f"{peer_id} ({view.address})"
-            entry.logged = self._log.warning(
-                f"{reason} by {by}", "%s refused %s at hello: %s (%s)" if by == "us" else "%s was refused by %s at "
-                "hello: %s (%s)", self.node_id, who, reason, view.detail or "no detail")
+        if new:
+            self.event(peer_id, f"{reason} at hello ({'by us' if by == 'us' else 'by the peer'})")
+            self._log_new(view)
+
+    def _log_new(self, view: RefusedPeer) -> None:
+        """One WARNING per newly refused peer, at most :data:`LOG_BUDGET` a minute (a flood of Hellos with new ids
+        is not a flood of lines): those over it are counted, and the next line says how many."""
+        now = self.clock.monotonic()
+        start, lines = self._window
+        if now - start >= LOG_WINDOW:
+            start, lines = now, 0
+        if lines >= LOG_BUDGET:
+            self._window, self._left_out = (start, lines), self._left_out + 1
+            return
+        self._window = (start, lines + 1)
+        left_out, self._left_out = self._left_out, 0
+        more = f"; {left_out} more refused peers were not logged (refused_peers in /status)" if left_out else ""
+        who = f"{view.id} ({view.address})"
+        message = "%s refused %s at hello: %s (%s)%s" if view.by == "us" else "%s was refused by %s at hello: %s (%s)%s"
+        log.warning(message, self.node_id, who, view.reason, view.detail or "no detail", more)
 
     def compatible(self, peer_id: str) -> None:
         """``peer_id`` answered as a compatible peer: whatever refused it before is mended."""
@@ -77,7 +84,7 @@ class Refusals:
 
     def views(self) -> list[RefusedPeer]:
         """What ``/status`` shows, by peer id, then reason."""
-        return [entry.view.model_copy() for _, entry in sorted(self._entries.items())]
+        return [view.model_copy() for _, view in sorted(self._entries.items())]
 
     def warn_if_isolated(self, alive_peers: int) -> None:
         """At a heartbeat: a node with no live peer that refused, or was refused by, every peer it heard of
@@ -86,6 +93,6 @@ class Refusals:
         self._first_beat = now if self._first_beat is None else self._first_beat
         if alive_peers or not self._entries or now - self._first_beat < self.grace:
             return
-        reasons = sorted({f"{v.id} ({v.reason})" for v in (e.view for e in self._entries.values())})
+        reasons = sorted({f"{v.id} ({v.reason})" for v in self._entries.values()})
         self._isolated.warning("isolated", "%s has no compatible peer: every peer it heard of was refused at hello: "
                                "%s; see refused_peers in /status", self.node_id, ", ".join(reasons[:8]))
