@@ -55,7 +55,8 @@ class Registered:
         return core_schema.no_info_after_validator_function(self.check, handler(source))
 
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
-        return {**handler(schema), "enum": self.names()}
+        # names only: an enum, unless other values are valid too (then they are examples)
+        return {**handler(schema), ("examples" if self.other else "enum"): self.names()}
 
 
 def registry_of(field: FieldInfo) -> Registered | None:

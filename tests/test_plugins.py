@@ -158,7 +158,12 @@ def test_dfl_node_plugins_lists_an_installed_plugin_and_checks_it(tmp_path: Path
                                                                         "listed-broken": "NOT_CALLABLE"},
                             algorithms={"listed-kt": "PluginKT"})
     monkeypatch.syspath_prepend(str(folder))
+    for verb in ("start", "simulate"):  # --help offers the installed names, and says where plugins come from …
+        shown = invoke(verb, "--help").output
+        assert re.search(r"--model \[cnn\|cnn-ln\|listed-broken\|listed-tiny\|mlp\|package\.module:factory\]", shown)
+        assert "listed-kt" in shown and "Models and algorithms of your own" in shown
     listing = json.loads(invoke("plugins", "--json").output)
+    assert "listed_plugins" not in sys.modules  # … and neither --help nor the listing imported a plugin
     assert {"name": "listed-tiny", "value": "listed_plugins:tiny", "package": "listed-plugins",
             "version": "0.1.0"} in listing["models"]["plugins"]
     assert [p["name"] for p in listing["algorithms"]["plugins"]] == ["listed-kt"]
