@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dfl_node import __version__
 
 __all__ = ["Counters", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "ModelInfo", "NodeStatus", "PeerInfo",
-           "Prediction", "Predictions", "TokenView"]
+           "Prediction", "Predictions", "RefusedPeer", "TokenView"]
 
 
 class PeerInfo(BaseModel):
@@ -34,6 +34,23 @@ class PeerInfo(BaseModel):
     alive: bool
     algorithm: str | None = None
     model: str | None = Field(default=None, description="the peer's architecture, a registry spec")
+
+
+class RefusedPeer(BaseModel):
+    """A peer refused at Hello, by this node or by the peer itself: it never joins the fleet until it changes."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(description="the peer's node id, as its Hello said")
+    address: str = Field(description="gRPC address of the peer, host:port")
+    http_port: int | None = Field(default=None, description="the peer's REST status port, if it announced one")
+    status_url: str | None = Field(default=None, description="where the peer says operators reach its REST API")
+    reason: str = Field(description="stable code: unknown_model, unknown_algorithm, sample_shape_mismatch, "
+                        "num_classes_mismatch, architecture_mismatch, fingerprint_mismatch, algorithm_mismatch, …")
+    detail: str = Field(default="", description="what differs, theirs and ours")
+    by: Literal["us", "peer"] = Field(description='"us": this node refused the peer; "peer": the peer refused us')
+    since: float = Field(description="unix time of the first such refusal")
+    last: float = Field(description="unix time of the newest")
 
 
 class Counters(BaseModel):
@@ -80,6 +97,9 @@ class NodeStatus(Counters):
     global_accuracy: float | None = None
 
     rejected: dict[str, int] = Field(default_factory=dict, description="rejected transfers/hellos by reason")
+    refused_peers: list[RefusedPeer] = Field(default_factory=list, description="peers refused at Hello (bounded), "
+                                             "by this node or by the peer: with no live peer, the node has no "
+                                             "compatible peer")
     version: str = __version__
     boot_id: str
     uptime_s: float

@@ -35,7 +35,9 @@ class NodeConfig(LearningConfig):
     data: Path = Field(..., description="folder with this node's train.safetensors and val.safetensors "
                        "(dfl-node partition)")
     test_data: Path | None = Field(None, description="global test set (test.safetensors) for global accuracy")
-    algorithm: AlgorithmName = Field("defkt", description="algorithm this node runs, the same on every node")
+    algorithm: AlgorithmName = Field("defkt", description="algorithm this node runs, the same on every node: a "
+                                     "built-in or an installed plugin's (entry-point group dfl_node.algorithms; "
+                                     "`dfl-node plugins` lists them)")
     mode: Literal["round", "async"] = Field("round", description="round: token-scheduled, reproducible; "
                                             "async: deployment")
     host: str = Field("127.0.0.1", description="address to serve on; loopback unless told otherwise")

@@ -49,6 +49,7 @@ from dfl_node.node.handshake import Handshake
 from dfl_node.node.logs import RateLimitedLog
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.persistence import Checkpoint, load_served
+from dfl_node.node.refusals import Refusals
 from dfl_node.node.reports import log_summary, report_exchange
 from dfl_node.node.requests import PeerRequests
 from dfl_node.node.roles import Roles
@@ -100,6 +101,7 @@ class Node:
         self._saving = asyncio.Lock()
         # a line per refusal reason at most every 10 s; /status counts them all
         self.refusals = RateLimitedLog(log, self.clock.monotonic)
+        self.refused_peers = Refusals(config.id, self.clock, self._refusal_event, grace=config.peer_timeout)
         self.metrics = NodeMetrics(config.id, self.status)  # read at each scrape: built before anything runs
         self._finished = False  # finish() ran in this process
         # async mode has no fleet-wide rounds to put points at: every change is evaluated
@@ -113,7 +115,8 @@ class Node:
                                timeout=config.peer_timeout, static=config.peers,
                                on_join=self._peer_joined,
                                expiry=config.peer_expiry, max_pending=config.max_pending_peers,
-                               on_forget=self.network.forget, on_lost=self.roles.peer_lost)
+                               on_forget=self.network.forget, on_lost=self.roles.peer_lost,
+                               on_beat=lambda: self.refused_peers.warn_if_isolated(len(self.peers.alive_ids())))
         # The state dir is locked before anything reads it, and held until run_node ends: a second node
         # started on it stops with the one-line error, having read (and logged) nothing of the first's state.
         self.checkpoint.lock.acquire()
@@ -365,9 +368,12 @@ class Node:
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:
         """Count a refused request by reason (durable, in /status) and log it, rate-limited."""
         self.state.rejected[reason] += 1
-        self.state.recent.append(FleetEvent(time=self.clock.wall(), event="refusal", round=self.state.round,
-                                            peer=sender[:64], detail=reason))
+        self._refusal_event(sender, reason)
         self.refusals.warning(reason, "rejected a request from %s: %s (%s)", sender, reason, detail[:300])
+
+    def _refusal_event(self, peer: str, detail: str) -> None:
+        self.state.recent.append(FleetEvent(time=self.clock.wall(), event="refusal", round=self.state.round,
+                                            peer=peer[:64], detail=detail))
 
     # ----- reporting ---------------------------------------------------------------------
     def status(self) -> NodeStatus:
