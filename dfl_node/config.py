@@ -29,9 +29,9 @@ from dfl_node.sim_config import DeviceClass, FaultSchedule, LinkClass
 
 
 def _algorithms() -> Iterable[str]:
-    from dfl_node.algorithms import ALGORITHMS  # noqa: PLC0415 - keeps torch out of reading settings
+    from dfl_node.algorithms import algorithm_names  # noqa: PLC0415 - keeps torch out of reading settings
 
-    return ALGORITHMS
+    return algorithm_names()
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,8 @@ class ExperimentConfig(LearningConfig, DataFormat):
     test_samples: int = Field(0, ge=0, description="global test set: a seeded random subset of this many test samples "
                               "(0: all)")
     algorithms: list[AlgorithmName] = Field(default_factory=lambda: ["defkt", "fullavg", "combo"],
-                                            description="algorithms to run, one after the other on the same data")
+                                            description="algorithms to run, one after the other on the same data "
+                                            "(built-ins, or installed plugins: `dfl-node plugins`)")
     nodes: int = Field(10, ge=2, description="K: number of clients")
     rounds: int = Field(100, ge=1, description="T: rounds")
     eval_every: int = Field(10, ge=1, description="evaluate every n rounds (and after the last)")
@@ -123,9 +124,9 @@ class ExperimentConfig(LearningConfig, DataFormat):
     @model_validator(mode="after")
     def _mixed_fleets_need_algorithms_that_fuse_them(self) -> ExperimentConfig:
         if len(set(self.architectures)) > 1:
-            from dfl_node.algorithms import ALGORITHMS  # noqa: PLC0415 - keeps torch out of reading settings
+            from dfl_node.algorithms import ALGORITHMS, algorithm_class  # noqa: PLC0415 - torch out of settings
 
-            same_only = [a for a in self.algorithms if ALGORITHMS[a].architectures == "identical"]
+            same_only = [a for a in self.algorithms if algorithm_class(a).architectures == "identical"]
             if same_only:
                 raise ValueError(f"{', '.join(same_only)} fuse identical architectures only; a fleet of "
                                  f"{len(set(self.architectures))} architectures needs an algorithm that fuses others "

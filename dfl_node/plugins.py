@@ -15,9 +15,11 @@ Listing reads the installed distributions' metadata and imports nothing, so ``--
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import pkgutil
 import re
+import sys
 from typing import Any
 
 GROUPS = {"models": "dfl_node.models", "algorithms": "dfl_node.algorithms", "datasets": "dfl_node.datasets"}
@@ -38,10 +40,18 @@ def is_reference(text: str) -> bool:
 def installed(kind: str) -> dict[str, importlib.metadata.EntryPoint]:
     """The plugins of ``kind`` (a key of :data:`GROUPS`) that installed packages declare, by name; none is
     imported. Two packages declaring one name: the first found wins, as ``importlib.metadata`` orders them."""
+    return dict(_installed(GROUPS[kind], tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=8)
+def _installed(group: str, path: tuple[str, ...]) -> tuple[tuple[str, importlib.metadata.EntryPoint], ...]:
+    """Read once per ``sys.path``: scanning every distribution's metadata costs milliseconds, and a peer's Hello
+    naming a model or an algorithm asks whether it is installed (a package installed into a running process
+    is found once its folder joins ``sys.path``; one installed into a folder already there, at the next start)."""
     found: dict[str, importlib.metadata.EntryPoint] = {}
-    for entry in importlib.metadata.entry_points(group=GROUPS[kind]):
+    for entry in importlib.metadata.entry_points(group=group):
         found.setdefault(entry.name, entry)
-    return found
+    return tuple(found.items())
 
 
 def load_installed(kind: str, name: str) -> Any:
@@ -62,8 +72,16 @@ def resolve(reference: str) -> Any:
         raise PluginError(f"{reference!r} is not a reference of the form package.module:attribute")
     try:
         return pkgutil.resolve_name(reference)
+    except ModuleNotFoundError as exc:
+        raise PluginError(f"cannot load {reference}: {type(exc).__name__}: {exc} (install its package, or put the "
+                          "folder that holds it on PYTHONPATH)") from exc
     except Exception as exc:  # ImportError, AttributeError, or whatever the module raises while it is imported
         raise PluginError(f"cannot load {reference}: {type(exc).__name__}: {exc}") from exc
+
+
+def origin(entry: importlib.metadata.EntryPoint) -> str:
+    """Where an installed plugin comes from: its ``module:attribute`` and its distribution."""
+    return f"{entry.value} (from {_distribution(entry)})"
 
 
 def _distribution(entry: importlib.metadata.EntryPoint) -> str:

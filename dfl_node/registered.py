@@ -27,10 +27,14 @@ class Registered:
     schema is drawn or a verb's ``--help`` lists the choices, so registering an algorithm (a dataset, a
     partition, a model) is all it takes for every verb, ``DFL_*`` variable and config file to accept it.
     ``lookup`` imports the registry only when called, so that reading settings does not import torch.
+    ``other``, where given, takes a value that is none of the names and returns it (in its normal spelling) if
+    it is valid all the same (a model's ``package.module:factory``), else None.
     """
 
     kind: str
     lookup: Callable[[], Iterable[str]]
+    other: Callable[[str], str | None] | None = None
+    other_help: str = ""  # what --help says ``other`` takes, e.g. "package.module:factory"
 
     def names(self) -> list[str]:
         return sorted(self.lookup())
@@ -39,15 +43,20 @@ class Registered:
         """The value, if registered; else the one-line problem that
         :func:`~dfl_node.config_loader.describe_problem` reports."""
         names = self.names()
-        if value not in names:
-            raise ValueError(f"unknown {self.kind} {value!r}; available: {', '.join(names)}")
-        return value
+        if value in names:
+            return value
+        accepted = self.other(value) if self.other is not None else None
+        if accepted is None:
+            also = f", or {self.other_help}" if self.other_help else ""
+            raise ValueError(f"unknown {self.kind} {value!r}; available: {', '.join(names)}{also}")
+        return accepted
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         return core_schema.no_info_after_validator_function(self.check, handler(source))
 
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
-        return {**handler(schema), "enum": self.names()}
+        # names only: an enum, unless other values are valid too (then they are examples)
+        return {**handler(schema), ("examples" if self.other else "enum"): self.names()}
 
 
 def registry_of(field: FieldInfo) -> Registered | None:

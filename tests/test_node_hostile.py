@@ -101,7 +101,7 @@ async def assert_still_serving(t: Target) -> None:
 def _hello(t: Target, **changes: object) -> pb.HelloRequest:
     fields = dict(protocol_version=PROTOCOL_VERSION, swarm=t.node.config.swarm, node_id="stranger",
                   fingerprint=t.node.fingerprint, algorithm="defkt", grpc_address="127.0.0.1:1", boot_id="b",
-                  model=t.node.wire.model)
+                  model=t.node.wire.model, sample_shape=[1, 8, 8], num_classes=10)
     return pb.HelloRequest(**{**fields, **changes})
 
 
@@ -111,11 +111,20 @@ def _hello(t: Target, **changes: object) -> pb.HelloRequest:
     ({"model": "mlp:7"}, "architecture_mismatch"),
     ({"protocol_version": PROTOCOL_VERSION + 1}, "protocol_version"),
     ({"wire_dtype": "int8"}, "wire_dtype_mismatch"),  # a lossy swarm's node, and we send exactly
+    ({"model": "os:system"}, "unknown_model"),  # a reference this node was not configured with: nothing is imported
+    ({"model": "nonesuch-plugin"}, "unknown_model"),  # a plugin not installed here
+    ({"algorithm": "nonesuch-algorithm"}, "unknown_algorithm"),
+    ({"fingerprint": "0" * 64, "sample_shape": [5]}, "sample_shape_mismatch"),  # a device with other data
+    ({"fingerprint": "0" * 64, "num_classes": 3}, "num_classes_mismatch"),
 ])
 async def test_incompatible_peer_is_refused_at_hello(target: Target, change: dict, reason: str) -> None:
     reply = await target.stub.Hello(_hello(target, **change), timeout=5)
     assert not reply.accepted and reply.reason == reason
     assert (await target.rejected()) == {reason: 1}
+    async with httpx.AsyncClient(trust_env=False) as http:
+        [refused] = (await http.get(f"{target.url}/status")).json()["refused_peers"]
+    assert (refused["id"], refused["reason"], refused["by"], refused["address"]) == ("stranger", reason, "us",
+                                                                                    "127.0.0.1:1")
     assert "stranger" not in target.node.peers.peers and "stranger" not in target.node.peers.pending
     ok = await target.stub.Hello(_hello(target), timeout=5)
     assert ok.accepted and "stranger" in target.node.peers.pending  # a peer only once it answers a Hello of ours

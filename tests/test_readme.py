@@ -1,4 +1,4 @@
-"""README shows code that exists: its algorithm example is the package's own module, verbatim; its simulator
+"""The docs show code that exists: the algorithm example is the package's own module, verbatim; the simulator's
 config example loads."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dfl_node.sim.costs import CostModel
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_readme_example_algorithm_is_the_gossip_module() -> None:
-    readme = (ROOT / "README.md").read_text()
-    shown = re.search(r"The whole of pull gossip.*?```python\n(.*?)```", readme, re.S)
-    assert shown, "README lost its 'Writing an algorithm' example"
+def test_the_algorithm_example_is_the_gossip_module() -> None:
+    page = (ROOT / "docs" / "algorithms.md").read_text()
+    shown = re.search(r"The whole of pull gossip.*?```python\n(.*?)```", page, re.S)
+    assert shown, "docs/algorithms.md lost its example"
     module = (ROOT / "dfl_node" / "algorithms" / "gossip.py").read_text()
     code = module.split('"""', 2)[2].lstrip("\n")  # the module without its docstring
     assert shown.group(1) == code
@@ -32,9 +32,9 @@ def test_what_pyproject_and_readme_promise_is_in_the_repository() -> None:
     assert {"/dfl-state/", "/shards/", "/node-*.log"} <= set(ignored)  # README's fleet example writes these here
 
 
-def test_the_readme_devices_links_and_faults_example_is_a_fleet_config() -> None:
+def test_the_devices_links_and_faults_example_is_a_fleet_config() -> None:
     """The simulator's example (three speed classes, every kind of fault) loads as a 10-node config and costs."""
-    block = (ROOT / "README.md").read_text().split("three speed classes:\n\n```yaml\n")[1].split("```")[0]
+    block = (ROOT / "docs" / "simulator.md").read_text().split("three speed classes:\n\n```yaml\n")[1].split("```")[0]
     config = ExperimentConfig(nodes=10, **yaml.safe_load(block))
     faults = config.faults
     assert [len(faults.kills), len(faults.partitions), len(faults.links), len(faults.slow_nodes)] == [2, 1, 1, 1]

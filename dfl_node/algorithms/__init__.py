@@ -1,5 +1,10 @@
 """Algorithms as transport-agnostic protocols of roles: plan a round's groups, what a
-sender transmits, how an aggregator fuses a group's messages, and what goes back. No I/O here."""
+sender transmits, how an aggregator fuses a group's messages, and what goes back. No I/O here.
+
+The built-ins are :data:`ALGORITHMS`; a user's own is an :class:`Algorithm` subclass that an installed package
+declares in the entry-point group ``dfl_node.algorithms`` (:mod:`dfl_node.plugins`), named like a built-in
+everywhere (``--algorithm NAME``), and imported only when a node runs it.
+"""
 
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext
 from dfl_node.algorithms.combo import Combo
@@ -14,19 +19,35 @@ from dfl_node.algorithms.gossip import Gossip
 from dfl_node.algorithms.partial import FedDropout, FedRolex, HeteroFL
 from dfl_node.algorithms.plan import Group, NodeProfile, Role, RoundPlan, Step
 from dfl_node.learning.settings import LearningConfig
+from dfl_node.plugins import PluginError, installed, load_installed, origin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (DefKT, FullAvg, Combo, FedAvg, FedProx, Gossip,
                                                                       DefKTSelect, FairAvg)}
 ALGORITHMS.update({cls.name: cls for cls in (DFML, HeteroFL, FedRolex, FedDropout, FML)})  # 003, 004
 
 
+def algorithm_names() -> list[str]:
+    """The built-ins and the installed plugins (read from the packages' metadata: none is imported)."""
+    return sorted({*ALGORITHMS, *installed("algorithms")})
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The class of algorithm ``name``: a built-in, or an installed plugin, imported now."""
+    if name in ALGORITHMS:
+        return ALGORITHMS[name]
+    if name not in installed("algorithms"):
+        raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(algorithm_names())}")
+    found = load_installed("algorithms", name)
+    if not (isinstance(found, type) and issubclass(found, Algorithm)):
+        raise PluginError(f"algorithm plugin {name!r}: {origin(installed('algorithms')[name])} is not a subclass of "
+                          "dfl_node.algorithms.Algorithm")
+    return found
+
+
 def make_algorithm(name: str, config: LearningConfig) -> Algorithm:
     """The algorithm object both drivers (simulator and daemon) use."""
-    try:
-        return ALGORITHMS[name](config)
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(ALGORITHMS)}") from None
+    return algorithm_class(name)(config)
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmError", "Group", "NodeContext", "NodeProfile", "Role", "RoundPlan",
-           "Step", "make_algorithm"]
+           "Step", "algorithm_class", "algorithm_names", "make_algorithm"]

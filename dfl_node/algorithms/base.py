@@ -112,10 +112,9 @@ class NodeContext:
 
     def restore_checkpoint(self, state: dict[str, torch.Tensor]) -> None:
         """Inverse of :meth:`checkpoint_state`; auxiliary models a checkpoint lacks keep their ``w0``."""
-        own = {key: value for key, value in state.items() if not key.startswith(("aux:", "scalar:"))}
-        self.model.load_state_dict(own)
+        self.model.load_state_dict(model_entries(state, None))
         for name, model in self.auxiliary.items():
-            saved = {key.removeprefix(f"aux:{name}:"): v for key, v in state.items() if key.startswith(f"aux:{name}:")}
+            saved = model_entries(state, name)
             if saved:
                 model.load_state_dict(saved)
         self.scalars.update({key.removeprefix("scalar:"): float(v) for key, v in state.items()
@@ -125,6 +124,15 @@ class NodeContext:
         """A message from this node (its id, sample count and architecture filled in)."""
         return ModelMessage(sender=self.node_id, round=round_, purpose=purpose, num_samples=self.num_samples,
                             model=str(self.spec), parts=parts, metadata=dict(metadata))
+
+
+def model_entries(state: Mapping[str, torch.Tensor], auxiliary: str | None) -> dict[str, torch.Tensor]:
+    """One model's own state in a :meth:`NodeContext.checkpoint_state` dict: the node's model (``auxiliary``
+    None) or the auxiliary model of that name (its ``aux:NAME:`` prefix taken off); the tensors, not copies."""
+    if auxiliary is None:
+        return {key: value for key, value in state.items() if not key.startswith(("aux:", "scalar:"))}
+    prefix = f"aux:{auxiliary}:"
+    return {key.removeprefix(prefix): value for key, value in state.items() if key.startswith(prefix)}
 
 
 def equip(algorithm: Algorithm, ctx: NodeContext, seed: int) -> None:

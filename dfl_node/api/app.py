@@ -1,12 +1,14 @@
-"""The node's read-only REST API: health, status, history, the fleet it sees, Prometheus metrics, dashboard.
+"""The node's REST API: health, status, history, the fleet it sees, Prometheus metrics, dashboard, and its
+trained model put to use (``/model``, ``/predict``: :mod:`dfl_node.api.serving`).
 
 The app knows nothing about the daemon: it is given callables that build a fresh snapshot on every
 request, and the node's metrics registry. Endpoints are ``async def`` on purpose, so the callables run
 on the event loop that serves the app (the daemon's loop when uvicorn runs inside the daemon) rather than in a worker
 thread — they may read the daemon's state without locks, and must be quick and non-blocking.
 
-Every route is ``GET``: nothing here changes the node (other methods get 405). Anything that would
-change the node belongs to a separate, token-protected router (not part of this module).
+Nothing here changes the node: every route is ``GET`` (other methods get 405) but ``POST /predict``, which
+computes an answer from the model and leaves it as it was. Anything that would change the node belongs to a
+separate, token-protected router (not part of this module).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fastapi.responses import HTMLResponse, Response
 from dfl_node import __version__
 from dfl_node.api.metrics import CONTENT_TYPE, NodeMetrics
 from dfl_node.api.schemas import FleetView, HistoryEntry, NodeStatus
+from dfl_node.api.serving import Committed, add_model_routes
 
 __all__ = ["create_app", "dashboard_html"]
 
@@ -41,14 +44,15 @@ def create_app(
     history: Callable[[], list[HistoryEntry]],
     fleet: Callable[[], FleetView],
     metrics: NodeMetrics,
+    committed: Committed | None = None,
 ) -> FastAPI:
     """A FastAPI app serving the node described by ``status()``, ``history()`` and ``fleet()``, and the
-    metrics of its registry."""
+    metrics of its registry; with ``committed`` (the node's committed model), ``/model`` and ``/predict`` too."""
     app = FastAPI(
         title="dfl-node",
         version=__version__,
-        description="Read-only status of a decentralized federated learning node: "
-        "health, status, history, the fleet it sees, Prometheus metrics and a dashboard.",
+        description="Status of a decentralized federated learning node: health, status, history, the fleet it "
+        "sees, Prometheus metrics and a dashboard; its trained model and predictions from it.",
     )
 
     def _provided(what: str, provider: Callable[[], T]) -> T:
@@ -91,5 +95,8 @@ def create_app(
     @app.get("/", response_class=HTMLResponse, summary="Dashboard", include_in_schema=False)
     async def dashboard() -> HTMLResponse:
         return HTMLResponse(dashboard_html())
+
+    if committed is not None:
+        add_model_routes(app, committed, metrics)
 
     return app

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
@@ -48,11 +48,13 @@ COUNTER_METRICS = {
     "probes_answered": ("dfl_probes_answered", "Client-selection probes answered as a candidate."),
 }
 
-Timed = Literal["role", "train", "fusion", "transfer", "model_size"]
+Timed = Literal["role", "train", "fusion", "transfer", "model_size", "predict"]
+PredictOutcome = Literal["ok", "invalid", "too_large"]
 
 # Buckets: a digits MLP step takes milliseconds, a paper CNN's fusion on a Raspberry Pi minutes.
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 150, 300, 600)
 _BYTES = tuple(float(4**k * 1024) for k in range(1, 11))  # 4 KiB … 1 GiB, ×4
+_REQUEST_SECONDS = (0.0005, 0.001, 0.0025, *_SECONDS[:11])  # /predict: one sample of an MLP takes a millisecond
 
 
 class StatusCollector(Collector):
@@ -131,12 +133,24 @@ class NodeMetrics:
                                   "the receiving side holds it whole.", ("direction",), _SECONDS),
             "model_size": histogram("dfl_model_size_bytes", "Size on the wire of one model (or segment) sent or "
                                     "received.", ("direction",), _BYTES),
+            "predict": histogram("dfl_predict_duration_seconds", "A /predict request answered, from its body read to "
+                                 "its answer (validation and inference).", (), _REQUEST_SECONDS),
         }
+        self._predictions = Counter("dfl_predict_requests", "/predict requests, by outcome (ok; invalid: 422; "
+                                    "too_large: 413).", ["node", "outcome"], registry=self.registry)
+        self._predicted = Counter("dfl_predicted_samples", "Samples /predict answered.", ["node"],
+                                  registry=self.registry)
 
     def observe(self, kind: Timed, value: float, **labels: str) -> None:
         """Record one observation: ``role`` takes ``role=``; ``transfer`` and ``model_size`` take
         ``direction="sent"`` or ``"received"``."""
         self._histograms[kind].labels(node=self.node_id, **labels).observe(value)
+
+    def predicted(self, outcome: PredictOutcome, samples: int = 0) -> None:
+        """Count one /predict request and the samples it answered."""
+        self._predictions.labels(node=self.node_id, outcome=outcome).inc()
+        if samples:
+            self._predicted.labels(node=self.node_id).inc(samples)
 
     def add_process_metrics(self) -> None:
         """The ``process_*`` metrics of this process: only for a node that is its own process (a daemon)."""

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dfl_node import __version__
 
-__all__ = ["Counters", "DataStatus", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "NodeStatus", "PeerInfo",
-           "TokenView"]
+__all__ = ["Counters", "DataStatus", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "ModelInfo",
+           "NodeStatus", "PeerInfo", "Prediction", "Predictions", "RefusedPeer", "TokenView"]
 
 
 class PeerInfo(BaseModel):
@@ -34,6 +34,23 @@ class PeerInfo(BaseModel):
     alive: bool
     algorithm: str | None = None
     model: str | None = Field(default=None, description="the peer's architecture, a registry spec")
+
+
+class RefusedPeer(BaseModel):
+    """A peer refused at Hello, by this node or by the peer itself: it never joins the fleet until it changes."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(description="the peer's node id, as its Hello said")
+    address: str = Field(description="gRPC address of the peer, host:port")
+    http_port: int | None = Field(default=None, description="the peer's REST status port, if it announced one")
+    status_url: str | None = Field(default=None, description="where the peer says operators reach its REST API")
+    reason: str = Field(description="stable code: unknown_model, unknown_algorithm, sample_shape_mismatch, "
+                        "num_classes_mismatch, architecture_mismatch, fingerprint_mismatch, algorithm_mismatch, …")
+    detail: str = Field(default="", description="what differs, theirs and ours")
+    by: Literal["us", "peer"] = Field(description='"us": this node refused the peer; "peer": the peer refused us')
+    since: float = Field(description="unix time of the first such refusal")
+    last: float = Field(description="unix time of the newest")
 
 
 class Counters(BaseModel):
@@ -96,6 +113,9 @@ class NodeStatus(Counters):
     global_accuracy: float | None = None
 
     rejected: dict[str, int] = Field(default_factory=dict, description="rejected transfers/hellos by reason")
+    refused_peers: list[RefusedPeer] = Field(default_factory=list, description="peers refused at Hello (bounded), "
+                                             "by this node or by the peer: with no live peer, the node has no "
+                                             "compatible peer")
     version: str = __version__
     boot_id: str
     uptime_s: float
@@ -189,3 +209,36 @@ class FleetView(BaseModel):
     members: list[FleetMember] = Field(description="this node first, then its peers by id")
     token: TokenView | None = Field(default=None, description="round mode only")
     recent: list[FleetEvent] = Field(default_factory=list)
+
+
+class ModelInfo(BaseModel):
+    """``GET /model/info``: the model ``/model`` serves and ``/predict`` answers with, and what a request may hold."""
+
+    spec: str = Field(description="the architecture, a registry spec (e.g. mlp:32,32)")
+    sample_shape: list[int] = Field(description="the shape of one sample: (F,), (C, L), (C, H, W)…")
+    num_classes: int
+    fingerprint: str = Field(description="sha256 of the architecture and its tensor names, shapes and dtypes")
+    node: str
+    round: int = Field(description="rounds the node had completed when this model was checkpointed")
+    sha256: str = Field(description="digest of the weights (param_sha256 of /status, for the node's own model)")
+    max_batch: int = Field(description="the most samples one /predict request may hold")
+    max_body_bytes: int = Field(description="the largest /predict body accepted")
+
+
+class Prediction(BaseModel):
+    """One sample's answer."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    class_: int = Field(alias="class", description="the most probable class")
+    probability: float = Field(description="its probability")
+    probabilities: list[float] = Field(description="every class's probability (softmax of the logits)")
+
+
+class Predictions(BaseModel):
+    """``POST /predict``'s answer: per sample, in the request's order, and the model that gave it."""
+
+    node: str
+    round: int
+    sha256: str = Field(description="digest of the weights that answered (as /model/info says)")
+    predictions: list[Prediction]

@@ -86,6 +86,25 @@ def _peers_summary(peers: Any) -> str:
     return f"{_alive(peers)} alive"
 
 
+def _refusals(s: dict[str, Any]) -> str | None:
+    """The peers refused at Hello, by reason (None: none): ``2 refused: node-4 (sample_shape_mismatch), …``."""
+    refused = [r for r in s.get("refused_peers") or [] if isinstance(r, dict)]
+    if not refused:
+        return None
+    named = sorted({f"{r.get('id')} ({r.get('reason')})" for r in refused})
+    return f"{len({r.get('id') for r in refused})} refused: {', '.join(named)}"
+
+
+def _state(s: dict[str, Any]) -> str:
+    """done or ok, and what refusals at Hello made of the node: no compatible peer at all, or peers it lacks (the
+    refused-at-hello table below says who and why)."""
+    refused = {r.get("id") for r in s.get("refused_peers") or [] if isinstance(r, dict)}
+    if refused and not any(p.get("alive") for p in s.get("peers") or []):
+        return "[red]no compatible peer[/]"
+    state = "[green]done[/]" if s.get("done") else "[green]ok[/]"
+    return f"{state}, [yellow]{len(refused)} refused[/]" if refused else state
+
+
 def _node_table(s: dict[str, Any], url: str) -> Table:
     table = Table(title=f"dfl-node {_dash(s.get('id'))} @ {escape(url)}", show_header=False, title_justify="left")
     table.add_column("field", style="bold")
@@ -104,6 +123,7 @@ def _node_table(s: dict[str, Any], url: str) -> Table:
         ("bytes sent/received", f"{format_bytes(s.get('bytes_sent'))} / {format_bytes(s.get('bytes_received'))}"),
         ("fusions", s.get("fusions")),
         ("rejected", _rejected(s.get("rejected"))),
+        ("refused at hello", _refusals(s)),
         ("peers", _peers_summary(s.get("peers"))),
         ("data", format_data(s.get("data"))),
         # static peers (--peer) that do not answer: shown only then (a typo, or an outage; the log says why)
@@ -116,6 +136,24 @@ def _node_table(s: dict[str, Any], url: str) -> Table:
     for key, value in rows:
         table.add_row(key, _dash(value))
     return table
+
+
+def _refused_table(statuses: list[dict[str, Any]]) -> Table | None:
+    """Every peer refused at Hello that the nodes shown report, with why (None: none): what keeps a device
+    with other data, another model or a plugin missing out of the fleet. A refusal both ways is one row."""
+    table = Table(title="refused at hello (they never join the fleet until this changes)", title_justify="left")
+    for col in ("node", "peer", "reason", "refused by", "detail"):
+        table.add_column(col, no_wrap=col != "detail")
+    rows: dict[tuple[str, str, str], tuple[set[str], str]] = {}
+    for s in statuses:
+        for r in (r for r in s.get("refused_peers") or [] if isinstance(r, dict)):
+            key = (str(s.get("id")), str(r.get("id")), str(r.get("reason")))
+            sides, detail = rows.setdefault(key, (set(), str(r.get("detail") or "")))
+            sides.add("this node" if r.get("by") == "us" else "the peer")
+    for (node, peer, reason), (sides, detail) in sorted(rows.items()):
+        table.add_row(escape(node), escape(peer), f"[red]{escape(reason)}[/]",
+                      "both" if len(sides) > 1 else sides.pop(), escape(detail))
+    return table if rows else None
 
 
 def _peer_table(s: dict[str, Any]) -> Table:
@@ -156,8 +194,7 @@ def _fleet_row(r: dict[str, Any]) -> dict[str, str]:
         "local acc": format_accuracy(s.get("local_accuracy")), "global acc": format_accuracy(s.get("global_accuracy")),
         "sent/recv": f"{_dash(s.get('models_sent'))}/{_dash(s.get('models_received'))}",
         "fusions": _dash(s.get("fusions")), "rejected": _rejected(s.get("rejected")),
-        "peers": _peers_summary(s.get("peers")), "peers alive": _alive(s.get("peers")),
-        "state": "[green]done[/]" if s.get("done") else "[green]ok[/]",
+        "peers": _peers_summary(s.get("peers")), "peers alive": _alive(s.get("peers")), "state": _state(s),
     }
 
 
@@ -176,11 +213,15 @@ def _fleet_table(rows: list[dict[str, Any]], wide: bool = False) -> Table:
 
 
 def _gather_fleet(client: httpx.Client, base_url: str, root: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows for the queried node and each of its peers (one hop), peers queried concurrently."""
+    """Rows for the queried node and each of its peers (one hop), peers queried concurrently: those in its table,
+    and those refused at Hello that said they are of its swarm (a device with other data is part of the fleet an
+    operator looks at)."""
     rows: list[dict[str, Any]] = [{"id": root.get("id"), "url": base_url, "status": root, "error": None}]
     targets: list[tuple[dict[str, Any], str | None]] = []
     seen = {root.get("id")}
-    for p in sorted(root.get("peers") or [], key=lambda p: str(p.get("id"))):
+    refused = [r for r in root.get("refused_peers") or []
+               if isinstance(r, dict) and r.get("reason") not in ("protocol_version", "swarm_mismatch")]
+    for p in sorted([*(root.get("peers") or []), *refused], key=lambda p: str(p.get("id"))):
         if p.get("id") in seen:
             continue
         seen.add(p.get("id"))
@@ -250,6 +291,7 @@ def _show_once(base_url: str, all_peers: bool, as_json: bool, timeout: float, wi
                     out.print(_node_table(root, base_url))
                     if root.get("peers"):
                         out.print(_peer_table(root))
+                    _print_refused(out, [root])
                 return 0
             client.timeout = httpx.Timeout(min(timeout, PEER_TIMEOUT_S))
             rows = _gather_fleet(client, base_url, root)
@@ -263,4 +305,11 @@ def _show_once(base_url: str, all_peers: bool, as_json: bool, timeout: float, wi
         out.file.write(json.dumps(payload, indent=2) + "\n")
     else:
         out.print(_fleet_table(rows, wide))
+        _print_refused(out, [r["status"] for r in rows if r["status"] is not None])
     return 1 if any(r["status"] is None for r in rows) else 0
+
+
+def _print_refused(out: Console, statuses: list[dict[str, Any]]) -> None:
+    table = _refused_table(statuses)
+    if table is not None:
+        out.print(table)

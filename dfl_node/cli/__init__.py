@@ -12,6 +12,7 @@ import click
 from dfl_node import __version__
 from dfl_node.cli.logs import log_options
 from dfl_node.errors import OperatorError
+from dfl_node.plugins import PluginError
 
 # Each verb: where it lives, and the line `dfl-node --help` shows for it without importing it (a test checks
 # that the line opens the verb's own help).
@@ -25,13 +26,16 @@ VERBS: dict[str, tuple[str, str]] = {
     "plot": ("dfl_node.cli.plot:plot", "Plot averaged global (left) and local (right) accuracy"),
     "sweep": ("dfl_node.cli.sweep:sweep", "Run every grid point × seed × algorithm of GRID"),
     "certs": ("dfl_node.cli.certs:certs", "Credentials of a swarm"),
+    "predict": ("dfl_node.cli.predict:predict", "Ask a running node for the classes of samples"),
+    "export": ("dfl_node.cli.export:export_model", "Write a node's trained model as a file"),
+    "plugins": ("dfl_node.cli.plugins:plugins", "List the models, algorithms and datasets this installation can run"),
 }
 
 
 class Verbs(click.Group):
     """The verbs of :data:`VERBS`, imported on first use (each with the log options); an operator's mistake,
     from any verb, is one line ``error: …`` on stderr and exit 1 (2 for input that cannot be used: a malformed
-    data file), without a traceback."""
+    data file, a plugin that cannot be used, as a bad setting), without a traceback."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(VERBS)
@@ -54,6 +58,9 @@ class Verbs(click.Group):
         except OperatorError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except PluginError as exc:  # a model plugin's factory that fails for the data, or returns no module
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(2)
 
 
 @click.group(cls=Verbs, context_settings={"help_option_names": ["-h", "--help"]})

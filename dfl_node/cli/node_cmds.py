@@ -14,12 +14,13 @@ from typing import Any
 import click
 
 from dfl_node.cli.options import experiment_config, load_settings, model_options, partition_options
+from dfl_node.cli.plugins import EPILOG
 from dfl_node.errors import OperatorError
 from dfl_node.learning.fleet import provision, write_fleet
 from dfl_node.node.config import NodeConfig
 
 
-@click.command()
+@click.command(epilog=EPILOG)
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML or TOML node config (env DFL_* and flags override it).")
 @model_options(NodeConfig)

@@ -47,6 +47,11 @@ class RegistryChoice(click.Choice):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         return value
 
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str | None:
+        """The names, and what else the registry takes (a model's ``package.module:factory``)."""
+        other = f"|{self.registry.other_help}" if self.registry.other_help else ""
+        return f"[{'|'.join(self.choices)}{other}]"
+
 
 def model_options(model: type[BaseModel], only: Collection[str] | None = None) -> Callable[[F], F]:
     """One click option per field of ``model`` (or of its fields in ``only``), in field order: ``--grpc-port``

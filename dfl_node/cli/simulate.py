@@ -22,6 +22,7 @@ from dfl_node.cli.options import (
     experiment_options,
     node_options,
 )
+from dfl_node.cli.plugins import EPILOG
 from dfl_node.config import ExperimentConfig
 from dfl_node.learning.fleet import provision
 from dfl_node.results import RunResult, write_results
@@ -56,7 +57,7 @@ def node_table(results: list[RunResult]) -> Table:
     return table
 
 
-@click.command()
+@click.command(epilog=EPILOG)
 @experiment_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Folder for <algorithm>.json/.csv.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")

@@ -1,9 +1,15 @@
-"""Model registry: the papers' architectures, built by name from a small spec.
+"""Model registry: the papers' architectures, built by name from a small spec, and a user's own models.
 
 Every node of a fleet builds its model with :func:`build_model` from the same spec and seed, so
 all clients start from the same ``w0`` (000, Alg. 1 "Initialization"), and the
 :func:`fingerprint` of architecture + parameter names, shapes and dtypes lets two nodes check,
 before any transfer, that they can fuse each other's models.
+
+A user's model is a factory ``(sample_shape, num_classes) -> nn.Module``, named by an installed plugin's name
+(entry-point group ``dfl_node.models``, :mod:`dfl_node.plugins`) or by the ``package.module:factory`` the node
+was configured with (:func:`use_reference`). Its ``w0`` comes from the seed as a built-in's does. A peer's
+spec resolves only to what is built in, installed or configured here: a name a peer sends never imports
+anything else.
 """
 
 from __future__ import annotations
@@ -15,18 +21,22 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from dfl_node.plugins import PluginError, installed, is_reference, load_installed, origin, resolve
+
 InputShape = tuple[int, ...]  # one sample's shape: (F,), (C, L), (C, H, W)…
 ModelBuilder = Callable[[InputShape, int, Sequence[int] | None], nn.Module]
 
-_REGISTRY: dict[str, tuple[ModelBuilder, str]] = {}
+_REGISTRY: dict[str, tuple[ModelBuilder, str]] = {}  # built-ins, and the plugins this process has loaded
+_PLUGINS: set[str] = set()  # the names in _REGISTRY that are plugins: no widths, their output checked
 
 
 def register(name: str, description: str) -> Callable[[ModelBuilder], ModelBuilder]:
-    """Add an architecture under ``name``; later issues add theirs the same way."""
+    """Add a built-in architecture under ``name`` (a user's own is a plugin: :mod:`dfl_node.plugins`)."""
 
     def wrap(builder: ModelBuilder) -> ModelBuilder:
         _REGISTRY[name] = (builder, description)
@@ -36,7 +46,88 @@ def register(name: str, description: str) -> Callable[[ModelBuilder], ModelBuild
 
 
 def available_models() -> dict[str, str]:
-    return {name: desc for name, (_, desc) in sorted(_REGISTRY.items())}
+    """Every model this node can build, by name: the built-ins, a configured ``package.module:factory``, and the
+    installed plugins (listed from their packages' metadata, not imported)."""
+    found = {name: f"plugin {origin(entry)}" for name, entry in installed("models").items()}
+    found.update({name: description for name, (_, description) in _REGISTRY.items()})
+    return dict(sorted(found.items()))
+
+
+def builtin_models() -> dict[str, str]:
+    """The package's own architectures, by name."""
+    return {name: desc for name, (_, desc) in sorted(_REGISTRY.items()) if name not in _PLUGINS}
+
+
+def use_reference(reference: str) -> str:
+    """Load the ``package.module:factory`` this node is configured with (a flag, a ``DFL_*`` variable, a config
+    file) into the registry under that text: from then on, and only then, a peer naming it is understood. A
+    missing module or attribute, or an attribute that is not callable, is a one-line :class:`PluginError`."""
+    if reference not in _REGISTRY:
+        _add_plugin(reference, resolve(reference), reference)
+    return reference
+
+
+def _known(name: str) -> bool:
+    return name in _REGISTRY or (not is_reference(name) and name in installed("models"))
+
+
+def _builder(name: str) -> ModelBuilder:
+    """The builder of ``name``; an installed plugin's module is imported now, the first time it is built."""
+    if not _known(name):
+        raise ValueError(f"unknown model {name!r}; available: {', '.join(available_models())}")
+    if name not in _REGISTRY:
+        entry = installed("models")[name]
+        _add_plugin(name, load_installed("models", name), origin(entry))
+    return _REGISTRY[name][0]
+
+
+def _add_plugin(name: str, factory: Any, where: str) -> None:
+    if not callable(factory):
+        raise PluginError(f"model {name}: {where} is not callable (it is a {type(factory).__name__}); a model "
+                          "plugin is a factory (sample_shape, num_classes) -> torch.nn.Module")
+    _REGISTRY[name] = (_plugin_builder(name, factory), f"plugin {where}")
+    _PLUGINS.add(name)
+
+
+def _plugin_builder(name: str, factory: Callable[..., Any]) -> ModelBuilder:
+    """A plugin's factory as a registry builder: it takes no widths, and what it returns must be a module that
+    classifies a batch of the samples into ``num_classes`` scores (checked once per build, so a mistake is the
+    one line at start rather than a traceback in the first round)."""
+
+    def build(input_shape: InputShape, num_classes: int, hidden: Sequence[int] | None) -> nn.Module:
+        if hidden:
+            raise PluginError(f"model {name} is a plugin: it takes no layer widths (--hidden, NAME:W1,W2)")
+        try:
+            model = factory(input_shape, num_classes)
+        except Exception as exc:  # the user's code: whatever it raises is one line, not its traceback
+            raise PluginError(f"model {name} failed to build for samples {input_shape} and {num_classes} classes: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(model, nn.Module):
+            raise PluginError(f"model {name}: its factory returned a {type(model).__name__}, not a torch.nn.Module")
+        _check_output(name, model, input_shape, num_classes)
+        return model
+
+    return build
+
+
+def _check_output(name: str, model: nn.Module, input_shape: InputShape, num_classes: int) -> None:
+    """A forward pass of two zero samples in eval mode, without gradients (on the device the model is built on;
+    on ``meta``, shapes only); the modules' training flags are put back as the factory left them."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros((2, *input_shape)))
+    except Exception as exc:  # the user's forward: one line
+        raise PluginError(f"model {name} cannot take samples of shape {input_shape}: {type(exc).__name__}: "
+                          f"{exc}") from exc
+    finally:
+        for module, training in modes:
+            module.training = training
+    got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if got != (2, num_classes):
+        raise PluginError(f"model {name} gives {got} for a batch of 2 samples of shape {input_shape}; a model for "
+                          f"{num_classes} classes must give (2, {num_classes}) scores")
 
 
 def _image_shape(name: str, input_shape: InputShape) -> tuple[int, int, int]:
@@ -86,30 +177,46 @@ def _cnn_ln(input_shape: InputShape, num_classes: int, hidden: Sequence[int] | N
     return nn.Sequential(*layers, nn.Flatten(), nn.Linear(channels * height * width, num_classes))
 
 
-_SPEC = re.compile(r"^([a-z][a-z0-9-]*)(?::([0-9]+(?:,[0-9]+)*))?$")
+_SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)(?::([0-9]+(?:,[0-9]+)*))?$")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """An architecture as a registry name plus its layer widths: ``mlp``, ``mlp:32,32``, ``cnn-ln:32,64,128``.
+    """An architecture as a registry name plus its layer widths: ``mlp``, ``mlp:32,32``, ``cnn-ln:32,64,128``;
+    or a plugin: an installed one's name (``meter-cnn``), or a ``package.module:factory`` (no widths).
 
     This string is all that travels about a peer's model (Hello, transfer headers): a node builds a
-    peer's model only from its own registry with this spec, never from code or pickles off the wire.
+    peer's model only from its own registry, its installed plugins and the reference it was configured
+    with, never from code or pickles off the wire.
     """
 
     name: str
     widths: tuple[int, ...] | None = None
 
     @classmethod
-    def parse(cls, text: str) -> ModelSpec:
-        match = _SPEC.match(text.strip())
-        if not match or match.group(1) not in _REGISTRY:
+    def parse(cls, text: str, *, configured: bool = False) -> ModelSpec:
+        """The spec ``text`` names. ``configured``: the text is this node's own setting, not a peer's, so a
+        ``package.module:factory`` in it is loaded (:func:`use_reference`); from a peer, a reference is
+        understood only if this node was configured with it."""
+        text = text.strip()
+        if is_reference(text):
+            if configured:
+                use_reference(text)
+            elif text not in _REGISTRY:
+                raise ValueError(f"unknown model {text!r}: a package.module:factory model is loaded only where it "
+                                 "is configured")
+            return cls(text)
+        match = _SPEC.match(text)
+        if not match or not _known(match.group(1)):
             raise ValueError(f"unknown model spec {text!r}: expected NAME[:W1,W2,...] with NAME one of "
-                             f"{', '.join(available_models())}")
+                             f"{', '.join(available_models())}, or package.module:factory")
+        name = match.group(1)
         widths = tuple(int(w) for w in match.group(2).split(",")) if match.group(2) else None
         if widths is not None and not all(widths):
             raise ValueError(f"model spec {text!r}: widths must be positive")
-        return cls(match.group(1), widths)
+        if widths is not None and (name in _PLUGINS or name not in _REGISTRY):
+            raise ValueError(f"model spec {text!r}: {name} is a plugin, which takes no widths")
+        return cls(name, widths)
 
     def __str__(self) -> str:
         return self.name if self.widths is None else f"{self.name}:{','.join(map(str, self.widths))}"
@@ -157,10 +264,8 @@ ARCHITECTURE_MODES: dict[str, tuple[str, ...]] = {
 def build_model(
     name: str, input_shape: Sequence[int], num_classes: int, *, hidden: Sequence[int] | None = None, seed: int = 0
 ) -> nn.Module:
-    """Build a registered architecture with parameters drawn from ``seed`` (same seed → same ``w0``)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown model {name!r}; available: {', '.join(available_models())}")
-    builder, _ = _REGISTRY[name]
+    """Build a registered architecture or a plugin with parameters drawn from ``seed`` (same seed → same ``w0``)."""
+    builder = _builder(name)
     with torch.random.fork_rng(devices=[]):
         # the CPU generator only, where the model is built: torch.manual_seed also queues a seed for every lazy
         # accelerator backend (CUDA, XPU, MTIA) with a formatted stack trace each, ~4 ms a call under asyncio here

@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from dfl_node.plugins import is_reference
 from dfl_node.registered import Registered
 
 
@@ -30,13 +31,19 @@ def _models() -> Iterable[str]:
 
 
 def _model_spec(value: str) -> str:
-    """An architecture spec (``cnn-ln:32,64``) that the model registry can build, in its normal spelling."""
+    """An architecture spec (``cnn-ln:32,64``) that the model registry can build, in its normal spelling; a
+    ``package.module:factory`` is loaded now (it is this node's own setting)."""
     from dfl_node.learning.models import ModelSpec  # noqa: PLC0415 - keeps torch out of reading settings
 
-    return str(ModelSpec.parse(value))
+    return str(ModelSpec.parse(value, configured=True))
 
 
-ModelName = Annotated[str, Registered("model", _models)]
+def _model_reference(value: str) -> str | None:
+    """A ``package.module:factory`` model, loaded now: a missing module or attribute is the one-line error."""
+    return _model_spec(value) if is_reference(value) else None
+
+
+ModelName = Annotated[str, Registered("model", _models, _model_reference, "package.module:factory")]
 ModelSpecText = Annotated[str, AfterValidator(_model_spec)]
 
 # Settings whose default depends on the dataset, where one value cannot serve them all; a dataset not named here
@@ -158,7 +165,9 @@ class SharedSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: ModelName = Field("mlp", description="architecture from the model registry")
+    model: ModelName = Field("mlp", description="architecture: a built-in, an installed plugin's name (entry-point "
+                             "group dfl_node.models; `dfl-node plugins` lists them) or package.module:factory, a "
+                             "callable (sample_shape, num_classes) -> torch.nn.Module; the same on every node")
     hidden: list[int] | None = Field(None, description="layer widths overriding the architecture's default")
     seed: int = Field(0, description="seed of w0, the round plans and every minibatch order")
     pairs: int = Field(1, ge=1, description="Q: sender/receiver pairs per round")

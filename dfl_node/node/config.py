@@ -43,7 +43,9 @@ class NodeConfig(LearningConfig, DataFormat):
     max_samples: int = Field(0, ge=0, description="keep the newest this many samples of the training files (0: all)")
     data_poll: float = Field(5.0, ge=0, description="seconds between looks at --data for added or grown files, taken "
                              "from the next round on (0: read once, at start)")
-    algorithm: AlgorithmName = Field("defkt", description="algorithm this node runs, the same on every node")
+    algorithm: AlgorithmName = Field("defkt", description="algorithm this node runs, the same on every node: a "
+                                     "built-in or an installed plugin's (entry-point group dfl_node.algorithms; "
+                                     "`dfl-node plugins` lists them)")
     mode: Literal["round", "async"] = Field("round", description="round: token-scheduled, reproducible; "
                                             "async: deployment")
     host: str = Field("127.0.0.1", description="address to serve on; loopback unless told otherwise")
@@ -51,7 +53,9 @@ class NodeConfig(LearningConfig, DataFormat):
     grpc_port: int = Field(50051, ge=1, le=65535, description="port peers stream models to (gRPC)")
     http_port: int = Field(8080, ge=0, le=65535, description="REST status port (0 disables the REST server)")
     http_host: str = Field("127.0.0.1", description="address the REST API binds: loopback unless told otherwise, "
-                           "whatever --host says (it has no authentication; it is read-only)")
+                           "whatever --host says (it has no authentication: whoever reaches it reads the node's "
+                           "status and its trained model, and may ask for predictions; nothing it serves changes "
+                           "the node)")
     status_url: str | None = Field(None, max_length=200, pattern=r"^https?://[^\s/]+(/\S*)?$",
                                    description="URL operators reach this node's REST API at, told to peers for "
                                                "`dfl-node status --all` (default: http://ADVERTISE:HTTP_PORT); "

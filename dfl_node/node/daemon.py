@@ -32,6 +32,7 @@ from dfl_node.api.metrics import NodeMetrics
 from dfl_node.api.schemas import FleetEvent, FleetView, HistoryEntry, NodeStatus, SeriesAccuracy
 from dfl_node.errors import OperatorError
 from dfl_node.learning.devices import resolve_device
+from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.training import evaluate
 from dfl_node.net.auth import load_security
@@ -46,11 +47,13 @@ from dfl_node.node.eval_schedule import EvalSchedule
 from dfl_node.node.handshake import Handshake
 from dfl_node.node.logs import RateLimitedLog
 from dfl_node.node.peers import PeerTable
-from dfl_node.node.persistence import Checkpoint
+from dfl_node.node.persistence import Checkpoint, load_served
+from dfl_node.node.refusals import Refusals
 from dfl_node.node.reports import log_summary, report_exchange
 from dfl_node.node.requests import PeerRequests
 from dfl_node.node.roles import Roles
 from dfl_node.node.rounds import RoundScheduler
+from dfl_node.node.served import ServedModel
 from dfl_node.node.state import NodeState
 from dfl_node.node.views import fleet_view, node_status, role_name
 from dfl_node.peering.errors import PeerUnreachable
@@ -98,6 +101,7 @@ class Node:
         self._saving = asyncio.Lock()
         # a line per refusal reason at most every 10 s; /status counts them all
         self.refusals = RateLimitedLog(log, self.clock.monotonic)
+        self.refused_peers = Refusals(config.id, self.clock, self._refusal_event, grace=config.peer_timeout)
         self.metrics = NodeMetrics(config.id, self.status)  # read at each scrape: built before anything runs
         self._finished = False  # finish() ran in this process
         # async mode has no fleet-wide rounds to put points at: every change is evaluated
@@ -111,13 +115,15 @@ class Node:
                                timeout=config.peer_timeout, static=config.peers,
                                on_join=self._peer_joined,
                                expiry=config.peer_expiry, max_pending=config.max_pending_peers,
-                               on_forget=self.network.forget, on_lost=self.roles.peer_lost)
+                               on_forget=self.network.forget, on_lost=self.roles.peer_lost,
+                               on_beat=lambda: self.refused_peers.warn_if_isolated(len(self.peers.alive_ids())))
         # The state dir is locked before anything reads it, and held until run_node ends: a second node
         # started on it stops with the one-line error, having read (and logged) nothing of the first's state.
         self.checkpoint.lock.acquire()
         try:
             self._restore()
             self.state.digest = param_digest(self.ctx.model.state_dict())
+            self.served = ServedModel(self.algorithm, self.ctx)  # what /model, /predict and exports hold
             self.scheduler = RoundScheduler(self) if config.mode == "round" else AsyncScheduler(self)
             self.requests = PeerRequests(self)  # what the gRPC server calls
         except BaseException:
@@ -195,10 +201,23 @@ class Node:
             raise RuntimeError(f"{self.config.id}: no checkpoint to restore the model from")
         self.ctx.restore_checkpoint({name: tensor.to(self.device) for name, tensor in saved[0].items()})
 
+    async def committed_model(self) -> TrainedModel | None:
+        """The committed model, for ``/model`` and ``/predict`` (:mod:`.served`); None before the first checkpoint.
+        The first call reads it from the checkpoint while no save runs (the files are then one whole checkpoint);
+        every later save replaces the copy kept since."""
+        if self.served.committed is None:
+            async with self._saving:
+                if self.served.committed is None and self.checkpoint.generation is not None:
+                    self.served.committed = await asyncio.to_thread(load_served, self.checkpoint.directory,
+                                                                    self.served.served, self.fingerprint)
+        return self.served.committed
+
     def _save(self, durable: dict[str, Any], snapshot: dict[str, torch.Tensor] | None) -> None:
         state = self.ctx.checkpoint_state() if snapshot is None else snapshot
         model = {name: tensor.detach().cpu() for name, tensor in state.items()}
-        self.checkpoint.save(model, self.fingerprint, durable)
+        self.checkpoint.save(model, self.fingerprint, durable, self.served.metadata())
+        # the live model's tensors (no snapshot, on the CPU) are copied: the next role changes them in place
+        self.served.commit(model, durable["round"], shared=snapshot is None and self.device.type == "cpu")
 
     async def run(self) -> None:
         """What a serving node does once it has evaluated its start (:meth:`evaluate_start`): its heartbeats and
@@ -349,9 +368,12 @@ class Node:
     def on_rejected(self, reason: str, detail: str, sender: str) -> None:
         """Count a refused request by reason (durable, in /status) and log it, rate-limited."""
         self.state.rejected[reason] += 1
-        self.state.recent.append(FleetEvent(time=self.clock.wall(), event="refusal", round=self.state.round,
-                                            peer=sender[:64], detail=reason))
+        self._refusal_event(sender, reason)
         self.refusals.warning(reason, "rejected a request from %s: %s (%s)", sender, reason, detail[:300])
+
+    def _refusal_event(self, peer: str, detail: str) -> None:
+        self.state.recent.append(FleetEvent(time=self.clock.wall(), event="refusal", round=self.state.round,
+                                            peer=peer[:64], detail=detail))
 
     # ----- reporting ---------------------------------------------------------------------
     def status(self) -> NodeStatus:

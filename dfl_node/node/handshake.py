@@ -1,12 +1,10 @@
 """Hello: whom this node talks to, and what it tells them about itself.
 
-A peer is compatible when it speaks our protocol version, is in our swarm, runs our algorithm and
-runs an architecture that algorithm can fuse with ours (identical for Def-KT/FullAvg/Combo, any
-registry model for FedAvg's clusters), with the fingerprint our own registry gives that
-architecture, and sends models as our wire does (``--wire-dtype``: a lossy setting is the swarm's, not
-a node's). Hello also carries a node's profile (architecture, sample count) for round plans,
-and catches a second live node with our id: while starting, that stops the start; afterwards it
-is logged once per impostor and counted.
+Whether a peer is compatible (protocol, swarm, algorithm, wire dtype, a model this node can build, data of our
+shape and classes, the fingerprint our registry gives its model) is :mod:`.compatibility`; a peer refused, by
+us or by itself, is kept visible in ``/status`` and logged once by :mod:`.refusals`. Hello also carries a
+node's profile (architecture, sample count) for round plans, and catches a second live node with our id: while
+starting, that stops the start; afterwards it is logged once per impostor and counted.
 
 With mutual TLS or a swarm key (:mod:`dfl_node.net.auth`), Hello is also where a peer proves who it
 is: a Hello whose sender fails authentication is refused and counted, and a peer enters our table
@@ -20,9 +18,9 @@ from typing import TYPE_CHECKING
 
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.net.psk import AUTH_REQUIRED, same_endpoint
+from dfl_node.node.compatibility import REASONS, Verdict, check, their_refusal
 from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
 from dfl_node.peering.messages import Hello, HelloReply, Progress
-from dfl_node.peering.wire_dtypes import EXACT
 
 if TYPE_CHECKING:
     from dfl_node.node.daemon import Node
@@ -42,38 +40,32 @@ class Handshake:
         return Hello(protocol_version=PROTOCOL_VERSION, swarm=cfg.swarm, node_id=cfg.id, fingerprint=node.fingerprint,
                      algorithm=cfg.algorithm, boot_id=node.boot_id, grpc_address=node.grpc_address,
                      http_port=cfg.http_port, status_url=cfg.status_url or "", model=node.wire.model,
-                     num_samples=node.ctx.num_samples, wire_dtype=node.wire.wire_dtype, progress=node.progress())
+                     num_samples=node.ctx.num_samples, wire_dtype=node.wire.wire_dtype, progress=node.progress(),
+                     sample_shape=tuple(node.ctx.train.input_shape), num_classes=node.ctx.train.num_classes)
 
     def reply(self, accepted: bool, reason: str = "", progress: Progress | None = None) -> HelloReply:
         """Our answer to a Hello: who we are, and our verdict on the peer."""
         return HelloReply(**{**vars(self.message()), "progress": progress or Progress()}, accepted=accepted,
                           reason=reason)
 
-    def incompatibility(self, other: Hello) -> str | None:
-        node = self.node
-        if other.protocol_version != PROTOCOL_VERSION:
-            return "protocol_version"
-        if other.swarm != node.config.swarm:
-            return "swarm_mismatch"
-        if other.algorithm != node.config.algorithm:
-            return "algorithm_mismatch"
-        if (other.wire_dtype or EXACT) != node.wire.wire_dtype:
-            return "wire_dtype_mismatch"
-        try:
-            expected = node.wire.fingerprint_of(other.model)
-        except ValueError:
-            return "architecture_mismatch"
-        return "fingerprint_mismatch" if other.fingerprint != expected else None
+    def incompatibility(self, other: Hello) -> Verdict | None:
+        """Why we cannot learn with the sender of ``other`` (None: we can)."""
+        return check(self.message(), other, self.node.wire.fingerprint_of)
 
     def answer(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply:
-        """The Hello RPC: refuse an incompatible peer (counted), else record it as alive. ``refused``: why
-        authentication failed (mTLS: a certificate of another node; swarm key: no or a wrong proof, a
-        replay), refused and counted alike, except the first step of every swarm-key handshake."""
-        reason = refused or self.incompatibility(request)
-        if reason:
-            if reason != AUTH_REQUIRED:
-                self._refused(reason, request, peer)
-            return self.reply(False, reason)
+        """The Hello RPC: refuse an incompatible peer (counted, and kept in refused_peers), else record it as
+        alive. ``refused``: why authentication failed (mTLS: a certificate of another node; swarm key: no or a
+        wrong proof, a replay), refused and counted alike, except the first step of every swarm-key handshake."""
+        if refused:
+            if refused != AUTH_REQUIRED:
+                self.node.state.rejected[refused] += 1
+                self.node.refusals.warning(refused, "refused %s (%s) at hello: %s", request.node_id[:64], peer,
+                                           refused)
+            return self.reply(False, refused)
+        verdict = self.incompatibility(request)
+        if verdict:
+            self._refused(verdict, request, request.grpc_address or peer)
+            return self.reply(False, verdict.reason)
         if self.is_duplicate(request):
             self.on_duplicate(request.boot_id, request.grpc_address or peer)
             return self.reply(False, "duplicate_id")
@@ -86,13 +78,10 @@ class Handshake:
             self.node.network.names.setdefault(request.grpc_address, request.node_id)
         return self.reply(True, progress=self.node.progress())
 
-    def _refused(self, reason: str, other: Hello, where: str) -> None:
-        node = self.node
-        node.state.rejected[reason] += 1
-        node.refusals.warning(reason, "refused %s (%s) at hello: %s (theirs swarm=%r model=%r fingerprint=%s… "
-                    "wire dtype=%s, ours swarm=%r model=%r fingerprint=%s… wire dtype=%s)", other.node_id, where,
-                    reason, other.swarm, other.model, other.fingerprint[:12], (other.wire_dtype or EXACT)[:16],
-                    node.config.swarm, node.wire.model, node.fingerprint[:12], node.wire.wire_dtype)
+    def _refused(self, verdict: Verdict, other: Hello, address: str) -> None:
+        """We refuse ``other``'s sender: counted at every Hello, logged and listed once per peer and reason."""
+        self.node.state.rejected[verdict.reason] += 1
+        self.node.refused_peers.record(other, address, verdict.reason, verdict.detail, by="us")
 
     async def probe(self, address: str, timeout: float) -> HelloReply | None:
         """Heartbeat: our Hello to ``address``, answered within ``timeout``; only compatible peers count as
@@ -115,11 +104,21 @@ class Handshake:
             if self.is_duplicate(reply):
                 self.on_duplicate(reply.boot_id, address)
             return None
-        reason = reply.reason if not reply.accepted else self.incompatibility(reply)
-        if reason:  # the peer counts its refusal of us; we just leave it out of the table
-            log.debug("%s at %s is incompatible: %s", reply.node_id, address, reason)
+        if not reply.accepted:  # the peer counts its refusal of us; we keep it visible, and leave it out of the table
+            if reply.reason in REASONS:
+                detail = their_refusal(reply.reason, self.message(), reply)
+                node.refused_peers.record(reply, address, reply.reason, detail, by="peer")
+            else:
+                log.debug("%s at %s refused us: %s", reply.node_id, address, reply.reason[:64])
             return None
-        return reply if await self._proven(address, client.checked_id, reply, timeout) else None
+        verdict = self.incompatibility(reply)
+        if verdict:
+            self._refused(verdict, reply, address)
+            return None
+        if not await self._proven(address, client.checked_id, reply, timeout):
+            return None
+        node.refused_peers.compatible(reply.node_id)
+        return reply
 
     async def _proven(self, address: str, checked: str | None, reply: HelloReply, timeout: float) -> bool:
         """Whether the node that answered at ``address`` is the node its reply names. mTLS: our channel

@@ -71,8 +71,10 @@ class PeerTable:
                  on_join: Callable[[str, bool], None] = lambda peer_id, restarted: None,
                  expiry: float = 300.0, max_pending: int = 32,
                  on_forget: Callable[[str], None] = lambda address: None,
-                 on_lost: Callable[[str], None] = lambda peer_id: None) -> None:
+                 on_lost: Callable[[str], None] = lambda peer_id: None,
+                 on_beat: Callable[[], None] = lambda: None) -> None:
         self.self_id = self_id
+        self.on_beat = on_beat  # every heartbeat, after the silent were marked dead
         self.on_join = on_join
         self.on_forget = on_forget  # an address nobody in the table uses any more: its channel can go
         self.on_lost = on_lost  # a confirmed peer stopped answering (or said goodbye)
@@ -264,6 +266,7 @@ class PeerTable:
         async with asyncio.TaskGroup() as hellos:
             while True:
                 self.prune()
+                self.on_beat()
                 now = self.clock.monotonic()
                 skipped = {p.address for p in self.peers.values() if p.alive and not self._due(p, now)}
                 addresses = ({p.address for p in self.peers.values()} | set(self.static)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load, save_file
 
 from dfl_node.errors import OperatorError
+from dfl_node.learning.export import TrainedModel
 from dfl_node.net.hashes import HASHES, OFFERED_HASHES
+from dfl_node.node.served import Served
 from dfl_node.node.state_lock import StateLock
 
 log = logging.getLogger(__name__)
@@ -87,11 +89,15 @@ class Checkpoint:
     def model_path(self) -> Path:
         return self.directory / MODEL_FILE
 
-    def save(self, model_state: dict[str, torch.Tensor], fingerprint: str, state: dict[str, Any]) -> None:
+    def save(self, model_state: dict[str, torch.Tensor], fingerprint: str, state: dict[str, Any],
+             described: Mapping[str, str] | None = None) -> None:
+        """``described``: metadata entries that say how to rebuild the served model (:mod:`.served`), so that
+        ``dfl-node export`` reads it from the folder alone."""
         self.directory.mkdir(parents=True, exist_ok=True)
         # written straight to its file, not built as bytes first: that was a second copy of the model in memory
         save_file({k: v.detach().contiguous() for k, v in model_state.items()},
-                  str(self.directory / f".{MODEL_FILE}.tmp"), metadata={"fingerprint": fingerprint})
+                  str(self.directory / f".{MODEL_FILE}.tmp"),
+                  metadata={**(described or {}), "fingerprint": fingerprint})
         named_by = next(iter(FILE_DIGESTS))
         with open(self.directory / f".{MODEL_FILE}.tmp", "rb") as written:
             model_digest = _digest(named_by, iter(lambda: written.read(1 << 20), b""))  # never whole in memory
@@ -183,3 +189,31 @@ def _verified(path: Path, fingerprint: str, keys: Iterable[str]) -> tuple[dict[s
     if not all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point()):
         return digests, CheckpointError(f"{path.name}: non-finite weights")
     return digests, tensors
+
+
+def read_trained(directory: Path) -> TrainedModel:
+    """The model a node's state folder serves (:mod:`.served`), from its newest checkpoint that verifies, as
+    ``dfl-node export`` reads it: while its node runs too (a checkpoint is only ever replaced whole). A folder
+    without a checkpoint, or with one from before checkpoints described their model, is an :class:`OperatorError`."""
+    metadata = None
+    for name in (MODEL_FILE, PREVIOUS[MODEL_FILE]):  # the newest readable header says what the folder holds
+        try:
+            with safe_open(str(directory / name), framework="pt") as f:
+                metadata = f.metadata() or {}
+            break
+        except (SafetensorError, OSError, ValueError):
+            continue
+    if metadata is None:
+        raise OperatorError(f"{directory} holds no readable checkpoint ({MODEL_FILE}): is it a node's --state-dir?")
+    served = Served.from_metadata(metadata, str(directory / MODEL_FILE))
+    return load_served(directory, served, metadata.get("fingerprint", ""))
+
+
+def load_served(directory: Path, served: Served, fingerprint: str) -> TrainedModel:
+    """``served``, the model of the newest checkpoint in ``directory`` that verifies (of ``fingerprint``); none
+    there is an :class:`OperatorError`."""
+    saved = Checkpoint(directory).load(fingerprint)
+    if saved is None:
+        raise OperatorError(f"{directory} holds no checkpoint ({MODEL_FILE})")
+    tensors, durable = saved
+    return served.trained(tensors, int(durable.get("round", 0)), copy=False)

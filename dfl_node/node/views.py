@@ -95,6 +95,7 @@ def node_status(node: Node) -> NodeStatus:
         unreachable_peers=sorted(node.peers.unreachable),
         local_accuracy=local, global_accuracy=global_,
         **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
+        refused_peers=node.refused_peers.views(),
         boot_id=node.boot_id, uptime_s=node.clock.wall() - node.started, grpc_address=node.grpc_address,
         http_port=config.http_port, param_sha256=state.digest, fusing=state.fusing > 0,
         max_concurrent_fusions=state.max_fusing, epoch=state.epoch, holding=state.holding,

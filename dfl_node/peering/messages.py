@@ -47,6 +47,8 @@ class Hello:
     num_samples: int = 0  # training samples: the node's profile, read by round plans
     wire_dtype: str = ""  # how its floating tensors travel (dfl_node.peering.wire_dtypes); "": exact, an older node
     progress: Progress = field(default_factory=Progress)  # where it stands: a Hello is a heartbeat both ways
+    sample_shape: tuple[int, ...] = ()  # one sample's shape in its data; (): an older node
+    num_classes: int = 0  # the classes of its data; 0: an older node
 
 
 @dataclass(frozen=True, kw_only=True)

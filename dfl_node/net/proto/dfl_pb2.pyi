@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HelloRequest(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "auth_nonce", "auth_challenge", "auth_proof", "wire_dtype", "hashes", "progress")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "auth_nonce", "auth_challenge", "auth_proof", "wire_dtype", "hashes", "progress", "sample_shape", "num_classes")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,8 @@ class HelloRequest(_message.Message):
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     HASHES_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -42,10 +44,12 @@ class HelloRequest(_message.Message):
     wire_dtype: str
     hashes: _containers.RepeatedScalarFieldContainer[str]
     progress: RoundProgress
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_challenge: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ...) -> None: ...
+    sample_shape: _containers.RepeatedScalarFieldContainer[int]
+    num_classes: int
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_challenge: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "auth_nonce", "auth_proof", "progress", "wire_dtype", "hashes")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "auth_nonce", "auth_proof", "progress", "wire_dtype", "hashes", "sample_shape", "num_classes")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +68,8 @@ class HelloReply(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     HASHES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -82,7 +88,9 @@ class HelloReply(_message.Message):
     progress: RoundProgress
     wire_dtype: str
     hashes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ...) -> None: ...
+    sample_shape: _containers.RepeatedScalarFieldContainer[int]
+    num_classes: int
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ...) -> None: ...
 
 class TensorEntry(_message.Message):
     __slots__ = ("name", "dtype", "shape", "start", "count", "offset", "nbytes", "encoding", "scale")

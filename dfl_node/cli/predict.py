@@ -1,0 +1,170 @@
+"""``dfl-node predict [FILE] [--url URL] [--json]``: a running node's classes for the samples of a CSV, NPZ or JSON
+file (or stdin), from its ``POST /predict``.
+
+Light on purpose, as ``status`` is: numpy and httpx, no torch, so an application's shell script on a small
+device pays for its HTTP requests only. The samples are read and checked here (numbers, finite, one shape),
+reshaped to the node's sample shape when a row holds as many values (a CSV row is flat), and sent in batches
+the node accepts (``GET /model/info`` says how many and how large).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+import numpy as np
+
+from dfl_node.api.status_cli import DEFAULT_URL
+from dfl_node.api.urls import normalize_url
+from dfl_node.errors import OperatorError
+
+TIMEOUT_S = 60.0  # a batch of 1,024 samples on a slow device, with room
+
+
+def _first_problem(lines: list[tuple[int, str]]) -> str:
+    """Where numpy found a problem, as a person counts: the file's line and column of the first cell that is not
+    a number, or the first line whose columns are not the first's."""
+    width = len(lines[0][1].split(","))
+    for number, line in lines:
+        cells = line.split(",")
+        if len(cells) != width:
+            return f"line {number} has {len(cells)} columns, line {lines[0][0]} {width}"
+        for column, cell in enumerate(cells, 1):
+            if not _is_number(cell):
+                return f"line {number}, column {column}: {cell.strip()!r} is not a number"
+    return "unreadable"
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_csv(text: str, label_column: str) -> np.ndarray:
+    """Numeric rows, one sample each; a first row that is not numbers is a header, whose ``label_column`` (the
+    label a training file carries) is left out."""
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        return np.zeros((0, 0), dtype=np.float32)
+    first = [cell.strip() for cell in lines[0][1].split(",")]
+    columns = None
+    if not all(map(_is_number, first)):
+        lines = lines[1:]
+        columns = [i for i, name in enumerate(first) if name != label_column]
+    if not lines:
+        return np.zeros((0, 0), dtype=np.float32)
+    try:
+        rows = np.loadtxt(io.StringIO("\n".join(line for _, line in lines)), delimiter=",", dtype=np.float32, ndmin=2)
+    except ValueError:
+        raise ValueError(_first_problem(lines)) from None
+    return rows if columns is None else rows[:, columns]
+
+
+def read_samples(source: str, fmt: str | None, label_column: str) -> np.ndarray:
+    """The samples of ``source`` (a path, or ``-`` for stdin) as float32 ``(N, *shape)``; ``fmt`` None: from the
+    suffix, or for stdin JSON if it starts with ``{`` or ``[``, else CSV. Problems are ValueErrors."""
+    data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+    if fmt is None:
+        suffix = Path(source).suffix.lower().lstrip(".")
+        fmt = suffix if suffix in ("csv", "npz", "json") else "json" if data.lstrip()[:1] in (b"{", b"[") else "csv"
+    if fmt == "npz":
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            if "x" not in arrays:
+                raise ValueError(f"holds no array 'x' (it has {', '.join(arrays.files) or 'none'})")
+            samples = arrays["x"]
+        if samples.dtype.kind not in "iuf":
+            raise ValueError(f"'x' holds {samples.dtype}, not numbers")
+    elif fmt == "json":
+        loaded = json.loads(data)
+        listed = loaded.get("samples") if isinstance(loaded, dict) else loaded
+        if not isinstance(listed, list):
+            raise ValueError('expected {"samples": [...]} or a list of samples')
+        samples = np.asarray(listed, dtype=np.float32)
+    else:
+        samples = _read_csv(data.decode("utf-8-sig"), label_column)
+    samples = np.asarray(samples, dtype=np.float32)
+    if samples.ndim < 2 or len(samples) == 0:
+        raise ValueError("holds no samples")
+    bad = np.argwhere(~np.isfinite(samples))
+    if len(bad):
+        raise ValueError(f"sample {int(bad[0][0])} holds a value that is not a finite float32 number")
+    return samples
+
+
+def _node(client: httpx.Client, method: str, url: str, **kwargs: Any) -> Any:
+    """The JSON of a request to the node: unreachable or refusing, an :class:`OperatorError`, with the node's
+    own one line where it gave one."""
+    try:
+        reply = client.request(method, url, **kwargs)
+    except httpx.HTTPError as exc:
+        raise OperatorError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
+    if reply.status_code != 200:
+        try:
+            detail = reply.json().get("detail", reply.text)
+        except ValueError:
+            detail = reply.text[:200]
+        raise OperatorError(f"{url} answered HTTP {reply.status_code}: {detail}")
+    return reply.json()
+
+
+def _batches(samples: np.ndarray, most: int, max_bytes: int) -> list[bytes]:
+    """Request bodies of at most ``most`` samples and ``max_bytes`` bytes each."""
+    bodies, start, size = [], 0, most
+    while start < len(samples):
+        body = json.dumps({"samples": samples[start : start + size].tolist()}).encode()
+        if len(body) > max_bytes and size > 1:
+            size //= 2
+            continue
+        bodies.append(body)
+        start += size
+    return bodies
+
+
+@click.command()
+@click.argument("file", default="-")
+@click.option("--url", default=DEFAULT_URL, show_default=True, help="The node's REST API.")
+@click.option("--format", "fmt", type=click.Choice(["csv", "npz", "json"]), default=None,
+              help="How FILE is written  [default: its suffix; stdin: JSON if it starts with { or [, else CSV]")
+@click.option("--label-column", default="label", show_default=True,
+              help="CSV with a header: the column left out (a training file's label).")
+@click.option("--json", "as_json", is_flag=True, help='One JSON document: {"predictions": [{"class", "probability", '
+                                                      '"probabilities"}, ...], and the model that answered.')
+def predict(file: str, url: str, fmt: str | None, label_column: str, as_json: bool) -> None:
+    """Ask a running node for the classes of samples: those of FILE (default: stdin), one line each, the class and
+    its probability. FILE is a CSV (one sample a row, an optional header), an NPZ (array x) or JSON
+    ({"samples": [...]} or a list); each sample has the node's sample shape, or as many values."""
+    try:
+        samples = read_samples(file, fmt, label_column)
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="FILE") from None
+    base = normalize_url(url)
+    with httpx.Client(timeout=TIMEOUT_S) as client:
+        info = _node(client, "GET", f"{base}/model/info")
+        shape = tuple(info["sample_shape"])
+        if samples.shape[1:] != shape:
+            if int(np.prod(samples.shape[1:])) != int(np.prod(shape)):
+                raise click.BadParameter(f"its samples have shape {list(samples.shape[1:])}; the node's model takes "
+                                         f"{list(shape)}", param_hint="FILE")
+            samples = samples.reshape(len(samples), *shape)
+        replies = [_node(client, "POST", f"{base}/predict", content=body,
+                         headers={"content-type": "application/json"})
+                   for body in _batches(samples, int(info["max_batch"]), int(info["max_body_bytes"]))]
+    first, last = replies[0], replies[-1]
+    if first["sha256"] != last["sha256"]:  # the node committed a new model between two batches
+        click.echo(f"warning: the node's model changed while it answered (round {first['round']} to "
+                   f"{last['round']}): the first samples' answers are the older model's", err=True)
+    answers = [answer for reply in replies for answer in reply["predictions"]]
+    if as_json:
+        click.echo(json.dumps({"node": last["node"], "round": last["round"], "sha256": last["sha256"],
+                               "predictions": answers}))
+        return
+    for answer in answers:
+        click.echo(f"{answer['class']} {answer['probability']:.4f}")
