@@ -206,6 +206,14 @@ return {nodeId: q('#node-id').textContent, token: q('#token').textContent, error
         points: lines.length ? Math.min(...lines.map(p => p.getAttribute('points').split(' ').length)) : 0};
 """
 
+READ_NODE = """
+const rows = {};
+document.querySelectorAll('#node-table tr').forEach(tr => {
+  rows[tr.querySelector('th').textContent] = tr.querySelector('td').textContent;
+});
+return rows['samples (train + val)'] ? rows : null;
+"""
+
 READ_LAYOUT = """
 const box = s => document.querySelector(s).getBoundingClientRect();
 return {viewport: document.documentElement.clientWidth, page: document.documentElement.scrollWidth,
@@ -284,6 +292,11 @@ def test_dashboard_shows_the_live_fleet_and_links_to_each_peer(tmp_path: Path) -
         assert set(page["recent"]) <= {"send", "fusion", "refusal"}
         assert page["xLabel"] == "round" and all(t.isdigit() for t in page["ticks"]), page
         assert [int(t) for t in page["ticks"]] == sorted(int(t) for t in page["ticks"])
+
+        # the node's own data: its samples, and when they last changed (docs/data.md)
+        node = wait_until(driver, "the node's data in its table", lambda d: d.execute_script(READ_NODE), bed)
+        assert re.fullmatch(r"\d+ \+ \d+", node["samples (train + val)"]), node
+        assert node["data changed"].startswith("at start, ") and node["bad data files"] == "none", node
 
         # the README's screenshot: node-0's page, a 1200x900 viewport (the window's is smaller: headless
         # chromium draws a window frame), not blank
