@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -154,6 +155,9 @@ ARCHITECTURE_MODES: dict[str, tuple[str, ...]] = {
 }
 
 
+_SEEDING = threading.Lock()  # simulations run as threads of one process (--per-device N --streams) build at once
+
+
 def build_model(
     name: str, input_shape: Sequence[int], num_classes: int, *, hidden: Sequence[int] | None = None, seed: int = 0
 ) -> nn.Module:
@@ -161,7 +165,7 @@ def build_model(
     if name not in _REGISTRY:
         raise ValueError(f"unknown model {name!r}; available: {', '.join(available_models())}")
     builder, _ = _REGISTRY[name]
-    with torch.random.fork_rng(devices=[]):
+    with _SEEDING, torch.random.fork_rng(devices=[]):  # one build at a time: they share torch's CPU generator
         # the CPU generator only, where the model is built: torch.manual_seed also queues a seed for every lazy
         # accelerator backend (CUDA, XPU, MTIA) with a formatted stack trace each, ~4 ms a call under asyncio here
         torch.random.default_generator.manual_seed(seed)

@@ -1,0 +1,254 @@
+"""Local training and mutual knowledge transfer on CUDA as replays of captured CUDA graphs, one graph per epoch.
+
+Why: a step of 000's CNN at B = 200 is about a hundred small kernels. Launched one by one from Python the GPU
+waits for the launches (issue 35: 1.3–1.6 ms a step eagerly, for ~0.1 ms of arithmetic). Captured once, a whole
+epoch — its gathers, forward and backward passes, SGD-with-momentum updates and loss sum — is one launch, and
+nothing in it reads a value back to the host.
+
+What is captured is the eager code itself (:func:`~dfl_node.learning.training.local_epoch`,
+:func:`~dfl_node.learning.fusion.mkt_epoch`), over tensors that stay where they are:
+
+* the epoch's row order: drawn on the CPU generator exactly as the eager loop draws it, all of an update's epochs
+  copied to the device at once, and each epoch's row copied into the order the graph reads (an on-device copy);
+* the optimisers' momentum buffers, allocated once and zeroed as an update starts: a first step's ``0·m + g`` is
+  the eager ``buffer = g`` (the same bits, but for the sign of a zero);
+* the loss sum (the mean loss :func:`~dfl_node.learning.training.local_sgd` returns), read once per update.
+
+Every caller writes models in place (``load_state_dict``, ``copy_``, ``lerp_``: the fusions, checkpoint restores,
+the nodes' spare models), so the addresses a graph captured stay theirs. A graph is looked up by those addresses
+(the models' tensors and the data's), shapes, optimiser settings, precision and cuDNN/cuBLAS modes: a model whose
+tensors moved gets a graph of its own, and graphs go when their models do (at most :data:`CACHE_LIMIT` in all).
+
+A new graph first runs one epoch eagerly, in the identity order, on the real models — every batch shape, so that
+cuDNN and cuBLAS settle their algorithms and workspaces outside the capture — then puts the models back. Captures
+are ``thread_local``: runs in other threads of the process (``--per-device N --streams``) go on meanwhile.
+
+:class:`EagerRecorder` stands in for a CUDA graph where there is none: its replay calls the body. The tests run all
+of this but the capture itself on the CPU with it and hold it to the eager loop's bits.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from dfl_node.learning import work
+from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.fusion import mkt_epoch, mutual_knowledge_transfer
+from dfl_node.learning.training import Sgd, SgdParams, batches_per_epoch, local_epoch, local_sgd
+
+CACHE_LIMIT = 128  # graphs kept at most; a run holds 1–2 per node (its trained model, its MKT pair)
+Body = Callable[[torch.Tensor, torch.Tensor], None]  # (static order, static loss sum) -> one epoch
+
+
+class Recorder(Protocol):
+    """Records an epoch once and runs it again on demand."""
+
+    def record(self, warm_up: Callable[[], None], epoch: Callable[[], None]) -> None: ...
+    def replay(self) -> None: ...
+
+
+class CudaGraphRecorder:
+    """A CUDA graph: ``record`` runs the warm-up and then captures ``epoch`` (its kernels are recorded, not run) on
+    a side stream, as CUDA graphs require; ``replay`` launches them on the current stream."""
+
+    def __init__(self) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+
+    def record(self, warm_up: Callable[[], None], epoch: Callable[[], None]) -> None:
+        current, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            warm_up()
+            self.graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                epoch()
+            finally:
+                self.graph.capture_end()
+        current.wait_stream(side)
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class EagerRecorder:
+    """The stand-in where there is no CUDA: ``replay`` calls the epoch (the tests' way to run this module)."""
+
+    def __init__(self) -> None:
+        self.epoch: Callable[[], None] | None = None
+
+    def record(self, warm_up: Callable[[], None], epoch: Callable[[], None]) -> None:
+        warm_up()
+        self.epoch = epoch
+
+    def replay(self) -> None:
+        assert self.epoch is not None, "replay before record"
+        self.epoch()
+
+
+class NotCapturable(Exception):
+    """A model some of whose trainable tensors get no gradient: its momentum buffers could not be static."""
+
+
+class EpochGraph:
+    """One kind of epoch — ``body`` training ``models`` with ``optimizers`` over ``data`` — recorded once, replayed
+    once per epoch of every update that follows."""
+
+    def __init__(self, models: Sequence[nn.Module], optimizers: Sequence[Sgd], data: ArrayDataset, body: Body,
+                 recorder: Recorder) -> None:
+        device = data.x.device
+        self.order = torch.arange(len(data), device=device)  # the row order the graph reads
+        self.total = torch.zeros((), dtype=torch.float64, device=device)  # the loss sum it adds to
+        for optimizer in optimizers:
+            if optimizer.momentum:
+                optimizer.buffers = [torch.zeros_like(p) for p in optimizer.parameters if p.requires_grad]
+        self.buffers = [b for optimizer in optimizers for b in optimizer.buffers or []]
+        self.recorder = recorder
+        self._host: torch.Tensor | None = None  # pinned staging of an update's orders (CUDA)
+        self._orders: torch.Tensor | None = None  # the same on the device
+        self._copied: torch.cuda.Event | None = None  # when the staging buffer may be written again
+        # Nothing here holds the models once recorded (a CUDA graph needs their addresses, not them): the cache
+        # drops a graph when its models go (:func:`_cached`). The eager stand-in's epoch holds them, for tests.
+        recorder.record(lambda: self._warm_up(models, optimizers, body), lambda: body(self.order, self.total))
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+
+    def _warm_up(self, models: Sequence[nn.Module], optimizers: Sequence[Sgd], body: Body) -> None:
+        """One eager epoch on the real models, undone: lazy initialisations (cuDNN's and cuBLAS's choices and
+        workspaces, for every batch shape) happen here rather than in the capture."""
+        saved = [[t.clone() for t in model.state_dict().values()] for model in models]
+        body(self.order, self.total)
+        trainable = [p for optimizer in optimizers for p in optimizer.parameters if p.requires_grad]
+        if any(p.grad is None for p in trainable):
+            raise NotCapturable("some trainable parameters get no gradient")
+        with torch.no_grad():
+            for model, values in zip(models, saved):
+                for tensor, value in zip(model.state_dict().values(), values):
+                    tensor.copy_(value)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.total.zero_()
+        if self.buffers:
+            torch._foreach_zero_(self.buffers)
+
+    def run(self, orders: torch.Tensor) -> None:
+        """One update: an epoch per row of ``orders`` (on the CPU, as drawn), from zeroed momentum and loss sum."""
+        self._reset()
+        for order in self._stage(orders):
+            self.order.copy_(order)
+            self.recorder.replay()
+
+    def _stage(self, orders: torch.Tensor) -> torch.Tensor:
+        """``orders`` on the device, copied there at once from pinned memory without waiting for the GPU."""
+        if not self.order.is_cuda:
+            return orders
+        if self._host is None or self._host.shape != orders.shape:
+            self._host = torch.empty(orders.shape, dtype=orders.dtype, pin_memory=True)
+            self._orders = torch.empty(orders.shape, dtype=orders.dtype, device=self.order.device)
+            self._copied = torch.cuda.Event()
+        else:
+            assert self._copied is not None
+            self._copied.synchronize()  # the last update's copy has left the staging buffer
+        assert self._orders is not None and self._copied is not None
+        self._host.copy_(orders)
+        self._orders.copy_(self._host, non_blocking=True)
+        self._copied.record()
+        return self._orders
+
+
+_CACHE: OrderedDict[Hashable, EpochGraph | None] = OrderedDict()  # None: not capturable, train eagerly
+_LOCK = threading.Lock()
+
+
+def _cached(key: Hashable, owners: Sequence[object], build: Callable[[], EpochGraph]) -> EpochGraph | None:
+    """The graph under ``key``, built on first use (outside the lock: a capture takes a while, and other threads
+    replay meanwhile; a key's models belong to one run, so one thread). It goes when one of ``owners`` does."""
+    with _LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    try:
+        graph: EpochGraph | None = build()
+    except NotCapturable:
+        graph = None
+    with _LOCK:
+        _CACHE[key] = graph
+        evicted = [_CACHE.popitem(last=False) for _ in range(len(_CACHE) - CACHE_LIMIT)]
+    for owner in owners:
+        weakref.finalize(owner, _forget, key)
+    if evicted and torch.cuda.is_available():
+        torch.cuda.synchronize()  # no replay of an evicted graph is still running when its memory goes
+    return graph
+
+
+def _forget(key: Hashable) -> None:
+    with _LOCK:
+        _CACHE.pop(key, None)
+
+
+def clear() -> None:
+    """Drop every graph (tests, benchmarks that compare fresh captures)."""
+    with _LOCK:
+        _CACHE.clear()
+
+
+def _key(kind: str, models: Sequence[nn.Module], data: ArrayDataset, params: Sequence[SgdParams],
+         recorder: Callable[[], Recorder]) -> Hashable:
+    tensors = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for m in models for t in m.state_dict().values())
+    settings = tuple((p.lr, p.momentum, p.batch_size, p.bf16) for p in params)
+    modes = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    return (kind, recorder, str(data.x.device), tensors, data.x.data_ptr(), tuple(data.x.shape), data.y.data_ptr(),
+            settings, modes)
+
+
+def _orders(data: ArrayDataset, generator: torch.Generator, epochs: int) -> torch.Tensor:
+    """An update's row orders, drawn as the eager loop draws them (one permutation per epoch, in turn)."""
+    return torch.stack([torch.randperm(len(data), generator=generator) for _ in range(epochs)])
+
+
+def graphed_local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator: torch.Generator,
+                      recorder: Callable[[], Recorder] = CudaGraphRecorder) -> float:
+    """:func:`~dfl_node.learning.training.local_sgd` (cross-entropy, no proximal term) with each epoch a replay."""
+    def build() -> EpochGraph:
+        optimizer = Sgd(list(model.parameters()), params)
+
+        def body(order: torch.Tensor, total: torch.Tensor) -> None:
+            local_epoch(model, data, order, params.batch_size, optimizer, total, bf16=params.bf16)
+        return EpochGraph([model], [optimizer], data, body, recorder())
+
+    graph = _cached(_key("local", [model], data, [params], recorder), [model, data], build) if len(data) else None
+    if graph is None:
+        return local_sgd(model, data, replace(params, cuda_graphs=False), generator)
+    steps = batches_per_epoch(len(data), params.batch_size) * params.epochs
+    work.done().steps += steps
+    graph.run(_orders(data, generator, params.epochs))
+    return float(graph.total) / steps
+
+
+def graphed_mkt(received: nn.Module, local: nn.Module, data: ArrayDataset, received_params: SgdParams,
+                local_params: SgdParams, generator: torch.Generator,
+                recorder: Callable[[], Recorder] = CudaGraphRecorder) -> None:
+    """:func:`~dfl_node.learning.fusion.mutual_knowledge_transfer` with each epoch a replay."""
+    def build() -> EpochGraph:
+        optimizers = Sgd(list(received.parameters()), received_params), Sgd(list(local.parameters()), local_params)
+
+        def body(order: torch.Tensor, total: torch.Tensor) -> None:
+            mkt_epoch(received, local, data, order, received_params.batch_size, *optimizers, received_params.bf16)
+        return EpochGraph([received, local], optimizers, data, body, recorder())
+
+    key = _key("mkt", [received, local], data, [received_params, local_params], recorder)
+    graph = _cached(key, [received, local, data], build) if len(data) else None
+    if graph is None:
+        mutual_knowledge_transfer(received, local, data, replace(received_params, cuda_graphs=False), local_params,
+                                  generator)
+        return
+    work.done().steps += batches_per_epoch(len(data), received_params.batch_size) * received_params.epochs
+    graph.run(_orders(data, generator, received_params.epochs))
