@@ -28,6 +28,7 @@ from dfl_node.results import RunResult, write_results
 
 if TYPE_CHECKING:
     from dfl_node.sim.experiment import Progress
+    from dfl_node.sweep.execute import Outcome
 
 
 def summary_table(results: list[RunResult], title: str, seconds: str = "wall s") -> Table:
@@ -74,9 +75,14 @@ def node_table(results: list[RunResult]) -> Table:
 @node_options
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the nodes' shards and state dirs go (default: a temporary folder).")
+@click.option("--per-device", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Algorithms run at once on the device (on a GPU, 3 runs 000's three together): pool processes, or "
+                   "with --streams threads of this process; 1: one after the other, with progress bars.")
+@click.option("--streams", is_flag=True,
+              help="Run the algorithms at once as threads of this process, each on a CUDA stream of its own.")
 def simulate(out: Path | None, quiet: bool, config_path: Path | None, mode: str, duration: float,
-             fault_source: str, kills: int, slowdowns: int, fault_seed: int, workdir: Path | None,
-             **flags: object) -> None:
+             fault_source: str, kills: int, slowdowns: int, fault_seed: int, workdir: Path | None, per_device: int,
+             streams: bool, **flags: object) -> None:
     """Run K real nodes in one process — the daemon's own schedulers, roles and checkpoints — on an in-memory
     network and a virtual clock, with device and link costs and faults from the config (no arguments: a quick
     demo on digits). The nodes log warnings only, unless --log-level says otherwise."""
@@ -84,23 +90,62 @@ def simulate(out: Path | None, quiet: bool, config_path: Path | None, mode: str,
     node_settings = {name: flags.pop(name) for name in NODE_SETTINGS if flags.get(name) is not None}
     config = experiment_config(config_path, DEMO_DEFAULTS, **flags)
     randomly = fault_source == "random"
-    from dfl_node.sim.experiment import run_fleet  # the daemon's node: imported once the flags are read
-
-    data = provision(config)
-    results = []
-    for algorithm in config.algorithms:
-        with _progress_bar(algorithm, mode, config.rounds if mode == "round" else duration, quiet) as bar:
-            try:
-                result = run_fleet(config, algorithm, workdir, mode=mode, duration=duration if mode == "async" else 0.0,
-                                   random_kills=kills if randomly else 0, random_slowdowns=slowdowns if randomly else 0,
-                                   fault_seed=fault_seed, data=data, progress=bar, **node_settings)
-            except ValueError as exc:  # devices:/links: that do not fit the fleet
-                raise click.UsageError(str(exc)) from None
-        results.append(result)
+    run = {"mode": mode, "duration": duration if mode == "async" else 0.0, "random_kills": kills if randomly else 0,
+           "random_slowdowns": slowdowns if randomly else 0, "fault_seed": fault_seed, **node_settings}
+    if per_device > 1 or streams:
+        results = _at_once(config, run, workdir, per_device, streams)
+    else:
+        results = _one_after_another(config, run, workdir, quiet)
+    for result in results:
         _say_what_happened(result)
         if out:
             write_results(result, out)
     _report(config, results)
+
+
+def _one_after_another(config: ExperimentConfig, run: dict[str, Any], workdir: Path | None,
+                       quiet: bool) -> list[RunResult]:
+    """Each algorithm in turn in this process, on data provisioned once, with a progress bar."""
+    from dfl_node.sim.experiment import run_fleet  # the daemon's node: imported once the flags are read
+
+    data = provision(config)
+    results = []
+    total = config.rounds if run["mode"] == "round" else run["duration"]
+    for algorithm in config.algorithms:
+        with _progress_bar(algorithm, run["mode"], total, quiet) as bar:
+            try:
+                results.append(run_fleet(config, algorithm, workdir, data=data, progress=bar, **run))
+            except ValueError as exc:  # devices:/links: that do not fit the fleet
+                raise click.UsageError(str(exc)) from None
+    return results
+
+
+def _at_once(config: ExperimentConfig, run: dict[str, Any], workdir: Path | None, per_device: int,
+             streams: bool) -> list[RunResult]:
+    """Each algorithm as a run of its own, ``per_device`` at once, as a sweep runs them (pool processes, or threads
+    on CUDA streams): the same results as one after another (each run provisions the same data)."""
+    from dfl_node.sweep.grid import RunTask  # noqa: PLC0415 - the runners import the node
+    from dfl_node.sweep.pool import run_pool  # noqa: PLC0415
+    from dfl_node.sweep.threads import run_threads  # noqa: PLC0415
+
+    tasks = [RunTask(f"{i}-{algorithm}", {}, algorithm, config.seed,
+                     config.model_copy(update={"algorithms": [algorithm]}).model_dump(mode="json"),
+                     run={**run, "workdir": workdir / f"{i}-{algorithm}" if workdir else None})
+             for i, algorithm in enumerate(config.algorithms)]
+    payloads: dict[str, dict[str, Any]] = {}
+    failed: list[str] = []
+
+    def finished(outcome: Outcome) -> None:
+        if outcome.payload is None:
+            failed.append(f"{outcome.task.algorithm}: {outcome.error}")
+        else:
+            payloads[outcome.task.name] = outcome.payload
+        click.echo(f"{outcome.task.algorithm} {'failed' if outcome.payload is None else 'done'}", err=True)
+
+    (run_threads if streams else run_pool)(tasks, per_device, finished)
+    if failed:
+        raise click.ClickException("; ".join(failed))
+    return [RunResult.model_validate(payloads[task.name]) for task in tasks]
 
 
 @contextlib.contextmanager
