@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,60 +94,92 @@ def simulate(out: Path | None, quiet: bool, config_path: Path | None, mode: str,
     randomly = fault_source == "random"
     run = {"mode": mode, "duration": duration if mode == "async" else 0.0, "random_kills": kills if randomly else 0,
            "random_slowdowns": slowdowns if randomly else 0, "fault_seed": fault_seed, **node_settings}
-    if per_device > 1 or streams:
-        results = _at_once(config, run, workdir, per_device, streams)
-    else:
-        results = _one_after_another(config, run, workdir, quiet)
-    for result in results:
+
+    def finished(result: RunResult) -> None:  # as each run ends: a later failure loses nothing written
         _say_what_happened(result)
         if out:
             write_results(result, out)
+
+    if per_device > 1 or streams:
+        results = _at_once(config, run, workdir, per_device, streams, finished)
+    else:
+        results = _one_after_another(config, run, workdir, quiet, finished)
     _report(config, results)
 
 
-def _one_after_another(config: ExperimentConfig, run: dict[str, Any], workdir: Path | None,
-                       quiet: bool) -> list[RunResult]:
+def _one_after_another(config: ExperimentConfig, run: dict[str, Any], workdir: Path | None, quiet: bool,
+                       finished: Callable[[RunResult], None]) -> list[RunResult]:
     """Each algorithm in turn in this process, on data provisioned once, with a progress bar."""
     from dfl_node.sim.experiment import run_fleet  # the daemon's node: imported once the flags are read
 
     data = provision(config)
     results = []
-    total = config.rounds if run["mode"] == "round" else run["duration"]
     for algorithm in config.algorithms:
-        with _progress_bar(algorithm, run["mode"], total, quiet) as bar:
+        with _progress_bar(algorithm, run["mode"], _total(config, run), quiet) as bar:
             try:
                 results.append(run_fleet(config, algorithm, workdir, data=data, progress=bar, **run))
             except ValueError as exc:  # devices:/links: that do not fit the fleet
                 raise click.UsageError(str(exc)) from None
+        finished(results[-1])
     return results
 
 
-def _at_once(config: ExperimentConfig, run: dict[str, Any], workdir: Path | None, per_device: int,
-             streams: bool) -> list[RunResult]:
+def _at_once(config: ExperimentConfig, run: dict[str, Any], workdir: Path | None, per_device: int, streams: bool,
+             finished: Callable[[RunResult], None]) -> list[RunResult]:
     """Each algorithm as a run of its own, ``per_device`` at once, as a sweep runs them (pool processes, or threads
-    on CUDA streams): the same results as one after another (each run provisions the same data)."""
+    on CUDA streams): the same results as one after another (each run provisions the same data). Progress is a
+    line on stderr per tenth of a run (bars of runs in other processes would interleave)."""
     from dfl_node.sweep.grid import RunTask  # noqa: PLC0415 - the runners import the node
     from dfl_node.sweep.pool import run_pool  # noqa: PLC0415
     from dfl_node.sweep.threads import run_threads  # noqa: PLC0415
 
     tasks = [RunTask(f"{i}-{algorithm}", {}, algorithm, config.seed,
                      config.model_copy(update={"algorithms": [algorithm]}).model_dump(mode="json"),
-                     run={**run, "workdir": workdir / f"{i}-{algorithm}" if workdir else None})
+                     run={**run, "workdir": workdir / f"{i}-{algorithm}" if workdir else None,
+                          "progress": ProgressLines(algorithm, _total(config, run), run["mode"])})
              for i, algorithm in enumerate(config.algorithms)]
-    payloads: dict[str, dict[str, Any]] = {}
+    results: dict[str, RunResult] = {}
     failed: list[str] = []
 
-    def finished(outcome: Outcome) -> None:
+    def done(outcome: Outcome) -> None:
         if outcome.payload is None:
             failed.append(f"{outcome.task.algorithm}: {outcome.error}")
-        else:
-            payloads[outcome.task.name] = outcome.payload
-        click.echo(f"{outcome.task.algorithm} {'failed' if outcome.payload is None else 'done'}", err=True)
+            click.echo(f"{outcome.task.algorithm} failed: {outcome.error}", err=True)
+            return
+        results[outcome.task.name] = RunResult.model_validate(outcome.payload)
+        finished(results[outcome.task.name])
 
-    (run_threads if streams else run_pool)(tasks, per_device, finished)
+    (run_threads if streams else run_pool)(tasks, per_device, done)
     if failed:
         raise click.ClickException("; ".join(failed))
-    return [RunResult.model_validate(payloads[task.name]) for task in tasks]
+    return [results[task.name] for task in tasks]
+
+
+def _total(config: ExperimentConfig, run: dict[str, Any]) -> float:
+    """What a run's progress counts to: its rounds, or in async mode its virtual seconds."""
+    return config.rounds if run["mode"] == "round" else run["duration"]
+
+
+@dataclass
+class ProgressLines:
+    """A run's progress as a line on stderr at each tenth of it: ``defkt: 300/1000 rounds (41 s)``. Picklable,
+    so that a pool process reports its own run."""
+
+    label: str
+    total: float
+    mode: str
+    tenths: int = 0
+    started: float | None = None
+
+    def __call__(self, rounds: int, virtual_s: float) -> None:
+        now = time.monotonic()
+        self.started = self.started or now
+        reached = rounds if self.mode == "round" else virtual_s
+        tenths = int(10 * reached / self.total) if self.total else 10
+        if tenths > self.tenths:
+            self.tenths = tenths
+            unit = "rounds" if self.mode == "round" else "virtual s"
+            click.echo(f"{self.label}: {reached:.0f}/{self.total:g} {unit} ({now - self.started:.0f} s)", err=True)
 
 
 @contextlib.contextmanager
