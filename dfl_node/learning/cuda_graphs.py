@@ -118,7 +118,7 @@ class EpochGraph:
         # drops a graph when its models go (:func:`_cached`). The eager stand-in's epoch holds them, for tests.
         recorder.record(lambda: self._warm_up(models, optimizers, body), lambda: body(self.order, self.total))
         for optimizer in optimizers:
-            optimizer.zero_grad()
+            optimizer.zero_grad()  # the last captured step's gradients: the graph writes them, nobody reads them
 
     def _warm_up(self, models: Sequence[nn.Module], optimizers: Sequence[Sgd], body: Body) -> None:
         """One eager epoch on the real models, undone: lazy initialisations (cuDNN's and cuBLAS's choices and
@@ -133,6 +133,8 @@ class EpochGraph:
                 for tensor, value in zip(model.state_dict().values(), values):
                     tensor.copy_(value)
         self._reset()
+        for optimizer in optimizers:  # the capture's backward passes then make gradients in the graph's own memory
+            optimizer.zero_grad()
 
     def _reset(self) -> None:
         self.total.zero_()
@@ -165,18 +167,22 @@ class EpochGraph:
 
 
 _CACHE: OrderedDict[Hashable, EpochGraph | None] = OrderedDict()  # None: not capturable, train eagerly
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # the cache's
+_BUILDING = threading.Lock()  # one warm-up and capture at a time in the process: captures of concurrent runs
+# (threads) never overlap, nor does one with another's first cuDNN/cuBLAS calls made in a warm-up
 
 
 def _cached(key: Hashable, owners: Sequence[object], build: Callable[[], EpochGraph]) -> EpochGraph | None:
-    """The graph under ``key``, built on first use (outside the lock: a capture takes a while, and other threads
-    replay meanwhile; a key's models belong to one run, so one thread). It goes when one of ``owners`` does."""
+    """The graph under ``key``, built on first use (outside the cache's lock: a capture takes a while, and other
+    threads replay meanwhile; a key's models belong to one run, so one thread). It goes when one of ``owners``
+    does."""
     with _LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
     try:
-        graph: EpochGraph | None = build()
+        with _BUILDING:
+            graph: EpochGraph | None = build()
     except NotCapturable:
         graph = None
     with _LOCK:
@@ -204,7 +210,8 @@ def _key(kind: str, models: Sequence[nn.Module], data: ArrayDataset, params: Seq
          recorder: Callable[[], Recorder]) -> Hashable:
     tensors = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for m in models for t in m.state_dict().values())
     settings = tuple((p.lr, p.momentum, p.batch_size, p.bf16) for p in params)
-    modes = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    modes = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.deterministic)
     return (kind, recorder, str(data.x.device), tensors, data.x.data_ptr(), tuple(data.x.shape), data.y.data_ptr(),
             settings, modes)
 
