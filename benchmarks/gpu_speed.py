@@ -279,7 +279,7 @@ def full(log: Records, args: argparse.Namespace) -> None:
     """The whole experiment through ``dfl-node simulate``, under ``--deadline`` seconds."""
     choice = choose(log) if args.full == "auto" else {"cuda_graphs": True, "cudnn_benchmark": False, "runs": args.full}
     results = Path(args.results)
-    command = [sys.executable, "-m", "dfl_node", "simulate", "--config", str(experiment_file(args)), "--quiet",
+    command = [sys.executable, "-m", "dfl_node", "simulate", "--config", str(experiment_file(args)),
                "--device", args.device, "--out", str(results), "--precision", "fp32",
                "--cuda-graphs" if choice["cuda_graphs"] else "--no-cuda-graphs",
                "--cudnn-benchmark" if choice["cudnn_benchmark"] else "--no-cudnn-benchmark",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -62,7 +63,7 @@ def node_table(results: list[RunResult]) -> Table:
 @click.command()
 @experiment_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Folder for <algorithm>.json/.csv.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--quiet", is_flag=True, help="No progress: no bars on a terminal, no line per tenth of a run in a log.")
 @click.option("--mode", type=click.Choice(["round", "async"]), default="round", show_default=True,
               help="The nodes' mode: rounds passed by a token, or async (each node volunteers, for --duration).")
 @click.option("--duration", type=float, default=600.0, show_default=True,
@@ -101,7 +102,7 @@ def simulate(out: Path | None, quiet: bool, config_path: Path | None, mode: str,
             write_results(result, out)
 
     if per_device > 1 or streams:
-        results = _at_once(config, run, workdir, per_device, streams, finished)
+        results = _at_once(config, run, workdir, per_device, streams, quiet, finished)
     else:
         results = _one_after_another(config, run, workdir, quiet, finished)
     _report(config, results)
@@ -125,10 +126,10 @@ def _one_after_another(config: ExperimentConfig, run: dict[str, Any], workdir: P
 
 
 def _at_once(config: ExperimentConfig, run: dict[str, Any], workdir: Path | None, per_device: int, streams: bool,
-             finished: Callable[[RunResult], None]) -> list[RunResult]:
+             quiet: bool, finished: Callable[[RunResult], None]) -> list[RunResult]:
     """Each algorithm as a run of its own, ``per_device`` at once, as a sweep runs them (pool processes, or threads
     on CUDA streams): the same results as one after another (each run provisions the same data). Progress is a
-    line on stderr per tenth of a run (bars of runs in other processes would interleave)."""
+    line on stderr per tenth of a run (bars of runs in other processes would interleave), unless ``quiet``."""
     from dfl_node.sweep.grid import RunTask  # noqa: PLC0415 - the runners import the node
     from dfl_node.sweep.pool import run_pool  # noqa: PLC0415
     from dfl_node.sweep.threads import run_threads  # noqa: PLC0415
@@ -136,7 +137,7 @@ def _at_once(config: ExperimentConfig, run: dict[str, Any], workdir: Path | None
     tasks = [RunTask(f"{i}-{algorithm}", {}, algorithm, config.seed,
                      config.model_copy(update={"algorithms": [algorithm]}).model_dump(mode="json"),
                      run={**run, "workdir": workdir / f"{i}-{algorithm}" if workdir else None,
-                          "progress": ProgressLines(algorithm, _total(config, run), run["mode"])})
+                          "progress": None if quiet else ProgressLines(algorithm, _total(config, run), run["mode"])})
              for i, algorithm in enumerate(config.algorithms)]
     results: dict[str, RunResult] = {}
     failed: list[str] = []
@@ -183,12 +184,16 @@ class ProgressLines:
 
 
 @contextlib.contextmanager
-def _progress_bar(algorithm: str, mode: str, total: float, quiet: bool) -> Iterator[Progress]:
-    """A progress bar on stderr, fed from the simulation's progress thread: rounds, or virtual seconds (async)."""
+def _progress_bar(algorithm: str, mode: str, total: float, quiet: bool) -> Iterator[Progress | None]:
+    """A progress bar on stderr, fed from the simulation's progress thread: rounds, or virtual seconds (async); a
+    line per tenth of the run where stderr is no terminal (a log file, a pipe); nothing with ``quiet``."""
+    if quiet or not sys.stderr.isatty():
+        yield None if quiet else ProgressLines(algorithm, total, mode)
+        return
     unit = "rounds" if mode == "round" else "virtual s"
     columns = (TextColumn(f"[bold]{algorithm}"), BarColumn(), TextColumn(f"{{task.completed:.0f}}/{total:g} {unit}"),
                TimeElapsedColumn())
-    with RichProgress(*columns, console=Console(stderr=True), disable=quiet) as bar:
+    with RichProgress(*columns, console=Console(stderr=True)) as bar:
         task = bar.add_task(algorithm, total=total)
 
         def advance(rounds: int, virtual_s: float) -> None:
