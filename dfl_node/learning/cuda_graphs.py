@@ -106,10 +106,7 @@ class EpochGraph:
         device = data.x.device
         self.order = torch.arange(len(data), device=device)  # the row order the graph reads
         self.total = torch.zeros((), dtype=torch.float64, device=device)  # the loss sum it adds to
-        for optimizer in optimizers:
-            if optimizer.momentum:
-                optimizer.buffers = [torch.zeros_like(p) for p in optimizer.parameters if p.requires_grad]
-        self.buffers = [b for optimizer in optimizers for b in optimizer.buffers or []]
+        self.buffers: list[torch.Tensor] = []  # the optimisers' momentum buffers, made by the warm-up
         self.recorder = recorder
         self._host: torch.Tensor | None = None  # pinned staging of an update's orders (CUDA)
         self._orders: torch.Tensor | None = None  # the same on the device
@@ -122,16 +119,21 @@ class EpochGraph:
 
     def _warm_up(self, models: Sequence[nn.Module], optimizers: Sequence[Sgd], body: Body) -> None:
         """One eager epoch on the real models, undone: lazy initialisations (cuDNN's and cuBLAS's choices and
-        workspaces, for every batch shape) happen here rather than in the capture."""
+        workspaces, for every batch shape) happen here rather than in the capture. Then the momentum buffers the
+        graph will hold, one per parameter the epoch stepped, which must be every trainable one."""
         saved = [[t.clone() for t in model.state_dict().values()] for model in models]
         body(self.order, self.total)
-        trainable = [p for optimizer in optimizers for p in optimizer.parameters if p.requires_grad]
-        if any(p.grad is None for p in trainable):
-            raise NotCapturable("some trainable parameters get no gradient")
+        stepped = all(p.grad is not None for o in optimizers for p in o.parameters if p.requires_grad)
         with torch.no_grad():
             for model, values in zip(models, saved):
                 for tensor, value in zip(model.state_dict().values(), values):
                     tensor.copy_(value)
+        if not stepped:
+            raise NotCapturable("some trainable parameters get no gradient")
+        for optimizer in optimizers:
+            own = [torch.zeros_like(p) for p in optimizer.parameters if p.requires_grad]
+            optimizer.buffers = own if optimizer.momentum else None
+        self.buffers = [b for optimizer in optimizers for b in optimizer.buffers or []]
         self._reset()
         for optimizer in optimizers:  # the capture's backward passes then make gradients in the graph's own memory
             optimizer.zero_grad()
