@@ -15,7 +15,8 @@
 #
 # Knobs (environment): DFL_GPU_BUDGET_S (540: the whole script's seconds; the full run gets what the rest left),
 # DFL_GPU_QUICK_S (170: the quick measurements' limit), DFL_GPU_QUICK_ROUNDS (10), DFL_GPU_SECTIONS (all),
-# DFL_GPU_FULL (auto | streams | processes | sequential), DFL_GPU_FULL_ROUNDS (the experiment's 1000).
+# DFL_GPU_FULL (auto | streams | processes | sequential), DFL_GPU_FULL_ROUNDS (the experiment's 1000),
+# DFL_GPU_WHEELS (.whl: the folder of wheels to install; none there, none installed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -27,7 +28,8 @@ QUICK_S=${DFL_GPU_QUICK_S:-170}
 ROUNDS=${DFL_GPU_QUICK_ROUNDS:-10}
 SECTIONS=${DFL_GPU_SECTIONS:-env,step,overhead,rounds,concurrent,precision}
 FULL=${DFL_GPU_FULL:-auto}
-RESULTS=/tmp/dfl-gpu-results
+WHEELS=${DFL_GPU_WHEELS:-.whl}
+RESULTS=/tmp/dfl-gpu-results-$$
 export PYTHONUNBUFFERED=1
 
 say() { echo "[$(( $(date +%s) - START )) s] $*"; }
@@ -40,13 +42,13 @@ session() {
   python3 -m pip show torch numpy grpcio protobuf pydantic click rich pyyaml safetensors matplotlib 2>&1 \
     | grep -E "^(Name|Version):|not found" | paste - - | sed 's/^/  /'
 
-  say "== packages the image lacks (.whl)"
-  if compgen -G ".whl/*.whl" > /dev/null; then
+  say "== packages the image lacks ($WHEELS)"
+  if compgen -G "$WHEELS/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .whl/*.whl || fail "installing .whl/*.whl"
+      "$WHEELS"/*.whl || fail "installing $WHEELS/*.whl"
     export PYTHONPATH="/tmp/site:$PWD"
   else
-    say "no .whl folder: using what is installed"
+    say "no wheels in $WHEELS: using what is installed"
     export PYTHONPATH="$PWD"
   fi
 

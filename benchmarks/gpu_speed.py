@@ -136,8 +136,8 @@ def step(log: Records, args: argparse.Namespace) -> None:
             mutual_knowledge_transfer(*models, data, params, params, g)
 
     steps = batches_per_epoch(samples, batch) * args.epochs
-    for benchmark in (False, True):
-        for precision in ("fp32", "tf32", "bf16"):
+    for benchmark in (False,) if args.smoke else (False, True):  # smoke: each branch once, not every combination
+        for precision in ("fp32", "bf16") if args.smoke else ("fp32", "tf32", "bf16"):
             for graphs in (False, True):
                 use_backends(precision, benchmark)
                 params = SgdParams(lr=0.005, momentum=0.5, batch_size=batch, epochs=args.epochs, cuda_graphs=graphs,
