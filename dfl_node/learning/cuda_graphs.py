@@ -6,7 +6,8 @@ epoch — its gathers, forward and backward passes, SGD-with-momentum updates an
 nothing in it reads a value back to the host.
 
 What is captured is the eager code itself (:func:`~dfl_node.learning.training.local_epoch`,
-:func:`~dfl_node.learning.fusion.mkt_epoch`), over tensors that stay where they are:
+:func:`~dfl_node.learning.fusion.mkt_epoch`; their graphed trainers live beside them: ``graphed_local_sgd``,
+``graphed_mkt``), over tensors that stay where they are:
 
 * the epoch's row order: drawn on the CPU generator exactly as the eager loop draws it, all of an update's epochs
   copied to the device at once, and each epoch's row copied into the order the graph reads (an on-device copy);
@@ -33,16 +34,12 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import replace
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from dfl_node.learning import work
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.fusion import mkt_epoch, mutual_knowledge_transfer
-from dfl_node.learning.training import Sgd, SgdParams, batches_per_epoch, local_epoch, local_sgd
 
 CACHE_LIMIT = 128  # graphs kept at most; a run holds 1–2 per node (its trained model, its MKT pair)
 Body = Callable[[torch.Tensor, torch.Tensor], None]  # (static order, static loss sum) -> one epoch
@@ -93,6 +90,17 @@ class EagerRecorder:
         self.epoch()
 
 
+class Optimiser(Protocol):
+    """What a graph needs of an optimiser (:class:`~dfl_node.learning.training.Sgd`): its parameters, momentum
+    buffers (made static here) and gradients."""
+
+    parameters: list[torch.Tensor]
+    momentum: float
+    buffers: list[torch.Tensor] | None
+
+    def zero_grad(self) -> None: ...
+
+
 class NotCapturable(Exception):
     """A model some of whose trainable tensors get no gradient: its momentum buffers could not be static."""
 
@@ -101,7 +109,7 @@ class EpochGraph:
     """One kind of epoch — ``body`` training ``models`` with ``optimizers`` over ``data`` — recorded once, replayed
     once per epoch of every update that follows."""
 
-    def __init__(self, models: Sequence[nn.Module], optimizers: Sequence[Sgd], data: ArrayDataset, body: Body,
+    def __init__(self, models: Sequence[nn.Module], optimizers: Sequence[Optimiser], data: ArrayDataset, body: Body,
                  recorder: Recorder) -> None:
         device = data.x.device
         self.order = torch.arange(len(data), device=device)  # the row order the graph reads
@@ -117,7 +125,7 @@ class EpochGraph:
         for optimizer in optimizers:
             optimizer.zero_grad()  # the last captured step's gradients: the graph writes them, nobody reads them
 
-    def _warm_up(self, models: Sequence[nn.Module], optimizers: Sequence[Sgd], body: Body) -> None:
+    def _warm_up(self, models: Sequence[nn.Module], optimizers: Sequence[Optimiser], body: Body) -> None:
         """One eager epoch on the real models, undone: lazy initialisations (cuDNN's and cuBLAS's choices and
         workspaces, for every batch shape) happen here rather than in the capture. Then the momentum buffers the
         graph will hold, one per parameter the epoch stepped, which must be every trainable one."""
@@ -208,56 +216,25 @@ def clear() -> None:
         _CACHE.clear()
 
 
-def _key(kind: str, models: Sequence[nn.Module], data: ArrayDataset, params: Sequence[SgdParams],
+def _key(kind: str, models: Sequence[nn.Module], data: ArrayDataset, settings: Hashable,
          recorder: Callable[[], Recorder]) -> Hashable:
     tensors = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for m in models for t in m.state_dict().values())
-    settings = tuple((p.lr, p.momentum, p.batch_size, p.bf16) for p in params)
     modes = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
              torch.backends.cudnn.deterministic)
     return (kind, recorder, str(data.x.device), tensors, data.x.data_ptr(), tuple(data.x.shape), data.y.data_ptr(),
             settings, modes)
 
 
-def _orders(data: ArrayDataset, generator: torch.Generator, epochs: int) -> torch.Tensor:
+def graph_for(kind: str, models: Sequence[nn.Module], data: ArrayDataset, settings: Hashable,
+              build: Callable[[], EpochGraph], recorder: Callable[[], Recorder]) -> EpochGraph | None:
+    """The graph of a ``kind`` of epoch (``local``, ``mkt``) training ``models`` over ``data`` with the optimiser
+    ``settings`` (what the graph bakes in: learning rates, momenta, batch size, precision), made by ``build`` on
+    first use; None where it cannot be captured (the caller trains eagerly)."""
+    if not len(data):
+        return None
+    return _cached(_key(kind, models, data, settings, recorder), [*models, data], build)
+
+
+def orders(data: ArrayDataset, generator: torch.Generator, epochs: int) -> torch.Tensor:
     """An update's row orders, drawn as the eager loop draws them (one permutation per epoch, in turn)."""
     return torch.stack([torch.randperm(len(data), generator=generator) for _ in range(epochs)])
-
-
-def graphed_local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator: torch.Generator,
-                      recorder: Callable[[], Recorder] = CudaGraphRecorder) -> float:
-    """:func:`~dfl_node.learning.training.local_sgd` (cross-entropy, no proximal term) with each epoch a replay."""
-    def build() -> EpochGraph:
-        optimizer = Sgd(list(model.parameters()), params)
-
-        def body(order: torch.Tensor, total: torch.Tensor) -> None:
-            local_epoch(model, data, order, params.batch_size, optimizer, total, bf16=params.bf16)
-        return EpochGraph([model], [optimizer], data, body, recorder())
-
-    graph = _cached(_key("local", [model], data, [params], recorder), [model, data], build) if len(data) else None
-    if graph is None:
-        return local_sgd(model, data, replace(params, cuda_graphs=False), generator)
-    steps = batches_per_epoch(len(data), params.batch_size) * params.epochs
-    work.done().steps += steps
-    graph.run(_orders(data, generator, params.epochs))
-    return float(graph.total) / steps
-
-
-def graphed_mkt(received: nn.Module, local: nn.Module, data: ArrayDataset, received_params: SgdParams,
-                local_params: SgdParams, generator: torch.Generator,
-                recorder: Callable[[], Recorder] = CudaGraphRecorder) -> None:
-    """:func:`~dfl_node.learning.fusion.mutual_knowledge_transfer` with each epoch a replay."""
-    def build() -> EpochGraph:
-        optimizers = Sgd(list(received.parameters()), received_params), Sgd(list(local.parameters()), local_params)
-
-        def body(order: torch.Tensor, total: torch.Tensor) -> None:
-            mkt_epoch(received, local, data, order, received_params.batch_size, *optimizers, received_params.bf16)
-        return EpochGraph([received, local], optimizers, data, body, recorder())
-
-    key = _key("mkt", [received, local], data, [received_params, local_params], recorder)
-    graph = _cached(key, [received, local, data], build) if len(data) else None
-    if graph is None:
-        mutual_knowledge_transfer(received, local, data, replace(received_params, cuda_graphs=False), local_params,
-                                  generator)
-        return
-    work.done().steps += batches_per_epoch(len(data), received_params.batch_size) * received_params.epochs
-    graph.run(_orders(data, generator, received_params.epochs))

@@ -19,13 +19,14 @@ Where the papers leave a detail open, it is decided here, once:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dfl_node.learning import work
+from dfl_node.learning.cuda_graphs import CudaGraphRecorder, EpochGraph, Recorder, graph_for, orders
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.tensors import StateDict, TensorPart
 from dfl_node.learning.training import (
@@ -65,14 +66,12 @@ def mutual_knowledge_transfer(
 
     Both models are updated in place; the caller keeps ``received`` as the new local model.
     ``received_params.epochs`` (E) and ``.batch_size`` (B2) drive the passes; with its ``cuda_graphs`` and the
-    data on CUDA each pass is a CUDA graph's replay (:func:`dfl_node.learning.cuda_graphs.graphed_mkt`).
+    data on CUDA each pass is a CUDA graph's replay (:func:`graphed_mkt`).
     """
     received.train()
     local.train()
-    if received_params.cuda_graphs and data.x.is_cuda:
-        from dfl_node.learning.cuda_graphs import graphed_mkt  # noqa: PLC0415 - CUDA only
-
-        graphed_mkt(received, local, data, received_params, local_params, generator)
+    if received_params.cuda_graphs and data.x.is_cuda and graphed_mkt(received, local, data, received_params,
+                                                                        local_params, generator):
         return
     opt_received, opt_local = sgd(received, received_params), sgd(local, local_params)
     steps = batches_per_epoch(len(data), received_params.batch_size)
@@ -98,6 +97,28 @@ def mkt_epoch(received: nn.Module, local: nn.Module, data: ArrayDataset, order: 
         (loss1 + loss2).backward()  # the graphs are disjoint: each loss reaches only its own model
         opt_received.step()
         opt_local.step()
+
+
+def graphed_mkt(received: nn.Module, local: nn.Module, data: ArrayDataset, received_params: SgdParams,
+                local_params: SgdParams, generator: torch.Generator,
+                recorder: Callable[[], Recorder] = CudaGraphRecorder) -> bool:
+    """:func:`mutual_knowledge_transfer` with each epoch a replay of :func:`mkt_epoch`'s graph
+    (:mod:`dfl_node.learning.cuda_graphs`); False, having drawn nothing from ``generator``, where the models cannot
+    be captured."""
+    def build() -> EpochGraph:
+        optimizers = sgd(received, received_params), sgd(local, local_params)
+
+        def body(order: torch.Tensor, total: torch.Tensor) -> None:
+            mkt_epoch(received, local, data, order, received_params.batch_size, *optimizers, received_params.bf16)
+        return EpochGraph([received, local], optimizers, data, body, recorder())
+
+    settings = tuple((p.lr, p.momentum, p.batch_size, p.bf16) for p in (received_params, local_params))
+    graph = graph_for("mkt", [received, local], data, settings, build, recorder)
+    if graph is None:
+        return False
+    work.done().steps += batches_per_epoch(len(data), received_params.batch_size) * received_params.epochs
+    graph.run(orders(data, generator, received_params.epochs))
+    return True
 
 
 def weighted_average_(local: StateDict, remote: StateDict, n_local: float, n_remote: float) -> None:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dfl_node.learning import work
+from dfl_node.learning.cuda_graphs import CudaGraphRecorder, EpochGraph, Recorder, graph_for, orders
 from dfl_node.learning.datasets import ArrayDataset
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> mean loss
@@ -168,13 +169,13 @@ def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator
     μ·(w − w_start) is added to each step's gradient, and its value is left out of the returned loss.
 
     With ``params.cuda_graphs`` and the data on CUDA, plain cross-entropy training replays each epoch as a
-    CUDA graph (:func:`dfl_node.learning.cuda_graphs.graphed_local_sgd`): the same epochs, one launch each.
+    CUDA graph (:func:`graphed_local_sgd`): the same epochs, one launch each.
     """
     model.train()
     if params.cuda_graphs and data.x.is_cuda and not proximal_mu and loss_fn is F.cross_entropy:
-        from dfl_node.learning.cuda_graphs import graphed_local_sgd  # noqa: PLC0415 - CUDA only
-
-        return graphed_local_sgd(model, data, params, generator)
+        loss = graphed_local_sgd(model, data, params, generator)
+        if loss is not None:
+            return loss
     optimizer = sgd(model, params)
     anchors = [p.detach().clone() for p in model.parameters()] if proximal_mu else []
     total = torch.zeros((), dtype=torch.float64, device=data.x.device)
@@ -186,6 +187,28 @@ def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator
                     proximal_mu)
     release(optimizer)
     return float(total) / max(steps * params.epochs, 1)
+
+
+def graphed_local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator: torch.Generator,
+                      recorder: Callable[[], Recorder] = CudaGraphRecorder) -> float | None:
+    """:func:`local_sgd` (cross-entropy, no proximal term) with each epoch a replay of :func:`local_epoch`'s graph
+    (:mod:`dfl_node.learning.cuda_graphs`); None, having drawn nothing from ``generator``, where the model cannot be
+    captured."""
+    def build() -> EpochGraph:
+        optimizer = sgd(model, params)
+
+        def body(order: torch.Tensor, total: torch.Tensor) -> None:
+            local_epoch(model, data, order, params.batch_size, optimizer, total, bf16=params.bf16)
+        return EpochGraph([model], [optimizer], data, body, recorder())
+
+    settings = (params.lr, params.momentum, params.batch_size, params.bf16)
+    graph = graph_for("local", [model], data, settings, build, recorder)
+    if graph is None:
+        return None
+    steps = batches_per_epoch(len(data), params.batch_size) * params.epochs
+    work.done().steps += steps
+    graph.run(orders(data, generator, params.epochs))
+    return float(graph.total) / steps
 
 
 @torch.no_grad()
