@@ -139,8 +139,8 @@ class EpochGraph:
         if not stepped:
             raise NotCapturable("some trainable parameters get no gradient")
         for optimizer in optimizers:
-            own = [torch.zeros_like(p) for p in optimizer.parameters if p.requires_grad]
-            optimizer.buffers = own if optimizer.momentum else None
+            trainable = [p for p in optimizer.parameters if p.requires_grad]
+            optimizer.buffers = [torch.zeros_like(p) for p in trainable] if optimizer.momentum else None
         self.buffers = [b for optimizer in optimizers for b in optimizer.buffers or []]
         self._reset()
         for optimizer in optimizers:  # the capture's backward passes then make gradients in the graph's own memory
