@@ -13,8 +13,10 @@
 # Here, every step on the CPU at tiny sizes (digits, 3 rounds), in a minute or two:
 #   DFL_GPU_SMOKE=1 OUT=/tmp/gpu-out bash benchmarks/gpu_session.sh
 #
-# Knobs (environment): DFL_GPU_BUDGET_S (540: the whole script's seconds; the full run gets what the rest left),
-# DFL_GPU_QUICK_S (170: the quick measurements' limit), DFL_GPU_QUICK_ROUNDS (10), DFL_GPU_SECTIONS (all),
+# Each section of gpu_speed.py runs in a process of its own under a limit of its own. Knobs (environment):
+# DFL_GPU_BUDGET_S (540: the whole script's seconds; the full run gets what the rest left), DFL_GPU_QUICK_S (170:
+# the quick sections' limit), DFL_GPU_QUICK_ROUNDS (10), DFL_GPU_SECTIONS (env,step,overhead,rounds,concurrent:
+# before the full run), DFL_GPU_AFTER (precision: after it, in the time left),
 # DFL_GPU_FULL (auto | streams | processes | sequential), DFL_GPU_FULL_ROUNDS (the experiment's 1000),
 # DFL_GPU_WHEELS (.whl: the folder of wheels to install; none there, none installed).
 set -uo pipefail
@@ -26,7 +28,8 @@ SMOKE=${DFL_GPU_SMOKE:-0}
 BUDGET=${DFL_GPU_BUDGET_S:-540}
 QUICK_S=${DFL_GPU_QUICK_S:-170}
 ROUNDS=${DFL_GPU_QUICK_ROUNDS:-10}
-SECTIONS=${DFL_GPU_SECTIONS:-env,step,overhead,rounds,concurrent,precision}
+SECTIONS=${DFL_GPU_SECTIONS:-env,step,overhead,rounds,concurrent}
+AFTER=${DFL_GPU_AFTER:-precision}
 FULL=${DFL_GPU_FULL:-auto}
 WHEELS=${DFL_GPU_WHEELS:-.whl}
 RESULTS=/tmp/dfl-gpu-results-$$
@@ -75,17 +78,28 @@ dfl_node.learning.cuda_graphs" || fail "dfl_node does not import (a missing whee
   fi
   local speed=(python3 benchmarks/gpu_speed.py --device "$device" "${smoke[@]}" "${data[@]}" --out "$OUT/gpu.jsonl")
 
+  # A process and a limit per section: a crash (a CUDA error poisons its process) or a hang costs that section only.
+  section() {  # NAME CAP END: at most CAP seconds, and not past END
+    local cap=$(( $3 - $(date +%s) ))
+    (( cap > $2 )) && cap=$2
+    if (( cap < 10 )); then say "$1: skipped, no time left"; return; fi
+    timeout -k 5 "$cap" "${speed[@]}" --sections "$1" --rounds "$ROUNDS"
+    say "$1: exit code $? (124: cut at $cap s; what it measured is in gpu.jsonl)"
+  }
+  declare -A caps=([env]=40 [step]=60 [overhead]=50 [rounds]=80 [concurrent]=60 [precision]=45)
   say "== quick measurements (at most $QUICK_S s): $SECTIONS"
-  timeout -k 5 "$QUICK_S" "${speed[@]}" --sections "$SECTIONS" --rounds "$ROUNDS"
-  say "quick measurements ended with exit code $? (124: cut at the limit; sections done are in gpu.jsonl)"
+  local quick_end=$(( $(date +%s) + QUICK_S ))
+  for name in ${SECTIONS//,/ }; do section "$name" "${caps[$name]:-60}" "$quick_end"; done
 
   local left=$(( BUDGET - ($(date +%s) - START) - 25 ))
-  say "== the full experiment ($FULL), at most $left s"
+  say "== the full experiment ($FULL), at most $left s; then $AFTER with what is left"
   (( left > 30 )) || fail "no time left for the full run"
   local rounds=()
   [ -n "${DFL_GPU_FULL_ROUNDS:-}" ] && rounds=(--full-rounds "$DFL_GPU_FULL_ROUNDS")
   "${speed[@]}" --sections none --full "$FULL" "${rounds[@]}" --deadline "$left" --results "$RESULTS"
   say "full run ended with exit code $?"
+
+  for name in ${AFTER//,/ }; do section "$name" "${caps[$name]:-60}" "$(( START + BUDGET - 15 ))"; done
 
   if compgen -G "$RESULTS/*.json" > /dev/null; then
     python3 -m dfl_node plot "$RESULTS"/*.json -o "$OUT/fmnist_cnn_zeta4.png" || say "the plot failed"

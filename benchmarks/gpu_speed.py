@@ -238,16 +238,22 @@ def concurrent(log: Records, args: argparse.Namespace) -> None:
     config = experiment(args, rounds=args.rounds)
     tasks = [RunTask(a, {}, a, config.seed, config.model_copy(update={"algorithms": [a]}).model_dump(mode="json"))
              for a in config.algorithms]
-    sequential = sum(r["wall_s"] for r in log.of("rounds") if r.get("cuda_graphs") and r["rounds"] == args.rounds)
+    alone = {r["algorithm"]: r for r in log.of("rounds") if r.get("cuda_graphs") and r["rounds"] == args.rounds}
+    sequential = sum(r["wall_s"] for r in alone.values())
     for runs, runner in (("processes", run_pool), ("streams", run_threads)):
         outcomes: list[Any] = []
         start = time.perf_counter()
         runner(tasks, len(tasks), outcomes.append)
         wall = time.perf_counter() - start
         errors = [o.error[:300] for o in outcomes if o.error]
+        # each run's accuracies against the same run alone (the rounds section): the same within the tolerance
+        deltas = [abs(o.payload[k] - alone[o.task.algorithm][k]) for o in outcomes if o.payload
+                  and o.task.algorithm in alone for k in ("global_accuracy", "local_accuracy")]
         log("concurrent", runs=runs, at_once=len(tasks), rounds=config.rounds, wall_s=round(wall, 2),
             one_after_another_s=round(sequential, 2) or None,
             speedup=round(sequential / wall, 3) if sequential else None,
+            max_delta_vs_alone=round(max(deltas), 4) if deltas else None,
+            within=max(deltas) <= TOLERANCE if deltas else None,
             **({"error": "; ".join(errors)} if errors else {}))
 
 
@@ -271,7 +277,7 @@ def choose(log: Records) -> dict[str, Any]:
     graphs = bool(accurate) and all(accurate) and ("graphs", False) in steps
     path = "graphs" if graphs else "eager"
     benchmark = (path, True) in steps and (path, False) in steps and steps[path, True] < 0.97 * steps[path, False]
-    walls = {r["runs"]: r["wall_s"] for r in log.of("concurrent")}
+    walls = {r["runs"]: r["wall_s"] for r in log.of("concurrent") if r.get("within") is not False}
     sequential = next((r["one_after_another_s"] for r in log.of("concurrent") if r.get("one_after_another_s")), None)
     if sequential:
         walls["sequential"] = sequential

@@ -64,6 +64,7 @@ def test_the_device_session_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     assert len(by["rounds"]) == 6 and {r["algorithm"] for r in by["accuracy"]} == {"defkt", "fullavg", "combo"}
     assert all(r["within"] and r["bit_identical_nodes"] == "10/10" for r in by["accuracy"])  # the CPU: exact
     assert {r["runs"] for r in by["concurrent"]} == {"processes", "streams"}
+    assert all(r["within"] and r["max_delta_vs_alone"] == 0 for r in by["concurrent"])  # at once = alone
     assert {r["precision"] for r in by["precision"]} == {"tf32", "bf16"}
     [end] = [r for r in by["full"] if r["event"] == "end"]
     assert end["completed"] and set(end["results"]) == {"defkt", "fullavg", "combo"}
