@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import json
 import os
 import signal
@@ -185,12 +186,14 @@ def overhead(log: Records, args: argparse.Namespace) -> None:
             start = time.perf_counter()
             run_fleet(run, "defkt", data=data)
             walls[rounds] = time.perf_counter() - start
+            gc.collect()
         log("overhead", model=label, nodes=config.nodes, rounds=[short, long], eval_every=config.eval_every,
             ms_per_round=round(1e3 * (walls[long] - walls[short]) / (long - short), 2))
 
 
 class RoundRate:
-    """Rounds per second between the first and the last round the progress reports saw (start-up left out)."""
+    """Rounds per second between rounds the progress reports saw: from the first (start-up left out), or from the
+    middle of the run (``late``: most nodes have then recorded their graphs, one per node and kind of epoch)."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[float, int]] = []
@@ -199,9 +202,12 @@ class RoundRate:
         if rounds and (not self.seen or rounds > self.seen[-1][1]):
             self.seen.append((time.perf_counter(), rounds))
 
-    def per_s(self) -> float | None:
-        (t0, r0), (t1, r1) = (self.seen[0], self.seen[-1]) if self.seen else ((0.0, 0), (0.0, 0))
-        return round((r1 - r0) / (t1 - t0), 3) if t1 > t0 else None
+    def per_s(self, late: bool = False) -> float | None:
+        if not self.seen:
+            return None
+        last = self.seen[-1]
+        first = next(s for s in self.seen if s[1] >= last[1] // 2) if late else self.seen[0]
+        return round((last[1] - first[1]) / (last[0] - first[0]), 3) if last[0] > first[0] else None
 
 
 def one_run(log: Records, section: str, config: Any, algorithm: str, data: Any, **settings: Any) -> Any:
@@ -209,9 +215,10 @@ def one_run(log: Records, section: str, config: Any, algorithm: str, data: Any, 
 
     rate, start = RoundRate(), time.perf_counter()
     result = run_fleet(config, algorithm, data=data, progress=rate, **settings)
-    log(section, algorithm=algorithm, **{k: v for k, v in settings.items()}, rounds=result.rounds,
-        wall_s=round(time.perf_counter() - start, 2), rounds_per_s=rate.per_s(),
+    log(section, algorithm=algorithm, **settings, rounds=result.rounds, wall_s=round(time.perf_counter() - start, 2),
+        rounds_per_s=rate.per_s(), late_rounds_per_s=rate.per_s(late=True),
         global_accuracy=round(result.global_accuracy, 4), local_accuracy=round(result.local_accuracy, 4))
+    gc.collect()  # the run's nodes, and with them their graphs' GPU memory, go now
     return result
 
 
