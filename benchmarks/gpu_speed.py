@@ -211,12 +211,15 @@ class RoundRate:
 
 
 def one_run(log: Records, section: str, config: Any, algorithm: str, data: Any, **settings: Any) -> Any:
+    """One run in this process; ``graphs``: how many CUDA graphs it recorded and declined (the path it timed)."""
+    from dfl_node.learning.cuda_graphs import COUNTS  # noqa: PLC0415
     from dfl_node.sim.experiment import run_fleet  # noqa: PLC0415
 
-    rate, start = RoundRate(), time.perf_counter()
+    rate, start, before = RoundRate(), time.perf_counter(), dict(COUNTS)
     result = run_fleet(config, algorithm, data=data, progress=rate, **settings)
     log(section, algorithm=algorithm, **settings, rounds=result.rounds, wall_s=round(time.perf_counter() - start, 2),
         rounds_per_s=rate.per_s(), late_rounds_per_s=rate.per_s(late=True),
+        graphs={k: COUNTS[k] - before[k] for k in COUNTS},
         global_accuracy=round(result.global_accuracy, 4), local_accuracy=round(result.local_accuracy, 4))
     gc.collect()  # the run's nodes, and with them their graphs' GPU memory, go now
     return result

@@ -171,6 +171,29 @@ def test_a_model_the_graph_cannot_hold_is_left_as_it_was_and_not_tried_again() -
     assert list(cuda_graphs._CACHE.values()) == [None]  # remembered: not tried again
 
 
+class Refused:
+    """A capture CUDA refuses (what ``capture_end`` raises where a body did something a graph cannot hold)."""
+
+    def record(self, warm_up: Callable[[], None], epoch: Callable[[], None]) -> None:
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore detail")
+
+    def replay(self) -> None:
+        raise AssertionError("never recorded")
+
+
+def test_a_capture_cuda_refuses_is_a_warning_and_the_models_train_eagerly(caplog: pytest.LogCaptureFixture) -> None:
+    shard, net = data(), model("mlp")
+    before = dict(cuda_graphs.COUNTS)
+    with caplog.at_level("WARNING", logger="dfl_node.learning.cuda_graphs"):
+        assert graphed_local_sgd(net, shard, PARAMS, torch.Generator(), recorder=Refused) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "a CUDA graph could not be recorded, training eagerly instead: CUDA error: operation not permitted when "
+        "stream is capturing"]
+    assert {"recorded": before["recorded"], "declined": before["declined"] + 1} == cuda_graphs.COUNTS
+    graphed_local(model("mlp"), shard, PARAMS, torch.Generator())
+    assert cuda_graphs.COUNTS["recorded"] == before["recorded"] + 1
+
+
 def test_on_the_cpu_the_setting_changes_nothing() -> None:
     """``cuda_graphs`` applies to data on CUDA only: on the CPU local_sgd and MKT run their eager loops."""
     on = SgdParams(lr=0.05, momentum=0.5, batch_size=16, epochs=2, cuda_graphs=True)

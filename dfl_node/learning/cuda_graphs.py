@@ -22,7 +22,9 @@ tensors moved gets a graph of its own, and graphs go when their models do (at mo
 
 A new graph first runs one epoch eagerly, in the identity order, on the real models — every batch shape, so that
 cuDNN and cuBLAS settle their algorithms and workspaces outside the capture — then puts the models back. Captures
-are ``thread_local``: runs in other threads of the process (``--per-device N --streams``) go on meanwhile.
+are ``thread_local``: runs in other threads of the process (``--per-device N --streams``) go on meanwhile. Where
+CUDA refuses a capture, or a model has a trainable tensor that gets no gradient, its models train eagerly (a
+warning says so for the former); :data:`COUNTS` says how many graphs were recorded and declined.
 
 :class:`EagerRecorder` stands in for a CUDA graph where there is none: its replay calls the body. The tests run all
 of this but the capture itself on the CPU with it and hold it to the eager loop's bits.
@@ -30,6 +32,8 @@ of this but the capture itself on the CPU with it and hold it to the eager loop'
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 import weakref
 from collections import OrderedDict
@@ -41,6 +45,7 @@ from torch import nn
 
 from dfl_node.learning.datasets import ArrayDataset
 
+log = logging.getLogger(__name__)
 CACHE_LIMIT = 128  # graphs kept at most; a run holds 1–2 per node (its trained model, its MKT pair)
 Body = Callable[[torch.Tensor, torch.Tensor], None]  # (static order, static loss sum) -> one epoch
 
@@ -67,8 +72,11 @@ class CudaGraphRecorder:
             self.graph.capture_begin(capture_error_mode="thread_local")
             try:
                 epoch()
-            finally:
-                self.graph.capture_end()
+            except BaseException:
+                with contextlib.suppress(Exception):  # the capture is void: its own error would hide the cause
+                    self.graph.capture_end()
+                raise
+            self.graph.capture_end()
         current.wait_stream(side)
 
     def replay(self) -> None:
@@ -177,7 +185,8 @@ class EpochGraph:
 
 
 _CACHE: OrderedDict[Hashable, EpochGraph | None] = OrderedDict()  # None: not capturable, train eagerly
-_LOCK = threading.Lock()  # the cache's
+COUNTS = {"recorded": 0, "declined": 0}  # this process's graphs so far (the benchmark checks the path it timed)
+_LOCK = threading.Lock()  # guards the cache and the counts
 _BUILDING = threading.Lock()  # one warm-up and capture at a time in the process: captures of concurrent runs
 # (threads) never overlap, nor does one with another's first cuDNN/cuBLAS calls made in a warm-up
 
@@ -195,7 +204,11 @@ def _cached(key: Hashable, owners: Sequence[object], build: Callable[[], EpochGr
             graph: EpochGraph | None = build()
     except NotCapturable:
         graph = None
+    except RuntimeError as exc:  # CUDA refused the capture: these models train eagerly, as without the setting
+        log.warning("a CUDA graph could not be recorded, training eagerly instead: %s", str(exc).splitlines()[0])
+        graph = None
     with _LOCK:
+        COUNTS["recorded" if graph is not None else "declined"] += 1
         _CACHE[key] = graph
         evicted = [_CACHE.popitem(last=False) for _ in range(len(_CACHE) - CACHE_LIMIT)]
     for owner in owners:
