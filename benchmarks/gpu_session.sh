@@ -96,8 +96,13 @@ dfl_node.learning.cuda_graphs" || fail "dfl_node does not import (a missing whee
   (( left > 30 )) || fail "no time left for the full run"
   local rounds=()
   [ -n "${DFL_GPU_FULL_ROUNDS:-}" ] && rounds=(--full-rounds "$DFL_GPU_FULL_ROUNDS")
+  # the card's load meanwhile, every 15 s, into the log afterwards
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 15 > "$RESULTS.smi" 2>&1 &
+  local smi=$!
   "${speed[@]}" --sections none --full "$FULL" "${rounds[@]}" --deadline "$left" --results "$RESULTS"
   say "full run ended with exit code $?"
+  kill "$smi" 2>/dev/null
+  sed 's/^/[nvidia-smi during the full run] /' "$RESULTS.smi" 2>/dev/null
 
   for name in ${AFTER//,/ }; do section "$name" "${caps[$name]:-60}" "$(( START + BUDGET - 15 ))"; done
 
