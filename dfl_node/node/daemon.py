@@ -32,7 +32,7 @@ from dfl_node.api.metrics import NodeMetrics
 from dfl_node.api.schemas import FleetEvent, FleetView, HistoryEntry, NodeStatus, SeriesAccuracy
 from dfl_node.errors import OperatorError
 from dfl_node.learning.datasets import load_shard
-from dfl_node.learning.devices import resolve_device
+from dfl_node.learning.devices import resolve_device, use_backends
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.fleet import read_node_data
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
@@ -81,6 +81,7 @@ class Node:
         self.started = self.clock.wall()
         self.boot_id = uuid.uuid4().hex
         self.device = resolve_device(config.device)  # the shard, the test set and the model move there once
+        use_backends(config.precision, config.cudnn_benchmark)
         train, val = read_node_data(config.data)
         self.test = load_shard(config.test_data).to(self.device) if config.test_data else None
         spec = ModelSpec(config.model, tuple(config.hidden) if config.hidden else None)
