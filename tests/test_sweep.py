@@ -181,6 +181,25 @@ def test_ray_sweep_equals_the_pool(pool_sweep: Path, tmp_path: Path) -> None:
         assert [n["param_sha256"] for n in run["nodes"]] == [n["param_sha256"] for n in pool[name]["nodes"]], name
 
 
+def test_streams_sweep_equals_the_pool(pool_sweep: Path, tmp_path: Path) -> None:
+    """``--per-device 3 --streams``: the runs as three threads of this process (on the CPU, no streams) end bit for
+    bit as the pool's, virtual time and curves included: each thread is charged only its own work, and builds its
+    models from its own seed while the others build theirs."""
+    result = CliRunner().invoke(cli, ["sweep", str(pool_sweep / "grid.yaml"), "--out", str(tmp_path / "threads"),
+                                      "--per-device", "3", "--streams"])
+    assert result.exit_code == 0, result.output
+    pool, threads = result_files(pool_sweep / "out"), result_files(tmp_path / "threads")
+    assert set(threads) == set(pool)
+    for name, run in threads.items():
+        assert [n["param_sha256"] for n in run["nodes"]] == [n["param_sha256"] for n in pool[name]["nodes"]], name
+        assert run["history"] == pool[name]["history"] and run["wall_time_s"] == pool[name]["wall_time_s"], name
+
+
+def test_streams_and_ray_are_one_choice(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["sweep", str(write_grid(tmp_path)), "--streams", "--ray", "local"])
+    assert result.exit_code == 2 and "choose one" in result.output
+
+
 def test_a_failing_run_is_reported_and_not_taken_for_done(tmp_path: Path) -> None:
     """A run that fails in its worker (here: no MNIST files where the grid says) writes no result file,
     is named with its error, and is tried again by the next sweep."""

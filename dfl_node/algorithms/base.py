@@ -68,11 +68,13 @@ class NodeContext:
 
     def local_params(self) -> SgdParams:
         c = self.config
-        return SgdParams(lr=c.lr, momentum=c.momentum, batch_size=c.batch_size, epochs=c.local_epochs)
+        return SgdParams(lr=c.lr, momentum=c.momentum, batch_size=c.batch_size, epochs=c.local_epochs,
+                         cuda_graphs=c.cuda_graphs, bf16=c.precision == "bf16")
 
     def mkt_params(self) -> SgdParams:
         c = self.config
-        return SgdParams(lr=c.mkt_lr or c.lr, momentum=c.momentum, batch_size=c.mkt_batch_size, epochs=c.mkt_epochs)
+        return SgdParams(lr=c.mkt_lr or c.lr, momentum=c.momentum, batch_size=c.mkt_batch_size, epochs=c.mkt_epochs,
+                         cuda_graphs=c.cuda_graphs, bf16=c.precision == "bf16")
 
     def local_generator(self, round_: int) -> torch.Generator:
         """Minibatch order of this node's local training in ``round_``."""

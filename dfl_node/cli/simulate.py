@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +32,7 @@ from dfl_node.results import RunResult, write_results
 
 if TYPE_CHECKING:
     from dfl_node.sim.experiment import Progress
+    from dfl_node.sweep.execute import Outcome
 
 
 def summary_table(results: list[RunResult], title: str, seconds: str = "wall s") -> Table:
@@ -60,7 +64,7 @@ def node_table(results: list[RunResult]) -> Table:
 @click.command(epilog=EPILOG)
 @experiment_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Folder for <algorithm>.json/.csv.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--quiet", is_flag=True, help="No progress: no bars on a terminal, no line per tenth of a run in a log.")
 @click.option("--mode", type=click.Choice(["round", "async"]), default="round", show_default=True,
               help="The nodes' mode: rounds passed by a token, or async (each node volunteers, for --duration).")
 @click.option("--duration", type=float, default=600.0, show_default=True,
@@ -75,9 +79,14 @@ def node_table(results: list[RunResult]) -> Table:
 @node_options
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the nodes' shards and state dirs go (default: a temporary folder).")
+@click.option("--per-device", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Algorithms run at once on the device (on a GPU, 3 runs 000's three together): pool processes, or "
+                   "with --streams threads of this process; 1: one after the other, with progress bars.")
+@click.option("--streams", is_flag=True,
+              help="Run the algorithms at once as threads of this process, each on a CUDA stream of its own.")
 def simulate(out: Path | None, quiet: bool, config_path: Path | None, mode: str, duration: float,
-             fault_source: str, kills: int, slowdowns: int, fault_seed: int, workdir: Path | None,
-             **flags: object) -> None:
+             fault_source: str, kills: int, slowdowns: int, fault_seed: int, workdir: Path | None, per_device: int,
+             streams: bool, **flags: object) -> None:
     """Run K real nodes in one process — the daemon's own schedulers, roles and checkpoints — on an in-memory
     network and a virtual clock, with device and link costs and faults from the config (no arguments: a quick
     demo on digits). The nodes log warnings only, unless --log-level says otherwise."""
@@ -85,32 +94,107 @@ def simulate(out: Path | None, quiet: bool, config_path: Path | None, mode: str,
     node_settings = {name: flags.pop(name) for name in NODE_SETTINGS if flags.get(name) is not None}
     config = experiment_config(config_path, DEMO_DEFAULTS, **flags)
     randomly = fault_source == "random"
+    run = {"mode": mode, "duration": duration if mode == "async" else 0.0, "random_kills": kills if randomly else 0,
+           "random_slowdowns": slowdowns if randomly else 0, "fault_seed": fault_seed, **node_settings}
+
+    def finished(result: RunResult) -> None:  # as each run ends: a later failure loses nothing written
+        _say_what_happened(result)
+        if out:
+            write_results(result, out)
+
+    if per_device > 1 or streams:
+        results = _at_once(config, run, workdir, per_device, streams, quiet, finished)
+    else:
+        results = _one_after_another(config, run, workdir, quiet, finished)
+    _report(config, results)
+
+
+def _one_after_another(config: ExperimentConfig, run: dict[str, Any], workdir: Path | None, quiet: bool,
+                       finished: Callable[[RunResult], None]) -> list[RunResult]:
+    """Each algorithm in turn in this process, on data provisioned once, with a progress bar."""
     from dfl_node.sim.experiment import run_fleet  # the daemon's node: imported once the flags are read
 
     data = provision(config)
     results = []
     for algorithm in config.algorithms:
-        with _progress_bar(algorithm, mode, config.rounds if mode == "round" else duration, quiet) as bar:
+        with _progress_bar(algorithm, run["mode"], _total(config, run), quiet) as bar:
             try:
-                result = run_fleet(config, algorithm, workdir, mode=mode, duration=duration if mode == "async" else 0.0,
-                                   random_kills=kills if randomly else 0, random_slowdowns=slowdowns if randomly else 0,
-                                   fault_seed=fault_seed, data=data, progress=bar, **node_settings)
+                results.append(run_fleet(config, algorithm, workdir, data=data, progress=bar, **run))
             except ValueError as exc:  # devices:/links: that do not fit the fleet
                 raise click.UsageError(str(exc)) from None
-        results.append(result)
-        _say_what_happened(result)
-        if out:
-            write_results(result, out)
-    _report(config, results)
+        finished(results[-1])
+    return results
+
+
+def _at_once(config: ExperimentConfig, run: dict[str, Any], workdir: Path | None, per_device: int, streams: bool,
+             quiet: bool, finished: Callable[[RunResult], None]) -> list[RunResult]:
+    """Each algorithm as a run of its own, ``per_device`` at once, as a sweep runs them (pool processes, or threads
+    on CUDA streams): the same results as one after another (each run provisions the same data). Progress is a
+    line on stderr per tenth of a run (bars of runs in other processes would interleave), unless ``quiet``."""
+    from dfl_node.sweep.grid import RunTask  # noqa: PLC0415 - the runners import the node
+    from dfl_node.sweep.pool import run_pool  # noqa: PLC0415
+    from dfl_node.sweep.threads import run_threads  # noqa: PLC0415
+
+    tasks = [RunTask(f"{i}-{algorithm}", {}, algorithm, config.seed,
+                     config.model_copy(update={"algorithms": [algorithm]}).model_dump(mode="json"),
+                     run={**run, "workdir": workdir / f"{i}-{algorithm}" if workdir else None,
+                          "progress": None if quiet else ProgressLines(algorithm, _total(config, run), run["mode"])})
+             for i, algorithm in enumerate(config.algorithms)]
+    results: dict[str, RunResult] = {}
+    failed: list[str] = []
+
+    def done(outcome: Outcome) -> None:
+        if outcome.payload is None:
+            failed.append(f"{outcome.task.algorithm}: {outcome.error}")
+            click.echo(f"{outcome.task.algorithm} failed: {outcome.error}", err=True)
+            return
+        results[outcome.task.name] = RunResult.model_validate(outcome.payload)
+        finished(results[outcome.task.name])
+
+    (run_threads if streams else run_pool)(tasks, per_device, done)
+    if failed:
+        raise click.ClickException("; ".join(failed))
+    return [results[task.name] for task in tasks]
+
+
+def _total(config: ExperimentConfig, run: dict[str, Any]) -> float:
+    """What a run's progress counts to: its rounds, or in async mode its virtual seconds."""
+    return config.rounds if run["mode"] == "round" else run["duration"]
+
+
+@dataclass
+class ProgressLines:
+    """A run's progress as a line on stderr at each tenth of it: ``defkt: 300/1000 rounds (41 s)``. Picklable,
+    so that a pool process reports its own run."""
+
+    label: str
+    total: float
+    mode: str
+    tenths: int = 0
+    started: float | None = None
+
+    def __call__(self, rounds: int, virtual_s: float) -> None:
+        now = time.monotonic()
+        self.started = self.started or now
+        reached = rounds if self.mode == "round" else virtual_s
+        tenths = int(10 * reached / self.total) if self.total else 10
+        if tenths > self.tenths:
+            self.tenths = tenths
+            unit = "rounds" if self.mode == "round" else "virtual s"
+            click.echo(f"{self.label}: {reached:.0f}/{self.total:g} {unit} ({now - self.started:.0f} s)", err=True)
 
 
 @contextlib.contextmanager
-def _progress_bar(algorithm: str, mode: str, total: float, quiet: bool) -> Iterator[Progress]:
-    """A progress bar on stderr, fed from the simulation's progress thread: rounds, or virtual seconds (async)."""
+def _progress_bar(algorithm: str, mode: str, total: float, quiet: bool) -> Iterator[Progress | None]:
+    """A progress bar on stderr, fed from the simulation's progress thread: rounds, or virtual seconds (async); a
+    line per tenth of the run where stderr is no terminal (a log file, a pipe); nothing with ``quiet``."""
+    if quiet or not sys.stderr.isatty():
+        yield None if quiet else ProgressLines(algorithm, total, mode)
+        return
     unit = "rounds" if mode == "round" else "virtual s"
     columns = (TextColumn(f"[bold]{algorithm}"), BarColumn(), TextColumn(f"{{task.completed:.0f}}/{total:g} {unit}"),
                TimeElapsedColumn())
-    with RichProgress(*columns, console=Console(stderr=True), disable=quiet) as bar:
+    with RichProgress(*columns, console=Console(stderr=True)) as bar:
         task = bar.add_task(algorithm, total=total)
 
         def advance(rounds: int, virtual_s: float) -> None:

@@ -19,9 +19,11 @@ HELP = f"""Run every grid point × seed × algorithm of GRID (a YAML or TOML fil
 
 Runs go to a local process pool (--workers, one torch thread each) or, with --ray, to Ray: `auto`
 joins this machine's cluster (`ray start`), an ADDRESS joins that one, `local` starts a private
-instance here. Each run writes OUT/<run name>.json when it ends; a sweep run again skips runs whose
-file is there, and Ctrl-C keeps the finished ones. At the end: a table and OUT/{SUMMARY_FILE} (final
-accuracies, mean ± std over seeds) and OUT/{PLOTS_DIR}/<grid point>.png (curves averaged over seeds).
+instance here. On a GPU (device: cuda), --per-device N runs N at once on it: N pool processes, or
+with --streams N threads of this process, each on a CUDA stream of its own (docs/gpu.md). Each
+run writes OUT/<run name>.json when it ends; a sweep run again skips runs whose file is there,
+and Ctrl-C keeps the finished ones. At the end: a table and OUT/{SUMMARY_FILE} (final accuracies,
+mean ± std over seeds) and OUT/{PLOTS_DIR}/<grid point>.png (curves averaged over seeds).
 
 GRID format:
 
@@ -36,10 +38,17 @@ GRID format:
               help="Runs at once: pool processes, or CPUs of a --ray local instance.")
 @click.option("--ray", "ray", metavar="auto|local|ADDRESS",
               help="Run on Ray instead of the pool (needs pip install -e '.[ray]').")
-def sweep(grid: Path, out: Path | None, workers: int, ray: str | None) -> None:
+@click.option("--per-device", type=click.IntRange(min=1), default=None,
+              help="Runs at once on the one device the runs use (a GPU): in place of --workers.")
+@click.option("--streams", is_flag=True,
+              help="Runs at once as threads of this process, each on a CUDA stream of its own, not processes.")
+def sweep(grid: Path, out: Path | None, workers: int, ray: str | None, per_device: int | None, streams: bool) -> None:
     out = out or Path("runs") / grid.stem
+    if streams and ray is not None:
+        raise click.UsageError("--streams runs threads of this process; --ray runs Ray tasks: choose one")
     try:
-        outcome = run_sweep(grid, out, workers=workers, ray=ray, echo=lambda line: click.echo(line))
+        outcome = run_sweep(grid, out, workers=per_device or workers, ray=ray, streams=streams,
+                            echo=lambda line: click.echo(line))
     except ConfigError as exc:
         raise SettingsError(exc) from None
     if outcome.interrupted:

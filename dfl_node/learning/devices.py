@@ -44,6 +44,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def use_backends(precision: str, cudnn_benchmark: bool) -> None:
+    """The process's CUDA math modes for the ``precision`` and ``cudnn_benchmark`` settings: matrix products in
+    TF32 only for ``tf32`` (PyTorch's default is full float32), cuDNN's own timing of algorithms on request.
+    Convolutions keep PyTorch's default, ``torch.backends.cudnn.allow_tf32`` (True: TF32 on Ampere and newer),
+    which is what ``fp32`` means here. Process-wide flags, as the thread count is: every node of a process (a
+    simulation, its concurrent runs) has the same settings. Nothing the CPU computes depends on them."""
+    import torch  # noqa: PLC0415
+
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+
+
 @contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """Torch's intra-op threads set to ``count`` (the ``threads`` setting) for the block, then put back.

@@ -19,15 +19,26 @@ Where the papers leave a detail open, it is decided here, once:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dfl_node.learning import work
+from dfl_node.learning.cuda_graphs import CudaGraphRecorder, EpochGraph, Recorder, graph_for, orders
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.tensors import StateDict, TensorPart
-from dfl_node.learning.training import SgdParams, release, sgd, shuffled_batches
+from dfl_node.learning.training import (
+    Sgd,
+    SgdParams,
+    autocast,
+    batches_per_epoch,
+    epoch_order,
+    gather,
+    release,
+    sgd,
+)
 
 SegmentRange = tuple[str, int, int]  # tensor name, start, stop (flattened element offsets)
 
@@ -54,20 +65,60 @@ def mutual_knowledge_transfer(
     """000 Alg. 1, receiver side: E passes of simultaneous MKT steps (eqs. 2–3) on the receiver's data.
 
     Both models are updated in place; the caller keeps ``received`` as the new local model.
-    ``received_params.epochs`` (E) and ``.batch_size`` (B2) drive the passes.
+    ``received_params.epochs`` (E) and ``.batch_size`` (B2) drive the passes; with its ``cuda_graphs`` and the
+    data on CUDA each pass is a CUDA graph's replay (:func:`graphed_mkt`).
     """
     received.train()
     local.train()
+    if received_params.cuda_graphs and data.x.is_cuda and graphed_mkt(received, local, data, received_params,
+                                                                        local_params, generator):
+        return
     opt_received, opt_local = sgd(received, received_params), sgd(local, local_params)
+    steps = batches_per_epoch(len(data), received_params.batch_size)
     for _ in range(received_params.epochs):
-        for x, y in shuffled_batches(data, received_params.batch_size, generator):
-            loss1, loss2 = mkt_losses(received(x), local(x), y)
-            opt_received.zero_grad()
-            opt_local.zero_grad()
-            (loss1 + loss2).backward()  # the graphs are disjoint: each loss reaches only its own model
-            opt_received.step()
-            opt_local.step()
+        order = epoch_order(data, generator)
+        work.done().steps += steps
+        mkt_epoch(received, local, data, order, received_params.batch_size, opt_received, opt_local,
+                  received_params.bf16)
     release(opt_received, opt_local)
+
+
+def mkt_epoch(received: nn.Module, local: nn.Module, data: ArrayDataset, order: torch.Tensor, batch_size: int,
+              opt_received: Sgd, opt_local: Sgd, bf16: bool = False) -> None:
+    """One pass of simultaneous MKT steps over ``data`` in ``order``: the body of
+    :func:`mutual_knowledge_transfer`, run eagerly there and captured as a CUDA graph by
+    :mod:`dfl_node.learning.cuda_graphs` (no host reads, no Python state changed but the tensors')."""
+    for idx in order.split(batch_size):
+        x, y = gather(data, idx)
+        with autocast(x.device, bf16):
+            loss1, loss2 = mkt_losses(received(x), local(x), y)
+        opt_received.zero_grad()
+        opt_local.zero_grad()
+        (loss1 + loss2).backward()  # the graphs are disjoint: each loss reaches only its own model
+        opt_received.step()
+        opt_local.step()
+
+
+def graphed_mkt(received: nn.Module, local: nn.Module, data: ArrayDataset, received_params: SgdParams,
+                local_params: SgdParams, generator: torch.Generator,
+                recorder: Callable[[], Recorder] = CudaGraphRecorder) -> bool:
+    """:func:`mutual_knowledge_transfer` with each epoch a replay of :func:`mkt_epoch`'s graph
+    (:mod:`dfl_node.learning.cuda_graphs`); False, having drawn nothing from ``generator``, where the models cannot
+    be captured."""
+    def build() -> EpochGraph:
+        optimizers = sgd(received, received_params), sgd(local, local_params)
+
+        def body(order: torch.Tensor, total: torch.Tensor) -> None:
+            mkt_epoch(received, local, data, order, received_params.batch_size, *optimizers, received_params.bf16)
+        return EpochGraph([received, local], optimizers, data, body, recorder())
+
+    settings = tuple((p.lr, p.momentum, p.batch_size, p.bf16) for p in (received_params, local_params))
+    graph = graph_for("mkt", [received, local], data, settings, build, recorder)
+    if graph is None:
+        return False
+    work.done().steps += batches_per_epoch(len(data), received_params.batch_size) * received_params.epochs
+    graph.run(orders(data, generator, received_params.epochs))
+    return True
 
 
 def weighted_average_(local: StateDict, remote: StateDict, n_local: float, n_remote: float) -> None:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -261,12 +262,15 @@ ARCHITECTURE_MODES: dict[str, tuple[str, ...]] = {
 }
 
 
+_SEEDING = threading.Lock()  # simulations run as threads of one process (--per-device N --streams) build at once
+
+
 def build_model(
     name: str, input_shape: Sequence[int], num_classes: int, *, hidden: Sequence[int] | None = None, seed: int = 0
 ) -> nn.Module:
     """Build a registered architecture or a plugin with parameters drawn from ``seed`` (same seed → same ``w0``)."""
     builder = _builder(name)
-    with torch.random.fork_rng(devices=[]):
+    with _SEEDING, torch.random.fork_rng(devices=[]):  # one build at a time: they share torch's CPU generator
         # the CPU generator only, where the model is built: torch.manual_seed also queues a seed for every lazy
         # accelerator backend (CUDA, XPU, MTIA) with a formatted stack trace each, ~4 ms a call under asyncio here
         torch.random.default_generator.manual_seed(seed)

@@ -190,6 +190,16 @@ class SharedSettings(BaseModel):
     threads: int = Field(1, ge=1, description="torch threads (1 per node process keeps testbeds fast)")
     device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="where models and data live: cpu, cuda (an "
                                                    "error where CUDA is absent) or auto (cuda when available)")
+    # How training runs on a GPU (docs/gpu.md): none of these changes a value on the CPU, but bf16
+    precision: Literal["fp32", "tf32", "bf16"] = Field(
+        "fp32", description="training arithmetic: fp32 = float32 tensors, matrix products in full float32, "
+        "convolutions as PyTorch lets cuDNN do them by default (TF32 on Ampere and newer GPUs); tf32 = matrix "
+        "products in TF32 too (CUDA); bf16 = forward passes under bfloat16 autocast (any device). Evaluation is "
+        "float32 in every case")
+    cuda_graphs: bool = Field(True, description="on CUDA, replay each epoch of local training (cross-entropy) and of "
+                              "MKT as a captured CUDA graph: the same steps, a launch per epoch; no effect on the CPU")
+    cudnn_benchmark: bool = Field(False, description="on CUDA, let cuDNN time its convolution algorithms for each "
+                                  "shape once and keep the fastest (torch.backends.cudnn.benchmark)")
 
 
 class LearningConfig(SelectionSettings, FairAvgSettings, ComboSettings, FMLSettings, PartialSettings, DFMLSettings,

@@ -31,7 +31,7 @@ from dfl_node.algorithms.base import equip
 from dfl_node.api.metrics import NodeMetrics
 from dfl_node.api.schemas import FleetEvent, FleetView, HistoryEntry, NodeStatus, SeriesAccuracy
 from dfl_node.errors import OperatorError
-from dfl_node.learning.devices import resolve_device
+from dfl_node.learning.devices import resolve_device, use_backends
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.training import evaluate
@@ -80,6 +80,7 @@ class Node:
         self.started = self.clock.wall()
         self.boot_id = uuid.uuid4().hex
         self.device = resolve_device(config.device)  # the shard, the test set and the model move there once
+        use_backends(config.precision, config.cudnn_benchmark)
         self.data = NodeData(config, self.started)  # bad data: one line naming the file and row, exit 2
         train, val = self.data.train, self.data.val
         self.test = self.data.test.to(self.device) if self.data.test is not None else None

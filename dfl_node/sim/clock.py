@@ -95,13 +95,13 @@ class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
-        before = work.DONE.copy()
+        before = work.done().copy()
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:  # delivered to the awaiting task, as a worker thread would
-            self._loop.call_later(self._cost(work.DONE.since(before)), future.set_exception, exc)
+            self._loop.call_later(self._cost(work.done().since(before)), future.set_exception, exc)
         else:
-            self._loop.call_later(self._cost(work.DONE.since(before)), future.set_result, result)
+            self._loop.call_later(self._cost(work.done().since(before)), future.set_result, result)
         return future
 
 

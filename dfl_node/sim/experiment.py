@@ -105,6 +105,8 @@ async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSched
             fleet.start_all()
             happened = await play_faults(fleet, costs, schedule, seed)
             await fleet.finished()
+            if progress is not None:  # where the run ended, which the reporter's last look may have missed
+                progress(fleet.round_reached(), asyncio.get_running_loop().time())
             ended = fleet.clock.wall()
             statuses = {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
             histories = {n: [h.model_dump(mode="json") for h in node.get_history()]

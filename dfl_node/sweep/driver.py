@@ -19,6 +19,7 @@ from dfl_node.sweep.pool import run_pool
 from dfl_node.sweep.ray_runner import require_ray, run_ray
 from dfl_node.sweep.report import SummaryRow, plot_points, summarize, write_csv
 from dfl_node.sweep.store import read_result, remove_leftovers, result_path, write_atomic
+from dfl_node.sweep.threads import run_threads
 
 SUMMARY_FILE, PLOTS_DIR = "summary.csv", "plots"
 
@@ -33,10 +34,11 @@ class SweepOutcome:
     rows: list[SummaryRow] = field(default_factory=list)
 
 
-def run_sweep(grid_path: Path, out: Path, *, workers: int, ray: str | None = None,
+def run_sweep(grid_path: Path, out: Path, *, workers: int, ray: str | None = None, streams: bool = False,
               echo: Callable[[str], None] = print) -> SweepOutcome:
-    """Run every missing run of ``grid_path`` into ``out``; ``ray``: None (process pool of ``workers``),
-    ``auto``, ``local`` or a cluster address (see :mod:`dfl_node.sweep.ray_runner`)."""
+    """Run every missing run of ``grid_path`` into ``out``, ``workers`` at once; ``ray``: None (a process pool, or
+    with ``streams`` threads of this process each on a CUDA stream: :mod:`dfl_node.sweep.threads`), ``auto``,
+    ``local`` or a cluster address (see :mod:`dfl_node.sweep.ray_runner`)."""
     tasks = expand(grid_path)
     require_matplotlib("dfl-node sweep")  # its report's plots: fail before the runs, not after them
     if ray is not None:
@@ -67,6 +69,8 @@ def run_sweep(grid_path: Path, out: Path, *, workers: int, ray: str | None = Non
     try:
         if ray is not None:
             run_ray(todo, ray, finished, num_cpus=workers)
+        elif streams:
+            run_threads(todo, workers, finished)
         else:
             run_pool(todo, workers, finished)
     except KeyboardInterrupt:

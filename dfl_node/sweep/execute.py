@@ -26,7 +26,7 @@ class Outcome:
 def execute(task: RunTask) -> dict[str, Any]:
     """Run the simulator on the run's config, return the run's result JSON (a RunResult, its final averaged
     accuracies, and the grid point it belongs to)."""
-    result = run_fleet(task.experiment(), task.algorithm)
+    result = run_fleet(task.experiment(), task.algorithm, **task.run)
     payload = result.model_dump(mode="json")
     payload["global_accuracy"], payload["local_accuracy"] = result.global_accuracy, result.local_accuracy
     payload["sweep"] = {"name": task.name, "point": task.point, "algorithm": task.algorithm, "seed": task.seed}

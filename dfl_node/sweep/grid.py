@@ -63,6 +63,7 @@ class RunTask:
     algorithm: str
     seed: int
     config: dict[str, Any] = field(hash=False)  # ExperimentConfig.model_dump(mode="json"), algorithms=[algorithm]
+    run: dict[str, Any] = field(default_factory=dict, hash=False)  # run_fleet's other keywords (simulate's --mode…)
 
     @property
     def label(self) -> str:
