@@ -208,3 +208,31 @@ def test_peer_url() -> None:
     announced = {"address": "node-1:50051", "http_port": 8080, "status_url": "http://127.0.0.1:8081/"}
     assert peer_url(announced, "http://127.0.0.1:8080") == "http://127.0.0.1:8081"  # compose: the published port
     assert normalize_url("host:8080/status/") == "http://host:8080"
+
+
+def test_wait_done_waits_for_a_node_that_starts_late_and_finishes(capsys: pytest.CaptureFixture[str]) -> None:
+    """--wait-done: a node not yet listening is asked again, one not yet done too; once done the table shows it."""
+    node, port = FakeNode("gamma", 3, 0.5), free_port()
+    answers = 0
+
+    def status() -> NodeStatus:
+        nonlocal answers
+        answers += 1
+        return node.status().model_copy(update={"done": answers >= 3})  # done from its third answer on
+
+    server = ServerThread(app_of(status, node.history))
+    server.server.config.port = port
+    starter = threading.Timer(0.6, server.start)  # the node starts listening while the status waits
+    starter.start()
+    try:
+        assert show_status(f"http://127.0.0.1:{port}", wait_done=30) == 0
+    finally:
+        starter.join()
+        server.stop()
+    assert answers >= 4 and "gamma" in capsys.readouterr().out  # three polls to get there, then the table's
+
+
+def test_wait_done_gives_up_with_exit_1(fleet, capsys: pytest.CaptureFixture[str]) -> None:
+    assert show_status(url_of(fleet["alpha"]), all_peers=True, wait_done=0.3) == 1
+    captured = capsys.readouterr()
+    assert "not done after 0.3 s" in captured.err and "alpha" in captured.out  # what stands is shown

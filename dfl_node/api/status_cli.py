@@ -254,11 +254,14 @@ def show_status(
     wide: bool = False,
     watch: float | None = None,
     repeats: int | None = None,
+    wait_done: float | None = None,
     console: Console | None = None,
     err_console: Console | None = None,
 ) -> int:
     """Print the status of the node at ``url`` (and with ``all_peers`` of its peers); return the exit code.
-    With ``watch``, print it again every ``watch`` seconds (``repeats`` times, or until Ctrl-C).
+    With ``watch``, print it again every ``watch`` seconds (``repeats`` times, or until Ctrl-C). With
+    ``wait_done``, first wait up to that many seconds until every node to be shown answers and is done (a script
+    that starts a fleet then asks for its result needs no sleep of its own), and exit 1 if they are not.
 
     Exit code 0 when every node shown answered; 1 if the node at ``url`` cannot be queried (the reason goes
     to stderr) or, with ``all_peers``, any peer it knows cannot: a script polling the fleet sees it.
@@ -266,6 +269,10 @@ def show_status(
     out = console or Console(soft_wrap=False)
     err = err_console or Console(stderr=True)
     base_url, code, shown = normalize_url(url), 0, 0
+    if wait_done is not None and not _wait_until_done(base_url, all_peers, timeout, wait_done):
+        _show_once(base_url, all_peers, as_json, timeout, wide, out, err)
+        err.print(f"[red]error:[/] not done after {wait_done:g} s", highlight=False)
+        return 1
     try:
         while True:
             if watch is not None and out.is_terminal:
@@ -277,6 +284,24 @@ def show_status(
             time.sleep(watch)
     except KeyboardInterrupt:
         return code
+
+
+def _wait_until_done(base_url: str, all_peers: bool, timeout: float, seconds: float, every: float = 0.5) -> bool:
+    """Poll until the node (with ``all_peers``, every node of the fleet it lists) answers and is done, for at most
+    ``seconds``; whether it came to that. A node that does not answer yet (still starting) is simply asked again."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with httpx.Client(timeout=min(timeout, PEER_TIMEOUT_S), trust_env=False) as client:
+                root = fetch_status(client, base_url)
+                rows = _gather_fleet(client, base_url, root) if all_peers else [{"status": root}]
+            if all(r["status"] is not None and r["status"].get("done") for r in rows):
+                return True
+        except StatusError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(every)
 
 
 def _show_once(base_url: str, all_peers: bool, as_json: bool, timeout: float, wide: bool, out: Console,

@@ -23,11 +23,15 @@ from dfl_node.node.state_lock import StateLock
 @click.option("--wide", is_flag=True, help="--all: every column (the default set fits 80 columns).")
 @click.option("--watch", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="Show it again every SECONDS until Ctrl-C.")
+@click.option("--wait-done", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="First wait, up to SECONDS, until the node (with --all, every node shown) answers and is done "
+                   "(--rounds reached, --duration over); exit 1 if it is not by then.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(url: str, all_peers: bool, wide: bool, watch: float | None, as_json: bool) -> None:
+def status(url: str, all_peers: bool, wide: bool, watch: float | None, wait_done: float | None,
+           as_json: bool) -> None:
     """Show a node's state (and with --all, its peers') from its REST API. Exit 1 if the node (or, with --all,
     any peer) cannot be queried."""
-    sys.exit(show_status(url, all_peers=all_peers, as_json=as_json, wide=wide, watch=watch))
+    sys.exit(show_status(url, all_peers=all_peers, as_json=as_json, wide=wide, watch=watch, wait_done=wait_done))
 
 
 @click.command()
