@@ -17,14 +17,15 @@ from dfl_node.testbed.launcher import poll_status
 from tests.chaos import (
     KILLS,
     SEED,
-    STORM_TIMEOUTS,
     Chaos,
     all_alive,
     chaos_fleet,
+    daemon_start_s,
     durable_states,
     expected_fingerprint,
     highest_round,
     stall_bound,
+    storm_timeouts,
 )
 from tests.conftest import FLEET
 
@@ -87,10 +88,11 @@ def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Pat
     """Two fleets at once, one per mode, each through KILLS random kill -9s (their storms run side by side:
     the time goes into the victims' restarts, not into the CPU)."""
     started = time.monotonic()
+    timeouts = storm_timeouts(daemon_start_s(fleet_shards, tmp_path / "start"))  # sized to this machine's restarts
     # The round fleet's senders train for a while (local_epochs), so a sender's kill mostly lands before its
     # transfer, while its aggregator waits for it.
     round_config = FLEET.model_copy(update={"rounds": 0, "local_epochs": 10})
-    with (chaos_fleet(fleet_shards, tmp_path / "round", "round", round_config, **STORM_TIMEOUTS) as rounds,
+    with (chaos_fleet(fleet_shards, tmp_path / "round", "round", round_config, **timeouts) as rounds,
           chaos_fleet(fleet_shards, tmp_path / "async", "async", interval=0.3, participation=0.8, duration=0,
                       round_timeout=5.0) as async_,
           ThreadPoolExecutor(2) as pool):
@@ -103,11 +105,11 @@ def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Pat
 
     states = durable_states(rounds.nodes, fingerprint_)
     ledger, completed = Ledger.of(states), completed_rounds(states)
-    quick = [k for k in rounds.kills if k.back_after < STORM_TIMEOUTS["peer_timeout"]]
+    quick = [k for k in rounds.kills if k.back_after < timeouts["peer_timeout"]]
     stalls = {id(k): ledger.stall_after(k.at) for k in rounds.kills}
     quick_senders = [k for k in quick if k.role == "sender" and not k.holding]
     over = [(k.node, k.role, round(k.back_after, 1), round(stalls[id(k)], 1)) for k in rounds.kills
-            if stalls[id(k)] > stall_bound(STORM_TIMEOUTS, k in quick)]
+            if stalls[id(k)] > stall_bound(timeouts, k in quick)]
     longest_quick = max((stalls[id(k)] for k in quick), default=0.0)
     figures("round", rounds, ledger, runtime, rounds_completed=completed,
             rounds_lost=len(ledger.lost_rounds(completed)), rounds_run_twice=len(ledger.repeated_rounds()),
@@ -116,9 +118,9 @@ def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Pat
                                      f"{min(k.back_after for k in rounds.kills):.1f}–"
                                      f"{max(k.back_after for k in rounds.kills):.1f} s)",
             longest_stall_after_a_quick_restart=f"{longest_quick:.1f} s "
-                                                f"(bound {stall_bound(STORM_TIMEOUTS, True):.1f} s)",
+                                                f"(bound {stall_bound(timeouts, True):.1f} s)",
             longest_stall_after_a_kill=f"{max(stalls.values()):.1f} s "
-                                       f"(bound {stall_bound(STORM_TIMEOUTS, False):.1f} s)",
+                                       f"(bound {stall_bound(timeouts, False):.1f} s)",
             accepted_models_lost=len(ledger.lost_models()), checkpoints_verified=len(states))
     assert sum(k.holding for k in rounds.kills) >= KILLS // 4
     assert len(quick_senders) >= 3  # the issue: several, back in time

@@ -5,6 +5,7 @@ environment that runs it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -36,10 +37,8 @@ def run(script: str, cwd: Path, env: dict[str, str], timeout: float) -> subproce
     try:
         out, _ = process.communicate(timeout=timeout)
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         process.wait()
     return subprocess.CompletedProcess(process.args, process.returncode, out, "")
 
