@@ -33,8 +33,8 @@ import httpx  # after the path above, as every import of dfl_node below
 import torch
 
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
-from dfl_node.config import ExperimentConfig
-from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.learning.models import ModelSpec, build_model, fingerprint
 from dfl_node.net.codec import Limits, manifest_of
 from dfl_node.net.wire import WireIdentity
@@ -58,7 +58,7 @@ class BenchModel:
 def bench_model(work: Path, purpose: str, sender: str = "bench-sender", num_samples: int = 100) -> BenchModel:
     """Write the shards of a 2-node digits fleet under ``work`` and build the benchmark's model and message."""
     config = ExperimentConfig(nodes=2, hidden=HIDDEN, seed=0)
-    fleet = provision(config)
+    fleet = provision(config.shards, config.learning, config.nodes)
     write_fleet(fleet, work / "shards")
     model = build_model("mlp", fleet.input_shape, fleet.num_classes, hidden=HIDDEN, seed=1)
     state = model.state_dict()

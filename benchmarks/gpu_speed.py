@@ -170,7 +170,7 @@ def step(log: Records, args: argparse.Namespace) -> None:
 
 
 def overhead(log: Records, args: argparse.Namespace) -> None:
-    from dfl_node.learning.fleet import provision  # noqa: PLC0415
+    from dfl_node.learning.provision import provision  # noqa: PLC0415
     from dfl_node.sim.experiment import run_fleet  # noqa: PLC0415
 
     short, long = (2, 4) if args.smoke else (20, 60)
@@ -179,7 +179,7 @@ def overhead(log: Records, args: argparse.Namespace) -> None:
         cases = cases[:1]  # a CPU would spend the CNN case evaluating it (10 × 11,200 images every 10 rounds)
     for label, settings in cases:
         config = experiment(args, train_samples=250, local_epochs=1, batch_size=200, mkt_batch_size=200, **settings)
-        data = provision(config)
+        data = provision(config.shards, config.learning, config.nodes)
         walls = {}
         for rounds in (short, long):
             run = config.model_copy(update={"rounds": rounds})
@@ -226,10 +226,10 @@ def one_run(log: Records, section: str, config: Any, algorithm: str, data: Any, 
 
 
 def rounds(log: Records, args: argparse.Namespace) -> None:
-    from dfl_node.learning.fleet import provision  # noqa: PLC0415
+    from dfl_node.learning.provision import provision  # noqa: PLC0415
 
     config = experiment(args, rounds=args.rounds)
-    data = provision(config)
+    data = provision(config.shards, config.learning, config.nodes)
     for algorithm in config.algorithms:
         eager = one_run(log, "rounds", config, algorithm, data, cuda_graphs=False)
         fast = one_run(log, "rounds", config, algorithm, data, cuda_graphs=True)
@@ -268,10 +268,10 @@ def concurrent(log: Records, args: argparse.Namespace) -> None:
 
 
 def precision(log: Records, args: argparse.Namespace) -> None:
-    from dfl_node.learning.fleet import provision  # noqa: PLC0415
+    from dfl_node.learning.provision import provision  # noqa: PLC0415
 
     config = experiment(args, rounds=args.rounds)
-    data = provision(config)
+    data = provision(config.shards, config.learning, config.nodes)
     for kind in ("tf32", "bf16"):
         one_run(log, "precision", config, "defkt", data, cuda_graphs=True, precision=kind)
 
@@ -340,8 +340,8 @@ def full(log: Records, args: argparse.Namespace) -> None:
 
 
 def experiment(args: argparse.Namespace, **settings: Any) -> Any:
-    from dfl_node.config import ExperimentConfig  # noqa: PLC0415
-    from dfl_node.config_loader import load_config  # noqa: PLC0415
+    from dfl_node.settings.experiment import ExperimentConfig  # noqa: PLC0415
+    from dfl_node.settings.loading import load_config  # noqa: PLC0415
 
     flags = {"device": args.device, **({"data_dir": args.data_dir} if args.data_dir else {})}
     return load_config(ExperimentConfig, experiment_file(args), {**flags, **settings})

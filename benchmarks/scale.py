@@ -50,8 +50,8 @@ from _daemon import REPO, cpu_seconds, reset_peak, vm  # benchmarks/_daemon.py: 
 from aggregator import machine
 
 from dfl_node.cli.testbed import TESTBED_DEFAULTS
-from dfl_node.config import ExperimentConfig
-from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.testbed.launcher import NodeProcess, Placement, done_twice, plan_fleet, poll_status, stop_all, wait_until
 
 IDLE_RSS_TARGET_MB = 260.0
@@ -260,7 +260,7 @@ def main() -> None:
         parser.error("--nodes: at least 2 (a node alone has nobody to fuse with)")
     config = ExperimentConfig(**{**TESTBED_DEFAULTS, "nodes": args.nodes, "threads": 1})
     root = args.workdir or Path(tempfile.mkdtemp(prefix="dfl-scale-"))
-    write_fleet(provision(config), root / "shards")
+    write_fleet(provision(config.shards, config.learning, config.nodes), root / "shards")
     started = time.monotonic()
     try:
         idle, idle_nodes = ({}, []) if args.idle <= 0 else idle_phase(

@@ -44,8 +44,8 @@ class _TreeOnly(importlib.abc.MetaPathFinder):
 
     ``PYTHONPATH`` alone does not isolate a tree: an editable install (setuptools' ``__editable__``
     finder on ``sys.meta_path``) still answers for a submodule the tree lacks, so the old tree's
-    ``import dfl_node.config_loader`` used to load the *installed* tree's module on top of the old
-    ``dfl_node.config`` (and failed on ``unusable_here``). A module the tree lacks is missing here.
+    ``import dfl_node.settings.loading`` used to load the *installed* tree's module on top of the old
+    ``dfl_node.settings.experiment`` (and failed on ``unusable_here``). A module the tree lacks is missing here.
     """
 
     def __init__(self, tree: Path) -> None:
@@ -67,19 +67,19 @@ def measure(tree: Path, config_path: Path, rounds: int, data_dir: str | None) ->
     import torch  # noqa: PLC0415 - in the child only
 
     import dfl_node  # noqa: PLC0415
-    from dfl_node.config import ExperimentConfig  # noqa: PLC0415
-    try:  # load_config moved to dfl_node.config_loader after the --before trees this times
-        from dfl_node.config_loader import load_config  # noqa: PLC0415
+    from dfl_node.settings.experiment import ExperimentConfig  # noqa: PLC0415
+    try:  # load_config moved to dfl_node.settings.loading after the --before trees this times
+        from dfl_node.settings.loading import load_config  # noqa: PLC0415
     except ModuleNotFoundError as missing:
-        if missing.name != "dfl_node.config_loader":
+        if missing.name != "dfl_node.settings.loading":
             raise
-        from dfl_node.config import load_config  # noqa: PLC0415
+        from dfl_node.settings.experiment import load_config  # noqa: PLC0415
     from dfl_node import sim  # noqa: PLC0415
-    from dfl_node.learning.fleet import provision  # noqa: PLC0415
+    from dfl_node.learning.provision import provision  # noqa: PLC0415
 
     config = load_config(ExperimentConfig, config_path, {"data_dir": data_dir})  # its data_dir is read from its folder
     torch.set_num_threads(1)
-    fleet = provision(config)
+    fleet = provision(config.shards, config.learning, config.nodes)
     report: dict = {"tree": str(Path(dfl_node.__file__).parents[1])}
 
     def run(algorithm: str, rounds: int) -> tuple[float, float]:

@@ -64,8 +64,8 @@ from _daemon import (  # benchmarks/_daemon.py
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.codec import CHUNK_SIZE
-from dfl_node.net.hashes import HASHES
-from dfl_node.net.transport import PeerClient
+from dfl_node.hashes import HASHES
+from dfl_node.net.client import PeerClient
 from dfl_node.peering.messages import Assignment, Hello
 from dfl_node.testbed.launcher import free_port
 
@@ -100,7 +100,7 @@ BARE_STREAM_SINK = textwrap.dedent("""
     import torch
     from dfl_node.net.allocator import tune_for_streaming
     from dfl_node.net.buffers import absorb
-    from dfl_node.net.hashes import HASHES
+    from dfl_node.hashes import HASHES
     from dfl_node.node.gate import is_finite
     port, hashing, size = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     hash_name, _, least = hashing.partition("_")  # "blake3_least": the least a node must do with each chunk
@@ -179,7 +179,7 @@ def measure_unary(payload: bytes, repeat: int) -> list[float]:
 
 
 async def measure_bare_stream(payload: bytes, repeat: int, hashing: str) -> list[float]:
-    """``hashing``: a name of :data:`~dfl_node.net.hashes.HASHES` the sink hashes the chunks with, that name
+    """``hashing``: a name of :data:`~dfl_node.hashes.HASHES` the sink hashes the chunks with, that name
     followed by ``_least`` to also copy them into a receive buffer and check them for NaN/Inf (the least a
     node must do), or "count"."""
     with _sink(BARE_STREAM_SINK, hashing, str(len(payload))) as port:

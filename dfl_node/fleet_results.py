@@ -6,8 +6,8 @@ simulator's fleet on the virtual clock (:mod:`dfl_node.sim.experiment`) and the 
 
 from __future__ import annotations
 
-from dfl_node.config import ExperimentConfig
 from dfl_node.results import EvalRecord, NodeResult, RunResult, SeriesRecord
+from dfl_node.settings.experiment import ExperimentConfig
 
 Positions = dict[str, list[tuple[int, dict]]]  # each node's history entries, by how far the fleet had come
 
@@ -91,7 +91,7 @@ def fleet_result(driver: str, statuses: dict[str, dict], histories: dict[str, li
     ]
     points = sorted({*range(0, rounds + 1, config.eval_every), rounds})
     return RunResult(
-        driver=driver, algorithm=algorithm, mode=mode, config=config.model_dump(mode="json"), rounds=rounds,
+        driver=driver, algorithm=algorithm, mode=mode, config=config.flat(mode="json"), rounds=rounds,
         history=accuracy_curve(fleet_positions(histories, mode), points, started), nodes=results,
         bytes_transmitted=sum(s["bytes_sent"] for s in statuses.values()),
         models_transmitted=sum(s["models_sent"] for s in statuses.values()), wall_time_s=ended - started,

@@ -1,8 +1,8 @@
 """A ``str`` setting that names an entry of one of the package's registries (algorithms, datasets,
 partitions, models): the marker, and how the CLI finds it on a field.
 
-It sits below every settings module (:mod:`dfl_node.learning.settings`, :mod:`dfl_node.config`,
-:mod:`dfl_node.node.config`) and imports none of the registries itself: each marker's ``lookup`` does,
+It sits below every settings module (:mod:`dfl_node.learning.settings`, :mod:`dfl_node.settings.experiment`,
+:mod:`dfl_node.settings.node`) and imports none of the registries itself: each marker's ``lookup`` does,
 when called.
 """
 
@@ -41,7 +41,7 @@ class Registered:
 
     def check(self, value: str) -> str:
         """The value, if registered; else the one-line problem that
-        :func:`~dfl_node.config_loader.describe_problem` reports."""
+        :func:`~dfl_node.settings.loading.describe_problem` reports."""
         names = self.names()
         if value in names:
             return value

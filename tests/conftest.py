@@ -4,13 +4,16 @@ running it (:func:`running_daemons`, :func:`loopback_fleet`), and the CLI helper
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 import pytest
@@ -19,21 +22,66 @@ from safetensors.torch import load_file
 
 from dfl_node.cli import cli
 from dfl_node.cli.logs import QUIET_LIBRARIES
-from dfl_node.config import ExperimentConfig
-from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.learning.provision import provision, write_fleet
+from dfl_node.node.orders import Order
+from dfl_node.peering.messages import Assignment
 from dfl_node.results import RunResult
+from dfl_node.service.wiring import Daemon
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
 from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, stop_all
+
+T = TypeVar("T")
 
 # The fleet every daemon test uses: 4 nodes on digits, quick to train, and what the simulator runs too.
 FLEET = ExperimentConfig(nodes=4, partition="iid", seed=3, rounds=10, eval_every=5, batch_size=20,
                          mkt_batch_size=20, lr=0.05, hidden=[32, 32])
 
 
+def node_config(**settings: object) -> NodeConfig:
+    """A node of :data:`FLEET`'s fleet (its learning settings), with ``settings`` (flat keys, as flags name them)."""
+    return NodeConfig.for_experiment(FLEET, **settings)
+
+
+def daemon(**settings: object) -> Daemon:
+    """What ``dfl-node start`` runs for :func:`node_config` of ``settings``: a node on gRPC (not started)."""
+    return Daemon.build(node_config(**settings))
+
+
+async def until(condition: Callable[[], T], timeout: float, what: str = "the condition") -> T:
+    """Poll ``condition`` until it returns something truthy (returned), on the running loop's clock — virtual time
+    in the simulator — failing the test with ``what`` at the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (value := condition()):
+        if loop.time() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.01)
+    return value
+
+
+def wait_for(condition: Callable[[], T], timeout: float, what: str = "the condition") -> T:
+    """:func:`until` for a test that waits outside an event loop (on processes: daemons, a verb), by the clock."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+    return value
+
+
+def order(**assignment: Any) -> Order:
+    """The order an Assign of these fields gives a node (one it can play)."""
+    given = Order.of(Assignment(**assignment))
+    assert given is not None, assignment
+    return given
+
+
 @pytest.fixture(scope="session")
 def fleet_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shards")
-    write_fleet(provision(FLEET), out)
+    write_fleet(provision(FLEET.shards, FLEET.learning, FLEET.nodes), out)
     return out
 
 

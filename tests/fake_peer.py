@@ -98,7 +98,7 @@ async def main(port: int, node_id: str, swarm: str, algorithm: str, spec: str, s
                classes: int) -> None:
     node = FakeNode(node_id, swarm, algorithm, spec, size, classes, port)
     server = grpc.aio.server()
-    handlers = method_handlers(Misbehaving(node))  # type: ignore[arg-type]
+    handlers = method_handlers(Misbehaving(node, node.wire, node.idle_timeout))  # type: ignore[arg-type]
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()

@@ -22,10 +22,10 @@ import torch
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.net.transport import open_transfer
-from dfl_node.node.config import NodeConfig
+from dfl_node.net.client import open_transfer
+from dfl_node.settings.node import NodeConfig
 from dfl_node.node.daemon import Node
-from dfl_node.node.service import run_node
+from dfl_node.service.run import run_node
 from dfl_node.peering.messages import Ack, Assignment
 from tests.codec_helpers import encoded_frames
 from tests.fuzz_figures import MIN_GRPC_INPUTS, Figures
@@ -76,7 +76,7 @@ class LiveNode:
         self.task: asyncio.Task[None]
         self.channel: grpc.aio.Channel
         self.baseline: Snapshot
-        model = build_model(config.model, INPUT_SHAPE, CLASSES, hidden=config.hidden, seed=99)
+        model = build_model(config.learning.model, INPUT_SHAPE, CLASSES, hidden=config.learning.hidden, seed=99)
         self.genuine_state = model.state_dict()
 
     def run(self, coro: Awaitable[T], timeout: float = 60) -> T:
@@ -92,7 +92,7 @@ class LiveNode:
         self.thread.start()
         self.node = self.run(self._start(), timeout=180)
         self.genuine_frames = encoded_frames(self.message(), 4096, swarm=self.config.swarm,
-                                             fingerprint=self.node.fingerprint)
+                                             fingerprint=self.node.identity.fingerprint)
         self.baseline = self.snapshot()
 
     async def _start(self) -> Node:
@@ -103,7 +103,7 @@ class LiveNode:
         if not ready.done():
             ready.cancel()
             self.task.result()  # it failed to start: say why
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.config.grpc_port}",
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.config.network.grpc_port}",
                                                  options=[("grpc.max_send_message_length", 8 << 20)])
         return node
 
@@ -125,17 +125,17 @@ class LiveNode:
 
     # ----- what the tests look at ---------------------------------------------------------------
     def rejected(self) -> Counter[str]:
-        return self.call(lambda: Counter(self.node.state.rejected))
+        return self.call(lambda: Counter(self.node.tally.rejected))
 
     def snapshot(self) -> Snapshot:
         def take() -> Snapshot:
             node, state = self.node, self.node.state
-            folder = node.checkpoint.directory
+            folder = node.learner.checkpoint.directory
             files = tuple(sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest())
                                  for p in folder.iterdir() if p.is_file()))
             return Snapshot(
-                weights=weights_digest(node.ctx.checkpoint_state()), files=files,
-                peers=tuple(sorted(node.peers.peers)), pending=tuple(sorted(node.peers.pending)),
+                weights=weights_digest(node.learner.ctx.checkpoint_state()), files=files,
+                peers=tuple(sorted(node.membership.table.peers)), pending=tuple(sorted(node.membership.table.pending)),
                 clients=tuple(sorted(node.network.clients)),
                 progress=(state.round, state.epoch, dict(state.token_state), state.holding,
                           getattr(node.scheduler, "holder", None), state.done, state.role, len(state.history),
@@ -148,7 +148,7 @@ class LiveNode:
         """A genuine model (a fresh one of our architecture, or ``state``) from the sender "stranger"."""
         return ModelMessage(sender="stranger", round=0, purpose=f"{self.config.algorithm}.model", num_samples=100,
                             parts=parts_from_state(self.genuine_state if state is None else state),
-                            model=self.node.wire.model)
+                            model=self.node.identity.model)
 
     def expect(self) -> None:
         """Make the node the aggregator of a round-0 group whose one sender is "stranger" (as a holder would)."""

@@ -10,7 +10,7 @@ import torch
 
 from dfl_node.algorithms import Algorithm, AlgorithmError, Group, NodeContext, NodeProfile, Step, make_algorithm
 from dfl_node.algorithms.messages import ModelMessage
-from dfl_node.config import LearningConfig
+from dfl_node.learning.settings import SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fusion import segment_ranges
 from dfl_node.learning.models import ModelSpec, build_model
@@ -18,7 +18,7 @@ from dfl_node.learning.models import ModelSpec, build_model
 STEP = Step(0, Group("b", ("a",)))  # round 0: node a sends to node b
 
 
-def _node(node_id: str, seed: int, config: LearningConfig, model: torch.nn.Module) -> NodeContext:
+def _node(node_id: str, seed: int, config: SharedSettings, model: torch.nn.Module) -> NodeContext:
     g = torch.Generator().manual_seed(seed)
     x, y = torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g)
     data = ArrayDataset(x, y, 10)
@@ -32,12 +32,12 @@ def _fuse(algo: Algorithm, receiver: NodeContext, message: ModelMessage) -> Mode
 
 
 @pytest.fixture
-def config() -> LearningConfig:
-    return LearningConfig(batch_size=8, mkt_batch_size=8, lr=0.1, hidden=[16, 16])
+def config() -> SharedSettings:
+    return SharedSettings(batch_size=8, mkt_batch_size=8, lr=0.1, hidden=[16, 16])
 
 
 @pytest.fixture
-def pair(config: LearningConfig) -> tuple[NodeContext, NodeContext]:
+def pair(config: SharedSettings) -> tuple[NodeContext, NodeContext]:
     w0 = build_model("mlp", (1, 8, 8), 10, hidden=config.hidden, seed=0)
     return _node("a", 1, config, w0), _node("b", 2, config, w0)
 
@@ -46,7 +46,7 @@ def _flat(ctx: NodeContext) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in ctx.model.state_dict().values()])
 
 
-def test_plan_picks_disjoint_senders_and_receivers_deterministically(config: LearningConfig) -> None:
+def test_plan_picks_disjoint_senders_and_receivers_deterministically(config: SharedSettings) -> None:
     algo = make_algorithm("defkt", config.model_copy(update={"pairs": 3}))
     peers = [f"n{i}" for i in range(10)]
     profiles = [NodeProfile(p, "mlp:16,16", 32) for p in peers]
@@ -61,7 +61,7 @@ def test_plan_picks_disjoint_senders_and_receivers_deterministically(config: Lea
         algo.plan_round(0, profiles[:5], {})
 
 
-def test_defkt_receiver_keeps_the_received_model_after_mkt(config: LearningConfig, pair) -> None:
+def test_defkt_receiver_keeps_the_received_model_after_mkt(config: SharedSettings, pair) -> None:
     sender, receiver = pair
     algo = make_algorithm("defkt", config)
     before_sender = _flat(sender)
@@ -73,14 +73,14 @@ def test_defkt_receiver_keeps_the_received_model_after_mkt(config: LearningConfi
     assert not torch.equal(_flat(receiver), sent)  # MKT moved the received model on the receiver's data
 
 
-def test_sender_keeps_trained_variant(config: LearningConfig, pair) -> None:
+def test_sender_keeps_trained_variant(config: SharedSettings, pair) -> None:
     sender, _ = pair
     algo = make_algorithm("defkt", config.model_copy(update={"sender_keeps_trained": True}))
     message = algo.transmit(sender, STEP)
     assert torch.equal(_flat(sender), torch.cat([p.values for p in message.parts]))
 
 
-def test_fullavg_receiver_is_eq9_of_both(config: LearningConfig, pair) -> None:
+def test_fullavg_receiver_is_eq9_of_both(config: SharedSettings, pair) -> None:
     sender, receiver = pair
     algo = make_algorithm("fullavg", config)
     local = _flat(receiver)
@@ -90,7 +90,7 @@ def test_fullavg_receiver_is_eq9_of_both(config: LearningConfig, pair) -> None:
     assert torch.allclose(_flat(receiver), expected)
 
 
-def test_combo_swaps_complementary_segments_and_traffic_is_one_model(config: LearningConfig, pair) -> None:
+def test_combo_swaps_complementary_segments_and_traffic_is_one_model(config: SharedSettings, pair) -> None:
     sender, receiver = pair
     algo = make_algorithm("combo", config)
     receiver.model.load_state_dict({k: v + 1.0 for k, v in receiver.model.state_dict().items()})
@@ -110,7 +110,7 @@ def test_combo_swaps_complementary_segments_and_traffic_is_one_model(config: Lea
     assert torch.allclose(_flat(sender)[:half], (sender_trained[:half] + receiver_before[:half]) / 2)
 
 
-def test_combo_rejects_a_message_with_the_wrong_segments(config: LearningConfig, pair) -> None:
+def test_combo_rejects_a_message_with_the_wrong_segments(config: SharedSettings, pair) -> None:
     sender, receiver = pair
     algo = make_algorithm("combo", config)
     message = algo.transmit(sender, STEP)
@@ -119,7 +119,7 @@ def test_combo_rejects_a_message_with_the_wrong_segments(config: LearningConfig,
         _fuse(algo, receiver, forged)
 
 
-def test_receiver_refuses_another_algorithms_message(config: LearningConfig, pair) -> None:
+def test_receiver_refuses_another_algorithms_message(config: SharedSettings, pair) -> None:
     sender, receiver = pair
     message = make_algorithm("fullavg", config).transmit(sender, STEP)
     with pytest.raises(AlgorithmError):
@@ -128,7 +128,7 @@ def test_receiver_refuses_another_algorithms_message(config: LearningConfig, pai
 
 @pytest.mark.parametrize("name", ["defkt", "fullavg"])
 def test_whole_model_algorithms_refuse_a_partial_model_before_touching_anything(
-    config: LearningConfig, pair, name: str
+    config: SharedSettings, pair, name: str
 ) -> None:
     sender, receiver = pair
     algo = make_algorithm(name, config)

@@ -17,7 +17,8 @@ from discovery_helpers import ann  # shared with test_discovery.py
 from zeroconf import InterfaceChoice
 from zeroconf.asyncio import AsyncServiceInfo
 
-from dfl_node.net.announcement import SERVICE_TYPE, Announcement, mdns_interfaces, parse_peer, service_name
+from dfl_node.addresses import parse_peer
+from dfl_node.net.announcement import SERVICE_TYPE, Announcement, mdns_interfaces, service_name
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.tls import TlsError, TlsFiles, dns_names, load_tls
 from dfl_node.node.daemon import Node
-from dfl_node.node.service import _bind_http, announcement
+from dfl_node.service.run import _bind_http, announcement
 from dfl_node.testbed.launcher import all_done, free_port, wait_until
 from tests.conftest import FLEET, loopback_fleet, simulated
 from tests.test_startup_errors import node_config, running, start_cli
@@ -193,8 +193,8 @@ async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_fals
             running(config("node-1", pki / "node-1", [a], ports[1])) as node1, \
             running(config("node-2", pki / "intruder", [a], ports[2])) as intruder:
         await until(lambda: node0.peers.alive_ids() == ["node-1"] and node1.peers.alive_ids() == ["node-0"])
-        await until(lambda: node0.state.rejected["tls_handshake"] >= 3
-                    and intruder.state.rejected["tls_handshake"] >= 3)
+        await until(lambda: node0.tally.rejected["tls_handshake"] >= 3
+                    and intruder.tally.rejected["tls_handshake"] >= 3)
         assert "node-2" not in node0.peers.peers and not intruder.peers.peers  # neither side took the other in
         assert node0.status().authentication == "mtls" and node0.network.names == {b: "node-1"}
 
@@ -212,7 +212,7 @@ async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_fals
             with pytest.raises(grpc.aio.AioRpcError) as probe:
                 await stub.Probe(pb.ProbeRequest(sender="node-3", swarm=node0.config.swarm), timeout=5)
             assert probe.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert node0.state.rejected["identity_mismatch"] == 3
+        assert node0.tally.rejected["identity_mismatch"] == 3
         async with grpc.aio.insecure_channel(a) as plain:  # no certificate at all: no connection
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await pb_grpc.DflNodeStub(plain).Hello(hello_from(node0), timeout=3)

@@ -18,12 +18,13 @@ import pytest
 from pydantic import BaseModel
 
 from dfl_node.algorithms import ALGORITHMS
-from dfl_node.cli.options import PARTITION_FIELDS, structured
-from dfl_node.config import ExperimentConfig
-from dfl_node.config_loader import load_config
+from dfl_node.cli.options import PARTITION_FIELDS, experiment_config, structured
 from dfl_node.learning.datasets import DATASETS
 from dfl_node.learning.partitions import PARTITIONS
-from dfl_node.node.config import NodeConfig
+from dfl_node.learning.shard_settings import ShardSettings
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.loading import load_config
+from dfl_node.settings.node import NodeConfig
 from tests.conftest import error_lines, invoke, verb_command
 
 EXPERIMENT_VERBS = ("simulate", "testbed")
@@ -44,16 +45,16 @@ class Built(Exception):
 
 @pytest.fixture
 def built(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each verb stops at its first step after building the config, raising :class:`Built` with it."""
-    def stop(config: BaseModel, *args: Any, **kwargs: Any) -> None:
-        raise Built(config)
+    """Each verb stops once it has built its config, raising :class:`Built` with it."""
+    def stop(*args: Any, **kwargs: Any) -> None:
+        raise Built(experiment_config(*args, **kwargs))
 
     async def serve(config: NodeConfig) -> None:
         raise Built(config)
 
     for module in ("dfl_node.cli.simulate", "dfl_node.cli.testbed", "dfl_node.cli.node_cmds"):
-        monkeypatch.setattr(importlib.import_module(module), "provision", stop)  # the name is also a command's
-    monkeypatch.setattr("dfl_node.node.service.serve", serve)
+        monkeypatch.setattr(importlib.import_module(module), "experiment_config", stop)
+    monkeypatch.setattr("dfl_node.service.run.serve", serve)
 
 
 def config_of(*args: str, env: dict[str, str] | None = None) -> Any:
@@ -82,7 +83,7 @@ def test_every_field_is_a_flag_with_its_description(verb: str, model: type[BaseM
     options = {p.name: p for p in command.params if isinstance(p, click.Option)}
     shown = invoke(verb, "--help")
     assert shown.exit_code == 0
-    for name, field in model.model_fields.items():
+    for name, (_, field) in model.flat_fields().items():
         assert field.description, f"{model.__name__}.{name} has no description"
         if structured(field.annotation) or (verb == "partition" and name not in PARTITION_FIELDS):
             assert name not in options, name  # devices:, links:, faults: in a file only; partition: its own flags
@@ -119,8 +120,9 @@ def test_help_lists_the_registries_names() -> None:
         assert f"[{'|'.join(sorted(names))}]" in shown
     schema = ExperimentConfig.model_json_schema()["properties"]
     assert schema["algorithms"]["items"]["enum"] == sorted(ALGORITHMS)
+    shards = ShardSettings.model_json_schema()["properties"]  # the experiment's data part
     # a dataset is a name, or a path of the user's own files: the names are examples, not an enum
-    assert schema["dataset"]["examples"] == sorted(DATASETS) and schema["partition"]["enum"] == sorted(PARTITIONS)
+    assert shards["dataset"]["examples"] == sorted(DATASETS) and shards["partition"]["enum"] == sorted(PARTITIONS)
     assert NodeConfig.model_json_schema()["properties"]["algorithm"]["enum"] == sorted(ALGORITHMS)
 
 
@@ -139,8 +141,8 @@ def test_experiment_flags_reach_the_config(verb: str) -> None:
     config = config_of(*verb_args(verb), *LEARNING_FLAGS, "--val-fraction", "0.3", "--name", "run-1",
                        "--algorithm", "combo", "--algorithm", "defkt")
     assert isinstance(config, ExperimentConfig)
-    assert config.model_dump(include=set(LEARNING_VALUES)) == LEARNING_VALUES
-    assert (config.val_fraction, config.name, config.algorithms) == (0.3, "run-1", ["combo", "defkt"])
+    assert config.flat(keys=LEARNING_VALUES) == LEARNING_VALUES
+    assert (config.shards.val_fraction, config.name, config.algorithms) == (0.3, "run-1", ["combo", "defkt"])
 
 
 @pytest.mark.usefixtures("built")
@@ -148,7 +150,9 @@ def test_partition_offers_only_what_decides_the_shards() -> None:
     """Issue 20: `partition` offered ~35 training-only flags."""
     config = config_of("partition", "--out", "shards", "--partition", "shards", "--zeta", "3", "--val-fraction", "0.3",
                        "--seed", "5", "--nodes", "6")
-    assert (config.partition, config.zeta, config.val_fraction, config.seed, config.nodes) == ("shards", 3, 0.3, 5, 6)
+    shards = config.shards
+    assert (shards.partition, shards.zeta, shards.val_fraction, config.learning.seed, config.nodes) == \
+        ("shards", 3, 0.3, 5, 6)
     refused = invoke("partition", "--out", "shards", "--lr", "0.1")
     assert refused.exit_code == 2 and "No such option '--lr'" in refused.output
 
@@ -158,8 +162,8 @@ def test_node_flags_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.chdir(tmp_path)
     config = config_of(*START, *LEARNING_FLAGS, "--peer", "a:1", "--peer", "b:2", "--no-mdns", "--grpc-port", "6000")
     assert isinstance(config, NodeConfig)
-    assert config.model_dump(include=set(LEARNING_VALUES)) == LEARNING_VALUES
-    assert (config.peers, config.mdns, config.grpc_port) == (["a:1", "b:2"], False, 6000)
+    assert config.flat(keys=LEARNING_VALUES) == LEARNING_VALUES
+    assert (config.membership.peers, config.membership.mdns, config.network.grpc_port) == (["a:1", "b:2"], False, 6000)
 
 
 @pytest.mark.usefixtures("built")
@@ -169,10 +173,11 @@ def test_flags_beat_env_which_beats_the_file_which_beats_the_preset(tmp_path: Pa
     (tmp_path / "x.yaml").write_text("momentum: 0.1\npairs: 2\nsegments: 3\n")
     env = {"DFL_MOMENTUM": "0.2", "DFL_PAIRS": "4", "DFL_HIDDEN": "16,8"}
     config = config_of("simulate", "--quiet", "--config", "x.yaml", "--momentum", "0.3", env=env)
-    assert (config.momentum, config.pairs, config.segments, config.hidden) == (0.3, 4, 3, [16, 8])
-    assert config.lr == ExperimentConfig().lr  # the demo preset only applies without a file
-    assert config_of("simulate", "--quiet").lr == 0.05  # ... which it does here
-    assert config_of("simulate", "--quiet", env=env).hidden == [16, 8]  # an option not given leaves env be
+    learning = config.learning
+    assert (learning.momentum, learning.pairs, config.per_algorithm.segments, learning.hidden) == (0.3, 4, 3, [16, 8])
+    assert learning.lr == ExperimentConfig().learning.lr  # the demo preset only applies without a file
+    assert config_of("simulate", "--quiet").learning.lr == 0.05  # ... which it does here
+    assert config_of("simulate", "--quiet", env=env).learning.hidden == [16, 8]  # an option not given leaves env be
 
 
 # ----------------------------------------------------------------------------- names from the registries

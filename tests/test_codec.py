@@ -18,6 +18,7 @@ from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, m
 
 import dfl_node
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
+from dfl_node import heap
 from dfl_node.net import buffers, codec
 from dfl_node.net.codec import Limits, TransferRejected, prepare
 from dfl_node.net.convert import transfer_result
@@ -277,5 +278,5 @@ def test_trim_heap_trims_where_malloc_is_glibcs_and_does_nothing_elsewhere() -> 
     glibc = platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c") is not None
     chunks = [bytearray(64 << 10) for _ in range(256)]  # 16 MiB in heap-sized pieces, then freed
     del chunks
-    assert buffers.trim_heap() is glibc
-    assert buffers.trim_heap() is glibc  # idempotent, and cheap once there is nothing left to hand back
+    assert heap.trim_heap() is glibc
+    assert heap.trim_heap() is glibc  # idempotent, and cheap once there is nothing left to hand back

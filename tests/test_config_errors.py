@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from dfl_node.algorithms import ALGORITHMS
-from dfl_node.config import ExperimentConfig
-from dfl_node.config_loader import ConfigError, load_config
-from dfl_node.node.config import NodeConfig
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.loading import ConfigError, load_config
+from dfl_node.settings.node import NodeConfig
 from tests.conftest import error_lines, invoke
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -73,7 +73,7 @@ def test_a_bad_setting_is_named_as_the_operator_wrote_it(tmp_path: Path, monkeyp
     write(tmp_path / "node.yaml", "rounds: -1\n")
     file = invoke(*START, "--config", "node.yaml")
     assert file.exit_code == 2 and error_lines(file) == ["Error: rounds (in node.yaml): must be ≥ 0 (got -1)"]
-    assert load_config(NodeConfig, Path("node.yaml"), {"id": "n", "data": Path("d"), "rounds": 5}).rounds == 5
+    assert load_config(NodeConfig, Path("node.yaml"), {"id": "n", "data": Path("d"), "rounds": 5}).schedule.rounds == 5
 
 
 def test_every_bad_setting_gets_its_own_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,9 +83,9 @@ def test_every_bad_setting_gets_its_own_line(tmp_path: Path, monkeypatch: pytest
     assert result.exit_code == 2
     assert error_lines(result) == [
         "Error: id: missing (give --id, DFL_ID or id in the --config file)",
+        "Error: swarm (in node.yaml): must be at least 1 character (got '')",
         "Error: data: missing (give --data, DFL_DATA or data in the --config file)",
         "Error: mode (in node.yaml): must be 'round' or 'async' (got rounds)",
-        "Error: swarm (in node.yaml): must be at least 1 character (got '')",
         "Error: --participation: must be ≤ 1 (got 2.0)",
         "Error: DFL_HEARTBEAT: must be a number (got often)",
         "Error: roundz (in node.yaml): unknown setting (did you mean rounds?)",
@@ -117,7 +117,7 @@ def test_a_static_peer_must_be_host_port(tmp_path: Path, monkeypatch: pytest.Mon
     result = invoke(*START, env={"DFL_PEERS": f"node-1:50051,{peer}"})
     assert result.exit_code == 2 and error_lines(result) == [f"Error: DFL_PEERS: {problem}"]
     good = NodeConfig(id="n", data=Path("d"), peers=["node-1:50051", "10.0.0.2:1", "[::1]:65535"])
-    assert good.peers == ["node-1:50051", "10.0.0.2:1", "[::1]:65535"]
+    assert good.membership.peers == ["node-1:50051", "10.0.0.2:1", "[::1]:65535"]
 
 
 def test_help_still_lists_the_settings() -> None:
@@ -137,11 +137,11 @@ def test_relative_paths_in_a_config_file_are_read_from_its_folder(tmp_path: Path
                                          "state_dir: ../state\n")
     monkeypatch.chdir(tmp_path)
     loaded = load_config(NodeConfig, Path("conf/node.yaml"))
-    assert loaded.data == Path("conf/shards/node-0") and loaded.state_dir == Path("conf/../state")
-    assert loaded.test_data == Path("/abs/test.safetensors")
+    assert loaded.local.data == Path("conf/shards/node-0") and loaded.storage.state_dir == Path("conf/../state")
+    assert loaded.local.test_data == Path("/abs/test.safetensors")
     monkeypatch.setenv("DFL_STATE_DIR", "here")  # flags and env are the operator's: relative to the cwd
     loaded = load_config(NodeConfig, config, {"data": Path("mine")})
-    assert loaded.data == Path("mine") and loaded.state_dir == Path("here")
+    assert loaded.local.data == Path("mine") and loaded.storage.state_dir == Path("here")
     experiment = load_config(ExperimentConfig, write(folder / "x.toml", "data_dir = 'data'\n"))
     assert experiment.data_dir == folder / "data"
 
@@ -179,7 +179,7 @@ def test_a_missing_dataset_is_one_line(tmp_path: Path, monkeypatch: pytest.Monke
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.9.8.7", "::1", "[::1]", "localhost", "LOCALHOST"])
 def test_loopback_needs_no_credentials(host: str) -> None:
     config = NodeConfig(id="node-0", data=Path("d"), host=host)
-    assert not config.open_to_network and not config.insecure
+    assert not config.network.open_to_network and not config.network.insecure
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.77.0.1", "::", "node-0.lan"])
@@ -197,14 +197,14 @@ def test_beyond_loopback_without_credentials_is_a_settings_error(tmp_path: Path,
 def test_insecure_is_a_flag_a_variable_and_a_config_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     base = {"id": "node-0", "data": Path("d"), "host": "0.0.0.0", "advertise": "10.0.0.9"}
-    assert load_config(NodeConfig, None, {**base, "insecure": True}).open_to_network  # --insecure
+    assert load_config(NodeConfig, None, {**base, "insecure": True}).network.open_to_network  # --insecure
     write(tmp_path / "node.yaml", "insecure: true\n")
-    assert load_config(NodeConfig, Path("node.yaml"), base).insecure
+    assert load_config(NodeConfig, Path("node.yaml"), base).network.insecure
     monkeypatch.setenv("DFL_INSECURE", "1")
-    assert load_config(NodeConfig, None, base).insecure
+    assert load_config(NodeConfig, None, base).network.insecure
     monkeypatch.setenv("DFL_INSECURE", "0")  # and nothing else makes it so
     with pytest.raises(ConfigError):
         load_config(NodeConfig, None, base)
     key = write(tmp_path / "swarm.key", "k" * 32)  # credentials: no flag needed (the file is read at start)
-    assert not load_config(NodeConfig, None, {**base, "swarm_key_file": key}).open_to_network
-    assert not load_config(NodeConfig, None, {**base, "tls_dir": tmp_path}).open_to_network
+    assert not load_config(NodeConfig, None, {**base, "swarm_key_file": key}).network.open_to_network
+    assert not load_config(NodeConfig, None, {**base, "tls_dir": tmp_path}).network.open_to_network

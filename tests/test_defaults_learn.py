@@ -22,11 +22,11 @@ import pytest
 
 from dfl_node.cli.options import DEMO_DEFAULTS
 from dfl_node.cli.testbed import TESTBED_DEFAULTS
-from dfl_node.config import ExperimentConfig
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.datasets import DATASETS, shard_dataset
-from dfl_node.learning.fleet import TRAIN_FILE, node_dataset, provision, write_fleet
+from dfl_node.learning.provision import TRAIN_FILE, node_dataset, provision, write_fleet
 from dfl_node.learning.settings import DATASET_DEPENDENT, PER_DATASET, LearningConfig, dataset_defaults
-from dfl_node.node.config import NodeConfig
+from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import Placement, done_twice, plan_fleet, poll_status, wait_until
 from tests.conftest import invoke, running_daemons
 
@@ -140,7 +140,7 @@ def test_a_flag_or_variable_given_to_start_wins_over_its_shards_dataset(digits_s
     async def capture(config: NodeConfig) -> None:
         built.append(config)
 
-    monkeypatch.setattr("dfl_node.node.service.serve", capture)
+    monkeypatch.setattr("dfl_node.service.run.serve", capture)
     args = ["start", "--id", "a", "--data", str(digits_shards / "node-0")]
     for extra, env, expected in [
         ([], {}, DIGITS),

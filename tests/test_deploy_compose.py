@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 import yaml
 
-from dfl_node.learning.fleet import fleet_ids
+from dfl_node.learning.provision import fleet_ids
 from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY
 from dfl_node.net.tls import load_tls
 from dfl_node.testbed.netns import PER_NODE_KEYS

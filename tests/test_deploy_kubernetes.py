@@ -17,7 +17,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from dfl_node.learning.fleet import fleet_ids
+from dfl_node.learning.provision import fleet_ids
 from dfl_node.net.tls import dns_names, load_tls
 from dfl_node.testbed.netns import PER_NODE_KEYS
 from tests.deploy_helpers import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dfl_node.learning.fleet import fleet_ids
+from dfl_node.learning.provision import fleet_ids
 from dfl_node.testbed.netns import PER_NODE_KEYS, NetnsHost, node_environment
 from tests.deploy_helpers import (
     COMPOSE,

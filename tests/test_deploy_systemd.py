@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dfl_node.config_loader import ConfigError
+from dfl_node.settings.loading import ConfigError
 from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY
 from dfl_node.net.tls import load_tls
 from dfl_node.testbed.netns import read_env_file

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from dfl_node.algorithms.messages import ModelMessage, on_device, parts_from_state
-from dfl_node.config import ExperimentConfig, LearningConfig
+from dfl_node.settings.experiment import ExperimentConfig, LearningConfig
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.devices import device_problem, resolve_device
-from dfl_node.learning.fleet import provision
-from dfl_node.node.config import NodeConfig
+from dfl_node.learning.provision import provision
+from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
 from dfl_node.testbed.launcher import node_env
 from tests.conftest import error_lines, invoke

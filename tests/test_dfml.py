@@ -15,9 +15,10 @@ from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile,
 from dfl_node.algorithms.base import equip, generator_for
 from dfl_node.algorithms.messages import state_from_parts
 from dfl_node.cli import cli
-from dfl_node.config import ExperimentConfig, LearningConfig
+from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.fleet import provision
+from dfl_node.learning.provision import provision
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import alpha_at, class_proportions, wsm_loss
 from dfl_node.learning.training import SgdParams, local_sgd
@@ -25,17 +26,18 @@ from dfl_node.node.persistence import Checkpoint
 from dfl_node.results import cluster_accuracy, comparison, rounds_to_reach, write_results
 from dfl_node.sim import run_fleet
 
-CONFIG = LearningConfig(batch_size=8, mkt_batch_size=8, lr=0.1, momentum=0.0, dfml_epochs=2, meme_model="mlp:8")
+CONFIG = SharedSettings(batch_size=8, mkt_batch_size=8, lr=0.1, momentum=0.0)
+OPTIONS = AlgorithmOptions(dfml_epochs=2, meme_model="mlp:8")
 UNRELATED = ["mlp:16", "cnn-ln:4,8"]  # two architectures of different kinds
 
 
-def _node(node_id: str, spec: str, seed: int, config: LearningConfig = CONFIG, algorithm: str = "dfml") -> NodeContext:
+def _node(node_id: str, spec: str, seed: int, config: SharedSettings = CONFIG, algorithm: str = "dfml") -> NodeContext:
     g = torch.Generator().manual_seed(seed)
     data = ArrayDataset(torch.randn(28, 1, 8, 8, generator=g), torch.randint(0, 4, (28,), generator=g), 10)
     parsed = ModelSpec.parse(spec)
     ctx = NodeContext(node_id, parsed.build((1, 8, 8), 10, seed=0), parsed, data.subset(range(24)),
                       data.subset(range(24, 28)), config)
-    equip(make_algorithm(algorithm, config), ctx, seed=0)
+    equip(make_algorithm(algorithm, config, OPTIONS), ctx, seed=0)
     return ctx
 
 
@@ -53,7 +55,7 @@ def _round(algo, aggregator: NodeContext, senders: list[NodeContext], step: Step
 
 
 def test_dfml_round_mutual_learning_across_architectures_models_go_back_to_their_senders() -> None:
-    algo = make_algorithm("dfml", CONFIG)
+    algo = make_algorithm("dfml", CONFIG, OPTIONS)
     agg, mlp, cnn = _node("a", "mlp:16", 1), _node("b", "mlp:16", 2), _node("c", "cnn-ln:4,8", 3)
     plan = algo.plan_round(3, [NodeProfile(n, "x", 1) for n in ("a", "b", "c", "d")], {})
     step = Step(3, Group("a", ("b", "c")), plan.state)
@@ -78,8 +80,8 @@ def test_dfml_round_mutual_learning_across_architectures_models_go_back_to_their
 
 def test_dfml_with_alpha_zero_is_wsm_training_of_each_model_on_the_aggregators_data() -> None:
     """No distillation (α = 0): mutual learning decouples into K passes of each model alone, eq. 2 only."""
-    config = CONFIG.model_copy(update={"alpha_max": 0.0})
-    algo = make_algorithm("dfml", config)
+    config = CONFIG
+    algo = make_algorithm("dfml", config, OPTIONS.model_copy(update={"alpha_max": 0.0}))
     agg, cnn = _node("a", "mlp:16", 1, config), _node("c", "cnn-ln:4,8", 3, config)
     step = Step(0, Group("a", ("c",)), {"dfml.alpha": "0.0", "dfml.peak_alpha": "0.0"})
     message = algo.transmit(cnn, step)
@@ -99,7 +101,7 @@ def test_dfml_with_alpha_zero_is_wsm_training_of_each_model_on_the_aggregators_d
 
 
 def test_dfml_refuses_what_it_cannot_fuse() -> None:
-    algo = make_algorithm("dfml", CONFIG)
+    algo = make_algorithm("dfml", CONFIG, OPTIONS)
     agg, sender = _node("a", "mlp:16", 1), _node("b", "cnn-ln:4,8", 2)
     message = algo.transmit(sender, Step(0, Group("a", ("b",)), {}))
     for forged in (replace(message, model="cnn-ln:4,9"), replace(message, model="resnet:1"),
@@ -112,10 +114,10 @@ def test_dfml_refuses_what_it_cannot_fuse() -> None:
 
 
 def test_fml_only_meme_models_travel_and_are_averaged_unweighted() -> None:
-    algo = make_algorithm("fml", CONFIG)
+    algo = make_algorithm("fml", CONFIG, OPTIONS)
     agg, b, c = (_node(n, spec, s, algorithm="fml") for n, spec, s in (("a", "mlp:16", 1), ("b", "cnn-ln:4,8", 2),
                                                                           ("c", "mlp:16", 3)))
-    assert all(str(ModelSpec.parse(CONFIG.meme_model)) == "mlp:8" for _ in (agg, b, c))
+    assert all(str(ModelSpec.parse(OPTIONS.meme_model)) == "mlp:8" for _ in (agg, b, c))
     step = Step(0, Group("a", ("b", "c")))
     algo.local_step(agg, step)
     messages = [algo.transmit(s, step) for s in (b, c)]
@@ -131,14 +133,14 @@ def test_fml_only_meme_models_travel_and_are_averaged_unweighted() -> None:
         assert torch.equal(_vector(n.model), locals_before[n.node_id])
     assert list(algo.reported_models(agg)) == ["local", "meme"]
     local_model = replace(messages[0], model="mlp:16",
-                          parts=tuple(make_algorithm("dfml", CONFIG).transmit(c, step).parts))
+                          parts=tuple(make_algorithm("dfml", CONFIG, OPTIONS).transmit(c, step).parts))
     with pytest.raises(AlgorithmError, match="meme model"):
         algo.check_message(agg, local_model)  # a local model offered as a meme is refused
 
 
 @pytest.mark.parametrize("name", ["heterofl", "fedrolex", "feddropout"])
 def test_partial_training_rounds_keep_every_architecture_and_refuse_other_families(name: str) -> None:
-    algo = make_algorithm(name, CONFIG)
+    algo = make_algorithm(name, CONFIG, OPTIONS)
     agg, half, quarter = _node("a", "mlp:16,8", 1), _node("b", "mlp:8,4", 2), _node("c", "mlp:4,2", 3)
     profiles = [NodeProfile("a", "mlp:16,8", 1), NodeProfile("b", "mlp:8,4", 1), NodeProfile("c", "mlp:4,2", 1)]
     plan = algo.plan_round(5, profiles, {})
@@ -153,12 +155,12 @@ def test_partial_training_rounds_keep_every_architecture_and_refuse_other_famili
         # Alg. 3 rolls every participant's units by t̃, the largest's too: a relabelling of W_g's units, so the
         # round ends exactly as HeteroFL's
         outcomes = []
-        for variant in (algo, make_algorithm("heterofl", CONFIG)):
+        for variant in (algo, make_algorithm("heterofl", CONFIG, OPTIONS)):
             nodes = _node("a", "mlp:16,8", 1), _node("b", "mlp:8,4", 2), _node("c", "mlp:4,2", 3)
             _round(variant, nodes[0], list(nodes[1:]), step)
             outcomes.append([_vector(n.model) for n in nodes])
         assert all(torch.equal(x, y) for x, y in zip(*outcomes))
-        anchored = make_algorithm(name, CONFIG.model_copy(update={"fedrolex_roll_largest": False}))
+        anchored = make_algorithm(name, CONFIG, OPTIONS.model_copy(update={"fedrolex_roll_largest": False}))
         agg, half, quarter = _node("a", "mlp:16,8", 1), _node("b", "mlp:8,4", 2), _node("c", "mlp:4,2", 3)
         _round(anchored, agg, [half, quarter], step)
         t = 5 % 16  # W_g is the largest model as it is: the rate-¼ model's first layer is its units 5 … 8
@@ -167,7 +169,7 @@ def test_partial_training_rounds_keep_every_architecture_and_refuse_other_famili
     with pytest.raises(AlgorithmError, match="cannot fuse"):
         algo.plan_round(0, [*profiles, NodeProfile("d", "cnn-ln:4,8", 1)], {})
     with pytest.raises(AlgorithmError):
-        algo.check_message(agg, make_algorithm("dfml", CONFIG).transmit(_node("d", "cnn-ln:4,8", 4), step))
+        algo.check_message(agg, make_algorithm("dfml", CONFIG, OPTIONS).transmit(_node("d", "cnn-ln:4,8", 4), step))
 
 
 def test_auxiliary_models_and_scalars_survive_a_checkpoint(tmp_path) -> None:
@@ -189,7 +191,7 @@ def test_auxiliary_models_and_scalars_survive_a_checkpoint(tmp_path) -> None:
 def test_dfml_fml_and_partial_training_learn_in_the_simulator(tmp_path) -> None:
     base = ExperimentConfig(nodes=4, rounds=12, eval_every=6, batch_size=20, mkt_batch_size=20, lr=0.05, seed=1,
                             architectures=UNRELATED, dfml_epochs=1, meme_model="mlp:16", algorithms=["dfml"])
-    fleet = provision(base)
+    fleet = provision(base.shards, base.learning, base.nodes)
     dfml = run_fleet(base, "dfml", data=fleet)
     assert list(dfml.history[-1].series) == ["regular"]  # the peak models are the node's; regular beside them
     assert dfml.history[-1].global_accuracy > dfml.history[0].global_accuracy + 0.3

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import ModelSpec, param_digest
-from dfl_node.node.config import NodeConfig
+from dfl_node.settings.node import NodeConfig
 from dfl_node.node.daemon import Node
 from dfl_node.node.persistence import Checkpoint, read_trained
 from tests.conftest import FLEET, error_lines, invoke, simulated
@@ -98,16 +98,15 @@ def test_the_safetensors_export_is_the_checkpoints_model_with_its_card(trained: 
 
 async def test_dfml_exports_its_peak_model(fleet_shards: Path, tmp_path: Path) -> None:
     """The model a node reports as its own is what it serves and exports: DFML's peak model, not its regular one."""
-    node = Node(NodeConfig(**FLEET.model_dump(include=set(NodeConfig.model_fields)), id="node-0",
-                           data=fleet_shards / "node-0", algorithm="dfml", http_port=8080, mdns=False,
-                           state_dir=tmp_path / "state", evaluate=False))
+    node = daemon(id="node-0", data=fleet_shards / "node-0", algorithm="dfml", http_port=8080, mdns=False,
+                  state_dir=tmp_path / "state", evaluate=False).node
     with torch.no_grad():
-        for parameter in node.ctx.auxiliary["peak"].parameters():
+        for parameter in node.learner.ctx.auxiliary["peak"].parameters():
             parameter.mul_(0.5)  # the peak model, unlike the regular one
     await node.save()
-    node.checkpoint.lock.release()
-    peak = param_digest(node.ctx.auxiliary["peak"].state_dict())
-    assert peak != param_digest(node.ctx.model.state_dict())
+    node.learner.checkpoint.lock.release()
+    peak = param_digest(node.learner.ctx.auxiliary["peak"].state_dict())
+    assert peak != param_digest(node.learner.ctx.model.state_dict())
     assert read_trained(tmp_path / "state").card.sha256 == (await node.committed_model()).card.sha256 == peak
 
 

@@ -11,8 +11,9 @@ from click.testing import CliRunner
 
 from dfl_node.algorithms import Group, NodeContext, Step, make_algorithm
 from dfl_node.cli import cli
-from dfl_node.config import LearningConfig
-from dfl_node.config_loader import ConfigError, load_config
+from dfl_node.learning.settings import SharedSettings
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.loading import ConfigError, load_config
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fairness import fairness_weight
 from dfl_node.learning.models import ModelSpec
@@ -46,13 +47,13 @@ def test_eq4_refuses_what_is_not_an_accuracy_or_an_interval() -> None:
     with pytest.raises(ValueError, match="interval"):
         fairness_weight(0.5, 0.5, low=0.8, high=0.2)
     with pytest.raises(ConfigError, match="fair_weight_min"):
-        load_config(LearningConfig, overrides={"fair_weight_min": 0.8, "fair_weight_max": 0.2})
+        load_config(ExperimentConfig, overrides={"fair_weight_min": 0.8, "fair_weight_max": 0.2})
 
 
 SPEC = ModelSpec("mlp", (8,))
 
 
-def _node(label_of_model: int, config: LearningConfig) -> NodeContext:
+def _node(label_of_model: int, config: SharedSettings) -> NodeContext:
     """A node whose data is all class 3, holding a constant predictor of ``label_of_model``."""
     data = ArrayDataset(torch.randn(20, 1, 8, 8, generator=torch.Generator().manual_seed(label_of_model)),
                         torch.full((20,), 3), 10)
@@ -70,7 +71,7 @@ def _vector(ctx: NodeContext) -> torch.Tensor:
 
 @pytest.mark.parametrize(("own", "pulled", "p_i"), [(3, 5, 1.0), (5, 3, 0.0)])
 def test_fairavg_keeps_the_model_that_is_right_on_its_own_data(own: int, pulled: int, p_i: float) -> None:
-    config = LearningConfig(hidden=[8], lr=0.01)
+    config = SharedSettings(hidden=[8], lr=0.01)
     algo = make_algorithm("fairavg", config)
     node, source = _node(own, config), _node(pulled, config)
     step = Step(0, Group(node.node_id, (source.node_id,), pull=True))
@@ -82,7 +83,7 @@ def test_fairavg_keeps_the_model_that_is_right_on_its_own_data(own: int, pulled:
 
 
 def test_fairavg_is_alg1_trained_then_pulled_then_weighted() -> None:
-    config = LearningConfig(hidden=[16], lr=0.1, batch_size=8)
+    config = SharedSettings(hidden=[16], lr=0.1, batch_size=8)
     g = torch.Generator().manual_seed(1)
     data = ArrayDataset(torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g), 10)
     node = NodeContext("a", SPEC.build((1, 8, 8), 10, seed=1), SPEC, data.subset(range(30)), data.subset(range(30, 40)),

@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.net.frames import decode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.node.config import NodeConfig
+from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import free_port
 from tests.codec_helpers import encoded_frames
 from tests.conftest import FLEET
@@ -87,7 +87,7 @@ def genuine(live: LiveNode, method: str, raw: bytes) -> bool:
     if method == "Hello":
         return request.protocol_version == PROTOCOL_VERSION and request.swarm == cfg.swarm
     if method == "PassToken":
-        return request.seed == cfg.seed
+        return request.seed == cfg.learning.seed
     if method == "Assign":
         return request.role in ("sender", "aggregator")
     return request.swarm == cfg.swarm
@@ -113,8 +113,8 @@ def test_random_bytes_as_every_request(live: LiveNode, method: str, data: st.Dat
 
 def _hello_base(live: LiveNode) -> pb.HelloRequest:
     return pb.HelloRequest(protocol_version=PROTOCOL_VERSION, swarm=live.config.swarm, node_id="stranger",
-                           fingerprint=live.node.fingerprint, algorithm=live.config.algorithm,
-                           grpc_address="127.0.0.1:1", boot_id="b", model=live.node.wire.model)
+                           fingerprint=live.node.identity.fingerprint, algorithm=live.config.algorithm,
+                           grpc_address="127.0.0.1:1", boot_id="b", model=live.node.identity.model)
 
 
 @st.composite
@@ -184,7 +184,7 @@ def test_malformed_messages_to_every_unary_method(live: LiveNode, method: str, d
         "Hello": bad_hellos(_hello_base(live)),
         "Probe": bad_probe_bytes(genuine_probe(cfg.swarm)),
         "Assign": bad_assignments(cfg.id),
-        "PassToken": bad_tokens(cfg.id, cfg.seed),
+        "PassToken": bad_tokens(cfg.id, cfg.learning.seed),
         "Pull": bad_pulls(cfg.swarm),
     }[method]
     flood(live, method, data.draw(st.lists(strategy, min_size=1, max_size=8)))
@@ -209,7 +209,7 @@ def test_mutated_payloads_to_an_expecting_aggregator(live: LiveNode, data: st.Da
     if poisoned := data.draw(st.integers(0, 3)) == 0:
         state = data.draw(poisoned_states(live.genuine_state))
         stream = encoded_frames(live.message(state=state), data.draw(st.integers(512, 8192)),
-                                swarm=live.config.swarm, fingerprint=live.node.fingerprint)
+                                swarm=live.config.swarm, fingerprint=live.node.identity.fingerprint)
     else:
         payload = b"".join(bytes(decode_frame(raw)) for raw in frames[1:])
         header = pb.Frame.FromString(frames[0]).header
@@ -225,7 +225,7 @@ def test_the_node_is_unharmed_and_the_figures(live: LiveNode) -> None:
     rss, fds = rss_mb(), open_fds()
     rejected = live.rejected()
     with httpx.Client(trust_env=False) as http:
-        status = http.get(f"http://127.0.0.1:{live.config.http_port}/status", timeout=10).json()
+        status = http.get(f"http://127.0.0.1:{live.config.api.http_port}/status", timeout=10).json()
     assert status["rejected"] == dict(rejected)
     changed = live.baseline.changes(live.snapshot())
 
@@ -236,11 +236,11 @@ def test_the_node_is_unharmed_and_the_figures(live: LiveNode) -> None:
 
     reply = live.run(hello())
     assert reply.accepted, reply
-    fusions = live.call(lambda: live.node.state.counters["fusions"])
+    fusions = live.call(lambda: live.node.tally.counters["fusions"])
     live.expect()
     assert live.run(send_genuine(live)) == (True, "")
     live.settle()
-    assert live.call(lambda: live.node.state.counters["fusions"]) == fusions + 1
+    assert live.call(lambda: live.node.tally.counters["fusions"]) == fusions + 1
     assert live.snapshot().weights != live.baseline.weights  # it did fuse
 
     FIGURES.report(rss, fds, {"state changes": len(STATE_CHANGES) + len(changed),

@@ -11,15 +11,16 @@ import torch.nn.functional as F
 
 from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile, Step, make_algorithm
 from dfl_node.algorithms.base import sample_gather, senders_for
-from dfl_node.config import ExperimentConfig, LearningConfig
+from dfl_node.learning.settings import SharedSettings
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.fleet import architectures
+from dfl_node.learning.provision import architectures
 from dfl_node.learning.fusion import average_states
 from dfl_node.learning.models import ModelSpec, spread
 from dfl_node.learning.training import SgdParams, local_sgd, minibatches
 from dfl_node.sim import run_fleet
 
-CONFIG = LearningConfig(batch_size=8, lr=0.1, momentum=0.0)
+CONFIG = SharedSettings(batch_size=8, lr=0.1, momentum=0.0)
 
 
 def _node(node_id: str, spec: str, samples: int, seed: int) -> NodeContext:
@@ -121,7 +122,7 @@ def test_model_specs_and_the_cnn_family_of_003() -> None:
 def test_a_mixed_fleet_learns_with_fedavg_per_cluster_in_the_simulator() -> None:
     config = ExperimentConfig(nodes=4, rounds=12, eval_every=12, batch_size=20, lr=0.05,
                               architectures=["mlp:32,32", "mlp:16"], algorithms=["fedavg"])
-    specs = architectures(config)
+    specs = architectures(config.architectures, config.learning, config.nodes)
     assert [str(s) for s in specs.values()] == ["mlp:32,32", "mlp:16", "mlp:32,32", "mlp:16"]
     result = run_fleet(config, "fedavg")
     assert result.history[-1].global_accuracy > result.history[0].global_accuracy + 0.2

@@ -17,8 +17,8 @@ from codec_helpers import assembler, feed_all, frames_of, make_msg
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.net import buffers, codec
 from dfl_node.net.codec import TransferRejected
-from dfl_node.net.hashes import DEFAULT_HASH, OFFERED_HASHES, negotiate
-from dfl_node.net.transport import PeerClient
+from dfl_node.hashes import DEFAULT_HASH, OFFERED_HASHES, negotiate
+from dfl_node.net.client import PeerClient
 from dfl_node.peering.messages import Hello
 from tests.test_codec import assert_same_parts
 from tests.test_node_hostile import Target, _hello, target  # noqa: F401  (a fixture: a real node on loopback)
@@ -109,8 +109,8 @@ def test_the_intake_thread_holds_a_bounded_number_of_chunks() -> None:
 
 def hello(t: Target) -> Hello:
     return Hello(protocol_version=PROTOCOL_VERSION, swarm=t.node.config.swarm, node_id="stranger",
-                 fingerprint=t.node.fingerprint, algorithm=t.node.config.algorithm, boot_id="b",
-                 model=t.node.wire.model)
+                 fingerprint=t.node.identity.fingerprint, algorithm=t.node.config.algorithm, boot_id="b",
+                 model=t.node.identity.model)
 
 
 @pytest.mark.parametrize(("offers", "agreed"), [(("blake3", "sha256"), "blake3"), (("sha256",), "sha256")])
@@ -127,7 +127,7 @@ async def test_a_push_carries_the_hash_both_ends_offer(target: Target, offers: t
         return header, message
 
     monkeypatch.setattr(codec.MessageAssembler, "finish", recording)
-    client = PeerClient(f"127.0.0.1:{target.node.config.grpc_port}",
+    client = PeerClient(f"127.0.0.1:{target.node.config.network.grpc_port}",
                         dataclasses.replace(target.node.wire, hashes=offers))
     try:
         assert client.hash == "sha256"  # before any Hello
@@ -140,7 +140,7 @@ async def test_a_push_carries_the_hash_both_ends_offer(target: Target, offers: t
     finally:
         await client.close()
     await target.node.roles.settled()
-    assert target.node.state.counters["fusions"] == 1 and (await target.rejected()) == {}
+    assert target.node.tally.counters["fusions"] == 1 and (await target.rejected()) == {}
 
 
 async def test_a_node_offers_its_hashes_in_every_hello_reply(target: Target) -> None:  # noqa: F811

@@ -1,5 +1,5 @@
-"""dfl_node.net.buffers.trim_heap: a group's leftover heap (one stream's chunks) stays mapped for the next
-transfer, more than :data:`~dfl_node.net.buffers.KEEP_FREE` goes back to the kernel. What keeping it buys
+"""dfl_node.heap.trim_heap: a group's leftover heap (one stream's chunks) stays mapped for the next
+transfer, more than :data:`~dfl_node.heap.KEEP_FREE` goes back to the kernel. What keeping it buys
 is measured by benchmarks/transfer.py, not asserted here.
 
 Each case runs in a fresh process with the daemon's malloc settings, so the heap holds only what it frees.
@@ -13,15 +13,15 @@ import sys
 
 import pytest
 
-from dfl_node.net import buffers
+from dfl_node import heap
 
-pytestmark = pytest.mark.skipif(None in buffers._heap_calls(), reason="needs glibc's malloc_trim and mallinfo2")
+pytestmark = pytest.mark.skipif(None in heap._heap_calls(), reason="needs glibc's malloc_trim and mallinfo2")
 
 # Frees every other 64 KiB piece of a heap it filled (freed pieces between live ones: free() alone cannot
 # hand them back), then prints how much the RSS fell across trim_heap() and the free heap before it.
 FRAGMENTED_HEAP = """
 import json, sys
-from dfl_node.net import buffers
+from dfl_node import heap
 from dfl_node.net.allocator import tune_for_streaming
 
 def rss() -> int:
@@ -31,8 +31,8 @@ def rss() -> int:
 assert tune_for_streaming()
 pieces = [bytearray(b"x" * (64 << 10)) for _ in range(2 * int(sys.argv[1]))]
 del pieces[::2]
-free, before = buffers._heap_calls()[1]().fordblks, rss()
-assert buffers.trim_heap()
+free, before = heap._heap_calls()[1]().fordblks, rss()
+assert heap.trim_heap()
 print(json.dumps({"free": free, "released": before - rss()}))
 """
 
@@ -45,11 +45,11 @@ def trimmed(freed_pieces: int) -> dict[str, int]:
 
 def test_a_streams_leftover_heap_stays_mapped() -> None:
     got = trimmed(128)  # 8 MiB free: about what one 100 MB stream leaves
-    assert got["free"] <= buffers.KEEP_FREE
+    assert got["free"] <= heap.KEEP_FREE
     assert got["released"] < 1 << 20
 
 
 def test_more_free_heap_than_it_keeps_goes_back() -> None:
     got = trimmed(1024)  # 64 MiB free: concurrent streams' leftovers
-    assert got["free"] > buffers.KEEP_FREE
+    assert got["free"] > heap.KEEP_FREE
     assert got["released"] > 48 << 20

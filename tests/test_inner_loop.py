@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dfl_node.algorithms import NodeContext
-from dfl_node.config import ExperimentConfig
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fusion import mkt_losses, mutual_knowledge_transfer
 from dfl_node.learning.models import ModelSpec, build_model

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.testbed.launcher import NodeProcess, wait_until
 from dfl_node.testbed.netns import NetnsTopology, delete_namespace, list_namespaces, node_environment, read_env_file
 from tests.conftest import FLEET
@@ -35,7 +35,7 @@ def alive_peers(status: dict) -> set[str]:
 
 
 def test_netns_fleet_discovers_by_mdns_survives_a_kill_and_resumes(tmp_path: Path) -> None:
-    write_fleet(provision(FLEET), tmp_path / "shards")
+    write_fleet(provision(FLEET.shards, FLEET.learning, FLEET.nodes), tmp_path / "shards")
     shared = read_env_file(NODE_ENV)  # the one shared node command line (compose, k8s, systemd use it too)
     assert "DFL_PEERS" not in shared and shared["DFL_MDNS"] == "true"  # discovery by mDNS only
     # the fleet runs until the test stops it, so no step below depends on how fast this machine trains

@@ -16,30 +16,32 @@ import pytest
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
-from dfl_node.node.service import run_node
+from dfl_node.service.run import run_node
+from dfl_node.service.wiring import Daemon
+from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import FLEET
+from tests.conftest import node_config
 
 
 def config_for(shards: Path, state: Path, **settings: object) -> NodeConfig:
     base = dict(id="node-0", data=shards / "node-0", grpc_port=free_port(), http_port=0, mdns=False,
                 swarm=f"bounds-{uuid.uuid4().hex[:6]}", state_dir=state, evaluate=False, mode="async",
                 interval=3600.0)  # no exchanges: these tests watch the node itself
-    return NodeConfig(**FLEET.model_dump(include=set(NodeConfig.model_fields)), **{**base, **settings})
+    return node_config(**{**base, **settings})
 
 
 class Running:
     def __init__(self, config: NodeConfig) -> None:
-        self.node = Node(config)
+        self.daemon = Daemon.build(config)
+        self.node = self.daemon.node
         self.stop = asyncio.Event()
         self.task: asyncio.Task | None = None
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{config.grpc_port}")
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{config.network.grpc_port}")
         self.stub = pb_grpc.DflNodeStub(self.channel)
 
     async def __aenter__(self) -> Running:
-        self.task = asyncio.create_task(run_node(self.node, self.stop))
+        self.task = asyncio.create_task(run_node(self.daemon, self.stop))
         await self.node.ready.wait()
         return self
 
@@ -57,8 +59,8 @@ async def running(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[Running]:
 
 def hello(node: Node, **changes: object) -> pb.HelloRequest:
     fields = dict(protocol_version=PROTOCOL_VERSION, swarm=node.config.swarm, node_id="stranger",
-                  fingerprint=node.fingerprint, algorithm=node.config.algorithm, grpc_address="127.0.0.1:1",
-                  boot_id="b", model=node.wire.model)
+                  fingerprint=node.identity.fingerprint, algorithm=node.config.algorithm, grpc_address="127.0.0.1:1",
+                  boot_id="b", model=node.identity.model)
     return pb.HelloRequest(**{**fields, **changes})
 
 
@@ -67,22 +69,22 @@ async def test_rejection_counts_survive_a_restart(fleet_shards: Path, tmp_path: 
     async with Running(config) as r:
         for _ in range(3):
             await r.stub.Hello(hello(r.node, swarm="elsewhere"), timeout=5)
-        assert r.node.state.rejected == {"swarm_mismatch": 3}
+        assert r.node.tally.rejected == {"swarm_mismatch": 3}
     async with Running(config.model_copy(update={"grpc_port": free_port()})) as again:
-        assert again.node.state.rejected == {"swarm_mismatch": 3}
+        assert again.node.tally.rejected == {"swarm_mismatch": 3}
 
 
 async def test_history_and_state_file_are_bounded(fleet_shards: Path, tmp_path: Path) -> None:
     config = config_for(fleet_shards, tmp_path / "state", history_limit=5)
     async with Running(config) as r:
         for i in range(12):
-            await r.node.model_changed("eval", i, None)
-        assert [h.round for h in r.node.get_history()] == list(range(7, 12))
+            await r.node.learner.changed("eval", i, None)
+        assert [h.round for h in r.node.history()] == list(range(7, 12))
         saved = json.loads((tmp_path / "state" / "state.json").read_text())
         assert [h["round"] for h in saved["history"]] == list(range(7, 12))
     async with Running(config.model_copy(update={"grpc_port": free_port()})) as again:
-        again.node.state.history.append(again.node.state.history[-1])
-        assert len(again.node.get_history()) == 5  # still bounded after a restart
+        await again.node.learner.changed("eval", 12, None)
+        assert [h.round for h in again.node.history()] == list(range(8, 13))  # still bounded after a restart
 
 
 @pytest.mark.parametrize("method", ["Hello", "Assign", "PassToken", "Probe", "Pull"])
@@ -99,7 +101,7 @@ async def test_an_undecodable_request_is_refused_and_counted_without_a_traceback
         else:
             await response
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert running.node.state.rejected == {"undecodable": 1}
+    assert running.node.tally.rejected == {"undecodable": 1}
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert (await running.stub.Hello(hello(running.node), timeout=5)).accepted  # still serving
 
@@ -108,7 +110,7 @@ async def test_refusals_are_counted_in_full_but_logged_at_a_bounded_rate(
         running: Running, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     await asyncio.gather(*(running.stub.Hello(hello(running.node, swarm="elsewhere"), timeout=5) for _ in range(200)))
-    assert running.node.state.rejected == {"swarm_mismatch": 200}
+    assert running.node.tally.rejected == {"swarm_mismatch": 200}
     lines = [r for r in caplog.records if "swarm_mismatch" in r.getMessage()]
     assert 1 <= len(lines) <= 2, len(lines)
 
@@ -123,30 +125,30 @@ async def test_a_hello_flood_of_fake_peers_leaves_a_bounded_table(fleet_shards: 
                  for i in range(300)]
         replies = await asyncio.gather(*(r.stub.Hello(h, timeout=5) for h in fakes))
         assert all(rep.accepted for rep in replies)  # compatible: the table is what has no room
-        assert len(node.peers.pending) <= 8 and not node.peers.peers
-        assert node.state.rejected["peer_table_full"] == 300 - 8
+        assert len(node.membership.table.pending) <= 8 and not node.membership.table.peers
+        assert node.tally.rejected["peer_table_full"] == 300 - 8
         assert len(node.network.clients) <= 3  # one channel per probed address, not per fake
         for _ in range(50):
             await asyncio.sleep(0.1)
-            if not node.peers.pending and not node.network.clients:
+            if not node.membership.table.pending and not node.network.clients:
                 break
-        assert not node.peers.pending and not node.peers.peers and not node.network.clients
-        assert not node.peers.alive_ids()
+        assert not node.membership.table.pending and not node.membership.table.peers and not node.network.clients
+        assert not node.membership.table.alive_ids()
 
 
 async def test_a_dead_peer_is_forgotten_after_the_expiry(fleet_shards: Path, tmp_path: Path) -> None:
     first = config_for(fleet_shards, tmp_path / "a", heartbeat=0.2, peer_timeout=0.6, peer_expiry=1.5)
     second = config_for(fleet_shards, tmp_path / "b", id="node-1", data=fleet_shards / "node-1", swarm=first.swarm,
-                        peers=[f"127.0.0.1:{first.grpc_port}"])
+                        peers=[f"127.0.0.1:{first.network.grpc_port}"])
     async with Running(first) as a:
         async with Running(second):
             for _ in range(50):
                 await asyncio.sleep(0.1)
-                if a.node.peers.alive_ids() == ["node-1"]:
+                if a.node.membership.table.alive_ids() == ["node-1"]:
                     break
-            assert a.node.peers.alive_ids() == ["node-1"]  # it said Hello and answered ours
+            assert a.node.membership.table.alive_ids() == ["node-1"]  # it said Hello and answered ours
         for _ in range(60):
             await asyncio.sleep(0.1)
-            if "node-1" not in a.node.peers.peers:
+            if "node-1" not in a.node.membership.table.peers:
                 break
-        assert "node-1" not in a.node.peers.peers and f"127.0.0.1:{second.grpc_port}" not in a.node.network.clients
+        assert "node-1" not in a.node.membership.table.peers and f"127.0.0.1:{second.network.grpc_port}" not in a.node.network.clients

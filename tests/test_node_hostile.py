@@ -23,10 +23,10 @@ from dfl_node.learning.models import build_model
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.server import start_server
-from dfl_node.net.transport import open_transfer
-from dfl_node.node.config import NodeConfig
+from dfl_node.net.client import open_transfer
+from dfl_node.settings.node import NodeConfig
 from dfl_node.node.daemon import Node
-from dfl_node.node.service import run_node
+from dfl_node.service.run import run_node
 from dfl_node.peering.messages import Assignment
 from dfl_node.testbed.launcher import free_port
 from tests.codec_helpers import frames_of
@@ -58,13 +58,13 @@ class Target:
 
     def message(self, seed: int = 99, round_: int = 0) -> ModelMessage:
         cfg = self.node.config
-        model = build_model(cfg.model, (1, 8, 8), 10, hidden=cfg.hidden, seed=seed)
+        model = build_model(cfg.learning.model, (1, 8, 8), 10, hidden=cfg.learning.hidden, seed=seed)
         return ModelMessage(sender="stranger", round=round_, purpose="defkt.model", num_samples=100,
-                            parts=parts_from_state(model.state_dict()), model=self.node.wire.model)
+                            parts=parts_from_state(model.state_dict()), model=self.node.identity.model)
 
     def frames(self, chunk_size: int = 4096, round_: int = 0) -> list[pb.Frame]:
         return frames_of(self.message(round_=round_), chunk_size, swarm=self.node.config.swarm,
-                         fingerprint=self.node.fingerprint)
+                         fingerprint=self.node.identity.fingerprint)
 
 
 @pytest.fixture
@@ -78,9 +78,9 @@ async def target(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[Target]:
     stop = asyncio.Event()
     task = asyncio.create_task(run_node(node, stop))
     await node.ready.wait()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{config.grpc_port}",
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{config.network.grpc_port}",
                                         options=[("grpc.max_send_message_length", 64 << 20)])
-    yield Target(node, pb_grpc.DflNodeStub(channel), f"http://127.0.0.1:{config.http_port}")
+    yield Target(node, pb_grpc.DflNodeStub(channel), f"http://127.0.0.1:{config.api.http_port}")
     await channel.close()
     stop.set()
     await task
@@ -88,20 +88,20 @@ async def target(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[Target]:
 
 async def assert_still_serving(t: Target) -> None:
     """A genuine model is still accepted and fused after the attack."""
-    before = t.node.state.counters["fusions"]
-    round_ = t.node.state.played + 1  # the next round this node has not played
+    before = t.node.tally.counters["fusions"]
+    round_ = t.node.progress.played + 1  # the next round this node has not played
     await t.expect(round_=round_)
     verdict = await t.transfer(t.frames(round_=round_))
     assert verdict.accepted, verdict
     await t.node.roles.settled()  # the verdict comes once the model is validated; fusing follows
-    assert t.node.state.counters["fusions"] == before + 1
-    assert t.node.state.role.value == "idle" and t.node.state.history[-1].event == "fusion"
+    assert t.node.tally.counters["fusions"] == before + 1
+    assert t.node.roles.role.value == "idle" and t.node.state.history[-1].event == "fusion"
 
 
 def _hello(t: Target, **changes: object) -> pb.HelloRequest:
     fields = dict(protocol_version=PROTOCOL_VERSION, swarm=t.node.config.swarm, node_id="stranger",
-                  fingerprint=t.node.fingerprint, algorithm="defkt", grpc_address="127.0.0.1:1", boot_id="b",
-                  model=t.node.wire.model, sample_shape=[1, 8, 8], num_classes=10)
+                  fingerprint=t.node.identity.fingerprint, algorithm="defkt", grpc_address="127.0.0.1:1", boot_id="b",
+                  model=t.node.identity.model, sample_shape=[1, 8, 8], num_classes=10)
     return pb.HelloRequest(**{**fields, **changes})
 
 
@@ -125,9 +125,9 @@ async def test_incompatible_peer_is_refused_at_hello(target: Target, change: dic
         [refused] = (await http.get(f"{target.url}/status")).json()["refused_peers"]
     assert (refused["id"], refused["reason"], refused["by"], refused["address"]) == ("stranger", reason, "us",
                                                                                     "127.0.0.1:1")
-    assert "stranger" not in target.node.peers.peers and "stranger" not in target.node.peers.pending
+    assert "stranger" not in target.node.membership.table.peers and "stranger" not in target.node.membership.table.pending
     ok = await target.stub.Hello(_hello(target), timeout=5)
-    assert ok.accepted and "stranger" in target.node.peers.pending  # a peer only once it answers a Hello of ours
+    assert ok.accepted and "stranger" in target.node.membership.table.pending  # a peer only once it answers a Hello of ours
 
 
 def _truncated(f: list[pb.Frame]) -> list[pb.Frame]:
@@ -202,7 +202,7 @@ def _lossy_entry(f: list[pb.Frame]) -> list[pb.Frame]:
     (_lossy_entry, "wire_dtype_mismatch"),
 ])
 async def test_bad_transfer_is_rejected_and_node_keeps_serving(target: Target, tamper, reason: str) -> None:
-    digest = target.node.state.digest
+    digest = target.node.learner.digest
     await target.expect()
     verdict = await target.transfer(tamper(target.frames()))
     assert not verdict.accepted and verdict.reason == reason
@@ -210,15 +210,15 @@ async def test_bad_transfer_is_rejected_and_node_keeps_serving(target: Target, t
     if target.node.roles.collector is not None:  # refused at the header: a forged header never cancels a real sender…
         target.node.roles.collector.close()  # …so the group would wait for its deadline; the test ends it instead
     await target.node.roles.settled()  # a failure after admission gives up on that sender at once
-    assert target.node.state.digest == digest and target.node.state.role.value == "idle"  # nothing fused, role released
-    assert target.node.state.counters["senders_abandoned"] == 1
+    assert target.node.learner.digest == digest and target.node.roles.role.value == "idle"  # nothing fused, role released
+    assert target.node.tally.counters["senders_abandoned"] == 1
     await assert_still_serving(target)
 
 
 async def test_oversized_chunk_is_rejected(target: Target) -> None:
     big = target.message()
     # the whole ~10 KB model in one chunk is fine…
-    frames = frames_of(big, 1 << 30, swarm=target.node.config.swarm, fingerprint=target.node.fingerprint)
+    frames = frames_of(big, 1 << 30, swarm=target.node.config.swarm, fingerprint=target.node.identity.fingerprint)
     await target.expect()
     assert (await target.transfer(frames)).accepted
     await target.node.roles.settled()
@@ -249,13 +249,13 @@ async def test_a_transfer_nobody_expects_is_refused(target: Target) -> None:
 
 
 async def test_an_assignment_while_busy_is_refused(target: Target) -> None:
-    target.node.roles.take_role(Role.SENDER)
+    target.node.roles.take(Role.SENDER)
     try:
         ack = await target.node.roles.play(Assignment(round=0, role="aggregator", aggregator="node-0",
                                                       senders=("stranger",)))
         assert not ack.ok and ack.reason == "busy"
     finally:
-        target.node.roles.release_role()
+        target.node.roles.release()
     await assert_still_serving(target)
 
 
@@ -292,7 +292,7 @@ async def test_standard_grpc_services_refuse_garbage_without_a_traceback(
         target: Target, caplog: pytest.LogCaptureFixture) -> None:
     """Health decodes its requests itself, as the node's own RPCs do: garbage is INVALID_ARGUMENT, counted
     (``undecodable``), with no ERROR line; reflection is not served unless asked (UNIMPLEMENTED, no log)."""
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{target.node.config.grpc_port}")
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{target.node.config.network.grpc_port}")
     try:
         with caplog.at_level(logging.WARNING):
             codes = {(path, raw): await _raw_call(channel, path, raw, **kinds) for path, kinds in [
@@ -314,7 +314,7 @@ async def test_standard_grpc_health_answers_check_and_list(target: Target) -> No
     node's service, NOT_FOUND for another; List names both; Watch is refused plainly (poll Check)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{target.node.config.grpc_port}")
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{target.node.config.network.grpc_port}")
     try:
         stub = health_pb2_grpc.HealthStub(channel)
         for service in ("", "dfl.v1.DflNode"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dfl_node.learning.fleet import provision, write_fleet
+from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.testbed.launcher import NodeProcess, all_done, fetch_json, wait_until
 from dfl_node.testbed.netns import NetnsTopology, list_namespaces, node_environment, read_env_file
 from tests.conftest import FLEET, running_daemons
@@ -35,7 +35,7 @@ def alive_peers(status: dict) -> set[str]:
 @contextmanager
 def netns_fleet(tmp_path: Path, settings: dict[str, str]):
     """4 daemons from deploy/node.env plus ``settings``, one per namespace; stopped and torn down on exit."""
-    write_fleet(provision(FLEET), tmp_path / "shards")
+    write_fleet(provision(FLEET.shards, FLEET.learning, FLEET.nodes), tmp_path / "shards")
     shared = {**read_env_file(NODE_ENV), **QUICK, "DFL_SWARM": f"faults-{os.getpid()}", **settings}
     with NetnsTopology(4, prefix="dflfault") as topology:
         nodes = []

@@ -20,27 +20,27 @@ from tests.test_node_hostile import Target, assert_still_serving, target  # noqa
 
 def poisoned(t: Target, value: float) -> ModelMessage:
     cfg = t.node.config
-    state = build_model(cfg.model, (1, 8, 8), 10, hidden=cfg.hidden, seed=99).state_dict()
+    state = build_model(cfg.learning.model, (1, 8, 8), 10, hidden=cfg.learning.hidden, seed=99).state_dict()
     first = next(iter(state))
     state[first] = state[first].clone()
     state[first].view(-1)[3] = value
     return ModelMessage(sender="stranger", round=0, purpose="defkt.model", num_samples=100,
-                        parts=parts_from_state(state), model=t.node.wire.model)
+                        parts=parts_from_state(state), model=t.node.identity.model)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target, value: float) -> None:  # noqa: F811 - the fixture
     node = target.node
-    digest, history = node.state.digest, len(node.state.history)
+    digest, history = node.learner.digest, len(node.state.history)
     await target.expect()
-    frames = frames_of(poisoned(target, value), 4096, swarm=node.config.swarm, fingerprint=node.fingerprint)
+    frames = frames_of(poisoned(target, value), 4096, swarm=node.config.swarm, fingerprint=node.identity.fingerprint)
     verdict = await target.transfer(frames)
     assert not verdict.accepted and verdict.reason == "non_finite", verdict
     await node.roles.settled()
     assert (await target.rejected()) == {"non_finite": 1}
-    assert node.state.digest == digest and len(node.state.history) == history
-    assert node.state.counters["fusions"] == 0 and node.state.counters["models_received"] == 0
-    saved = node.checkpoint.load(node.fingerprint)
+    assert node.learner.digest == digest and len(node.state.history) == history
+    assert node.tally.counters["fusions"] == 0 and node.tally.counters["models_received"] == 0
+    saved = node.learner.checkpoint.load(node.identity.fingerprint)
     assert saved is None or all(torch.isfinite(v).all() for v in saved[0].values() if v.is_floating_point())
     await assert_still_serving(target)
 
@@ -48,12 +48,12 @@ async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target,
 async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target) -> None:  # noqa: F811 - the fixture
     """An untrained model (about 10 % on digits) passes with the gate off and is refused with a floor of 0.5."""
     node = target.node
-    node.config.min_accuracy = 0.5
-    digest = node.state.digest
+    node.config.roles.min_accuracy = 0.5
+    digest = node.learner.digest
     await target.expect()
     verdict = await target.transfer(target.frames())
     assert not verdict.accepted and verdict.reason == "low_accuracy", verdict
     await node.roles.settled()
-    assert (await target.rejected()) == {"low_accuracy": 1} and node.state.digest == digest
-    node.config.min_accuracy = 0.0
+    assert (await target.rejected()) == {"low_accuracy": 1} and node.learner.digest == digest
+    node.config.roles.min_accuracy = 0.0
     await assert_still_serving(target)

@@ -43,7 +43,7 @@ async def predict(*args: str, stdin: bytes = b"") -> tuple[int, str, str]:
 
 def expected(node: Node, x: torch.Tensor) -> tuple[list[int], list[float]]:
     with torch.no_grad():
-        probabilities = torch.softmax(node.ctx.model.eval()(x), 1)
+        probabilities = torch.softmax(node.learner.ctx.model.eval()(x), 1)
     best, classes = probabilities.max(1)
     return classes.tolist(), best.tolist()
 
@@ -57,7 +57,7 @@ async def test_predict_reads_csv_npz_json_and_stdin(fleet_shards: Path, tmp_path
     (tmp_path / "samples.csv").write_text("\n".join([header, *rows]) + "\n")  # a training file: its label is left out
     np.savez(tmp_path / "samples.npz", x=x.numpy())
     async with running_node(fleet_shards, tmp_path / "state") as node:
-        url = f"http://127.0.0.1:{node.config.http_port}"
+        url = f"http://127.0.0.1:{node.config.api.http_port}"
         classes, best = expected(node, x)
         status, out, err = await predict(str(tmp_path / "samples.csv"), "--url", url)
         assert status == 0, err
@@ -69,7 +69,7 @@ async def test_predict_reads_csv_npz_json_and_stdin(fleet_shards: Path, tmp_path
         assert status == 0, err
         answer = json.loads(out)
         assert [p["class"] for p in answer["predictions"]] == classes
-        assert (answer["node"], answer["round"], answer["sha256"]) == ("node-0", 0, node.state.digest)
+        assert (answer["node"], answer["round"], answer["sha256"]) == ("node-0", 0, node.learner.digest)
         status, out, err = await predict("--url", url, stdin=json.dumps({"samples": x[:3].tolist()}).encode())
         assert status == 0, err
         assert [int(line.split()[0]) for line in out.splitlines()] == classes[:3]
@@ -86,7 +86,7 @@ async def test_bad_samples_are_one_line_and_exit_2(fleet_shards: Path, tmp_path:
                                                    reason: str) -> None:
     (tmp_path / "bad.csv").write_text(content)
     async with running_node(fleet_shards, tmp_path / "state") as node:
-        status, out, err = await predict(str(tmp_path / "bad.csv"), "--url", f"127.0.0.1:{node.config.http_port}")
+        status, out, err = await predict(str(tmp_path / "bad.csv"), "--url", f"127.0.0.1:{node.config.api.http_port}")
     assert status == 2 and out == ""
     [line] = [line for line in err.splitlines() if line.startswith("Error:")]
     assert reason in line, err

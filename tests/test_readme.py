@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from dfl_node.config import ExperimentConfig
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim.costs import CostModel
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,42 +25,41 @@ import torch
 
 from dfl_node.algorithms import Role
 from dfl_node.net.server import start_server
-from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
+from dfl_node.node.orders import Order
 from dfl_node.peering.messages import Assignment, HelloReply, Progress
-from tests.conftest import FLEET
+from tests.conftest import daemon, order
 
 
 def make_node(shards: Path, state: Path, node_id: str, algorithm: str, **settings: object) -> Node:
-    config = NodeConfig(**{**FLEET.model_dump(include=set(NodeConfig.model_fields)), "id": node_id,
-                           "data": shards / node_id, "algorithm": algorithm, "http_port": 0, "mdns": False,
-                           "state_dir": state / node_id, "evaluate": False, **settings})
-    return Node(config)
+    return daemon(id=node_id, data=shards / node_id, algorithm=algorithm, http_port=0, mdns=False,
+                  state_dir=state / node_id, evaluate=False, **settings).node
 
 
 @contextlib.asynccontextmanager
 async def serving(node: Node) -> AsyncIterator[str]:
     """``node``'s real gRPC server on a free loopback port; yields its address."""
-    server, port = await start_server(node.requests, "127.0.0.1", 0)
+    wire = node.network.wire  # type: ignore[attr-defined]  # a daemon's: gRPC
+    server, port = await start_server(node.requests, wire, 30.0, "127.0.0.1", 0)
     try:
         yield f"127.0.0.1:{port}"
     finally:
         await server.stop(None)
 
 
-def pull_assignment(aggregator: str, source: str, **extra: object) -> Assignment:
-    return Assignment(round=0, epoch=1, holder=aggregator, role=Role.AGGREGATOR.value, aggregator=aggregator,
-                      senders=(source,), pull=True, **extra)
+def pull_order(aggregator: str, source: str, **extra: object) -> Order:
+    return order(round=0, epoch=1, holder=aggregator, role=Role.AGGREGATOR.value, aggregator=aggregator,
+                 senders=(source,), pull=True, **extra)
 
 
 def know(node: Node, peer_id: str, address: str, boot_id: str = "boot-1") -> None:
     """``node``'s peer table confirms ``peer_id`` at ``address`` (as a reply to its Hello would)."""
-    node.peers.seen(HelloReply(node_id=peer_id, grpc_address=address, boot_id=boot_id, model=node.wire.model,
-                               num_samples=1, algorithm=node.config.algorithm))
+    node.membership.table.seen(HelloReply(node_id=peer_id, grpc_address=address, boot_id=boot_id,
+                                          model=node.identity.model, num_samples=1, algorithm=node.config.algorithm))
 
 
 def weights(node: Node) -> dict[str, torch.Tensor]:
-    return {name: tensor.clone() for name, tensor in node.ctx.model.state_dict().items()}
+    return {name: tensor.clone() for name, tensor in node.learner.ctx.model.state_dict().items()}
 
 
 @pytest.mark.asyncio
@@ -72,13 +71,13 @@ async def test_a_pull_played_again_ends_as_if_it_had_not_failed(fleet_shards: Pa
     unfailed = make_node(fleet_shards, tmp_path / "b", "node-1", "fairavg")
     before = weights(failed)
     async with serving(source) as address:
-        first = await failed.roles.play(pull_assignment("node-1", "node-0"))
+        first = await failed.roles.play(pull_order("node-1", "node-0"))
         assert (first.ok, first.reason) == (False, "not_fused")
         after_failure = weights(failed)
         assert all(torch.equal(before[k], after_failure[k]) for k in before), "the failed role left its training"
         for puller in (failed, unfailed):
             know(puller, "node-0", address)
-            assert (await puller.roles.play(pull_assignment("node-1", "node-0"))).ok
+            assert (await puller.roles.play(pull_order("node-1", "node-0"))).ok
     replayed, once = weights(failed), weights(unfailed)
     assert any(not torch.equal(before[k], once[k]) for k in before)  # the fusion changed the model
     assert all(torch.equal(replayed[k], once[k]) for k in once)
@@ -92,12 +91,12 @@ async def test_a_sender_whose_transfer_failed_keeps_its_model(fleet_shards: Path
         closed.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{closed.getsockname()[1]}"
     before = weights(sender)
-    ack = await sender.roles.play(Assignment(round=0, epoch=1, holder="node-0", role=Role.SENDER.value,
+    ack = await sender.roles.play(order(round=0, epoch=1, holder="node-0", role=Role.SENDER.value,
                                        aggregator="node-1", aggregator_address=address, senders=("node-0",)))
     assert (ack.ok, ack.reason) == (False, "not_fused")
     after = weights(sender)
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert sender.state.role is Role.IDLE
+    assert sender.roles.role is Role.IDLE
 
 
 @pytest.mark.asyncio
@@ -105,10 +104,10 @@ async def test_a_pull_source_known_only_to_the_holder_is_pulled(fleet_shards: Pa
     source = make_node(fleet_shards, tmp_path, "node-0", "gossip")
     puller = make_node(fleet_shards, tmp_path, "node-1", "gossip")
     async with serving(source) as address:
-        assert puller.address_of("node-0") is None  # its own table has not confirmed the source yet
-        ack = await puller.roles.play(pull_assignment("node-1", "node-0", addresses={"node-0": address}))
+        assert puller.membership.address_of("node-0") is None  # its own table has not confirmed the source yet
+        ack = await puller.roles.play(pull_order("node-1", "node-0", addresses={"node-0": address}))
     assert ack.ok, ack.reason
-    assert puller.state.counters["fusions"] == 1 and source.state.counters["models_sent"] == 1
+    assert puller.tally.counters["fusions"] == 1 and source.tally.counters["models_sent"] == 1
 
 
 @contextlib.contextmanager
@@ -149,19 +148,19 @@ async def test_an_assign_holds_the_aggregator_role_no_longer_than_our_round_time
     assert ack.ok
     await asyncio.wait_for(node.roles.quiesce(), timeout=20)
     assert time.monotonic() - started < 5
-    assert node.state.counters["fusions"] == 0
+    assert node.tally.counters["fusions"] == 0
 
 
 @pytest.mark.asyncio
 async def test_an_assign_far_ahead_of_the_fleet_is_refused_and_counted(fleet_shards: Path, tmp_path: Path) -> None:
     node = make_node(fleet_shards, tmp_path, "node-0", "defkt", round_window=100)
     know(node, "node-1", "127.0.0.1:1")
-    node.peers.peers["node-1"].progress = Progress(round=500, epoch=1)
+    node.membership.table.peers["node-1"].progress = Progress(round=500, epoch=1)
     forged = Assignment(round=2**63, epoch=1, holder="node-9", role=Role.AGGREGATOR.value, aggregator="node-0",
                         senders=("node-9",), deadline_s=1)
     ack = await node.requests.assign(forged)
     assert (ack.ok, ack.reason) == (False, "round_window")
-    assert node.state.rejected["round_window"] == 1 and node.state.role is Role.IDLE
+    assert node.tally.rejected["round_window"] == 1 and node.roles.role is Role.IDLE
     honest = Assignment(round=600, epoch=1, holder="node-1", role=Role.AGGREGATOR.value, aggregator="node-0",
                         senders=("node-1",), deadline_s=0.2)
     assert (await node.requests.assign(honest)).reason != "round_window"  # within 100 of the fleet's round 500
@@ -174,11 +173,11 @@ async def test_an_aggregator_stops_waiting_for_a_sender_that_restarted(fleet_sha
     its whole round_timeout (a 130 s stall). Its new boot id says the old incarnation will not send."""
     node = make_node(fleet_shards, tmp_path, "node-0", "defkt", round_timeout=60.0)
     know(node, "node-1", "127.0.0.1:1", boot_id="before")
-    ack = await node.roles.play(Assignment(round=0, epoch=1, holder="node-1", role=Role.AGGREGATOR.value,
+    ack = await node.roles.play(order(round=0, epoch=1, holder="node-1", role=Role.AGGREGATOR.value,
                                      aggregator="node-0", senders=("node-1",)))
     assert ack.ok and node.roles.collector is not None and node.roles.collector.missing() == {"node-1"}
     started = time.monotonic()
     know(node, "node-1", "127.0.0.1:1", boot_id="after")  # it answers a Hello again, as a new incarnation
     await asyncio.wait_for(node.roles.quiesce(), timeout=20)
     assert time.monotonic() - started < 2
-    assert node.state.counters["fusions"] == 0 and node.state.counters["senders_abandoned"] == 1
+    assert node.tally.counters["fusions"] == 0 and node.tally.counters["senders_abandoned"] == 1

@@ -10,94 +10,118 @@ the holder's table knows two of them, and a third answers only later.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from collections.abc import Collection
 
 import pytest
 
 from dfl_node.algorithms import NodeProfile, make_algorithm
+from dfl_node.api.metrics import NodeMetrics
 from dfl_node.node.clock import Clock
-from dfl_node.node.config import NodeConfig
+from dfl_node.node.orders import Order
 from dfl_node.node.peers import PeerTable
+from dfl_node.node.ports import SchedulerPort
+from dfl_node.node.progress import RoundProgress
 from dfl_node.node.rounds import RoundScheduler
-from dfl_node.node.state import NodeState
-from dfl_node.peering.messages import Ack, Assignment, HelloReply, Progress, Token
+from dfl_node.node.tally import Tally
+from dfl_node.peering.messages import Ack, HelloReply, Progress, Token
+from dfl_node.settings.node import MembershipSettings, ScheduleSettings
 from tests.conftest import FLEET
 
 MEMBERS = ["node-0", "node-1", "node-2", "node-3"]
 
 
+class TableMembers:
+    """The members of a node as a bare peer table knows them (:class:`~dfl_node.node.membership.Members`)."""
+
+    def __init__(self, node_id: str, table: PeerTable) -> None:
+        self.node_id, self.table = node_id, table
+
+    def alive_ids(self) -> list[str]:
+        return self.table.alive_ids()
+
+    def dead_ids(self) -> list[str]:
+        return self.table.dead_ids()
+
+    def profiles(self) -> list[NodeProfile]:
+        return [NodeProfile(self.node_id, "mlp:32,32", 1), *self.table.profiles()]
+
+    def progress(self) -> dict[str, Progress]:
+        return self.table.progress()
+
+    def address_of(self, node_id: str) -> str | None:
+        return f"{node_id}:1"
+
+    def incarnations(self, ids: list[str]) -> dict[str, str | None]:
+        return self.table.incarnations(ids)
+
+    async def wait_for(self, count: int) -> None:
+        await self.table.wait_for(count)
+
+    async def wait_alive(self, ids: Collection[str], timeout: float) -> None:
+        await self.table.wait_alive(ids, timeout)
+
+    async def refresh(self) -> None:
+        await self.table.refresh()
+
+
 class MinimalNode:
-    """The scheduler port of a node that plays no role itself: it records the roles its holder assigns."""
+    """What a holder is given of a node that plays no role itself (a :class:`SchedulerPort`): a real peer table
+    behind its members, real progress, and roles that record what they are asked to give out; the token goes
+    nowhere (it is also its own network and link)."""
 
     def __init__(self, node_id: str, peer_timeout: float) -> None:
-        self.config = NodeConfig(id=node_id, data=Path("unused"), algorithm="combo", seed=FLEET.seed,
-                                 peer_timeout=peer_timeout, rounds=2, heartbeat=0.05)
-        self.algorithm = make_algorithm("combo", FLEET)
+        self.node_id = node_id
         self.clock = Clock()
         self.peers = PeerTable(node_id, self._no_hello, self.clock, heartbeat=0.05, timeout=peer_timeout, static=[])
-        self.state = NodeState()
-        self.node_id = node_id
-        self.assigned: list[tuple[str, Assignment]] = []
-        self.finished = asyncio.Event()
-        self.roles = self  # the port's roles: this fake records what it is asked to assign (assign_to)
+        self.progress = RoundProgress(self.clock)
+        self.dispatched: list[tuple[str, Order]] = []
+        metrics = NodeMetrics(node_id, lambda: None)  # type: ignore[arg-type,return-value]  # never scraped
+        self.port = SchedulerPort(
+            node_id, FLEET.learning.seed, ScheduleSettings(rounds=2),
+            MembershipSettings(peer_timeout=peer_timeout, heartbeat=0.05), self.clock,
+            make_algorithm("combo", FLEET.learning, FLEET.per_algorithm), TableMembers(node_id, self.peers),
+            self.progress, self, self, Tally(self.clock, metrics, self.progress),  # type: ignore[arg-type]
+            lambda: Progress(round=self.progress.round, epoch=self.progress.epoch), self._finish, self._finish)
 
     async def _no_hello(self, address: str, timeout: float) -> HelloReply | None:
         return None
+
+    async def _finish(self, *_: object) -> None:
+        raise AssertionError("the run does not end in these tests")
 
     def join(self, peer_id: str) -> None:
         """``peer_id`` answered a Hello of ours."""
         self.peers.seen(HelloReply(node_id=peer_id, grpc_address=f"{peer_id}:1", boot_id="b", model="mlp:32,32",
                                    num_samples=1))
 
-    def profiles(self) -> list[NodeProfile]:
-        return [NodeProfile(self.node_id, "mlp:32,32", 1), *self.peers.profiles()]
-
-    def address_of(self, node_id: str) -> str | None:
-        return f"{node_id}:1"
-
-    def progress(self) -> Progress:
-        return Progress(round=self.state.round, epoch=self.state.epoch)
-
-    async def assign_to(self, node_id: str, assignment: Assignment) -> Ack:
-        self.assigned.append((node_id, assignment))
+    async def dispatch(self, node_id: str, order: Order) -> Ack:  # its roles: recorded
+        self.dispatched.append((node_id, order))
         return Ack(ok=True)
 
-    async def pass_token(self, node_id: str, token: Token) -> Ack | None:
+    def link(self, address: str) -> MinimalNode:  # its network
+        return self
+
+    async def pass_token(self, token: Token, timeout: float) -> Ack:
         return Ack(ok=True)
-
-    def enter_epoch(self, epoch: int) -> bool:
-        if epoch < self.state.epoch:
-            return False
-        self.state.epoch = epoch
-        return True
-
-    def set_round(self, round_: int, token_state: dict[str, str]) -> None:
-        self.state.round, self.state.token_state = round_, token_state
-
-    def set_holding(self, holding: bool) -> None:
-        self.state.holding = holding
-
-    def count(self, counter: str, n: int = 1) -> None:
-        self.state.counters[counter] += n
 
 
 async def _hold_round_one(node: MinimalNode, late: str, after: float) -> list[tuple[str, str]]:
     """Hand ``node`` the token of round 1 naming :data:`MEMBERS`; ``late`` is confirmed ``after`` seconds on.
-    Returns the (node, role) pairs the holder assigned for round 1."""
-    scheduler = RoundScheduler(node)  # type: ignore[arg-type]  # the port's methods a holder uses
+    Returns the (node, role) pairs the holder gave out for round 1."""
+    scheduler = RoundScheduler(node.port)
     joining = asyncio.get_running_loop().call_later(after, node.join, late)
-    token = Token(round=1, epoch=1, holder=node.node_id, seed=FLEET.seed, members=tuple(MEMBERS))
+    token = Token(round=1, epoch=1, holder=node.node_id, seed=FLEET.learning.seed, members=tuple(MEMBERS))
     try:
         assert (await scheduler.token(token)).ok
-        while node.state.holding:
+        while node.progress.holding:
             await asyncio.sleep(0.01)
     finally:
         joining.cancel()
-    return [(who, a.role) for who, a in node.assigned if a.round == 1]
+    return [(who, order.role.value) for who, order in node.dispatched if order.step.round == 1]
 
 
 def _expected_round_one(members: list[str]) -> list[tuple[str, str]]:
-    algorithm = make_algorithm("combo", FLEET)
+    algorithm = make_algorithm("combo", FLEET.learning, FLEET.per_algorithm)
     profiles = [NodeProfile(m, "mlp:32,32", 1) for m in members]
     (group,) = algorithm.plan_round(1, profiles, {})
     return [(group.aggregator, "aggregator"), *((s, "sender") for s in group.senders)]

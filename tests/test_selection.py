@@ -21,9 +21,10 @@ from dfl_node.algorithms.selection import (
     rank_by_profile,
     rank_by_samples,
 )
-from dfl_node.config import ExperimentConfig, LearningConfig
+from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.fleet import provision
+from dfl_node.learning.provision import provision
 from dfl_node.learning.models import ModelSpec
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.peering.errors import TransferRejected
@@ -31,7 +32,8 @@ from dfl_node.peering.probes import ProbeRequest, answer_from_reply, probe_from_
 from dfl_node.sim import run_fleet
 
 SPEC = ModelSpec("mlp", (10, 10))
-CONFIG = LearningConfig(hidden=[10, 10], batch_size=4, mkt_batch_size=4, lr=0.01, momentum=0.0, selection_samples=3)
+CONFIG = SharedSettings(hidden=[10, 10], batch_size=4, mkt_batch_size=4, lr=0.01, momentum=0.0)
+OPTIONS = AlgorithmOptions(selection_samples=3)
 
 
 def _data(labels: list[int], confident: list[bool]) -> ArrayDataset:
@@ -68,14 +70,14 @@ def _always(label: int) -> torch.nn.Module:
     return model
 
 
-def _node(node_id: str, model: torch.nn.Module, val: ArrayDataset, config: LearningConfig = CONFIG) -> NodeContext:
+def _node(node_id: str, model: torch.nn.Module, val: ArrayDataset, config: SharedSettings = CONFIG) -> NodeContext:
     return NodeContext(node_id, model, SPEC, val, val, config)
 
 
 def _fleet(selection: str) -> dict[str, NodeContext]:
     """Sender ``s`` knows class 0 and is unsure of (and wrong on) class 1. Candidates: ``a`` always says 0,
     ``b`` always says 1 (the right receiver: it knows what ``s`` does not), ``c`` always says 2."""
-    config = CONFIG.model_copy(update={"selection": selection, "sender_keeps_trained": True})
+    config = CONFIG.model_copy(update={"sender_keeps_trained": True})
     sender_val = _data([0, 0, 0, 0, 1, 1, 1, 1], [True] * 4 + [False] * 4)
     mixed = _data([0, 1, 2, 0, 1, 2], [True] * 6)
     nodes = {"s": _node("s", _reader(), sender_val, config)}
@@ -90,7 +92,7 @@ STEP = Step(0, Group("", ("s",), candidates=("a", "b", "c")))
 @pytest.mark.parametrize("selection", ["class-profile", "probe-samples"])
 def test_the_sender_chooses_the_candidate_that_knows_what_it_does_not(selection: str) -> None:
     nodes = _fleet(selection)
-    algo = make_algorithm("defkt-select", nodes["s"].config)
+    algo = make_algorithm("defkt-select", nodes["s"].config, OPTIONS.model_copy(update={"selection": selection}))
     message = algo.transmit(nodes["s"], STEP)
     probe = algo.probe(nodes["s"], STEP, message)
     answers = {c: algo.answer(nodes[c], probe) for c in ("a", "b", "c")}
@@ -127,16 +129,16 @@ def test_open_plans_deal_disjoint_candidate_pools_to_the_random_senders() -> Non
     ids = [f"n{i}" for i in range(11)]
     profiles = [NodeProfile(i, "mlp:10,10", 5) for i in ids]
     config = CONFIG.model_copy(update={"pairs": 3, "seed": 4})
-    plan = make_algorithm("defkt-select", config).plan_round(6, profiles, {})
+    plan = make_algorithm("defkt-select", config, OPTIONS).plan_round(6, profiles, {})
     senders = [g.senders[0] for g in sample_pairs(4, 6, ids, 3)]
     assert [g.senders[0] for g in plan] == senders  # the same I_A as Def-KT draws: only receivers differ
     pools = [set(g.candidates) for g in plan]
     assert all(g.open and g.aggregator == "" for g in plan)
     assert set().union(*pools) == set(ids) - set(senders) and sum(map(len, pools)) == 8  # disjoint, all others
-    assert plan == make_algorithm("defkt-select", config).plan_round(6, list(reversed(profiles)), {})
-    limited = make_algorithm("defkt-select", config.model_copy(update={"selection_candidates": 2}))
+    assert plan == make_algorithm("defkt-select", config, OPTIONS).plan_round(6, list(reversed(profiles)), {})
+    limited = make_algorithm("defkt-select", config, OPTIONS.model_copy(update={"selection_candidates": 2}))
     assert [len(g.candidates) for g in limited.plan_round(6, profiles, {})] == [2, 2, 2]
-    random = make_algorithm("defkt-select", config.model_copy(update={"selection": "random"}))
+    random = make_algorithm("defkt-select", config, OPTIONS.model_copy(update={"selection": "random"}))
     assert random.plan_round(6, profiles, {}).groups == sample_pairs(4, 6, ids, 3)  # Procedure 1
     assert STEP.group.bound("b") == Group("b", ("s",)) and STEP.group.members == ("s", "a", "b", "c")
     with pytest.raises(ValueError):
@@ -144,11 +146,11 @@ def test_open_plans_deal_disjoint_candidate_pools_to_the_random_senders() -> Non
 
 
 def test_001s_algorithm_keeps_the_senders_trained_model_by_default() -> None:
-    assert "defkt-select (001) yes" in LearningConfig.model_fields["sender_keeps_trained"].description
+    assert "defkt-select (001) yes" in SharedSettings.model_fields["sender_keeps_trained"].description
     nodes = _fleet("class-profile")
     ctx = nodes["s"]
     ctx.config = CONFIG  # sender_keeps_trained unset: the algorithm's default
-    message = make_algorithm("defkt-select", CONFIG).transmit(ctx, STEP)
+    message = make_algorithm("defkt-select", CONFIG, OPTIONS).transmit(ctx, STEP)
     sent = torch.cat([p.values for p in message.parts])
     assert torch.equal(torch.cat([t.reshape(-1) for t in ctx.model.state_dict().values()]), sent)
 
@@ -156,7 +158,7 @@ def test_001s_algorithm_keeps_the_senders_trained_model_by_default() -> None:
 def test_selection_in_the_simulator_fuses_once_a_round_and_is_seeded() -> None:
     config = ExperimentConfig(nodes=5, rounds=6, eval_every=6, batch_size=20, mkt_batch_size=20, lr=0.05,
                               hidden=[16], partition="shards", zeta=2)
-    fleet = provision(config)
+    fleet = provision(config.shards, config.learning, config.nodes)
     runs = [run_fleet(config, "defkt-select", data=fleet) for _ in range(2)]
     assert runs[0].models_transmitted == 6
     assert [n.param_sha256 for n in runs[0].nodes] == [n.param_sha256 for n in runs[1].nodes]

@@ -84,7 +84,7 @@ def test_a_candidate_that_never_answers_its_probe_is_skipped_and_the_rounds_go_o
 
     caplog.set_level(logging.INFO)
     statuses = run_virtual(main(), lambda work: work.steps * 0.01)
-    algorithm = make_algorithm("defkt-select", FLEET)
+    algorithm = make_algorithm("defkt-select", FLEET.learning, FLEET.per_algorithm)
     members = [NodeProfile(i, "mlp:32,32", 1) for i in ("node-0", "node-1", "node-2", FAKE)]
     plans = [algorithm.plan_round(t, members, {}) for t in range(rounds)]
     asked = sum(FAKE in g.candidates for plan in plans for g in plan)

@@ -37,7 +37,7 @@ class AnsweringNode:
 @pytest.mark.asyncio
 async def test_role_outcomes_are_not_counted_as_rejections_and_refusals_are() -> None:
     node = AnsweringNode()
-    server, port = await start_server(node, "127.0.0.1", 0)  # type: ignore[arg-type]  # Assign is all it serves
+    server, port = await start_server(node, node.wire, node.idle_timeout, "127.0.0.1", 0)  # type: ignore[arg-type]
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.DflNodeStub(channel)

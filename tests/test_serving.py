@@ -26,9 +26,9 @@ from dfl_node.api.serving import MAX_BATCH, MAX_BODY
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import param_digest
-from dfl_node.node.config import NodeConfig
+from dfl_node.settings.node import NodeConfig
 from dfl_node.node.daemon import Node
-from dfl_node.node.service import _listen, run_node
+from dfl_node.service.run import _listen, run_node
 from dfl_node.testbed.launcher import free_port
 from tests.conftest import FLEET
 
@@ -49,14 +49,14 @@ async def test_predict_answers_what_the_trained_model_gives_in_process(fleet_sha
                      for i in range(2))
     nodes = [Node(first.model_copy(update={"peers": [second.grpc_address]})),
              Node(second.model_copy(update={"peers": [first.grpc_address]}))]
-    w0 = nodes[0].state.digest  # both start from the same w0
+    w0 = nodes[0].learner.digest  # both start from the same w0
     stops = [asyncio.Event() for _ in nodes]
     tasks = [asyncio.create_task(run_node(node, stop)) for node, stop in zip(nodes, stops)]
     try:
         await asyncio.wait_for(asyncio.gather(*(n.scheduler.finished.wait() for n in nodes)), 120)
-        node = max(nodes, key=lambda n: n.state.counters["fusions"])  # Def-KT: a receiver's model is the fused one
+        node = max(nodes, key=lambda n: n.tally.counters["fusions"])  # Def-KT: a receiver's model is the fused one
         await node.roles.quiesce()
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{node.config.http_port}", timeout=30) as client:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{node.config.api.http_port}", timeout=30) as client:
             info = (await client.get("/model/info")).json()
             status = (await client.get("/status")).json()
             model_file = await client.get("/model")
@@ -70,12 +70,12 @@ async def test_predict_answers_what_the_trained_model_gives_in_process(fleet_sha
         for stop in stops:
             stop.set()
         await asyncio.gather(*tasks)
-    assert node.state.round == ROUNDS and node.state.digest != w0  # it learned: its model is not w0
-    assert info["sha256"] == status["param_sha256"] == node.state.digest
+    assert node.progress.round == ROUNDS and node.learner.digest != w0  # it learned: its model is not w0
+    assert info["sha256"] == status["param_sha256"] == node.learner.digest
     assert (info["spec"], info["sample_shape"], info["num_classes"], info["node"]) == ("mlp:32,32", [1, 8, 8], 10,
                                                                                         node.node_id)
     with torch.no_grad():
-        logits = node.ctx.model.eval()(test.x)
+        logits = node.learner.ctx.model.eval()(test.x)
     expected = logits.argmax(1).tolist()
     assert [a["class"] for a in answers] == expected
     probabilities = torch.tensor([a["probabilities"] for a in answers])
@@ -87,7 +87,7 @@ async def test_predict_answers_what_the_trained_model_gives_in_process(fleet_sha
     served = TrainedModel.from_bytes(model_file.content)  # the file alone: its card rebuilds the architecture
     assert served.card.spec == "mlp:32,32" and served.card.round == ROUNDS
     rebuilt = served.module
-    assert param_digest(rebuilt.state_dict()) == node.state.digest
+    assert param_digest(rebuilt.state_dict()) == node.learner.digest
     assert torch.equal(rebuilt(test.x).argmax(1), logits.argmax(1))
     assert model_file.headers["content-disposition"] == \
         f'attachment; filename="{node.node_id}-round{ROUNDS}.safetensors"'
@@ -98,52 +98,52 @@ async def serving_node(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[tupl
     """A real node (not started: no scheduler changes its model behind the test's back) and a client of its
     REST app."""
     node = Node(config(fleet_shards, tmp_path, "node-0"))
-    await node.evaluate_start()  # its first checkpoint: w0
-    app = create_app(node.status, node.get_history, node.fleet, node.metrics, node.committed_model)
+    await node.start()  # its first checkpoint: w0
+    app = create_app(node.status, node.history, node.fleet, node.metrics, node.committed_model)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as client:
             yield node, client
     finally:
-        node.checkpoint.lock.release()
+        node.learner.checkpoint.lock.release()
 
 
 async def test_a_model_being_changed_is_served_only_once_checkpointed(
         serving_node: tuple[Node, httpx.AsyncClient]) -> None:
     node, client = serving_node
-    committed = node.state.digest
-    samples = node.ctx.val.x[:8]
-    assert node.served.committed is None  # a node nobody asked keeps no copy of its model
+    committed = node.learner.digest
+    samples = node.learner.ctx.val.x[:8]
+    assert node.learner.served.committed is None  # a node nobody asked keeps no copy of its model
     before = (await client.post("/predict", json={"samples": samples.tolist()})).json()
-    assert node.served.committed is not None  # read from its checkpoint, kept from now on
-    node.roles.take_role(Role.AGGREGATOR)  # as a role does before it trains or fuses in a worker thread
+    assert node.learner.served.committed is not None  # read from its checkpoint, kept from now on
+    node.roles.take(Role.AGGREGATOR)  # as a role does before it trains or fuses in a worker thread
     with torch.no_grad():
-        for parameter in node.ctx.model.parameters():
+        for parameter in node.learner.ctx.model.parameters():
             parameter.mul_(-3.0)  # the model, half-way through its change
-    changed = param_digest(node.ctx.model.state_dict())
+    changed = param_digest(node.learner.ctx.model.state_dict())
     during = (await client.post("/predict", json={"samples": samples.tolist()})).json()
     assert during == before and during["sha256"] == committed
     assert (await client.get("/model/info")).json()["sha256"] == committed
     assert param_digest(TrainedModel.from_bytes((await client.get("/model")).content).module.state_dict()) == committed
     await node.model_changed("fusion", 1, "node-1")  # the role's end: evaluated, checkpointed
-    node.roles.release_role()
+    node.roles.release()
     after = (await client.post("/predict", json={"samples": samples.tolist()})).json()
-    assert after["sha256"] == changed == node.state.digest and after["round"] == 0
+    assert after["sha256"] == changed == node.learner.digest and after["round"] == 0
     with torch.no_grad():
-        assert [p["class"] for p in after["predictions"]] == node.ctx.model(samples).argmax(1).tolist()
+        assert [p["class"] for p in after["predictions"]] == node.learner.ctx.model(samples).argmax(1).tolist()
 
 
 async def test_before_its_first_checkpoint_a_node_serves_no_model(fleet_shards: Path, tmp_path: Path) -> None:
     node = Node(config(fleet_shards, tmp_path, "node-0"))
-    app = create_app(node.status, node.get_history, node.fleet, node.metrics, node.committed_model)
+    app = create_app(node.status, node.history, node.fleet, node.metrics, node.committed_model)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as client:
             for reply in (await client.get("/model"), await client.post("/predict", content=body([SAMPLE]))):
                 assert reply.status_code == 503
                 assert reply.json()["detail"] == "the node has not checkpointed a model yet (it is starting)"
-            await node.evaluate_start()  # what a node does once it serves: its first checkpoint, w0
+            await node.start()  # what a node does once it serves: its first checkpoint, w0
             assert (await client.post("/predict", content=body([SAMPLE]))).status_code == 200
     finally:
-        node.checkpoint.lock.release()
+        node.learner.checkpoint.lock.release()
 
 
 def body(samples: object) -> bytes:
@@ -209,7 +209,7 @@ async def test_a_malformed_request_is_422_and_changes_nothing(serving_node: tupl
 
 async def test_a_body_too_large_is_413_unread(serving_node: tuple[Node, httpx.AsyncClient]) -> None:
     node, client = serving_node
-    digest = node.state.digest
+    digest = node.learner.digest
     announced = await client.post("/predict", content=b" " * (MAX_BODY + 1))
     assert announced.status_code == 413 and announced.json()["detail"] == (f"the body has {MAX_BODY + 1} bytes; at "
                                                                             f"most {MAX_BODY}")
@@ -220,7 +220,7 @@ async def test_a_body_too_large_is_413_unread(serving_node: tuple[Node, httpx.As
 
     streamed = await client.post("/predict", content=chunks())
     assert streamed.status_code == 413 and streamed.json()["detail"] == f"the body exceeds {MAX_BODY} bytes"
-    assert node.state.digest == digest and node.state.counters == {}
+    assert node.learner.digest == digest and node.tally.counters == {}
     assert 'outcome="too_large"} 2.0' in (await client.get("/metrics")).text
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dfl_node.algorithms.plan import Role
-from dfl_node.config import ExperimentConfig
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.node.daemon import Node
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
@@ -43,7 +43,7 @@ async def until(fleet: VirtualFleet, predicate: Callable[[Node], bool], timeout:
 
 
 def highest_round(fleet: VirtualFleet) -> int:
-    return max(node.state.round for node in fleet.nodes.values())
+    return max(node.progress.round for node in fleet.nodes.values())
 
 
 def run_case(shards: Path, state: Path, config: ExperimentConfig, script: Script, mode: str = "round",
@@ -80,7 +80,7 @@ def test_a_round_whose_sender_died_before_its_transfer_is_played_again(fleet_sha
     """Issue 13: "pairing … did not complete" and the holder moved on, so the round had no fusion at all. The
     sender (not the holder: the token would die with it) is killed while it trains, before it transfers."""
     async def script(fleet: VirtualFleet) -> list[float]:
-        sender = await until(fleet, lambda n: n.state.role is Role.SENDER and not n.state.holding)
+        sender = await until(fleet, lambda n: n.roles.role is Role.SENDER and not n.progress.holding)
         return [kill_and_restart(fleet, sender)]
 
     ledger, completed, _ = run_case(fleet_shards, tmp_path, FLEET.model_copy(update={"rounds": 4}), script)
@@ -111,7 +111,7 @@ def test_a_restarted_lowest_node_regenerates_from_the_fleets_round(fleet_shards:
     when node-0's checkpoint is behind the fleet; token_timeout is longer than their restart, so node-0 is back
     before anyone else would act."""
     async def script(fleet: VirtualFleet) -> list[float]:
-        holder = await until(fleet, lambda n: n.state.holding and n.node_id != "node-0" and n.state.round >= 4)
+        holder = await until(fleet, lambda n: n.progress.holding and n.node_id != "node-0" and n.progress.round >= 4)
         at = kill_and_restart(fleet, holder, after=2.0)
         kill_and_restart(fleet, fleet.nodes["node-0"], after=2.0)
         return [at]
@@ -137,7 +137,7 @@ def test_members_killed_in_turn_neither_stall_the_token_nor_repeat_a_round(fleet
             await asyncio.sleep(rng.uniform(0.1, 1.0))
             await until(fleet, lambda n: len(fleet.nodes) == 4)
             ids = sorted(fleet.nodes)
-            holder = next((i for i in ids if fleet.nodes[i].state.holding), ids[0])
+            holder = next((i for i in ids if fleet.nodes[i].progress.holding), ids[0])
             bystanders = [i for i in ids if i not in (holder, ids[(ids.index(holder) + 1) % len(ids)])]
             at_round = highest_round(fleet)
             kills.append(kill_and_restart(fleet, fleet.nodes[rng.choice(bystanders)]))
@@ -158,9 +158,9 @@ def test_a_holder_killed_between_its_two_assigns_does_not_hold_the_aggregator_fo
     0.1 s here, so the kill lands after the aggregator took its role and before the sender has its own."""
     async def script(fleet: VirtualFleet) -> list[float]:
         await until(fleet, lambda n: highest_round(fleet) >= 2)
-        await until(fleet, lambda n: n.state.role is Role.AGGREGATOR
-                    and not any(m.state.role is Role.SENDER for m in fleet.nodes.values()))
-        holder = await until(fleet, lambda n: n.state.holding)
+        await until(fleet, lambda n: n.roles.role is Role.AGGREGATOR
+                    and not any(m.roles.role is Role.SENDER for m in fleet.nodes.values()))
+        holder = await until(fleet, lambda n: n.progress.holding)
         return [kill_and_restart(fleet, holder)]
 
     ledger, completed, kills = run_case(fleet_shards, tmp_path, FLEET.model_copy(update={"rounds": 6}), script,
@@ -182,20 +182,20 @@ def test_a_holder_killed_while_its_sender_trains_still_has_that_senders_model_fu
     async def script(fleet: VirtualFleet) -> list[float]:
         def training_under_a_bystander(_: Node) -> bool:
             nodes = fleet.nodes.values()
-            aggregators = [n for n in nodes if n.state.role is Role.AGGREGATOR and n.roles.collector is not None]
-            holders = [n for n in nodes if n.state.holding and n.state.role is Role.IDLE]
+            aggregators = [n for n in nodes if n.roles.role is Role.AGGREGATOR and n.roles.collector is not None]
+            holders = [n for n in nodes if n.progress.holding and n.roles.role is Role.IDLE]
             if len(aggregators) != 1 or len(holders) != 1 or highest_round(fleet) < 2:
                 return False
             collector = aggregators[0].roles.collector
             assert collector is not None
             senders = [fleet.nodes[s] for s in collector.missing() - collector.receiving.keys() if s in fleet.nodes]
-            if not senders or any(s.state.role is not Role.SENDER for s in senders):
+            if not senders or any(s.roles.role is not Role.SENDER for s in senders):
                 return False
             caught.update(round=collector.round, aggregator=aggregators[0].node_id,
                           senders={s.node_id for s in senders})
             return True
 
-        holder = await until(fleet, lambda n: training_under_a_bystander(n) and n.state.holding)
+        holder = await until(fleet, lambda n: training_under_a_bystander(n) and n.progress.holding)
         return [kill_and_restart(fleet, holder)]
 
     ledger, completed, kills = run_case(fleet_shards, tmp_path, FLEET.model_copy(update={"rounds": 6}), script,

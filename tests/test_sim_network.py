@@ -58,7 +58,7 @@ def test_what_compute_and_links_cost_changes_no_bit(algorithm: str, fleet_shards
         async with sim_fleet(fleet_shards, tmp_path / "costed", ROUNDS, algorithm,
                              profile=LinkProfile(LATENCY_S)) as fleet:
             await asyncio.wait_for(fleet.finished(), 600)
-            return ({n: node.ctx.snapshot() for n, node in fleet.nodes.items()}, asyncio.get_running_loop().time())
+            return ({n: node.learner.ctx.snapshot() for n, node in fleet.nodes.items()}, asyncio.get_running_loop().time())
 
     states, virtual = run_virtual(main(), lambda work: COMPUTE_S, FLEET.threads)
     result, models = simulated(FLEET.model_copy(update={"rounds": ROUNDS}), algorithm, tmp_path / "simulate")
@@ -94,13 +94,13 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
                             peer_timeout=peer_timeout, heartbeat=heartbeat)
         async with running as fleet:
             nodes = list(fleet.nodes.values())
-            await until(lambda: any(n.state.holding and n.state.round >= 1 for n in nodes), 60)
-            holder = next(n for n in nodes if n.state.holding)
-            round_at_kill, epoch_at_kill = holder.state.round, holder.state.epoch
+            await until(lambda: any(n.progress.holding and n.progress.round >= 1 for n in nodes), 60)
+            holder = next(n for n in nodes if n.progress.holding)
+            round_at_kill, epoch_at_kill = holder.progress.round, holder.progress.epoch
             fleet.kill(holder.node_id)
             killed_at = loop.time()
             others = [n for n in nodes if n is not holder]
-            await until(lambda: any(n.state.epoch > epoch_at_kill for n in others), 2 * bound)
+            await until(lambda: any(n.progress.epoch > epoch_at_kill for n in others), 2 * bound)
             regenerated_after = loop.time() - killed_at
             await asyncio.wait_for(fleet.finished(), 2 * bound + rounds * 60)
             return round_at_kill, regenerated_after, loop.time(), others
@@ -110,7 +110,7 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
     wall = time.perf_counter() - wall
     assert 1 <= round_at_kill < rounds
     assert token_timeout <= regenerated_after <= bound, caplog.text  # silence, then regenerated in time
-    assert all(n.state.done and n.state.round == rounds for n in others)
+    assert all(n.progress.done and n.progress.round == rounds for n in others)
     assert wall < 30, f"{wall:.1f} s of wall time for {virtual:.0f} virtual seconds"
 
 

@@ -4,7 +4,7 @@ command cannot silently stop running again.
 Why: the benchmark times the tree before issue 10 (a temporary ``git worktree`` of an old commit)
 against this one, each in a child process that must import ``dfl_node`` from its own tree. It once
 died in the old tree's pass, because the editable install of another checkout served it the newer
-``dfl_node.config_loader`` (``'ExperimentConfig' object has no attribute 'unusable_here'``), and no
+``dfl_node.settings.loading`` (``'ExperimentConfig' object has no attribute 'unusable_here'``), and no
 test ran it. Here: one pass per tree, two algorithms on the embedded digits data, 40 timed rounds (a round's
 cost is the difference of two runs: by the process's CPU time that stands above a run's start-up; by the clock,
 which counts whatever else this machine runs meanwhile, it may not); the speeds themselves are not asserted (a

@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from dfl_node.cli import cli
-from dfl_node.config import ExperimentConfig
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim import run_fleet
 
 SMALL = dict(nodes=4, rounds=6, eval_every=3, batch_size=20, mkt_batch_size=20, lr=0.05, hidden=[32, 32])

@@ -28,15 +28,16 @@ import httpx
 import pytest
 import zeroconf
 
-from dfl_node.config import LearningConfig
 from dfl_node.errors import OperatorError
 from dfl_node.net.certs import new_swarm_key
 from dfl_node.net.discovery import MdnsDiscovery
-from dfl_node.node.config import NodeConfig
+from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.node.daemon import Node
-from dfl_node.node.service import run_node
+from dfl_node.service.run import run_node
+from dfl_node.service.wiring import Daemon
+from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import free_port, node_env
-from tests.conftest import FLEET
+from tests import conftest
 
 SWARM = f"startup-{uuid.uuid4().hex[:6]}"
 LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S* (DEBUG|INFO|WARNING|ERROR|CRITICAL) +\S+: ")
@@ -46,17 +47,17 @@ NOT_HERE = "192.0.2.20"  # TEST-NET-1 (RFC 5737): never an address of this machi
 
 def node_config(shards: Path, state: Path, **changes: object) -> NodeConfig:
     """A quiet node of the test fleet: no mDNS, no REST, no evaluation unless a test asks for them."""
-    settings = dict(FLEET.model_dump(include=set(NodeConfig.model_fields)), id="node-0", data=shards / "node-0",
-                    grpc_port=free_port(), http_port=0, mdns=False, swarm=SWARM, state_dir=state, evaluate=False,
-                    heartbeat=0.2, token_timeout=0.5)
-    return NodeConfig(**{**settings, **changes})
+    settings = dict(id="node-0", data=shards / "node-0", grpc_port=free_port(), http_port=0, mdns=False, swarm=SWARM,
+                    state_dir=state, evaluate=False, heartbeat=0.2, token_timeout=0.5)
+    return conftest.node_config(**{**settings, **changes})
 
 
 @contextlib.asynccontextmanager
 async def running(config: NodeConfig) -> AsyncIterator[Node]:
     """A node in this process, ready (or its start-up error raised), stopped on the way out."""
-    node, stop = Node(config), asyncio.Event()
-    task = asyncio.create_task(run_node(node, stop))
+    daemon, stop = Daemon.build(config), asyncio.Event()
+    node = daemon.node
+    task = asyncio.create_task(run_node(daemon, stop))
     ready = asyncio.create_task(node.ready.wait())
     try:
         await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
@@ -72,9 +73,10 @@ async def running(config: NodeConfig) -> AsyncIterator[Node]:
 async def start_cli(config: NodeConfig, **changes: str) -> tuple[int, list[str], str]:
     """``dfl-node start`` with the config as DFL_* variables (``changes``: variables set afterwards, for a
     setting no NodeConfig may hold): its exit status, the stderr lines that are not log records, and all of stderr."""
-    node_settings = config.model_dump(exclude=set(LearningConfig.model_fields), exclude_none=True)
+    learning = {*SharedSettings.model_fields, *AlgorithmOptions.model_fields}
+    node_settings = {k: v for k, v in config.flat(exclude_none=True).items() if k not in learning}
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}
-    env |= node_env(config, **node_settings) | changes
+    env |= node_env(config.learning, config.per_algorithm, **node_settings) | changes
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "dfl_node", "start", env=env,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:
@@ -117,7 +119,7 @@ async def test_a_host_that_is_not_on_this_machine_is_refused(fleet_shards: Path,
     config = node_config(fleet_shards, tmp_path / "state", host=NOT_HERE, insecure=True)  # off loopback: said so
     status, lines, _ = await start_cli(config)
     assert status == 1
-    assert lines == [f"error: cannot bind {NOT_HERE}:{config.grpc_port}: that address is not on this machine "
+    assert lines == [f"error: cannot bind {NOT_HERE}:{config.network.grpc_port}: that address is not on this machine "
                      "(--host must be one of its addresses, or 0.0.0.0 with --advertise)"]
 
 
@@ -152,7 +154,7 @@ async def test_a_second_node_with_the_same_id_does_not_start(fleet_shards: Path,
         with caplog.at_level(logging.ERROR):
             status, lines, text = await start_cli(node_config(fleet_shards, tmp_path / "second", mdns=True,
                                                               peers=[first.grpc_address]))
-        assert first.state.rejected == {"duplicate_id": 1}  # the running node reports the impostor's Hello…
+        assert first.tally.rejected == {"duplicate_id": 1}  # the running node reports the impostor's Hello…
         assert [r.levelno for r in caplog.records if "node-0" in r.getMessage()] == [logging.ERROR]
     assert status == 1 and "mDNS" not in text  # …and the impostor stops before it announces itself
     assert lines == [f"error: node id 'node-0' is already used by another running node at {first.grpc_address}; "
@@ -177,7 +179,7 @@ async def test_a_duplicate_met_after_start_up_is_reported_once(fleet_shards: Pat
         with caplog.at_level(logging.ERROR):
             a.peers.static.append(b.grpc_address)  # a meets b only now, by heartbeats
             await asyncio.wait_for(enough.wait(), 20)
-    assert a.state.rejected == b.state.rejected == {"duplicate_id": 1}
+    assert a.tally.rejected == b.tally.rejected == {"duplicate_id": 1}
     assert not a.peers.peers and not b.peers.peers
     assert len([r for r in caplog.records if r.levelno == logging.ERROR and "node-0" in r.getMessage()]) == 2
 
@@ -217,7 +219,7 @@ async def test_a_failed_start_up_leaves_nothing_behind(fleet_shards: Path, tmp_p
             occupier.close()
     assert not [r.getMessage() for r in caplog.records if "serving" in r.getMessage()]
     assert not (tmp_path / "state" / "model.safetensors").exists()  # no checkpoint written
-    with socket.create_server(("127.0.0.1", config.grpc_port)):
+    with socket.create_server(("127.0.0.1", config.network.grpc_port)):
         pass  # the gRPC port is free again
 
 
@@ -231,12 +233,12 @@ async def test_done_is_recomputed_from_the_rounds_configured_now(fleet_shards: P
                                                                  caplog: pytest.LogCaptureFixture,
                                                                  mode: str, rounds: int, done: bool) -> None:
     finished = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=10))
-    finished.state.round, finished.state.done = 10, True
+    finished.progress.round, finished.progress.done = 10, True
     await finished.save()
-    finished.checkpoint.lock.release()  # a Node holds its state dir from construction; this one never runs
+    finished.learner.checkpoint.lock.release()  # a Node holds its state dir from construction; this one never runs
     with caplog.at_level(logging.INFO):
         again = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=rounds))
-    assert again.state.round == 10 and again.state.done is done
+    assert again.progress.round == 10 and again.progress.done is done
     if mode == "round" and rounds:
         assert f"resuming at round 10 of {rounds}" in caplog.text
 
@@ -261,12 +263,12 @@ async def test_a_finished_fleet_resumes_when_given_more_rounds(fleet_shards: Pat
                 for i, port in enumerate(ports)]
 
     await run_until_finished(first := fleet(2))
-    assert [(n.state.round, n.state.done) for n in first] == [(2, True)] * 2
+    assert [(n.progress.round, n.progress.done) for n in first] == [(2, True)] * 2
     resumed = fleet(4)
-    assert [(n.state.round, n.state.done) for n in resumed] == [(2, False)] * 2
+    assert [(n.progress.round, n.progress.done) for n in resumed] == [(2, False)] * 2
     await run_until_finished(resumed)
-    assert [(n.state.round, n.state.done) for n in resumed] == [(4, True)] * 2
-    assert sum(n.state.counters["models_sent"] for n in resumed) == 4  # two rounds before the restart, two after
+    assert [(n.progress.round, n.progress.done) for n in resumed] == [(4, True)] * 2
+    assert sum(n.tally.counters["models_sent"] for n in resumed) == 4  # two rounds before the restart, two after
 
 
 # ----------------------------------------------------------------------------- beyond loopback without credentials
@@ -278,7 +280,7 @@ OPEN_REFUSED = ("Error: host 0.0.0.0 is reachable from the network but neither m
 
 async def get_status(config: NodeConfig) -> dict:
     async with httpx.AsyncClient() as client:
-        reply = await client.get(f"http://{config.http_host}:{config.http_port}/status", timeout=5.0)
+        reply = await client.get(f"http://{config.api.http_host}:{config.api.http_port}/status", timeout=5.0)
     reply.raise_for_status()
     return reply.json()
 
@@ -310,7 +312,7 @@ async def test_a_swarm_key_serves_beyond_loopback_without_the_flag(fleet_shards:
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     key = new_swarm_key(tmp_path / "swarm.key")
     config = node_config(fleet_shards, tmp_path / "state", **EVERYWHERE, swarm_key_file=key, http_port=free_port())
-    assert not config.insecure
+    assert not config.network.insecure
     with caplog.at_level(logging.INFO):
         async with running(config):
             status = await get_status(config)
@@ -320,6 +322,6 @@ async def test_a_swarm_key_serves_beyond_loopback_without_the_flag(fleet_shards:
 
 async def test_loopback_needs_no_flag_and_is_not_insecure(fleet_shards: Path, tmp_path: Path) -> None:
     config = node_config(fleet_shards, tmp_path / "state", http_port=free_port())
-    assert (config.host, config.insecure) == ("127.0.0.1", False)
+    assert (config.network.host, config.network.insecure) == ("127.0.0.1", False)
     async with running(config):
         assert (await get_status(config))["insecure"] is False

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dfl_node.config import LearningConfig
+from dfl_node.settings.experiment import LearningConfig
 from dfl_node.testbed.launcher import free_port, node_env
 from tests.test_startup_errors import node_config, running
 
@@ -92,13 +92,13 @@ async def test_an_unanswered_static_peer_is_logged_listed_and_retried(fleet_shar
         await stderr.wait_for(rf"WARNING .*static peer {re.escape(NOWHERE)} does not resolve")
         await stderr.wait_for(rf"WARNING .*static peer {re.escape(late)} refuses connections")
         await stderr.wait_for(r"serving gRPC")
-        assert await _unreachable(config.http_port) == sorted([NOWHERE, late])
+        assert await _unreachable(config.api.http_port) == sorted([NOWHERE, late])
 
         b = node_config(fleet_shards, tmp_path / "b", id="node-1", data=fleet_shards / "node-1",
                         grpc_port=int(late.rsplit(":", 1)[1]))
         async with running(b):
             await stderr.wait_for(rf"static peer {re.escape(late)} answers now")
-            assert await _unreachable(config.http_port) == [NOWHERE]  # still retried, still listed
+            assert await _unreachable(config.api.http_port) == [NOWHERE]  # still retried, still listed
         # Heartbeats every 0.3 s failed all along; the log said so once per address (then once a minute).
         assert len(stderr.matching(re.escape(NOWHERE))) == 1, stderr.matching(re.escape(NOWHERE))
         assert len(stderr.matching(rf"{re.escape(late)} refuses")) == 1

@@ -22,7 +22,8 @@ from dfl_node.net import psk
 from dfl_node.net.certs import new_swarm_key
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.node.service import announcement
+from dfl_node.service.run import announcement
+from dfl_node.peering.errors import AUTH_REQUIRED
 from dfl_node.peering.probes import ProbeRequest
 from dfl_node.testbed.launcher import free_port
 from tests.test_auth import hello_from, until
@@ -33,7 +34,7 @@ async def _signed_hello(stub: pb_grpc.DflNodeStub, key: bytes, request: pb.Hello
     """The challenge–response on ``stub``'s connection; returns the Hello that authenticated it."""
     first = psk.sign_request(key, request, None)
     reply = await stub.Hello(first, timeout=5)
-    assert reply.reason == psk.AUTH_REQUIRED
+    assert reply.reason == AUTH_REQUIRED
     psk.check_reply(key, first, reply)
     signed = psk.sign_request(key, request, reply.auth_nonce)
     reply = await stub.Hello(signed, timeout=5)
@@ -57,9 +58,9 @@ async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authen
             running(config("node-2", [a], ports[2], other)) as wrong_key, \
             running(config("node-3", [a], ports[3], None)):  # keyless
         await until(lambda: node0.peers.alive_ids() == ["node-1"] and node1.peers.alive_ids() == ["node-0"])
-        rejected = node0.state.rejected
+        rejected = node0.tally.rejected
         await until(lambda: rejected["auth_failed"] >= 3 and rejected["unauthenticated"] >= 6)
-        assert not wrong_key.peers.peers and wrong_key.state.rejected["auth_failed"] >= 3  # it cannot check ours either
+        assert not wrong_key.peers.peers and wrong_key.tally.rejected["auth_failed"] >= 3  # it cannot check ours either
         assert set(node0.peers.peers) == {"node-1"} and not node0.peers.pending
         assert node0.status().authentication == "psk" and "auth_required" not in rejected
 
@@ -128,7 +129,7 @@ async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path,
         finally:
             await relay.stop(None)
             await servicer.channel.close()
-        assert node1.state.rejected["address_mismatch"] == 1
+        assert node1.tally.rejected["address_mismatch"] == 1
         assert relayed not in {p.address for p in node1.peers.peers.values()}
 
 
@@ -160,7 +161,7 @@ async def test_a_key_holder_is_never_refused_as_unauthenticated(fleet_shards: Pa
             await until(lambda: node0.peers.alive_ids() == ["node-1"])
             await asyncio.sleep(psk.SESSION_TTL_S)  # node-1's session at node-0 expires meanwhile
             await probed()
-            assert node0.state.rejected["unauthenticated"] == 0
+            assert node0.tally.rejected["unauthenticated"] == 0
         async with running(config("node-0", port)) as restarted:
             await probed()
-            assert restarted.state.rejected["unauthenticated"] == 0
+            assert restarted.tally.rejected["unauthenticated"] == 0

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from dfl_node.cli import cli
-from dfl_node.config_loader import ConfigError
+from dfl_node.settings.loading import ConfigError
 from dfl_node.sweep import expand, run_sweep
 from dfl_node.sweep.driver import PLOTS_DIR, SUMMARY_FILE
 

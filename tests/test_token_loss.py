@@ -8,9 +8,9 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from dfl_node.node.config import NodeConfig
+from dfl_node.settings.node import NodeConfig
 from dfl_node.node.daemon import Node
-from dfl_node.node.service import run_node
+from dfl_node.service.run import run_node
 from dfl_node.testbed.launcher import free_port
 from tests.conftest import FLEET
 
@@ -46,9 +46,9 @@ async def test_holder_lost_with_the_token_is_replaced_by_a_new_epoch(fleet_shard
         for stop in stops:
             stop.set()
         await asyncio.gather(*tasks)
-    assert took_token.is_set() and victim.state.round == 2 and not victim.state.done
+    assert took_token.is_set() and victim.progress.round == 2 and not victim.progress.done
     for node in survivors:
-        assert node.state.done and node.state.round == ROUNDS, node.config.id
-        assert node.state.epoch == 2, node.config.id  # one regeneration, fenced by a new epoch
-    assert sum(n.state.counters["models_sent"] for n in nodes) == ROUNDS  # no round lost, none run twice
-    assert sum(n.state.counters["fusions"] for n in nodes) == ROUNDS
+        assert node.progress.done and node.progress.round == ROUNDS, node.config.id
+        assert node.progress.epoch == 2, node.config.id  # one regeneration, fenced by a new epoch
+    assert sum(n.tally.counters["models_sent"] for n in nodes) == ROUNDS  # no round lost, none run twice
+    assert sum(n.tally.counters["fusions"] for n in nodes) == ROUNDS

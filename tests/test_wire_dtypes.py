@@ -12,9 +12,9 @@ import torch
 from codec_helpers import assembler, feed_all, frames_of, make_msg
 
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
-from dfl_node.config import ExperimentConfig, WireDtype
+from dfl_node.settings.experiment import ExperimentConfig, WireDtype
 from dfl_node.net.codec import Limits, TransferRejected
-from dfl_node.net.transport import PeerClient
+from dfl_node.net.client import PeerClient
 from dfl_node.peering.wire_dtypes import EXACT, decode, encode, encoding, payload_bytes, through
 from dfl_node.sim import run_fleet
 from dfl_node.sim.network import wire_size
@@ -122,14 +122,14 @@ async def test_a_node_with_a_lossy_wire_takes_a_lossy_push(target: Target) -> No
     ``--wire-dtype int8`` sets it); the node fuses what it decoded."""
     int8 = dataclasses.replace(target.node.wire, wire_dtype="int8")
     target.node.requests.wire = int8
-    client = PeerClient(f"127.0.0.1:{target.node.config.grpc_port}", int8)
+    client = PeerClient(f"127.0.0.1:{target.node.config.network.grpc_port}", int8)
     try:
         await target.expect()
         _, sent, _ = await client.push(target.message(), 0, timeout=10)
     finally:
         await client.close()
     await target.node.roles.settled()
-    assert target.node.state.counters["fusions"] == 1 and (await target.rejected()) == {}
+    assert target.node.tally.counters["fusions"] == 1 and (await target.rejected()) == {}
     assert sent < target.message().nbytes / 3  # int8: a quarter of the floats, plus the header
 
 

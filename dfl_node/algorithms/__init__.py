@@ -18,7 +18,7 @@ from dfl_node.algorithms.fullavg import FullAvg
 from dfl_node.algorithms.gossip import Gossip
 from dfl_node.algorithms.partial import FedDropout, FedRolex, HeteroFL
 from dfl_node.algorithms.plan import Group, NodeProfile, Role, RoundPlan, Step
-from dfl_node.learning.settings import LearningConfig
+from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.plugins import PluginError, installed, load_installed, origin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (DefKT, FullAvg, Combo, FedAvg, FedProx, Gossip,
@@ -44,9 +44,12 @@ def algorithm_class(name: str) -> type[Algorithm]:
     return found
 
 
-def make_algorithm(name: str, config: LearningConfig) -> Algorithm:
-    """The algorithm object both drivers (simulator and daemon) use."""
-    return algorithm_class(name)(config)
+def make_algorithm(name: str, config: SharedSettings, options: AlgorithmOptions | None = None) -> Algorithm:
+    """Algorithm ``name`` on a node that learns as ``config`` says, given its own settings of ``options`` (every
+    algorithm's; None: the defaults) and no other algorithm's."""
+    cls = algorithm_class(name)
+    own = set(cls.settings_model.model_fields)
+    return cls(config, cls.settings_model.model_validate((options or AlgorithmOptions()).model_dump(include=own)))
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmError", "Group", "NodeContext", "NodeProfile", "Role", "RoundPlan",

@@ -21,14 +21,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import torch
-from pydantic import BaseModel
 from torch import nn
 
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
-from dfl_node.learning.settings import LearningConfig, NoSettings
+from dfl_node.learning.settings import AlgorithmSettings, NoSettings, SharedSettings
 from dfl_node.learning.training import SgdParams, local_sgd
 
 
@@ -51,7 +50,7 @@ class NodeContext:
     spec: ModelSpec
     train: ArrayDataset
     val: ArrayDataset
-    config: LearningConfig
+    config: SharedSettings
     _spares: dict[str, nn.Module] = field(default_factory=dict, repr=False, compare=False)
     # Models the algorithm keeps beside ``model`` (Algorithm.auxiliary_models: DFML's peak, FML's meme) and its
     # per-node scalars (DFML's α_n); both are checkpointed with the model, neither travels unless transmit sends it.
@@ -190,13 +189,12 @@ class Algorithm(ABC):
     architectures: ClassVar[Literal["identical", "any"]] = "identical"
     replies: ClassVar[bool] = False
     pulls: ClassVar[bool] = False
-    settings_model: ClassVar[type[BaseModel]] = NoSettings  # its own settings (dfl_node.learning.settings)
-    settings: BaseModel  # an instance of settings_model: a subclass narrows the type
+    settings_model: ClassVar[type[AlgorithmSettings]] = NoSettings  # its own settings (dfl_node.learning.settings)
+    settings: AlgorithmSettings  # an instance of settings_model: a subclass narrows the type
 
-    def __init__(self, config: LearningConfig) -> None:
+    def __init__(self, config: SharedSettings, settings: AlgorithmSettings | None = None) -> None:
         self.config = config  # what every algorithm shares: seed, Q, local training, supervision …
-        own = set(self.settings_model.model_fields)
-        self.settings = self.settings_model.model_validate(config.model_dump(include=own))  # its own, only those
+        self.settings = settings if settings is not None else self.settings_model()  # its own, and only those
 
     @property
     def selects(self) -> bool:
@@ -233,8 +231,14 @@ class Algorithm(ABC):
         """Round ``round_`` over the live members (their profiles, any order); ``state`` is the last plan's."""
 
     def invitations(self, candidates: int) -> int:
-        """Async mode: how many of ``candidates`` live peers a volunteering aggregator asks to send to it."""
+        """Async mode: how many of ``candidates`` live peers a volunteering node involves: asks to send to it,
+        pulls from, or (a sender that selects its receiver) probes."""
         return 1
+
+    def fusion_epochs(self) -> int:
+        """Passes over the aggregator's data that a fusion makes (MKT's by default): what the simulator budgets a
+        round's work by (:func:`~dfl_node.sim.experiment.round_work`)."""
+        return self.config.mkt_epochs
 
     # ----- the roles ---------------------------------------------------------------------
     def local_step(self, ctx: NodeContext, step: Step) -> None:  # noqa: B027 - an optional hook, not abstract

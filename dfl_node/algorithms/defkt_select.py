@@ -38,7 +38,7 @@ from dfl_node.algorithms.selection import (
     rank_by_profile,
     rank_by_samples,
 )
-from dfl_node.learning.settings import LearningConfig, SelectionSettings
+from dfl_node.learning.settings import SelectionSettings, SharedSettings
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +58,12 @@ class DefKTSelect(SelectsReceiver, DefKT):
     name = "defkt-select"
     sender_keeps_trained_default: ClassVar[bool] = True  # 001 Procedure 1: "stores w̃ as its local model"
 
-    def __init__(self, config: LearningConfig) -> None:
-        super().__init__(config)
-        if config.selection == "probe-samples":
+    def __init__(self, config: SharedSettings, settings: SelectionSettings | None = None) -> None:
+        super().__init__(config, settings)
+        if self.settings.selection == "probe-samples":
             log.warning("defkt-select with probe-samples selection: every round a sender sends up to %d of its raw "
                         "validation samples, with their labels, to each of its candidates",
-                        min(config.selection_samples, 256))
+                        min(self.settings.selection_samples, 256))
 
     @property
     def selection_mode(self) -> str:
@@ -73,6 +73,10 @@ class DefKTSelect(SelectsReceiver, DefKT):
     def selects(self) -> bool:
         """Whether senders choose their receivers (open groups) rather than being given one."""
         return self.settings.selection != "random"
+
+    def invitations(self, candidates: int) -> int:
+        """Async mode: a selecting sender probes ``selection_candidates`` of them (0: all)."""
+        return (self.settings.selection_candidates or candidates) if self.selects else super().invitations(candidates)
 
     def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
         ids = [p.node_id for p in profiles]

@@ -52,6 +52,9 @@ class DFML(GatherAlgorithm):
     def reported_models(self, ctx: NodeContext) -> dict[str, nn.Module]:
         return {"peak": ctx.auxiliary["peak"], "regular": ctx.model}
 
+    def fusion_epochs(self) -> int:
+        return self.settings.dfml_epochs
+
     # ----- the α schedule ------------------------------------------------------------------
     def next_state(self, round_: int, members: int, state: Mapping[str, str]) -> dict[str, str]:
         """α^(t) and the peak threshold for round t, and the cycle state round t + 1 starts from."""

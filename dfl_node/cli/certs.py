@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from dfl_node.errors import OperatorError
 from dfl_node.net.certs import CertError, init_ca, issue_node, new_swarm_key
-from dfl_node.node.config import NodeConfig
+from dfl_node.settings.node import NodeConfig
 
 DIR = click.Path(file_okay=False, path_type=Path)
 

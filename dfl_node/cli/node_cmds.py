@@ -1,7 +1,7 @@
 """`dfl-node start | partition`: the verbs of a device (``status`` and ``stop``: :mod:`dfl_node.cli.operator`).
 
-`start`'s flags are generated from :class:`~dfl_node.node.config.NodeConfig` and `partition`'s from
-:class:`~dfl_node.config.ExperimentConfig` (:mod:`dfl_node.cli.options`), so a flag, its ``DFL_*``
+`start`'s flags are generated from :class:`~dfl_node.settings.node.NodeConfig` and `partition`'s from
+:class:`~dfl_node.settings.experiment.ExperimentConfig` (:mod:`dfl_node.cli.options`), so a flag, its ``DFL_*``
 variable and its config-file key can never drift apart.
 """
 
@@ -16,8 +16,8 @@ import click
 from dfl_node.cli.options import experiment_config, load_settings, model_options, partition_options
 from dfl_node.cli.plugins import EPILOG
 from dfl_node.errors import OperatorError
-from dfl_node.learning.fleet import provision, write_fleet
-from dfl_node.node.config import NodeConfig
+from dfl_node.learning.provision import provision, write_fleet
+from dfl_node.settings.node import NodeConfig
 
 
 @click.command(epilog=EPILOG)
@@ -26,11 +26,11 @@ from dfl_node.node.config import NodeConfig
 @model_options(NodeConfig)
 def start(config_path: Path | None, **flags: Any) -> None:
     """Run this device's node: serve gRPC + REST, discover peers, learn with them until stopped."""
-    from dfl_node.node.service import serve  # grpc/zeroconf/uvicorn only for this verb
+    from dfl_node.service.run import serve  # grpc/zeroconf/uvicorn only for this verb
 
     config = load_settings(NodeConfig, config_path, flags)
     try:
-        config.advertised_host  # noqa: B018 - validates --host/--advertise early
+        config.network.advertised_host  # noqa: B018 - validates --host/--advertise early
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
@@ -46,8 +46,9 @@ def start(config_path: Path | None, **flags: Any) -> None:
 def partition(out: Path, config_path: Path | None, **flags: Any) -> None:
     """Write one data shard per node plus the global test set (what a node's --data/--test-data read)."""
     config = experiment_config(config_path, {}, **flags)
-    fleet = provision(config)
+    fleet = provision(config.shards, config.learning, config.nodes)
     folders = write_fleet(fleet, out)
-    click.echo(f"wrote {len(folders)} shards ({config.dataset}, {config.partition}) and test set to {out}")
+    shards = config.shards
+    click.echo(f"wrote {len(folders)} shards ({shards.dataset}, {shards.partition}) and test set to {out}")
     if fleet.learning:  # a dataset of the user's own: the values every node started on these shards takes
         click.echo("learning settings in every shard: " + ", ".join(f"{k} {v:g}" for k, v in fleet.learning.items()))

@@ -1,8 +1,9 @@
 """Command-line options generated from the config models, so a verb can never miss a setting.
 
-Every field of :class:`~dfl_node.config.ExperimentConfig` is an option of ``simulate``, ``testbed``
-and ``partition``, every field of :class:`~dfl_node.node.config.NodeConfig` one of ``start``: a flag,
-a ``DFL_<FIELD>`` variable and a config-file key always mean the same thing, with the same description.
+Every setting of :class:`~dfl_node.settings.experiment.ExperimentConfig` is an option of ``simulate``, ``testbed``
+and ``partition``, every setting of :class:`~dfl_node.settings.node.NodeConfig` one of ``start``, by its flat key
+(:mod:`dfl_node.settings.parts`): a flag, a ``DFL_<KEY>`` variable and a config-file key always mean the same
+thing, with the same description.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from dfl_node.config import ExperimentConfig, Registered, registry_of
-from dfl_node.config_loader import ConfigError, load_config
 from dfl_node.learning.settings import DATASET_DEPENDENT, per_dataset_default
+from dfl_node.registered import Registered, registry_of
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.loading import ConfigError, load_config
+from dfl_node.settings.parts import Composite
 
 F = TypeVar("F", bound=Callable[..., Any])
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound=Composite)
 
 # List fields whose repeatable option is spelled as one item (``--peer A --peer B`` fills ``peers``).
 ITEM_FLAGS = {"algorithms": "algorithm", "peers": "peer", "architectures": "architecture"}
@@ -53,13 +56,13 @@ class RegistryChoice(click.Choice):
         return f"[{'|'.join(self.choices)}{other}]"
 
 
-def model_options(model: type[BaseModel], only: Collection[str] | None = None) -> Callable[[F], F]:
-    """One click option per field of ``model`` (or of its fields in ``only``), in field order: ``--grpc-port``
-    for ``grpc_port``, ``--x/--no-x`` for a bool, a repeatable option for a list; the help is the field's
-    description. Fields of structured values (a mapping, a schedule: ``devices``, ``links``, ``faults``) are set
+def model_options(model: type[Composite], only: Collection[str] | None = None) -> Callable[[F], F]:
+    """One click option per setting of ``model`` (or of its settings in ``only``), in order: ``--grpc-port``
+    for ``grpc_port``, ``--x/--no-x`` for a bool, a repeatable option for a list; the help is the setting's
+    description. Settings of structured values (a mapping, a schedule: ``devices``, ``links``, ``faults``) are set
     in a config file only."""
     def decorate(func: F) -> F:
-        for name, field in reversed(model.model_fields.items()):
+        for name, (_, field) in reversed(model.flat_fields().items()):
             if not structured(field.annotation) and (only is None or name in only):
                 func = field_option(name, field)(func)
         return func
@@ -124,11 +127,11 @@ CONFIG_OPTION = click.option("--config", "config_path", type=click.Path(exists=T
 
 
 def experiment_options(func: F) -> F:
-    """``--config`` and one option per :class:`~dfl_node.config.ExperimentConfig` field."""
+    """``--config`` and one option per :class:`~dfl_node.settings.experiment.ExperimentConfig` field."""
     return CONFIG_OPTION(model_options(ExperimentConfig)(func))
 
 
-# What deciding a fleet's shards takes (dfl_node.learning.fleet.provision): `partition` offers only these.
+# What deciding a fleet's shards takes (dfl_node.learning.provision.provision): `partition` offers only these.
 PARTITION_FIELDS = ("dataset", "data_dir", "label_column", "sample_shape", "num_classes", "nodes", "partition", "zeta",
                     "zeta_max", "beta", "samples", "large_nodes", "val_fraction", "seed", "train_samples",
                     "test_samples")
@@ -144,10 +147,10 @@ NODE_SETTINGS = ("heartbeat", "peer_timeout", "token_timeout", "round_timeout", 
 
 def node_options(func: F) -> F:
     """The nodes' timings, as ``dfl-node start`` takes them, for a fleet the simulator runs as real nodes."""
-    from dfl_node.node.config import NodeConfig
+    from dfl_node.settings.node import NodeConfig
 
     for name in reversed(NODE_SETTINGS):
-        field = NodeConfig.model_fields[name]
+        _, field = NodeConfig.flat_fields()[name]
         func = click.option(f"--{name.replace('_', '-')}", name, type=float, default=None,
                             help=f"the nodes': {field.description} (default: {field.default:g})")(func)
     return func
@@ -170,7 +173,7 @@ class SettingsError(click.UsageError):
 
 def load_settings(model: type[M], config_path: Path | None, flags: dict[str, Any],
                   preset: dict[str, Any] | None = None) -> M:
-    """:func:`~dfl_node.config_loader.load_config` for the running verb: its flags named as the operator typed
+    """:func:`~dfl_node.settings.loading.load_config` for the running verb: its flags named as the operator typed
     them (``--peer``, ``--algorithm``), a repeatable option not given left to the lower layers, any
     unusable setting a :class:`SettingsError`."""
     params = click.get_current_context().command.params

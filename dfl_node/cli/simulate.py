@@ -26,9 +26,9 @@ from dfl_node.cli.options import (
     node_options,
 )
 from dfl_node.cli.plugins import EPILOG
-from dfl_node.config import ExperimentConfig
-from dfl_node.learning.fleet import provision
+from dfl_node.learning.provision import provision
 from dfl_node.results import RunResult, write_results
+from dfl_node.settings.experiment import ExperimentConfig
 
 if TYPE_CHECKING:
     from dfl_node.sim.experiment import Progress
@@ -114,7 +114,7 @@ def _one_after_another(config: ExperimentConfig, run: dict[str, Any], workdir: P
     """Each algorithm in turn in this process, on data provisioned once, with a progress bar."""
     from dfl_node.sim.experiment import run_fleet  # the daemon's node: imported once the flags are read
 
-    data = provision(config)
+    data = provision(config.shards, config.learning, config.nodes)
     results = []
     for algorithm in config.algorithms:
         with _progress_bar(algorithm, run["mode"], _total(config, run), quiet) as bar:
@@ -135,8 +135,8 @@ def _at_once(config: ExperimentConfig, run: dict[str, Any], workdir: Path | None
     from dfl_node.sweep.pool import run_pool  # noqa: PLC0415
     from dfl_node.sweep.threads import run_threads  # noqa: PLC0415
 
-    tasks = [RunTask(f"{i}-{algorithm}", {}, algorithm, config.seed,
-                     config.model_copy(update={"algorithms": [algorithm]}).model_dump(mode="json"),
+    tasks = [RunTask(f"{i}-{algorithm}", {}, algorithm, config.learning.seed,
+                     config.model_copy(update={"algorithms": [algorithm]}).flat(mode="json"),
                      run={**run, "workdir": workdir / f"{i}-{algorithm}" if workdir else None,
                           "progress": None if quiet else ProgressLines(algorithm, _total(config, run), run["mode"])})
              for i, algorithm in enumerate(config.algorithms)]
@@ -216,6 +216,7 @@ def _say_what_happened(result: RunResult) -> None:
 
 
 def _report(config: ExperimentConfig, results: list[RunResult]) -> None:
-    Console().print(summary_table(results, f"{config.name}: {config.dataset}, K={config.nodes}, {config.partition}",
+    Console().print(summary_table(results, f"{config.name}: {config.shards.dataset}, K={config.nodes}, "
+                                           f"{config.shards.partition}",
                                   seconds="virtual s"))
     Console().print(node_table(results))

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 
 from dfl_node.cli.options import SettingsError
-from dfl_node.config_loader import ConfigError
+from dfl_node.settings.loading import ConfigError
 from dfl_node.sweep import grid as grid_format
 from dfl_node.sweep.driver import PLOTS_DIR, SUMMARY_FILE, run_sweep
 from dfl_node.sweep.report import summary_table

@@ -21,9 +21,9 @@ from rich.table import Table
 
 from dfl_node.cli.options import DEMO_DEFAULTS, experiment_config, experiment_options
 from dfl_node.cli.simulate import node_table, summary_table
-from dfl_node.config import ExperimentConfig
-from dfl_node.learning.fleet import Fleet, provision, write_fleet
+from dfl_node.learning.provision import FleetData, provision, write_fleet
 from dfl_node.results import RunResult, write_results
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.launcher import Placement, collect, done_twice, plan_fleet, stop_all, wait_until
 
 TESTBED_DEFAULTS = {**DEMO_DEFAULTS, "name": "testbed", "nodes": 4, "rounds": 20, "eval_every": 5,
@@ -117,7 +117,7 @@ def placements(count: int, netns: bool) -> Iterator[list[Placement]]:
         yield [Placement(h.address, h.wrap) for h in topology.hosts]
 
 
-def run_algorithm(config: ExperimentConfig, algorithm: str, fleet: Fleet, root: Path, *, mode: str, duration: float,
+def run_algorithm(config: ExperimentConfig, algorithm: str, fleet: FleetData, root: Path, *, mode: str, duration: float,
                   netns: bool, mdns: bool, static_peers: bool, timeout: float, console: Console) -> RunResult:
     """Launch one fleet for ``algorithm``, watch it until every node is done, collect, and always stop it."""
     run_dir = root / algorithm
@@ -181,7 +181,7 @@ def testbed(out: Path | None, mode: str, duration: float, netns: bool, mdns: boo
     if out and out.suffix == ".json" and len(config.algorithms) > 1:
         raise click.UsageError("several algorithms need --out FOLDER")
     console = Console()
-    fleet = provision(config)
+    fleet = provision(config.shards, config.learning, config.nodes)
     results: list[RunResult] = []
     with signals_tear_down():
         try:
@@ -196,6 +196,7 @@ def testbed(out: Path | None, mode: str, duration: float, netns: bool, mdns: boo
             kept = f"work folder kept: {workdir}" if workdir else "work folder removed"
             click.echo(f"testbed stopped by {exc}: every daemon stopped, {kept}", err=True)
             sys.exit(128 + exc.signum)
-    console.print(summary_table(results, f"testbed: {config.nodes} daemons, {config.dataset}, {config.partition}, "
+    console.print(summary_table(results, f"testbed: {config.nodes} daemons, {config.shards.dataset}, "
+                                         f"{config.shards.partition}, "
                                          f"{mode} mode\n{ROUNDS_MEANING[mode]}"))
     console.print(node_table(results))

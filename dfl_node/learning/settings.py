@@ -1,14 +1,14 @@
-"""How a node learns and fuses (:class:`LearningConfig`): the settings every algorithm shares
-(:class:`SharedSettings`) and each algorithm's own, one model per algorithm or family (:class:`DFMLSettings`,
-:class:`SelectionSettings`, …), which the algorithm declares as its ``settings_model`` and reads as its
-``settings``; identical on every node of a fleet and in the simulator.
+"""How a node learns and fuses: the settings every algorithm shares (:class:`SharedSettings`, the ``learning``
+part of a node's and an experiment's settings) and each algorithm's own, one model per algorithm or family
+(:class:`DFMLSettings`, :class:`SelectionSettings`, …), which the algorithm declares as its ``settings_model`` and
+reads as its ``settings`` (all of them together: :class:`AlgorithmOptions`, the ``per_algorithm`` part);
+identical on every node of a fleet and in the simulator.
 
 They live in the learning layer, below the algorithms, so that the algorithms read their settings without
-importing :mod:`dfl_node.config` (which names the algorithms, and so imports them): no import circle.
-:mod:`dfl_node.config` re-exports everything here.
+importing :mod:`dfl_node.settings` (which names the algorithms, and so imports them): no import circle.
 
 A few settings have no value that serves every dataset (:data:`PER_DATASET`): one not given takes the default of
-the data it trains on, filled in by :meth:`LearningConfig.use_dataset_defaults` when the config is read (an
+the data it trains on, filled in by :meth:`SharedSettings.use_dataset_defaults` when the config is read (an
 experiment's from its ``dataset``, a node's from its shard), so every later reader sees the value in use.
 """
 
@@ -64,8 +64,7 @@ SIZED_STEPS, SIZED_BATCH, SIZED_LR = 16, (8, 128), 0.05
 class AlgorithmSettings(BaseModel):
     """An algorithm's own settings: the algorithm reads them from its ``settings`` (a model of just these fields,
     :func:`dfl_node.algorithms.base.Algorithm.settings_model`), the settings every algorithm shares from its
-    ``config``. A fleet's :class:`LearningConfig` holds them all, flat, so that a flag, a ``DFL_*`` variable and a
-    config file name each one as before."""
+    ``config`` (:class:`SharedSettings`), and no other algorithm's."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -201,15 +200,9 @@ class SharedSettings(BaseModel):
     cudnn_benchmark: bool = Field(False, description="on CUDA, let cuDNN time its convolution algorithms for each "
                                   "shape once and keep the fastest (torch.backends.cudnn.benchmark)")
 
-
-class LearningConfig(SelectionSettings, FairAvgSettings, ComboSettings, FMLSettings, PartialSettings, DFMLSettings,
-                     FedProxSettings, SharedSettings):
-    """How a node learns and fuses; identical on every node of a fleet and in the simulator: the settings every
-    algorithm shares (listed first), then each algorithm's own, from the models it inherits."""
-
     def unusable_here(self) -> dict[str, str]:
         """Settings valid anywhere that this machine cannot honour (field → problem), which
-        :func:`~dfl_node.config_loader.load_config` reports as settings errors. A check apart from validation,
+        :func:`~dfl_node.settings.loading.load_config` reports as settings errors. A check apart from validation,
         so that a config written elsewhere (a results file, a sweep's grid point) can still be read here."""
         from dfl_node.learning.devices import device_problem  # noqa: PLC0415 - torch only for cuda
 
@@ -233,10 +226,17 @@ class LearningConfig(SelectionSettings, FairAvgSettings, ComboSettings, FMLSetti
         return filled
 
 
+class AlgorithmOptions(SelectionSettings, FairAvgSettings, ComboSettings, FMLSettings, PartialSettings,
+                       DFMLSettings, FedProxSettings):
+    """Every built-in algorithm's own settings together: what a fleet's settings hold, flat, so that a flag, a
+    ``DFL_*`` variable and a config file name each one as before. An algorithm is given only its own
+    (:func:`dfl_node.algorithms.make_algorithm`: the fields of its ``settings_model``)."""
+
+
 def dataset_defaults(dataset: str | None) -> dict[str, int | float]:
     """The defaults of the settings of :data:`DATASET_DEPENDENT` for ``dataset`` (None: the fields' own)."""
     own = PER_DATASET.get(dataset or "", {})
-    return {name: own.get(name, LearningConfig.model_fields[name].default) for name in DATASET_DEPENDENT}
+    return {name: own.get(name, SharedSettings.model_fields[name].default) for name in DATASET_DEPENDENT}
 
 
 def sized_defaults(num_samples: int) -> dict[str, int | float]:
@@ -255,5 +255,5 @@ def per_dataset_default(name: str) -> str:
     others 200; your own data: sized to it)``."""
     own = [f"{dataset} {values[name]:g}" for dataset, values in PER_DATASET.items() if name in values]
     yours = f"{SIZED_LR:g}" if name == "lr" else "sized to it"
-    return (f"per dataset ({', '.join([*own, f'others {LearningConfig.model_fields[name].default:g}'])}; your own "
+    return (f"per dataset ({', '.join([*own, f'others {SharedSettings.model_fields[name].default:g}'])}; your own "
             f"data: {yours})")

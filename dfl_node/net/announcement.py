@@ -3,14 +3,14 @@
 What a node announces (keys ``id swarm grpc http algo fp proto boot`` in the
 TXT record of a ``_dfl._tcp.local.`` service), how a received record is parsed
 and validated, the instance and host names derived from a node id, which
-interfaces mDNS may use for a bind address, and the parsing of static
-``HOST:PORT`` peers.
+interfaces mDNS may use for a bind address. (A static ``HOST:PORT`` peer is
+parsed by :func:`dfl_node.addresses.parse_peer`.)
 
 Why a module of its own: none of this touches the network or a running
 zeroconf, so it is tested without sockets and reused without starting
 discovery. The live part — registering, browsing, reporting peers — is
 :class:`dfl_node.net.discovery.MdnsDiscovery`, which re-exports these names so
-``from dfl_node.net.discovery import Announcement, parse_peer, ...`` keeps
+``from dfl_node.net.discovery import Announcement, ...`` keeps
 working.
 
 Records come from the network and may be hostile: parsing never raises, it
@@ -33,7 +33,6 @@ __all__ = [
     "Announcement",
     "fingerprint_matches",
     "mdns_interfaces",
-    "parse_peer",
     "server_name",
     "service_name",
 ]
@@ -52,8 +51,6 @@ FP_PREFIX_LEN = 16  # longer fingerprints are announced as this prefix
 _INSTANCE_BAD = re.compile(r"[^A-Za-z0-9_-]")
 _HOST_BAD = re.compile(r"[^a-z0-9-]")
 _DIGITS = re.compile(r"[0-9]{1,5}")
-_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
-_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 
 
 # --------------------------------------------------------------------------- #
@@ -250,35 +247,3 @@ def mdns_interfaces(bind_host: str) -> list[str] | InterfaceChoice:
     if ip.is_multicast:
         raise ValueError(f"cannot announce mDNS on multicast address {bind_host!r}")
     return [str(ip)]
-
-
-def parse_peer(spec: str) -> tuple[str, int]:
-    """Parse a static peer ``HOST:PORT`` or ``[IPv6]:PORT``; ports 1..65535.
-
-    Returns ``(host, port)`` with the brackets of an IPv6 host removed.
-    """
-    if not isinstance(spec, str) or not spec or spec != spec.strip():
-        raise ValueError(f"peer {spec!r}: expected HOST:PORT without spaces")
-    if spec.startswith("["):
-        end = spec.find("]")
-        if end < 0 or not spec[end + 1 :].startswith(":"):
-            raise ValueError(f"peer {spec!r}: expected [IPv6]:PORT")
-        host, port_text = spec[1:end], spec[end + 2 :]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"peer {spec!r}: {host!r} inside brackets is not an IPv6 address") from None
-    else:
-        host, sep, port_text = spec.rpartition(":")
-        if not sep:
-            raise ValueError(f"peer {spec!r}: missing ':PORT' (expected HOST:PORT)")
-        if ":" in host:
-            raise ValueError(f"peer {spec!r}: write IPv6 addresses in brackets, e.g. [::1]:50051")
-        if not _HOSTNAME.fullmatch(host):
-            raise ValueError(f"peer {spec!r}: {host!r} is not a valid host name or IPv4 address")
-    if not _DIGITS.fullmatch(port_text):
-        raise ValueError(f"peer {spec!r}: port {port_text!r} is not a number in 1..65535")
-    port = int(port_text)
-    if not 1 <= port <= 65535:
-        raise ValueError(f"peer {spec!r}: port {port} is out of range 1..65535")
-    return host, port

@@ -7,7 +7,7 @@ raw little-endian bytes, back to back in manifest order, with no padding and **n
 only ever become tensors through ``torch.frombuffer`` with a dtype from :data:`ALLOWED_DTYPES` (or an
 encoding of :mod:`dfl_node.peering.wire_dtypes`, decoded to such a dtype).
 
-The digest is BLAKE3 where both ends offer it (:mod:`dfl_node.net.hashes`, exchanged in Hello and in a
+The digest is BLAKE3 where both ends offer it (:mod:`dfl_node.hashes`, exchanged in Hello and in a
 pull's request), sha256 otherwise; a receiver refuses a hash it did not offer.
 
 The receiver (:class:`MessageAssembler`) checks the whole header against its own model before it
@@ -30,9 +30,9 @@ import torch
 
 import dfl_node
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
+from dfl_node.hashes import DEFAULT_HASH, DIGEST_BYTES, HASHES, OFFERED_HASHES, Hasher
 from dfl_node.net.buffers import INTAKE, MAX_PENDING_CHUNKS, BufferPool, absorb
 from dfl_node.net.frames import ReadFrame, WireFrame, chunk_frame
-from dfl_node.net.hashes import DEFAULT_HASH, DIGEST_BYTES, HASHES, OFFERED_HASHES, Hasher
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.wire_dtypes import ENCODINGS, EXACT, INT8_LEVELS, decode, encode, encoding

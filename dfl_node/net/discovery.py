@@ -22,7 +22,7 @@ awaited too, or no announcement (or goodbye) is sent.
 
 This module holds only the live part (zeroconf registering and browsing). The
 record itself and the pure helpers — :class:`Announcement`, names, interface
-choice, :func:`parse_peer` — live in :mod:`dfl_node.net.announcement` so they
+choice — live in :mod:`dfl_node.net.announcement` so they
 can be used and tested without sockets; they are re-exported here, so imports
 from ``dfl_node.net.discovery`` keep working.
 """
@@ -44,7 +44,6 @@ from dfl_node.net.announcement import (
     Announcement,
     fingerprint_matches,
     mdns_interfaces,
-    parse_peer,
     server_name,
     service_name,
 )
@@ -55,7 +54,6 @@ __all__ = [
     "MdnsDiscovery",
     "fingerprint_matches",
     "mdns_interfaces",
-    "parse_peer",
     "service_name",
 ]
 

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
 
+from dfl_node.hashes import Payload  # of unsigned bytes
 from dfl_node.net.proto import dfl_pb2 as pb
 
 _FRAME_CHUNK_TAG = b"\x12"  # Frame field 2 (chunk), wire type 2 (length-delimited)
 _CHUNK_DATA_TAG = b"\x0a"  # Chunk field 1 (data), wire type 2
 
-Payload = bytes | bytearray | memoryview  # of unsigned bytes
 WireFrame = pb.Frame | bytes  # what a sender writes: a protobuf frame, or a chunk frame already encoded
 ReadFrame = pb.Frame | memoryview  # what a receiver reads: a protobuf frame, or a chunk's payload
 

@@ -1,6 +1,12 @@
 """A node's links to its peers over gRPC (the :class:`~dfl_node.peering.port.PeerNetwork` of a daemon):
-one :class:`~dfl_node.net.transport.PeerClient` per address, reused for every call, closed once the
-peer table forgets the address, so file descriptors and memory stay bounded."""
+one :class:`~dfl_node.net.client.PeerClient` per address, reused for every call, closed once the
+peer table forgets the address, so file descriptors and memory stay bounded.
+
+Who a peer is, is checked here, where the credentials are: with mutual TLS a link checks the certificate of the
+node we know serves at its address (learnt from a Hello that proved it, or from mDNS: :meth:`GrpcNetwork.heard`),
+and a reply that names another node is confirmed on a link that checks that node's (:meth:`GrpcNetwork.confirm`);
+with a swarm key, a reply must come from the endpoint we dialed (no relaying of another node's answers).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,11 @@ import asyncio
 from collections.abc import Callable
 
 from dfl_node.net.auth import Security
-from dfl_node.net.transport import PeerClient
+from dfl_node.net.client import PeerClient
+from dfl_node.net.psk import same_endpoint
 from dfl_node.net.wire import WireIdentity
-from dfl_node.peering.messages import Hello
+from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
+from dfl_node.peering.messages import Hello, HelloReply
 
 
 class GrpcNetwork:
@@ -23,6 +31,10 @@ class GrpcNetwork:
         # by our Hello, or announced on mDNS)
         self.clients: dict[str, PeerClient] = {}
 
+    @property
+    def authentication(self) -> str:
+        return self.security.mode
+
     def link(self, address: str) -> PeerClient:
         """Our channel to ``address``; with mTLS, one that checks the certificate of the node we know is there."""
         name = self.names.get(address) if self.security.tls else None
@@ -32,8 +44,44 @@ class GrpcNetwork:
                 retired = client
                 asyncio.get_running_loop().call_later(self.retire_after, lambda: asyncio.ensure_future(retired.close()))
             client = self.clients[address] = PeerClient(address, self.wire, self.security, name, self.hello_message,
-                                                        self.connect_timeout)
+                                                        self.connect_timeout, on_wrong_host=self._wrong_host)
         return client
+
+    def _wrong_host(self, address: str) -> None:
+        """mTLS: the certificate at ``address`` is not that of the node we knew there: another node is there now
+        (the host name is checked next, then its id)."""
+        self.names.pop(address, None)
+
+    def heard(self, address: str, node_id: str) -> None:
+        """mTLS: ``node_id``'s certificate proved its id (or mDNS announced it): that is the name to check where
+        it says it serves (our dial still checks the certificate there; a false address fails that check and
+        is forgotten)."""
+        if self.security.tls is not None:
+            self.names.setdefault(address, node_id)
+
+    async def confirm(self, address: str, reply: HelloReply, hello: Callable[[], Hello], timeout: float) -> bool:
+        """Whether the node that answered at ``address`` is the node ``reply`` names. mTLS: our channel checked the
+        certificate of the node we knew there; if that was not the reply's id (the host name we dialed, or an mDNS
+        announcement that was wrong), one more Hello on a channel that checks the id decides. Swarm key: its
+        address must be the endpoint we dialed (no relaying of another node's answers). A peer caught answering
+        for another node is :class:`PeerUnauthenticated` (``identity_mismatch``, ``address_mismatch``)."""
+        if self.security.tls is not None and self.link(address).checked_id != reply.node_id:
+            self.names[address] = reply.node_id
+            try:
+                again = await self.link(address).hello(hello(), timeout=timeout)
+            except (PeerUnreachable, PeerUnauthenticated) as exc:
+                self.names.pop(address, None)
+                if exc.reason == "tls_handshake":
+                    raise PeerUnauthenticated("identity_mismatch", f"{address} answers as {reply.node_id[:64]!r}, "
+                                              "but its certificate is not that node's") from exc
+                return False
+            if again.node_id != reply.node_id:
+                self.names.pop(address, None)
+                return False
+        if self.security.swarm_key is not None and not await same_endpoint(address, reply.grpc_address):
+            raise PeerUnauthenticated("address_mismatch", f"{address} answers for {reply.grpc_address[:100]!r}: a "
+                                      "relay, or list the peer by the address it advertises")
+        return True
 
     def forget(self, address: str) -> None:
         """The peer table no longer knows ``address``: close our channel to it."""

@@ -12,7 +12,7 @@ distinct labels for the two directions (a proof can never be replayed as the oth
    on (gRPC's ``context.peer()``, the caller's IP and port) is authenticated as A for 30 s, renewed
    by every Hello A sends on it. A's heartbeats are Hellos, but a node sends none to a peer with a lower id
    that says Hello to it, so before a call A says Hello again once half the 30 s are over, or when its
-   channel is not connected (the call would open a new connection): :class:`~dfl_node.net.transport.PeerClient`.
+   channel is not connected (the call would open a new connection): :class:`~dfl_node.net.client.PeerClient`.
 3. B's every reply carries a fresh challenge ``c'`` and ``proof_B = mac("server", swarm, B's id,
    B's address, n_A, c')``: A learns that B knows K, and only adopts ``c'`` when ``proof_B`` holds.
    A also checks that B's address resolves to the endpoint it dialed, so a host that makes A dial it
@@ -39,9 +39,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from dfl_node.net.announcement import parse_peer
+from dfl_node.addresses import parse_peer
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.peering.errors import PeerUnauthenticated
+from dfl_node.peering.errors import AUTH_REQUIRED, PeerUnauthenticated
 
 NONCE_BYTES = 32
 MIN_KEY_BYTES = 32
@@ -49,7 +49,6 @@ CHALLENGE_TTL_S = 30.0  # a challenge not answered within this is forgotten (the
 SESSION_TTL_S = 30.0  # an authenticated connection without a Hello for this long must authenticate again
 CAPACITY = 4096  # challenges outstanding, challenges used, connections: each table at most this many
 UNANSWERED_LIMIT = 3  # a connection that asked this many challenges in a row without answering one has no key
-AUTH_REQUIRED = "auth_required"  # the first step of every handshake: not a refusal, never counted
 
 
 class PskError(ValueError):

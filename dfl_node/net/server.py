@@ -9,22 +9,24 @@ import grpc
 from dfl_node.net.auth import NO_SECURITY, Authenticator, Security
 from dfl_node.net.handlers import method_handlers, register
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.net.servicer import DflServicer, ServedNode
+from dfl_node.net.servicer import DflServicer
 from dfl_node.net.standard import add_standard_services
-from dfl_node.net.wire import SERVICE_NAME, channel_options
+from dfl_node.net.wire import SERVICE_NAME, WireIdentity, channel_options
+from dfl_node.peering.port import PeerHandler
 
 
-async def start_server(node: ServedNode, host: str, port: int,
+async def start_server(node: PeerHandler, wire: WireIdentity, idle_timeout: float, host: str, port: int,
                        security: Security = NO_SECURITY, *, reflection: bool = False) -> tuple[grpc.aio.Server, int]:
     """Serve the node (plus health, and reflection if asked) on ``host:port``; returns the server and the
-    bound port. With TLS material in ``security`` the port speaks mutual TLS only (a client certificate signed by the
+    bound port. Received models are checked against ``wire``; a Transfer stream silent for ``idle_timeout`` is
+    dropped. With TLS material in ``security`` the port speaks mutual TLS only (a client certificate signed by the
     swarm CA is required); with a swarm key, RPCs other than Hello need an authenticated connection.
 
     SO_REUSEPORT is off (gRPC turns it on by default): with it, a second node on a port in use
     would bind too, and the kernel would split the connections between the two.
     """
-    server = grpc.aio.server(options=[*channel_options(node.wire.limits), ("grpc.so_reuseport", 0)])
-    handlers = method_handlers(DflServicer(node, Authenticator(security)))
+    server = grpc.aio.server(options=[*channel_options(wire.limits), ("grpc.so_reuseport", 0)])
+    handlers = method_handlers(DflServicer(node, wire, idle_timeout, Authenticator(security)))
     register(server, pb.DESCRIPTOR.services_by_name["DflNode"], handlers)
     add_standard_services(server, (SERVICE_NAME,), node.on_rejected, reflection=reflection)
     if security.tls is not None:

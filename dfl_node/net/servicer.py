@@ -12,17 +12,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Protocol
 
 import grpc
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Role
+from dfl_node.hashes import DEFAULT_HASH, negotiate
 from dfl_node.net.auth import Authenticator
 from dfl_node.net.codec import assemble
 from dfl_node.net.convert import from_wire, to_wire, transfer_result
 from dfl_node.net.frames import ReadFrame, WireFrame, wire_size
-from dfl_node.net.hashes import DEFAULT_HASH, negotiate
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.wire import WireIdentity, wire_bytes
@@ -32,13 +31,6 @@ from dfl_node.peering.port import Intake, PeerHandler
 from dfl_node.peering.probes import ProbeRequest
 
 log = logging.getLogger(__name__)
-
-
-class ServedNode(PeerHandler, Protocol):
-    """A node as the gRPC server serves it: the port's handler, plus what the wire needs of it."""
-
-    wire: WireIdentity
-    idle_timeout: float  # a Transfer stream silent this long is dropped: it never holds a role or a buffer
 
 
 def _assignment_problem(request: pb.RoundAssignment) -> str | None:
@@ -53,13 +45,17 @@ def _assignment_problem(request: pb.RoundAssignment) -> str | None:
 
 
 class DflServicer(pb_grpc.DflNodeServicer):
-    def __init__(self, node: ServedNode, auth: Authenticator | None = None) -> None:
-        self.node = node
+    """The gRPC service of ``node``: received models are checked against ``wire``, a Transfer stream silent for
+    ``idle_timeout`` is dropped (it never holds a role or a buffer)."""
+
+    def __init__(self, node: PeerHandler, wire: WireIdentity, idle_timeout: float,
+                 auth: Authenticator | None = None) -> None:
+        self.node, self.wire, self.idle_timeout = node, wire, idle_timeout
         self.auth = auth or Authenticator()  # mTLS / swarm key: who may call, as whom (dfl_node.net.auth)
 
     async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloReply:
         reply = to_wire(self.node.hello(from_wire(request, Hello), context.peer(), self.auth.hello(request, context)))
-        reply.hashes[:] = self.node.wire.hashes  # what the peer's pushes may carry (codec.negotiate)
+        reply.hashes[:] = self.wire.hashes  # what the peer's pushes may carry (codec.negotiate)
         self.auth.sign(request, reply)
         return reply
 
@@ -86,9 +82,9 @@ class DflServicer(pb_grpc.DflNodeServicer):
     async def Transfer(
         self, request_iterator: AsyncIterator[ReadFrame], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[WireFrame]:
-        wire = self.node.wire
+        wire = self.wire
         assembler = wire.assembler()
-        frames = _idle_limited(request_iterator, self.node.idle_timeout)
+        frames = _idle_limited(request_iterator, self.idle_timeout)
         intake: Intake | None = None
         try:
             first = await anext(frames, None)
@@ -125,7 +121,7 @@ class DflServicer(pb_grpc.DflNodeServicer):
                 yield frame
 
     async def _stream(self, message: ModelMessage, hash: str) -> AsyncIterator[WireFrame]:
-        outgoing = await asyncio.to_thread(self.node.wire.prepare, message, 0, hash)
+        outgoing = await asyncio.to_thread(self.wire.prepare, message, 0, hash)
         sent = 0
         for frame in outgoing.frames():
             sent += wire_size(frame)
@@ -142,7 +138,7 @@ class DflServicer(pb_grpc.DflNodeServicer):
             self._refused(exc.reason, exc.detail, request.aggregator[:64] or context.peer())
             yield pb.Frame(result=transfer_result(exc))
             return
-        async for frame in self._stream(message, negotiate(self.node.wire.hashes, request.hashes)):
+        async for frame in self._stream(message, negotiate(self.wire.hashes, request.hashes)):
             yield frame
 
     async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeReply:

@@ -2,7 +2,7 @@
 :class:`WireIdentity` a model is encoded with on the way out and checked against on the way in.
 
 A module of its own because the server (:mod:`dfl_node.net.servicer`, :mod:`dfl_node.net.server`) and the
-client (:mod:`dfl_node.net.transport`) both need these, and neither side should import the other.
+client (:mod:`dfl_node.net.client`) both need these, and neither side should import the other.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dfl_node.algorithms.messages import ModelMessage, on_device
+from dfl_node.hashes import DEFAULT_HASH, OFFERED_HASHES
 from dfl_node.net.buffers import BufferPool
 from dfl_node.net.codec import Limits, Manifest, MessageAssembler, Outgoing, Resolver, prepare
-from dfl_node.net.hashes import DEFAULT_HASH, OFFERED_HASHES
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.peering.wire_dtypes import EXACT
 

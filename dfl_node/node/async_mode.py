@@ -16,8 +16,9 @@ import random
 
 from dfl_node.algorithms.base import derive_seed
 from dfl_node.algorithms.plan import Role
+from dfl_node.node.orders import Order
 from dfl_node.node.ports import SchedulerPort
-from dfl_node.peering.messages import Ack, Assignment, Token
+from dfl_node.peering.messages import Ack, Token
 
 log = logging.getLogger(__name__)
 
@@ -26,31 +27,31 @@ class AsyncScheduler:
     def __init__(self, node: SchedulerPort) -> None:
         self.node = node
         self.finished = asyncio.Event()
-        self.rng = random.Random(derive_seed(node.config.seed, node.node_id, "async"))
+        self.rng = random.Random(derive_seed(node.seed, node.node_id, "async"))
 
     async def run(self) -> None:
-        node, cfg = self.node, self.node.config
-        await node.peers.wait_for(cfg.min_peers)
-        deadline = node.clock.monotonic() + cfg.duration if cfg.duration else None
+        node, settings = self.node, self.node.settings
+        await node.members.wait_for(settings.min_peers)
+        deadline = node.clock.monotonic() + settings.duration if settings.duration else None
         while deadline is None or node.clock.monotonic() < deadline:
-            await asyncio.sleep(cfg.interval * self.rng.uniform(0.5, 1.5))
-            if self.rng.random() >= cfg.participation or node.state.role is not Role.IDLE:
+            await asyncio.sleep(settings.interval * self.rng.uniform(0.5, 1.5))
+            if self.rng.random() >= settings.participation or node.roles.role is not Role.IDLE:
                 continue
-            peers = node.peers.alive_ids()
+            peers = node.members.alive_ids()
             self.rng.shuffle(peers)
             if peers:
-                await node.roles.lead(node.state.round, peers, node.algorithm.invitations(len(peers)))
+                await node.roles.lead(node.progress.round, peers, node.algorithm.invitations(len(peers)))
         await node.stop_volunteering()
         self.finished.set()
 
     def on_join(self, peer_id: str, restarted: bool) -> None:
         """Nothing to tell a newcomer: there is no shared round state in async mode."""
 
-    async def assign(self, request: Assignment) -> Ack:
+    async def play(self, order: Order) -> Ack:
         """An invitation from a volunteering aggregator (epoch 0): taken if this node is free."""
-        if request.epoch != 0:
+        if order.epoch != 0:
             return Ack(ok=False, reason="async_mode")
-        return await self.node.roles.play(request)
+        return await self.node.roles.play(order)
 
     async def token(self, request: Token) -> Ack:
         return Ack(ok=False, reason="async_mode")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
-from dfl_node.net.buffers import trim_heap
+from dfl_node.heap import trim_heap
 from dfl_node.node.clock import Clock
 from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.messages import Offer
@@ -113,7 +113,7 @@ class Collector:
 
     def close(self) -> None:
         """Whatever happened, the group is over: nobody waits for it any longer, and the memory its
-        streams freed goes back to the kernel (:func:`~dfl_node.net.buffers.trim_heap`). A sender not
+        streams freed goes back to the kernel (:func:`~dfl_node.heap.trim_heap`). A sender not
         answered by now learns that its model was not fused (``not_fused``): its round is not done."""
         self.gathered.set()
         self._changed.set()

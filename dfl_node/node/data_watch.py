@@ -4,8 +4,9 @@
 A look is a directory listing and a stat per file (:meth:`~dfl_node.learning.local_data.LocalData.scan`): cheap
 when nothing changed. A file is read once it has stayed the same for one look (a writer may be half-way through
 it), in a worker thread; the node's training and validation sets are then replaced where no role holds them
-(:meth:`~dfl_node.node.roles.Roles.quiesce`): never in the middle of a training or a fusion. Its profile (sample
-count), which plans and averaging weights read, follows, since it is read from the data. A file version that
+(:meth:`~dfl_node.node.roles.Roles.quiesce`): never in the middle of a training or a fusion, and handed to the
+model's owner (:meth:`~dfl_node.node.learner.Learner.use_data`). Its profile (sample count), which plans and
+averaging weights read, follows, since it is read from the data. A file version that
 cannot be read is skipped with one WARNING and counted in ``/status``; the node keeps the data it had.
 """
 
@@ -13,64 +14,63 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from dfl_node.api.schemas import DataStatus
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.local_data import DataView, LocalData, read_test_set
-from dfl_node.learning.settings import sized_defaults
-from dfl_node.node.config import NodeConfig
-
-if TYPE_CHECKING:
-    from dfl_node.node.daemon import Node
+from dfl_node.learning.settings import SharedSettings, sized_defaults
+from dfl_node.node.clock import Clock
+from dfl_node.settings.node import DataSettings
 
 log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
 MAX_SHOWN = 20  # skipped files named in /status, at most (all are counted)
 
 
 class NodeData:
-    """The data of the node ``config`` describes: its training and validation sets, its global test set, and
-    what ``/status`` shows of them."""
+    """The data of node ``node_id``, as ``settings`` describe it: its training and validation sets, its global
+    test set, and what ``/status`` shows of them. Data that carries no learning defaults has them sized to it
+    here, in ``learning`` (:func:`~dfl_node.learning.settings.sized_defaults`), before anything reads them."""
 
-    def __init__(self, config: NodeConfig, now: float) -> None:
-        self.config = config
-        self.local = LocalData(config.data, config, val_fraction=config.val_fraction, max_samples=config.max_samples,
-                               seed=config.seed)
+    def __init__(self, node_id: str, settings: DataSettings, learning: SharedSettings, clock: Clock) -> None:
+        self.node_id, self.settings, self._clock = node_id, settings, clock
+        self.local = LocalData(settings.data, settings, val_fraction=settings.val_fraction,
+                               max_samples=settings.max_samples, seed=learning.seed)
         view = self.local.load()
         self.train, self.val = view.train, view.val
         assert self.local.num_classes is not None
         self.test: ArrayDataset | None = None
-        if config.test_data is not None:
-            self.test = read_test_set(config.test_data, config, self.local.num_classes, self.local.sample_shape)
-        self.files, self.updated, self.updates, self.skipped_versions = view.files, now, 0, 0
+        if settings.test_data is not None:
+            self.test = read_test_set(settings.test_data, settings, self.local.num_classes, self.local.sample_shape)
+        self.files, self.updated, self.updates, self.skipped_versions = view.files, clock.wall(), 0, 0
         self.skipped: dict[str, str] = {}
-        self._announce(view)
+        self._announce(view, learning)
 
-    def _announce(self, view: DataView) -> None:
+    def _announce(self, view: DataView, learning: SharedSettings) -> None:
         """What the node learns from, and with which settings, in one line (and the classes, where inferred)."""
-        config, local = self.config, self.local
-        sized = config.use_defaults(sized_defaults(len(view.train)))
+        local, data = self.local, self.settings.data
+        sized = learning.use_defaults(sized_defaults(len(view.train)))
         how = f" (sized to its {len(view.train)} training samples)" if sized else ""
         log.info("%s: data %s: %d training + %d validation samples of shape %s, %d classes, in %d file%s; batch size "
-                 "%d, MKT batch size %d, lr %g%s", config.id, config.data, len(view.train), len(view.val),
-                 local.sample_shape, local.num_classes, view.files, "" if view.files == 1 else "s", config.batch_size,
-                 config.mkt_batch_size, config.lr, how)
+                 "%d, MKT batch size %d, lr %g%s", self.node_id, data, len(view.train), len(view.val),
+                 local.sample_shape, local.num_classes, view.files, "" if view.files == 1 else "s",
+                 learning.batch_size, learning.mkt_batch_size, learning.lr, how)
         if local.classes_inferred:
             log.warning("%s: %d classes, inferred from the largest label in %s: every node of a fleet must have the "
                         "same (a device that never saw the last class infers fewer, and its model fits no peer's); "
-                        "give --num-classes %d to fix it", config.id, local.num_classes, config.data,
-                        local.num_classes)
+                        "give --num-classes %d to fix it", self.node_id, local.num_classes, data, local.num_classes)
 
     def status(self) -> DataStatus:
-        return DataStatus(source=str(self.config.data), train_samples=len(self.train), val_samples=len(self.val),
+        return DataStatus(source=str(self.settings.data), train_samples=len(self.train), val_samples=len(self.val),
                           files=self.files, classes=self.local.num_classes or 0,
                           sample_shape=list(self.local.sample_shape), updated=self.updated, updates=self.updates,
                           bad_files=len(self.skipped), skipped_versions=self.skipped_versions,
                           skipped=dict(list(self.skipped.items())[:MAX_SHOWN]))
 
-    async def watch(self, node: Node) -> None:
-        """Look at the data every ``data_poll`` seconds, until cancelled; take what changed, between roles."""
-        interval = self.config.data_poll
+    async def watch(self, quiesce: Callable[[], Awaitable[None]], take: Callable[[DataView], None]) -> None:
+        """Look at the data every ``data_poll`` seconds, until cancelled; what changed is handed to ``take`` once
+        ``quiesce`` says no role runs, with no await in between (so none can start meanwhile)."""
+        interval = self.settings.data_poll
         if not interval:
             return
         before = self.local.seen
@@ -83,21 +83,21 @@ class NodeData:
             try:
                 view, problems = await asyncio.to_thread(self.local.refresh, now)
             except Exception:  # a bug of ours: said once, and the node keeps learning on the data it has
-                log.exception("%s: reading the changed data failed; keeping the data it had", node.node_id)
+                log.exception("%s: reading the changed data failed; keeping the data it had", self.node_id)
                 continue
             for problem in problems:
-                log.warning("%s: data file skipped, the node keeps the data it had: %s", node.node_id, problem)
+                log.warning("%s: data file skipped, the node keeps the data it had: %s", self.node_id, problem)
             self.skipped_versions += len(problems)
             self.skipped = {name: problem[:300] for name, problem in self.local.skipped.items()}
             if view is not None:
-                await node.roles.quiesce()  # no role holds the data from here to the swap: no await in between
-                self._take(node, view)
+                await quiesce()  # no role holds the data from here to the swap: no await in between
+                self._take(view)
+                take(view)
 
-    def _take(self, node: Node, view: DataView) -> None:
+    def _take(self, view: DataView) -> None:
         old = len(self.train)
         self.train, self.val, self.files = view.train, view.val, view.files
-        node.ctx.train, node.ctx.val = view.train.to(node.device), view.val.to(node.device)
-        self.updated, self.updates = node.clock.wall(), self.updates + 1
+        self.updated, self.updates = self._clock.wall(), self.updates + 1
         log.info("%s: data changed: %d → %d training samples, %d validation, in %d file%s; used from the next "
-                 "round on", node.node_id, old, len(view.train), len(view.val), view.files,
+                 "round on", self.node_id, old, len(view.train), len(view.val), view.files,
                  "" if view.files == 1 else "s")

@@ -208,6 +208,14 @@ class PeerTable:
             self.pending.pop(reply.node_id, None)
             self.seen(reply)
 
+    def probe_soon(self, address: str) -> None:
+        """Our Hello to ``address`` (a peer discovery announced), sent now; nobody waits on it."""
+        asyncio.get_running_loop().create_task(self.probe(address))
+
+    async def greet_static(self) -> None:
+        """One Hello to each static peer, answered within :attr:`answer_within` (a daemon's start-up check)."""
+        await asyncio.gather(*(self.probe(address, self.answer_within) for address in self.static))
+
     def _in_use(self, address: str) -> bool:
         return (address in self.static or any(p.address == address for p in self.peers.values())
                 or any(a == address for a, _ in self.pending.values()))

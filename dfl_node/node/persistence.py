@@ -29,8 +29,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load, save_file
 
 from dfl_node.errors import OperatorError
+from dfl_node.hashes import HASHES, OFFERED_HASHES
 from dfl_node.learning.export import TrainedModel
-from dfl_node.net.hashes import HASHES, OFFERED_HASHES
 from dfl_node.node.served import Served
 from dfl_node.node.state_lock import StateLock
 

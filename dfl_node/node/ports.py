@@ -1,44 +1,52 @@
-"""What a scheduler may see and do of its node: a narrow port instead of the whole :class:`Node`.
+"""What a scheduler is given of its node (:class:`SchedulerPort`), and what the node asks of its scheduler
+(:class:`Scheduler`).
 
-A scheduler decides *when* a round happens and *who* plays which role in it; the node owns its
-state and plays the roles. Schedulers read the state, and change it only through these methods.
+A scheduler decides *when* a round happens and *who* plays which role in it; the node's parts own its state and
+play the roles. So a scheduler gets those parts it works with, each behind its own interface — the membership it
+plans from, the progress it advances, the roles it hands out — and never the node.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
 
-from dfl_node.algorithms import Algorithm, NodeProfile
+from dfl_node.algorithms import Algorithm
 from dfl_node.node.clock import Clock
-from dfl_node.node.config import NodeConfig
-from dfl_node.node.peers import PeerTable
-from dfl_node.node.state import NodeState
+from dfl_node.node.membership import Members
+from dfl_node.node.orders import Order
+from dfl_node.node.progress import RoundProgress
+from dfl_node.node.roles import Roles
+from dfl_node.node.tally import Tally
 from dfl_node.peering.messages import Ack, Progress, Token
+from dfl_node.peering.port import PeerNetwork
+from dfl_node.settings.node import MembershipSettings, ScheduleSettings
 
-if TYPE_CHECKING:
-    from dfl_node.node.roles import Roles
 
-
-class SchedulerPort(Protocol):
-    config: NodeConfig
-    algorithm: Algorithm
-    peers: PeerTable
+@dataclass(frozen=True)
+class SchedulerPort:
+    node_id: str
+    seed: int
+    settings: ScheduleSettings
+    membership: MembershipSettings  # the failure detector's timings, which a lost token's bounds are made of
     clock: Clock  # every wait and deadline of a scheduler reads it
+    algorithm: Algorithm  # plans the rounds
+    members: Members  # the fleet it plans from
+    progress: RoundProgress  # where this node stands: advanced through its methods
+    roles: Roles  # play (a role here), dispatch (a role for anyone), lead (async: volunteer)
+    network: PeerNetwork  # passes and announces the token
+    tally: Tally
+    own_progress: Callable[[], Progress]  # where this node stands, as its Hello says it
+    finish: Callable[[int], Awaitable[None]]  # settle, evaluate if need be, mark done, checkpoint
+    stop_volunteering: Callable[[], Awaitable[None]]  # async mode: the time budget is over
 
-    @property
-    def state(self) -> NodeState: ...  # read only: change it through the methods below
-    @property
-    def node_id(self) -> str: ...
 
-    def profiles(self) -> list[NodeProfile]: ...  # this node and its live peers
-    def address_of(self, node_id: str) -> str | None: ...  # gRPC address of a peer, or of this node
-    def progress(self) -> Progress: ...  # where this node stands (what its HelloReply says)
-    @property
-    def roles(self) -> Roles: ...  # play (a role for this node), assign_to (for anyone), lead (async: volunteer)
-    async def pass_token(self, node_id: str, token: Token) -> Ack | None: ...  # None: unreachable
-    def enter_epoch(self, epoch: int) -> bool: ...  # fencing: False (and nothing changes) for an old epoch
-    def set_round(self, round_: int, token_state: dict[str, str]) -> None: ...
-    def set_holding(self, holding: bool) -> None: ...
-    def count(self, counter: str, n: int = 1) -> None: ...  # one of the status counters
-    async def finish(self, round_: int) -> None: ...  # settle, evaluate if need be, mark done, checkpoint
-    async def stop_volunteering(self) -> None: ...  # async mode: the time budget is over
+class Scheduler(Protocol):
+    finished: asyncio.Event  # set once this node's run is over
+
+    async def run(self) -> None: ...
+    def on_join(self, peer_id: str, restarted: bool) -> None: ...  # a peer (re)joined
+    async def play(self, order: Order) -> Ack: ...  # a role a peer gives this node, played under this scheduler
+    async def token(self, request: Token) -> Ack: ...  # the round token, or its announcement

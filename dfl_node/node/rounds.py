@@ -52,11 +52,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 
-from dfl_node.algorithms import Group, Role
+from dfl_node.algorithms import Group, Role, Step
+from dfl_node.node.orders import Order
 from dfl_node.node.ports import SchedulerPort
-from dfl_node.peering.messages import Ack, Assignment, Progress, Token
+from dfl_node.peering.errors import PeerUnreachable
+from dfl_node.peering.messages import Ack, Progress, Token
 
 log = logging.getLogger(__name__)
 
@@ -79,32 +80,32 @@ class RoundScheduler:
 
     # ----- the watchdog ------------------------------------------------------------------
     def _is_lowest(self) -> bool:
-        return all(self.node.node_id < p for p in self.node.peers.alive_ids())
+        return all(self.node.node_id < p for p in self.node.members.alive_ids())
 
     def _token_at_work(self, progress: dict[str, Progress]) -> bool:
         """Whether a token of our epoch (or newer) is held somewhere, or a role that may complete a round is
         still being played."""
-        epoch = self.node.state.epoch
-        return self.node.state.holding or any(p.busy or (p.holding and p.epoch >= epoch) for p in progress.values())
+        ours = self.node.progress
+        return ours.holding or any(p.busy or (p.holding and p.epoch >= ours.epoch) for p in progress.values())
 
     async def run(self) -> None:
-        node, state = self.node, self.node.state
-        if state.done:
+        node, ours = self.node, self.node.progress
+        if ours.done:
             self.finished.set()
             return
-        await node.peers.wait_for(node.config.min_peers)
+        await node.members.wait_for(node.settings.min_peers)
         self.last_activity = node.clock.monotonic()
-        progress = node.peers.progress()
-        if state.epoch == 0 and self._is_lowest() and all(p.epoch == 0 for p in progress.values()):
-            self._start_holding(state.round, 1)
-        while not state.done:
-            await asyncio.sleep(min(1.0, node.config.token_timeout / 4))
+        progress = node.members.progress()
+        if ours.epoch == 0 and self._is_lowest() and all(p.epoch == 0 for p in progress.values()):
+            self._start_holding(ours.round, 1)
+        while not ours.done:
+            await asyncio.sleep(min(1.0, node.settings.token_timeout / 4))
             await self._watch()
 
     async def _watch(self) -> None:
         """One tick of the watchdog: finish if a peer says the fleet is done; regenerate a lost token."""
-        node, state = self.node, self.node.state
-        progress = node.peers.progress()
+        node, ours, settings = self.node, self.node.progress, self.node.settings
+        progress = node.members.progress()
         done = [p.round for p in progress.values() if p.done]
         if done:  # we missed the final announcement (we were down, or it did not reach us)
             await self.finish(max(done))
@@ -113,26 +114,26 @@ class RoundScheduler:
             self.last_activity = node.clock.monotonic()
             return
         silent = node.clock.monotonic() - self.last_activity
-        if silent <= node.config.token_timeout or not self._is_lowest():
+        if silent <= settings.token_timeout or not self._is_lowest():
             return
-        if node.peers.dead_ids() and silent <= node.config.token_timeout + node.config.round_timeout:
+        if node.members.dead_ids() and silent <= settings.token_timeout + settings.round_timeout:
             return  # a member that crashed may be the only one that knows the newest round: give it time to return
-        await node.peers.refresh()  # decide on what the peers say now, not a heartbeat ago
-        progress = node.peers.progress()
-        if state.done or self._token_at_work(progress) or not self._is_lowest():
+        await node.members.refresh()  # decide on what the peers say now, not a heartbeat ago
+        progress = node.members.progress()
+        if ours.done or self._token_at_work(progress) or not self._is_lowest():
             return
-        round_, token_state = state.round, dict(state.token_state)
+        round_, token_state = ours.round, ours.token_state
         for peer in progress.values():
             if peer.round > round_:
                 round_, token_state = peer.round, dict(peer.state)
-        epoch = max([state.epoch, *(p.epoch for p in progress.values())]) + 1
+        epoch = max([ours.epoch, *(p.epoch for p in progress.values())]) + 1
         log.warning("%s: the token is lost; regenerating round %d at epoch %d", node.node_id, round_ + 1, epoch)
-        node.set_round(round_, token_state)
+        ours.advance(round_, token_state)
         self._start_holding(round_, epoch)
 
     def _start_holding(self, round_: int, epoch: int, members: Sequence[str] = ()) -> None:
-        self.node.enter_epoch(epoch)
-        self.node.set_holding(True)
+        self.node.progress.enter_epoch(epoch)
+        self.node.progress.set_holding(True)
         self._holding_epoch = epoch
         self._holding = asyncio.get_running_loop().create_task(self._hold(round_, epoch, members))
 
@@ -143,12 +144,12 @@ class RoundScheduler:
         gone) — a new holder that has not yet heard from a member would otherwise plan a different round."""
         node = self.node
         try:
-            await node.peers.wait_alive(members, node.config.peer_timeout)
-            while node.state.epoch == epoch:
-                members = sorted(p.node_id for p in node.profiles())
-                state = dict(node.state.token_state)
-                if node.config.rounds and round_ >= node.config.rounds:
-                    await self._announce(Token(round=round_, epoch=epoch, holder=node.node_id, seed=node.config.seed,
+            await node.members.wait_alive(members, node.membership.peer_timeout)
+            while node.progress.epoch == epoch:
+                members = sorted(p.node_id for p in node.members.profiles())
+                state = node.progress.token_state
+                if node.settings.rounds and round_ >= node.settings.rounds:
+                    await self._announce(Token(round=round_, epoch=epoch, holder=node.node_id, seed=node.seed,
                                                members=tuple(members), state=state, done=True))
                     await self.finish(round_)
                     return
@@ -157,13 +158,13 @@ class RoundScheduler:
                     log.warning("%s: fenced off by a newer epoch; dropping token", node.node_id)
                     return
                 round_ += 1
-                node.set_round(round_, next_state)
-                members = sorted(p.node_id for p in node.profiles())
+                node.progress.advance(round_, next_state)
+                members = sorted(p.node_id for p in node.members.profiles())
                 me = members.index(node.node_id)
                 later = members[me + 1 :] + members[:me]
-                token = Token(round=round_, epoch=epoch, holder=later[0], seed=node.config.seed,
+                token = Token(round=round_, epoch=epoch, holder=later[0], seed=node.seed,
                               members=tuple(members), state=next_state)
-                ack = await node.pass_token(later[0], token)
+                ack = await self._pass(later[0], token)
                 if ack is not None and ack.reason == "stale_epoch":
                     log.warning("%s: fenced off by a newer epoch; dropping token", node.node_id)
                     return
@@ -182,7 +183,7 @@ class RoundScheduler:
         """The calling hold ends: this node holds no token any more, unless a later hold already started."""
         if self._holding is asyncio.current_task():
             self._holding = None
-            self.node.set_holding(False)
+            self.node.progress.set_holding(False)
 
     async def _play_round(self, round_: int, epoch: int, state: dict[str, str]) -> dict[str, str] | None:
         """Play round ``round_`` until every group of its plan fused (see "Exactly once"); returns the
@@ -193,10 +194,10 @@ class RoundScheduler:
         role): it is abandoned, logged and counted (``groups_abandoned``), and the round goes on without it.
         """
         node = self.node
-        plan = node.algorithm.plan_round(round_, node.profiles(), state)
+        plan = node.algorithm.plan_round(round_, node.members.profiles(), state)
         pending, failed_since = list(plan), None
         calm_since, seen = node.clock.monotonic(), None  # since when the failing groups' members all lived on unchanged
-        while node.state.epoch == epoch:
+        while node.progress.epoch == epoch:
             done = await asyncio.gather(*(self._group(g, round_, epoch, dict(plan.state)) for g in pending))
             pending = [g for g, ok in zip(pending, done) if not ok]
             if not pending:
@@ -204,62 +205,63 @@ class RoundScheduler:
             log.warning("%s: round %d: %d group(s) did not fuse; playing them again", node.node_id, round_ + 1,
                         len(pending))
             failed_since = failed_since or node.clock.monotonic()
-            await asyncio.sleep(node.config.heartbeat)  # the peer table sees who crashed (or came back)
+            await asyncio.sleep(node.membership.heartbeat)  # the membership sees who crashed (or came back)
             pending = await self._unfused(pending, round_, failed_since)
-            if any(m not in node.peers.alive_ids() and m != node.node_id for g in pending for m in g.members):
-                plan = node.algorithm.plan_round(round_, node.profiles(), state)  # a member is gone: re-plan
+            if any(m not in node.members.alive_ids() and m != node.node_id for g in pending for m in g.members):
+                plan = node.algorithm.plan_round(round_, node.members.profiles(), state)  # a member is gone: re-plan
                 pending = list(plan)
             now = self._incarnations(pending)
             if now != seen or None in now.values():
                 seen, calm_since = now, node.clock.monotonic()  # a crash, a restart or a new plan: replays go on
-            elif pending and node.clock.monotonic() - calm_since >= node.config.round_timeout:
+            elif pending and node.clock.monotonic() - calm_since >= node.settings.round_timeout:
                 log.warning("%s: round %d: abandoning %d group(s) (%s): their members are alive and refuse",
                             node.node_id, round_ + 1, len(pending), ", ".join("/".join(g.members) for g in pending))
-                node.count("groups_abandoned", len(pending))
+                node.tally.count("groups_abandoned", len(pending))
                 return dict(plan.state)
         return None
 
     def _incarnations(self, groups: list[Group]) -> dict[str, str | None]:
         """The other members' boot ids (None: not alive)."""
         others = sorted({m for g in groups for m in g.members} - {self.node.node_id})
-        return self.node.peers.incarnations(others)
+        return self.node.members.incarnations(others)
 
     async def _unfused(self, groups: list[Group], round_: int, failed_since: float) -> list[Group]:
         """The groups whose aggregator did not fuse ``round_`` after all. A sender's confirmation can be lost
         after its aggregator fused (the sender crashed), so each aggregator is asked, by its progress, once
         it answers and plays no role any more — waited for up to ``round_timeout`` since the round failed."""
         node = self.node
-        deadline = failed_since + node.config.round_timeout
+        deadline = failed_since + node.settings.round_timeout
         while True:
-            await node.peers.refresh()
+            await node.members.refresh()
             known = {g.aggregator: self._progress_of(g.aggregator) for g in groups if g.aggregator}
             if all(p is not None and not p.busy for p in known.values()) or node.clock.monotonic() > deadline:
                 return [g for g in groups if (p := known.get(g.aggregator)) is None or p.round <= round_]
-            await asyncio.sleep(node.config.heartbeat)
+            await asyncio.sleep(node.membership.heartbeat)
 
     def _progress_of(self, node_id: str) -> Progress | None:
         """Where ``node_id`` stands (None: it does not answer)."""
-        return self.node.progress() if node_id == self.node.node_id else self.node.peers.progress().get(node_id)
+        node = self.node
+        return node.own_progress() if node_id == node.node_id else node.members.progress().get(node_id)
 
     async def _group(self, group: Group, round_: int, epoch: int, state: dict[str, str]) -> bool:
-        """Assign one group: its aggregator first (so it expects its senders), then the senders (an open
-        group's sender assigns the aggregator it chooses). Returns whether the group's fusion is durable."""
+        """Give one group its roles: its aggregator first (so it expects its senders), then the senders (an open
+        group's sender gives the aggregator it chooses its role). Returns whether the group's fusion is durable."""
         node = self.node
-        addresses = {m: a for m in group.members if (a := node.address_of(m)) is not None}
-        common = Assignment(round=round_, epoch=epoch, holder=node.node_id, aggregator=group.aggregator,
-                            aggregator_address=addresses.get(group.aggregator, ""), state=state, senders=group.senders,
-                            pull=group.pull, deadline_s=node.config.round_timeout, candidates=group.candidates,
-                            addresses=addresses)
+        addresses = {m: a for m in group.members if (a := node.members.address_of(m)) is not None}
+
+        def order(role: Role) -> Order:
+            return Order(role, Step(round_, group, dict(state)), epoch, node.node_id,
+                         addresses.get(group.aggregator, ""), node.settings.round_timeout, addresses)
+
         try:
             if not group.open:
-                ack = await node.roles.assign_to(group.aggregator, replace(common, role=Role.AGGREGATOR.value))
+                ack = await node.roles.dispatch(group.aggregator, order(Role.AGGREGATOR))
                 if ack.ok and (group.pull or ack.reason == "already_played"):
                     return True  # a pulling aggregator acks once it fused
                 if not ack.ok:
                     log.warning("round %d: aggregator %s refused: %s", round_ + 1, group.aggregator, ack.reason)
                     return False
-            acks = await asyncio.gather(*(node.roles.assign_to(s, replace(common, role=Role.SENDER.value))
-                                          for s in group.senders))
+            acks = await asyncio.gather(*(node.roles.dispatch(s, order(Role.SENDER)) for s in group.senders))
         except Exception:  # a bug in one group must not kill the token: log it and play the round again
             log.exception("round %d: the group of %s crashed", round_ + 1, group.aggregator)
             return False
@@ -272,8 +274,18 @@ class RoundScheduler:
     async def _announce(self, token: Token, skip: str = "") -> dict[str, Ack | None]:
         """Send the token to every other member (but ``skip``); returns each one's ack (None: unreachable)."""
         others = [m for m in token.members if m not in (self.node.node_id, skip)]
-        acks = await asyncio.gather(*(self.node.pass_token(m, token) for m in others))
+        acks = await asyncio.gather(*(self._pass(m, token) for m in others))
         return dict(zip(others, acks))
+
+    async def _pass(self, node_id: str, token: Token) -> Ack | None:
+        """The token (or its announcement) to ``node_id``; None: unreachable."""
+        address = self.node.members.address_of(node_id)
+        if address is None:
+            return None
+        try:
+            return await self.node.network.link(address).pass_token(token, timeout=5.0)
+        except PeerUnreachable:
+            return None
 
     async def finish(self, round_: int) -> None:
         await self.node.finish(round_)
@@ -282,44 +294,45 @@ class RoundScheduler:
     def on_join(self, peer_id: str, restarted: bool) -> None:
         """A peer (re)joined. If the fleet already finished, tell it so: it missed the final announcement.
         (A holder that restarted lost its token: the watchdog sees that nobody holds it any more.)"""
-        node, state = self.node, self.node.state
-        if not state.done:
+        node, ours = self.node, self.node.progress
+        if not ours.done:
             return  # it learns the round from the next announcement
-        token = Token(round=state.round, epoch=state.epoch, holder=node.node_id, seed=node.config.seed,
-                      members=(peer_id,), state=dict(state.token_state), done=True)
+        token = Token(round=ours.round, epoch=ours.epoch, holder=node.node_id, seed=node.seed,
+                      members=(peer_id,), state=ours.token_state, done=True)
         asyncio.get_running_loop().create_task(self._announce(token))
 
     # ----- RPCs --------------------------------------------------------------------------
     def _fresh(self, epoch: int) -> bool:
         """Fencing: False for an older epoch. A newer one ends our own holding: that token is stale."""
-        if not self.node.enter_epoch(epoch):
+        if not self.node.progress.enter_epoch(epoch):
             return False
         if self._holding is not None and epoch > self._holding_epoch:
             log.warning("%s: a token of epoch %d supersedes ours (%d); dropping it", self.node.node_id, epoch,
                         self._holding_epoch)
             self._holding.cancel()
             self._holding = None
-            self.node.set_holding(False)
+            self.node.progress.set_holding(False)
         self.last_activity = self.node.clock.monotonic()
         return True
 
-    async def assign(self, request: Assignment) -> Ack:
-        if not self._fresh(request.epoch):
+    async def play(self, order: Order) -> Ack:
+        """A role from a holder: fenced by its epoch, then played."""
+        if not self._fresh(order.epoch):
             return Ack(ok=False, reason="stale_epoch")
-        ack = await self.node.roles.play(request)
+        ack = await self.node.roles.play(order)
         self.last_activity = self.node.clock.monotonic()
         return ack
 
     async def token(self, request: Token) -> Ack:
         node = self.node
-        if request.seed != node.config.seed:
+        if request.seed != node.seed:
             return Ack(ok=False, reason="seed_mismatch")
         if not self._fresh(request.epoch):
             return Ack(ok=False, reason="stale_epoch")
-        node.set_round(request.round, dict(request.state))
+        node.progress.advance(request.round, request.state)
         if request.done:
-            if not node.state.done:
+            if not node.progress.done:
                 asyncio.get_running_loop().create_task(self.finish(request.round))
-        elif request.holder == node.node_id and not node.state.holding:
+        elif request.holder == node.node_id and not node.progress.holding:
             self._start_holding(request.round, request.epoch, request.members)
         return Ack(ok=True)

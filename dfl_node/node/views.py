@@ -2,24 +2,47 @@
 /fleet``): itself, each peer as of its last answer to our Hello, the round token's holder and how long it has
 held it, and the node's recent sends, fusions and refusals.
 
-Everything comes from what the node already has — its peer table's progress (every HelloReply carries
-the peer's round, role, accuracy and whether it holds the token) and its own state — so a fleet page
-costs no request to another node and shows the fleet even where the browser cannot reach the peers.
+Everything comes from what the node's parts already have — its membership's view of each peer (every HelloReply
+carries the peer's round, role, accuracy and whether it holds the token) and its own progress, roles, model and
+tally — so a fleet page costs no request to another node and shows the fleet even where the browser cannot reach
+the peers. The views read the parts (:class:`Observed`); they change nothing.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dfl_node.algorithms.plan import Role
 from dfl_node.api.schemas import COUNTER_FIELDS, FleetMember, FleetView, NodeStatus, TokenView
 from dfl_node.api.urls import peer_url
+from dfl_node.node.clock import Clock
+from dfl_node.node.data_watch import NodeData
+from dfl_node.node.learner import Learner
+from dfl_node.node.membership import Membership
 from dfl_node.node.peers import Peer
+from dfl_node.node.progress import RoundProgress
+from dfl_node.node.roles import Roles
+from dfl_node.node.tally import Tally
+from dfl_node.peering.port import PeerNetwork
+from dfl_node.settings.node import NodeConfig
 
-if TYPE_CHECKING:
-    from dfl_node.node.daemon import Node
+
+class Observed(Protocol):
+    """What the views read of a node (:class:`~dfl_node.node.daemon.Node`)."""
+
+    config: NodeConfig
+    boot_id: str
+    started: float
+    clock: Clock
+    network: PeerNetwork
+    progress: RoundProgress
+    roles: Roles
+    membership: Membership
+    learner: Learner
+    tally: Tally
+    data: NodeData
 
 MAX_ROLE_CHARS = 32  # a peer's role is its word: shown, never trusted to be short
 
@@ -43,13 +66,13 @@ def _peer_member(peer: Peer, base_url: str) -> FleetMember:
     )
 
 
-def _token(node: Node, peers: Iterable[Peer]) -> TokenView | None:
+def _token(node: Observed, peers: Iterable[Peer]) -> TokenView | None:
     """Round mode: who holds the token, as far as this node knows. A peer's claim is as old as its last
     reply to our Hello, so several can say they hold it (the token has moved on since); the newest claim
     wins: the highest epoch, then the highest round, this node's own (current) on a tie."""
-    if node.config.mode != "round":
+    if node.config.schedule.mode != "round":
         return None
-    now, state = node.clock.wall(), node.state
+    now, state = node.clock.wall(), node.progress
     claims = [(state.epoch, state.round, 1, node.config.id, state.holding_since)] if state.holding else []
     claims += [(p.progress.epoch, p.progress.round, 0, p.id, p.holding_since) for p in peers
                if p.alive and p.progress is not None and p.progress.holding]
@@ -60,54 +83,53 @@ def _token(node: Node, peers: Iterable[Peer]) -> TokenView | None:
     return TokenView(holder=holder, epoch=epoch, since=since, age_s=max(0.0, now - since))
 
 
-def fleet_view(node: Node) -> FleetView:
+def fleet_view(node: Observed) -> FleetView:
     """What ``GET /fleet`` serves for ``node``."""
-    status = node.status()
-    own_url = rest_url(node)
+    status = node_status(node)
+    own_url = rest_url(node.config)
     me = FleetMember(id=status.id, is_self=True, status_url=own_url, grpc_address=status.grpc_address, alive=True,
                      round=status.round, role=status.role, local_accuracy=status.local_accuracy,
                      global_accuracy=status.global_accuracy, holding=status.holding, done=status.done,
                      algorithm=status.algorithm, model=status.model or None)
-    peers = sorted(node.peers.peers.values(), key=lambda p: p.id)
+    peers = node.membership.known()
     members = [me, *(_peer_member(p, own_url or "http://127.0.0.1") for p in peers)]
     token = _token(node, peers)
     for member in members:  # one holder: the others' claims are older than the token's last hand-over
         member.holding = token is not None and member.id == token.holder
         if member.role == "holder" and not member.holding:  # "holder" is an idle node's holding: stale too
             member.role = "idle"
-    return FleetView(node=status.id, mode=status.mode, members=members, token=token, recent=list(node.state.recent))
+    return FleetView(node=status.id, mode=status.mode, members=members, token=token, recent=node.tally.recent())
 
 
-def role_name(node: Node) -> str:
+def role_name(role: Role, holding: bool) -> str:
     """The role an operator sees: the one played, else "holder" while holding the token, else "idle"."""
-    state = node.state
-    return "holder" if state.role is Role.IDLE and state.holding else state.role.value
+    return "holder" if role is Role.IDLE and holding else role.value
 
 
-def node_status(node: Node) -> NodeStatus:
+def node_status(node: Observed) -> NodeStatus:
     """What ``GET /status`` serves for ``node``."""
-    state, config = node.state, node.config
-    local, global_ = state.accuracy
+    progress, config, tally, role = node.progress, node.config, node.tally, node.roles.role
+    local, global_ = node.learner.accuracy
     return NodeStatus(
-        id=config.id, swarm=config.swarm, algorithm=config.algorithm, mode=config.mode,
-        model=str(node.ctx.spec), authentication=node.security.mode, insecure=config.open_to_network,
-        round=state.round, role=role_name(node), peers=node.peers.infos(),
-        unreachable_peers=sorted(node.peers.unreachable),
+        id=config.id, swarm=config.swarm, algorithm=config.algorithm, mode=config.schedule.mode,
+        model=str(node.learner.ctx.spec), authentication=node.network.authentication,
+        insecure=config.network.open_to_network, round=progress.round, role=role_name(role, progress.holding),
+        peers=node.membership.peers(), unreachable_peers=node.membership.unreachable(),
         local_accuracy=local, global_accuracy=global_,
-        **{name: state.counters[name] for name in COUNTER_FIELDS}, rejected=dict(state.rejected),
-        refused_peers=node.refused_peers.views(),
-        boot_id=node.boot_id, uptime_s=node.clock.wall() - node.started, grpc_address=node.grpc_address,
-        http_port=config.http_port, param_sha256=state.digest, fusing=state.fusing > 0,
-        max_concurrent_fusions=state.max_fusing, epoch=state.epoch, holding=state.holding,
-        done=state.done and state.role is Role.IDLE, data=node.data.status(),
+        **{name: tally.counters[name] for name in COUNTER_FIELDS}, rejected=dict(tally.rejected),
+        refused_peers=node.membership.refused(),
+        boot_id=node.boot_id, uptime_s=node.clock.wall() - node.started, grpc_address=config.network.address,
+        http_port=config.api.http_port, param_sha256=node.learner.digest, fusing=node.roles.fusing,
+        max_concurrent_fusions=node.roles.max_fusing, epoch=progress.epoch, holding=progress.holding,
+        done=progress.done and role is Role.IDLE, data=node.data.status(),
     )
 
 
-def rest_url(node: Node) -> str | None:
+def rest_url(config: NodeConfig) -> str | None:
     """Where operators reach the node's REST API: ``--status-url``, else its advertised host and HTTP port."""
-    config = node.config
-    if not config.http_port:
+    api = config.api
+    if not api.http_port:
         return None
-    if config.status_url:
-        return config.status_url.rstrip("/")
-    return peer_url({"http_port": config.http_port, "address": node.grpc_address}, "http://127.0.0.1")
+    if api.status_url:
+        return api.status_url.rstrip("/")
+    return peer_url({"http_port": api.http_port, "address": config.network.address}, "http://127.0.0.1")

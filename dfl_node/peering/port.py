@@ -2,8 +2,10 @@
 
 A node reaches a peer through a :class:`PeerLink` from its :class:`PeerNetwork`, and serves its peers
 as a :class:`PeerHandler`. Implementations: :mod:`dfl_node.net` over gRPC and mDNS (links:
-:class:`~dfl_node.net.transport.PeerClient` from :class:`~dfl_node.net.links.GrpcNetwork`; the handler
-is called by :class:`~dfl_node.net.servicer.DflServicer`). Every method runs on the event loop.
+:class:`~dfl_node.net.client.PeerClient` from :class:`~dfl_node.net.links.GrpcNetwork`; the handler
+is called by :class:`~dfl_node.net.servicer.DflServicer`), and :mod:`dfl_node.sim.network` in memory. Who a
+peer is, where the network authenticates its peers, is the network's to check (:meth:`PeerNetwork.confirm`):
+the node sees only the verdict. Every method runs on the event loop.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ from dfl_node.peering.probes import ProbeReply, ProbeRequest
 class PeerLink(Protocol):
     """One peer as this node reaches it. Every call raises :class:`~dfl_node.peering.errors.PeerUnreachable`
     when nothing answers in time; what else it raises is said for each."""
-
-    checked_id: str | None  # the node id whose identity this link checks at the peer (mTLS), if any
 
     # Raises PeerUnauthenticated when the peer does not prove who it is.
     async def hello(self, hello: Hello, timeout: float) -> HelloReply: ...
@@ -41,11 +41,18 @@ class PeerLink(Protocol):
 class PeerNetwork(Protocol):
     """Where a node's links to its peers come from: one per address, reused for every call."""
 
-    # address -> the node id whose identity a link to it checks (mTLS; a network without identities ignores it)
-    names: dict[str, str]
+    @property
+    def authentication(self) -> str: ...  # how it authenticates peers (/status): "mtls", "psk", "mtls+psk", "none"
 
     def link(self, address: str) -> PeerLink: ...
     def forget(self, address: str) -> None: ...  # the node no longer talks to ``address``: its link may go
+    # A peer whose Hello the network authenticated as ``node_id`` says it serves at ``address`` (or mDNS announced
+    # it there): links to ``address`` may check that identity.
+    def heard(self, address: str, node_id: str) -> None: ...
+    # Whether the node that answered our Hello at ``address`` is the node ``reply`` names; raises
+    # PeerUnauthenticated (which the node counts) for a peer caught answering as another. ``hello``: ours, should
+    # the network need to ask again.
+    async def confirm(self, address: str, reply: HelloReply, hello: Callable[[], Hello], timeout: float) -> bool: ...
     async def close(self) -> None: ...
 
 

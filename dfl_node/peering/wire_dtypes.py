@@ -21,7 +21,7 @@ import torch
 
 from dfl_node.algorithms.messages import ModelMessage
 
-EXACT = "exact"  # the default; the settings' names are dfl_node.config.WireDtype
+EXACT = "exact"  # the default; the settings' names are dfl_node.settings.experiment.WireDtype
 
 ENCODINGS: dict[str, torch.dtype] = {"float16": torch.float16, "int8": torch.int8}  # what a lossy setting sends
 INT8_LEVELS = 127  # symmetric: -127..127, so that -x encodes as -q

@@ -1,17 +1,17 @@
 """What computation and transfers cost in virtual time: the ``devices:`` and ``links:`` of an experiment config
-(:mod:`dfl_node.sim_config`) as the two functions the simulated fleet needs — the loop's charge for each call run
-off it (:class:`~dfl_node.sim.clock.InlineExecutor`), and the fabric's link profile between two nodes — and the
-faults that degrade them for a while (:class:`~dfl_node.sim_config.LinkFault`,
-:class:`~dfl_node.sim_config.SlowNodeFault`, played by :mod:`dfl_node.sim.faults`)."""
+(:mod:`dfl_node.settings.simulation`) as the two functions the simulated fleet needs — the loop's charge for each call
+run off it (:class:`~dfl_node.sim.clock.InlineExecutor`), and the fabric's link profile between two nodes — and the
+faults that degrade them for a while (:class:`~dfl_node.settings.simulation.LinkFault`,
+:class:`~dfl_node.settings.simulation.SlowNodeFault`, played by :mod:`dfl_node.sim.faults`)."""
 
 from __future__ import annotations
 
 import random
 
 from dfl_node.learning.work import Work
+from dfl_node.settings.simulation import DeviceClass, LinkClass, LinkFault
 from dfl_node.sim.clock import CostFn
 from dfl_node.sim.network import LinkProfile, ProfileFn, current_node
-from dfl_node.sim_config import DeviceClass, LinkClass, LinkFault
 
 DEFAULT = "default"
 

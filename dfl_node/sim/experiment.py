@@ -14,16 +14,17 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from dfl_node.config import ExperimentConfig
+from dfl_node.algorithms import make_algorithm
 from dfl_node.fleet_results import fleet_result
-from dfl_node.learning.fleet import Fleet, provision, write_fleet
-from dfl_node.node.config import NodeConfig
+from dfl_node.learning.provision import FleetData, provision, write_fleet
 from dfl_node.results import RunResult
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.node import NodeConfig
+from dfl_node.settings.simulation import FaultSchedule
 from dfl_node.sim.clock import VIRTUAL_EPOCH, run_virtual
 from dfl_node.sim.costs import CostModel
 from dfl_node.sim.faults import Fault, fault_figures, play_faults, stall_bound
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
-from dfl_node.sim_config import FaultSchedule
 
 Progress = Callable[[int, float], None]  # (rounds the fleet reached, virtual seconds gone)
 HISTORY_LIMIT = 1_000_000  # a simulated node keeps its whole history: the faults block reads it back
@@ -32,9 +33,10 @@ HISTORY_LIMIT = 1_000_000  # a simulated node keeps its whole history: the fault
 def round_work(config: ExperimentConfig, algorithm: str, costs: CostModel, largest_shard: int) -> float:
     """One round's own work on the slowest device and link, doubled for room: a sender's local epochs and an
     aggregator's fusion epochs over the largest shard, an evaluation of it, and a model's transfer."""
-    batches = math.ceil(largest_shard / min(config.batch_size, config.mkt_batch_size))
-    fusion_epochs = config.dfml_epochs if algorithm == "dfml" else config.mkt_epochs
-    steps = batches * (config.local_epochs + fusion_epochs)
+    learning = config.learning
+    batches = math.ceil(largest_shard / min(learning.batch_size, learning.mkt_batch_size))
+    fusion_epochs = make_algorithm(algorithm, learning, config.per_algorithm).fusion_epochs()
+    steps = batches * (learning.local_epochs + fusion_epochs)
     device = max(costs.devices.values(), key=lambda d: d.step_s)
     link = max(costs.links.values(), key=lambda link: link.latency_s)
     return 2 * (steps * device.step_s + largest_shard * device.eval_sample_s + 4 * link.latency_s)
@@ -42,12 +44,12 @@ def round_work(config: ExperimentConfig, algorithm: str, costs: CostModel, large
 
 def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path | None = None, *, mode: str = "round",
               duration: float = 0.0, random_kills: int = 0, random_slowdowns: int = 0, fault_seed: int = 0,
-              data: Fleet | None = None, progress: Progress | None = None, **settings: Any) -> RunResult:
+              data: FleetData | None = None, progress: Progress | None = None, **settings: Any) -> RunResult:
     """Run ``algorithm`` on ``config``'s fleet as real nodes in ``mode`` (async: for ``duration`` virtual
     seconds), shards and state dirs under ``workdir`` (None: a temporary folder, removed after). The config's
     faults are played from the start — or, with ``random_kills``, that many kills and a partition drawn from
     ``fault_seed``, then ``random_slowdowns`` slow links and nodes
-    (:meth:`~dfl_node.sim_config.FaultSchedule.random`, spaced by the liveness bounds); ``fault_seed`` also
+    (:meth:`~dfl_node.settings.simulation.FaultSchedule.random`, spaced by the liveness bounds); ``fault_seed`` also
     picks among the nodes a kill's role names, and the messages a lossy link loses. ``data``: the config's
     fleet data if already provisioned (several algorithms on the same data). ``progress`` is called from
     another thread, a few times a second, with the rounds the fleet reached and the virtual seconds gone.
@@ -55,29 +57,30 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path | None = N
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dfl-sim-")))
-        data = provision(config) if data is None else data
+        data = provision(config.shards, config.learning, config.nodes) if data is None else data
         shards = workdir / "shards"
         write_fleet(data, shards)
         configs = plan_nodes(config, algorithm, shards, workdir / algorithm, mode=mode, duration=duration,
                              history_limit=HISTORY_LIMIT, **settings)
-        costs = CostModel({c.id: c.grpc_address for c in configs}, config.devices, config.links, fault_seed)
+        costs = CostModel({c.id: c.network.address for c in configs}, config.simulation.devices,
+                          config.simulation.links, fault_seed)
         work = round_work(config, algorithm, costs, max(len(c.train) for c in data.clients))
         node = configs[0]
-        schedule = config.faults
+        schedule = config.simulation.faults
         if random_kills or random_slowdowns:
-            schedule = FaultSchedule.random(fault_seed, random_kills, peer_timeout=node.peer_timeout,
+            schedule = FaultSchedule.random(fault_seed, random_kills, peer_timeout=node.membership.peer_timeout,
                                             recovery=stall_bound(node, True, work),
                                             slow_recovery=stall_bound(node, False, work),
-                                            heal_within=0.9 * node.round_timeout, slowdowns=random_slowdowns,
+                                            heal_within=0.9 * node.schedule.round_timeout, slowdowns=random_slowdowns,
                                             nodes=[c.id for c in configs])
         statuses, histories, happened, ended, states = run_virtual(_run(configs, costs, schedule, fault_seed, progress),
-                                                                   costs.compute(), config.threads)
+                                                                   costs.compute(), config.learning.threads)
         train_sizes = {c.node_id: len(c.train) for c in data.clients}
         result = fleet_result("simulate", statuses, histories, config, algorithm, train_sizes, VIRTUAL_EPOCH, ended)
         if schedule.kills or schedule.partitions or schedule.links or schedule.slow_nodes:
             result.faults = fault_figures(happened, states, node, work)
             result.faults["round_work_s"] = round(work, 3)
-        if config.devices:
+        if config.simulation.devices:
             result.device_classes = by_class(statuses, costs.class_of)
         return result
 
@@ -109,7 +112,7 @@ async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSched
                 progress(fleet.round_reached(), asyncio.get_running_loop().time())
             ended = fleet.clock.wall()
             statuses = {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
-            histories = {n: [h.model_dump(mode="json") for h in node.get_history()]
+            histories = {n: [h.model_dump(mode="json") for h in node.history()]
                          for n, node in sorted(fleet.nodes.items())}
             for node_id in sorted(fleet.nodes):
                 await fleet.stop(node_id)

@@ -1,4 +1,4 @@
-"""Playing a fault schedule (:class:`~dfl_node.sim_config.FaultSchedule`) on a simulated fleet of real nodes
+"""Playing a fault schedule (:class:`~dfl_node.settings.simulation.FaultSchedule`) on a simulated fleet of real nodes
 (:class:`~dfl_node.sim.fleet.VirtualFleet`): kill -9 with a restart from the checkpoint after a delay,
 partitions that heal, slow or lossy links and slow nodes for a while (through the fleet's
 :class:`~dfl_node.sim.costs.CostModel`). After the run, :func:`fault_figures` reads what the nodes made durable
@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from dfl_node.algorithms.plan import Role
-from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
 from dfl_node.node.rounds import liveness_bound
+from dfl_node.settings.node import NodeConfig
+from dfl_node.settings.simulation import FaultSchedule, KillFault, LinkFault, PartitionFault, SlowNodeFault
 from dfl_node.sim.costs import CostModel
 from dfl_node.sim.fleet import VirtualFleet
 from dfl_node.sim.ledger import Ledger, completed_rounds
-from dfl_node.sim_config import FaultSchedule, KillFault, LinkFault, PartitionFault, SlowNodeFault
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,10 @@ ROLE_WAIT_S = 120.0  # how long a kill waits for a node in its role before it ta
 
 def stall_bound(config: NodeConfig, quick: bool, round_work: float) -> float:
     """:func:`~dfl_node.node.rounds.liveness_bound` for ``config``'s timeouts, plus one round's own work."""
-    return liveness_bound(peer_timeout=config.peer_timeout, token_timeout=config.token_timeout,
-                          heartbeat=config.heartbeat, round_timeout=config.round_timeout, quick=quick) + round_work
+    membership, schedule = config.membership, config.schedule
+    return liveness_bound(peer_timeout=membership.peer_timeout, token_timeout=schedule.token_timeout,
+                          heartbeat=membership.heartbeat, round_timeout=schedule.round_timeout,
+                          quick=quick) + round_work
 
 
 @dataclass
@@ -50,13 +52,12 @@ class Fault:
 
 
 def _playing(node: Node, role: str) -> bool:
-    state = node.state
     if role == "holder":
-        return state.holding
+        return node.progress.holding
     if role == "aggregator":
-        return state.fusing > 0
+        return node.roles.fusing
     if role == "sender":
-        return state.role is Role.SENDER and not state.holding
+        return node.roles.role is Role.SENDER and not node.progress.holding
     return True
 
 
@@ -112,7 +113,7 @@ async def play_faults(fleet: VirtualFleet, costs: CostModel, schedule: FaultSche
         node = await _victim(fleet, event.node, rng)
         if node is None:
             continue
-        role = "holder" if node.state.holding else "aggregator" if node.state.fusing else node.state.role.value
+        role = "holder" if node.progress.holding else "aggregator" if node.roles.fusing else node.roles.role.value
         fleet.kill(node.node_id)
         log.info("fault: kill -9 %s (%s), back in %.1f s", node.node_id, role, event.down_for)
         happened.append(Fault("kill", fleet.clock.wall(), node.node_id, role, event.down_for))
@@ -132,10 +133,10 @@ def fault_figures(faults: list[Fault], states: dict[str, dict[str, Any]], config
     from a partition's heal, to the next fusion anywhere) beside its :func:`stall_bound`."""
     ledger = Ledger.of(states)
     completed = completed_rounds(states)
-    round_mode = config.mode == "round"
+    round_mode = config.schedule.mode == "round"
     stalls, rows = [], []
     for fault in faults:
-        quick = fault.kind == "kill" and fault.back_after < config.peer_timeout
+        quick = fault.kind == "kill" and fault.back_after < config.membership.peer_timeout
         since = fault.at + (0.0 if fault.kind == "kill" else fault.back_after)  # others: from the fault's end
         stalls.append(ledger.stall_after(since))
         bound = stall_bound(config, quick, round_work) if round_mode else None  # async: no round to wait for

@@ -5,7 +5,9 @@ scheduler, roles, collector, gate and checkpoints — each over the in-memory ne
 
 A node here is started, killed and restarted as a daemon is: :meth:`VirtualFleet.kill` is kill -9 (every task
 of the node cancelled, whatever it had not made durable lost, its state dir unlocked as the kernel would),
-:meth:`VirtualFleet.start` builds a new ``Node`` on the same config, which restores its checkpoint.
+:meth:`VirtualFleet.start` builds a new ``Node`` on the same config, which restores its checkpoint. This module is
+the simulator's composition root, as :mod:`dfl_node.service` is the daemon's: it hands each node its network (an
+endpoint of the fabric) and its clock.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dfl_node.config import ExperimentConfig
-from dfl_node.learning.fleet import TEST_FILE, architectures, fleet_ids
-from dfl_node.node.config import NodeConfig
+from dfl_node.learning.provision import TEST_FILE, architectures, fleet_ids
 from dfl_node.node.daemon import Node
+from dfl_node.node.identity import ModelIdentity
+from dfl_node.peering.messages import Hello
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.node import NodeConfig
 from dfl_node.sim.clock import VirtualClock
 from dfl_node.sim.ledger import durable_states
-from dfl_node.sim.network import LinkProfile, MemoryFabric
+from dfl_node.sim.network import LinkProfile, MemoryFabric, MemoryNetwork
 
 BASE_PORT = 50_000  # the fleet's addresses are 127.0.0.1:50000+i: names on the fabric, never bound
 
@@ -33,17 +37,16 @@ def plan_nodes(config: ExperimentConfig, algorithm: str, shards: Path, state: Pa
     ``settings`` override any of them for every node."""
     ids = fleet_ids(config.nodes)
     addresses = {node_id: f"127.0.0.1:{BASE_PORT + i}" for i, node_id in enumerate(ids)}
-    specs = architectures(config)
-    learning = config.model_dump(include=set(NodeConfig.model_fields))
+    specs = architectures(config.architectures, config.learning, config.nodes)
     test = shards / TEST_FILE
-    return [NodeConfig(**{**learning, "id": node_id, "model": specs[node_id].name,
-                          "hidden": list(specs[node_id].widths or ()), "data": shards / node_id,
-                          "test_data": test if test.exists() else None, "algorithm": algorithm, "mode": mode,
-                          "grpc_port": BASE_PORT + i, "http_port": 0, "mdns": False, "state_dir": state / node_id,
-                          "rounds": config.rounds, "min_peers": len(ids) - 1, "fsync": False, "data_poll": 0,
-                          "max_pending_peers": max(32, len(ids)),  # every peer says Hello at once at the start
-                          "peers": [a for other, a in addresses.items() if other != node_id], **settings})
-            for i, node_id in enumerate(ids)]
+    return [NodeConfig.for_experiment(config, **{
+        "id": node_id, "model": specs[node_id].name, "hidden": list(specs[node_id].widths or ()),
+        "data": shards / node_id, "test_data": test if test.exists() else None, "algorithm": algorithm, "mode": mode,
+        "grpc_port": BASE_PORT + i, "http_port": 0, "mdns": False, "state_dir": state / node_id,
+        "rounds": config.rounds, "min_peers": len(ids) - 1, "fsync": False, "data_poll": 0,
+        "max_pending_peers": max(32, len(ids)),  # every peer says Hello at once at the start
+        "peers": [a for other, a in addresses.items() if other != node_id], **settings})
+        for i, node_id in enumerate(ids)]
 
 
 class VirtualFleet:
@@ -56,22 +59,25 @@ class VirtualFleet:
         self.fabric = MemoryFabric(links)
         self.fabric.install(asyncio.get_running_loop())
         self.nodes: dict[str, Node] = {}  # the nodes up now
-        self.addresses = {c.id: c.grpc_address for c in configs}
+        self.addresses = {c.id: c.network.address for c in configs}
         self.clock = VirtualClock()  # every node's: the loop's virtual time
         self.fingerprints: dict[str, str] = {}  # each node's model, once started
         self._ending: set[asyncio.Task[Any]] = set()  # tasks of killed nodes, cancelled: awaited by close()
 
     def start(self, node_id: str) -> Node:
         """Start (or restart, from its checkpoint) ``node_id``: it serves on the fabric and runs as
-        :func:`~dfl_node.node.service.run_node` runs it (its first evaluation, its heartbeats, its scheduler)."""
+        :func:`~dfl_node.service.run.run_node` runs it (its first evaluation, its heartbeats, its scheduler)."""
         config = self.configs[node_id]
         address = self.addresses[node_id]
-        node = Node(config, network=self.fabric.endpoint(address, connect_timeout=config.connect_timeout,
-                                                         wire_dtype=config.wire_dtype), clock=self.clock)
+
+        def endpoint(identity: ModelIdentity, hello: Callable[[], Hello]) -> MemoryNetwork:
+            return self.fabric.endpoint(address, connect_timeout=config.network.connect_timeout,
+                                        wire_dtype=identity.wire_dtype)
+
+        node = Node(config, endpoint, self.clock)
         self.fabric.serve(address, node.requests)
-        node.handshake.starting = False
         self.nodes[node_id] = node
-        self.fingerprints[node_id] = node.fingerprint
+        self.fingerprints[node_id] = node.identity.fingerprint
         self.fabric.spawn(address, _serve(node))
         return node
 
@@ -85,7 +91,7 @@ class VirtualFleet:
         for task in self.fabric.kill(self.addresses[node_id]):
             self._ending.add(task)
             task.add_done_callback(self._ending.discard)
-        node.checkpoint.lock.release()
+        node.learner.checkpoint.lock.release()
 
     async def stop(self, node_id: str) -> None:
         """Stop as a daemon stops on SIGTERM once its work is done: its last state saved, then it goes."""
@@ -108,11 +114,11 @@ class VirtualFleet:
     def durable_states(self) -> dict[str, dict[str, Any]]:
         """What each node made durable (:func:`~dfl_node.sim.ledger.durable_states`); call it once all stopped."""
         return durable_states(((n, c.state_path, self.fingerprints[n]) for n, c in self.configs.items()),
-                              min(c.history_limit for c in self.configs.values()))
+                              min(c.storage.history_limit for c in self.configs.values()))
 
     def round_reached(self) -> int:
         """The newest round a node now up has reached (round mode; async mode: 0)."""
-        return max((node.state.round for node in list(self.nodes.values())), default=0)
+        return max((node.progress.round for node in list(self.nodes.values())), default=0)
 
     async def finished(self) -> None:
         """Until every node now up has finished its run (its rounds, or its async duration)."""
@@ -120,6 +126,6 @@ class VirtualFleet:
 
 
 async def _serve(node: Node) -> None:
-    """A node's work once it serves, as :func:`~dfl_node.node.service.run_node` does it."""
-    await node.evaluate_start()
+    """A node's work once it serves, as :func:`~dfl_node.service.run.run_node` does it."""
+    await node.start()
     await node.run()

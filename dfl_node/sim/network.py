@@ -210,12 +210,14 @@ class MemoryFabric:
 
 
 class MemoryNetwork:
-    """One node's side of the fabric: the :class:`~dfl_node.peering.port.PeerNetwork` it is given."""
+    """One node's side of the fabric: the :class:`~dfl_node.peering.port.PeerNetwork` it is given. Its peers
+    prove nothing: who answers at an address is who it says it is."""
+
+    authentication = "none"
 
     def __init__(self, fabric: MemoryFabric, address: str, connect_timeout: float, wire_dtype: str = EXACT) -> None:
         self.fabric, self.address, self.connect_timeout = fabric, address, connect_timeout
         self.wire_dtype = wire_dtype
-        self.names: dict[str, str] = {}  # identities are the wire's business (mTLS): unused here
         self.links: dict[str, MemoryLink] = {}
 
     def link(self, address: str) -> MemoryLink:
@@ -226,14 +228,18 @@ class MemoryNetwork:
     def forget(self, address: str) -> None:
         self.links.pop(address, None)
 
+    def heard(self, address: str, node_id: str) -> None:
+        """No identities to check here."""
+
+    async def confirm(self, address: str, reply: HelloReply, hello: Callable[[], Hello], timeout: float) -> bool:
+        return True
+
     async def close(self) -> None:
         self.links.clear()
 
 
 class MemoryLink:
     """One node's link to one peer (a :class:`~dfl_node.peering.port.PeerLink`)."""
-
-    checked_id: str | None = None
 
     def __init__(self, network: MemoryNetwork, address: str) -> None:
         self.fabric, self.src, self.dst = network.fabric, network.address, address

@@ -33,8 +33,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from dfl_node.config import ExperimentConfig
-from dfl_node.config_loader import (
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.loading import (
     ConfigError,
     describe_problem,
     load_config,
@@ -62,7 +62,7 @@ class RunTask:
     point: dict[str, Any] = field(hash=False)  # this run's grid values, sorted by setting
     algorithm: str
     seed: int
-    config: dict[str, Any] = field(hash=False)  # ExperimentConfig.model_dump(mode="json"), algorithms=[algorithm]
+    config: dict[str, Any] = field(hash=False)  # ExperimentConfig.flat(mode="json"), algorithms=[algorithm]
     run: dict[str, Any] = field(default_factory=dict, hash=False)  # run_fleet's other keywords (simulate's --mode…)
 
     @property
@@ -117,8 +117,8 @@ def expand(path: Path) -> list[RunTask]:
             config = _point_config(path, base, grid, point, seed)
             for algorithm in config.algorithms:
                 one = config.model_copy(update={"algorithms": [algorithm]})
-                tasks.append(RunTask(run_name(point, algorithm, config.seed), point, algorithm, config.seed,
-                                     one.model_dump(mode="json")))
+                seed_ = config.learning.seed
+                tasks.append(RunTask(run_name(point, algorithm, seed_), point, algorithm, seed_, one.flat(mode="json")))
     _check_unique(tasks, path)
     return tasks
 

@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dfl_node.config import ExperimentConfig, LearningConfig
+from dfl_node.addresses import is_loopback
 from dfl_node.fleet_results import fleet_result
-from dfl_node.learning.fleet import TEST_FILE, Fleet, architectures, fleet_ids
-from dfl_node.node.config import is_loopback
+from dfl_node.learning.provision import TEST_FILE, FleetData, architectures, fleet_ids
+from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.results import RunResult
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.fetch import fetch_all
 
 Wrap = Callable[[list[str]], list[str]]
@@ -103,9 +104,10 @@ def stop_all(nodes: list[NodeProcess], grace: float = 10.0) -> None:
         node.reap(deadline)
 
 
-def node_env(config: LearningConfig, **settings: object) -> dict[str, str]:
-    """``DFL_*`` variables for a node: the learning settings of the experiment plus node settings."""
-    values = {**config.model_dump(include=set(LearningConfig.model_fields)), **settings}
+def node_env(learning: SharedSettings, options: AlgorithmOptions, **settings: object) -> dict[str, str]:
+    """``DFL_*`` variables for a node: how the experiment's nodes learn (``learning``) and each algorithm's own
+    settings (``options``), plus node settings."""
+    values = {**learning.model_dump(), **options.model_dump(), **settings}
     env = {}
     for key, value in values.items():
         if value is None:
@@ -125,7 +127,7 @@ def plan_fleet(
         http_port = free_port() if shared_host else 8080
         nodes.append(NodeProcess(node_id, place.host, grpc_port, http_port, workdir / "state" / node_id,
                                  workdir / f"{node_id}.log", {}, place.wrap))
-    specs = architectures(config)  # each node's own architecture (a mixed fleet when config.architectures)
+    specs = architectures(config.architectures, config.learning, config.nodes)  # each its own (a mixed fleet)
     for node in nodes:
         peers = [f"{n.host}:{n.grpc_port}" for n in nodes if n is not node] if static_peers else []
         spec = specs[node.id]
@@ -141,7 +143,7 @@ def plan_fleet(
             # reach: a private network, where running without credentials is a choice made here, explicitly
             insecure=not is_loopback(node.host),
         )
-        node.env = node_env(config, **{**settings, **(extra or {})})  # ``extra`` wins: tests tune any setting
+        node.env = node_env(config.learning, config.per_algorithm, **{**settings, **(extra or {})})  # ``extra`` wins: tests tune any setting
     return nodes
 
 
@@ -223,7 +225,7 @@ def done_twice() -> Callable[[dict[str, dict | None]], bool]:
     return check
 
 
-def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, fleet: Fleet, started: float
+def collect(nodes: list[NodeProcess], config: ExperimentConfig, algorithm: str, fleet: FleetData, started: float
             ) -> RunResult:
     """The fleet's final state in the simulator's schema, as it happened; ``started``: unix time of the launch."""
     polled = poll_status(nodes)

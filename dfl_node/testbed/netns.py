@@ -33,7 +33,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfl_node.learning.fleet import fleet_ids
+from dfl_node.learning.provision import fleet_ids
 from dfl_node.testbed.launcher import NodeProcess
 
 __all__ = ["PER_NODE_KEYS", "NetnsHost", "NetnsTopology", "cleanup_stale", "delete_namespace", "list_namespaces",

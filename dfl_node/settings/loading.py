@@ -1,8 +1,9 @@
 """Reading settings: the precedence of their sources, config files, ``DFL_*`` variables, and one line per
 unusable setting, named the way the operator wrote it.
 
-Precedence: CLI flags > environment variables (``DFL_<FIELD>``) > config file (YAML or TOML) > the
-documented defaults of the models (:mod:`dfl_node.config`). :func:`load_config` applies it for any model.
+Precedence: CLI flags > environment variables (``DFL_<KEY>``) > config file (YAML or TOML) > the documented
+defaults of the models (:mod:`dfl_node.settings.node`, :mod:`dfl_node.settings.experiment`). Every source names a
+setting by its flat key (:mod:`dfl_node.settings.parts`); :func:`load_config` applies the precedence for either.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from dfl_node.config import LearningConfig
+from dfl_node.settings.parts import Composite
 
 
 class ConfigError(ValueError):
@@ -32,7 +33,7 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-Model = TypeVar("Model", bound=BaseModel)
+Model = TypeVar("Model", bound=Composite)
 
 
 def _parse(path: Path, text: str) -> object:
@@ -87,10 +88,10 @@ def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
 
 
-def env_overrides(model: type[BaseModel], prefix: str = "DFL_") -> dict[str, Any]:
-    """``DFL_<FIELD>`` variables for the model's fields; lists are comma-separated."""
+def env_overrides(model: type[Composite], prefix: str = "DFL_") -> dict[str, Any]:
+    """``DFL_<KEY>`` variables for the model's settings; lists are comma-separated."""
     found: dict[str, Any] = {}
-    for name, field in model.model_fields.items():
+    for name, (_, field) in model.flat_fields().items():
         raw = os.environ.get(prefix + name.upper())
         if raw is None:
             continue
@@ -99,12 +100,12 @@ def env_overrides(model: type[BaseModel], prefix: str = "DFL_") -> dict[str, Any
     return found
 
 
-def _is_path(model: type[BaseModel], name: str) -> bool:
-    field = model.model_fields.get(name)
-    return field is not None and Path in (field.annotation, *typing.get_args(field.annotation))
+def _is_path(model: type[Composite], name: str) -> bool:
+    found = model.flat_fields().get(name)
+    return found is not None and Path in (found[1].annotation, *typing.get_args(found[1].annotation))
 
 
-def relative_to_file(model: type[BaseModel], data: dict[str, Any], path: Path) -> dict[str, Any]:
+def relative_to_file(model: type[Composite], data: dict[str, Any], path: Path) -> dict[str, Any]:
     """Relative paths written in a config file mean "next to this file", wherever the command runs from
     (flags and environment variables stay relative to the working directory, as a shell's do)."""
     def place(name: str, value: Any) -> Any:
@@ -145,7 +146,7 @@ def load_config(
     except ValidationError as exc:
         problems = [describe_problem(error, origin, model, flag_names or {}) for error in exc.errors()]
         raise ConfigError(problems) from None
-    unusable = config.unusable_here() if isinstance(config, LearningConfig) else {}
+    unusable = config.unusable_here()
     if unusable:
         raise ConfigError([f"{origin.get(key, _flag(key, flag_names or {}))}: {problem}"
                            for key, problem in unusable.items()])
@@ -171,15 +172,18 @@ def describe_problem(error: ErrorDetails, origin: Mapping[str, str], model: type
                      flag_names: Mapping[str, str]) -> str:
     """One pydantic error as one line an operator can act on: ``--rounds: must be ≥ 0 (got -1)``.
 
-    The one place settings errors are worded, for every verb (start, simulate, partition, testbed).
+    The one place settings errors are worded, for every verb (start, simulate, partition, testbed) and for a
+    sweep's grid file; settings made of parts name the key an error is about flat.
     """
-    key = str(error["loc"][0]) if error["loc"] else ""
+    loc = tuple(error["loc"])
+    key, rest = model.flat_key(loc) if issubclass(model, Composite) else (str(loc[0]) if loc else "", loc[1:])
     kind, ctx = error["type"], error.get("ctx") or {}
     if kind == "missing":
         return f"{key}: missing (give {_flag(key, flag_names)}, DFL_{key.upper()} or {key} in the --config file)"
     where = origin.get(key, key)
     if kind == "extra_forbidden":
-        close = difflib.get_close_matches(key, list(model.model_fields), n=1)
+        keys = model.flat_fields() if issubclass(model, Composite) else model.model_fields
+        close = difflib.get_close_matches(key, list(keys), n=1)
         return f"{where}: unknown setting" + (f" (did you mean {close[0]}?)" if close else "")
     if kind == "value_error":  # our validators' own words, which quote the value: no "item n" needed
         problem = str(ctx.get("error", error["msg"]))
@@ -189,7 +193,7 @@ def describe_problem(error: ErrorDetails, origin: Mapping[str, str], model: type
     template = _PROBLEMS.get(kind)
     problem = template.format(**ctx, s="" if count == 1 else "s") if template else _lower_first(error["msg"])
     problem += f" (got {_shown(error['input'])})"
-    items = [f"item {part + 1}" for part in error["loc"][1:] if isinstance(part, int)]
+    items = [f"item {part + 1}" for part in rest if isinstance(part, int)]
     return f"{where}: " + " ".join([*items, problem]) if where else problem
 
 

@@ -19,18 +19,24 @@ from typing import Any, TypeVar
 import grpc
 
 from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.hashes import DEFAULT_HASH, negotiate
 from dfl_node.net import psk
 from dfl_node.net.auth import NO_SECURITY, Security
 from dfl_node.net.codec import Outgoing, assemble
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.net.frames import ReadFrame, WireFrame, decode_frame, encode_frame, wire_size
-from dfl_node.net.hashes import DEFAULT_HASH, negotiate
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.net.psk import AUTH_REQUIRED, check_reply, sign_request
+from dfl_node.net.psk import check_reply, sign_request
 from dfl_node.net.tls import handshake_failure
 from dfl_node.net.wire import SERVICE_NAME, WireIdentity, channel_options, wire_bytes
-from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable, TransferRefused, TransferRejected
+from dfl_node.peering.errors import (
+    AUTH_REQUIRED,
+    PeerUnauthenticated,
+    PeerUnreachable,
+    TransferRefused,
+    TransferRejected,
+)
 from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, PullRequest, Token
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
 
@@ -139,8 +145,9 @@ class PeerClient:
 
     def __init__(self, address: str, wire: WireIdentity, security: Security = NO_SECURITY,
                  tls_name: str | None = None, hello_message: Callable[[], Hello] | None = None,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, on_wrong_host: Callable[[str], None] | None = None) -> None:
         self.address = address
+        self.on_wrong_host = on_wrong_host  # mTLS: told our address when the peer's certificate is not for its host
         self.connect_timeout = connect_timeout
         self.wire = wire
         self.checked_id = tls_name
@@ -175,6 +182,8 @@ class PeerClient:
             return from_wire(await self._hello(to_wire(hello), timeout))
         except grpc.aio.AioRpcError as exc:
             if failure := handshake_failure(exc):
+                if "Hostname" in failure and self.on_wrong_host is not None:
+                    self.on_wrong_host(self.address)  # another node is there now: the host name, then its id
                 raise PeerUnauthenticated("tls_handshake", failure) from exc
             raise _unreachable(exc, timeout) from exc
 

@@ -1,9 +1,10 @@
-"""Running a node: gRPC server, REST server, mDNS, heartbeats and the scheduler, started and stopped in order.
+"""Running a daemon (:class:`~dfl_node.service.wiring.Daemon`): gRPC server, REST server, mDNS, heartbeats and the
+scheduler, started and stopped in order.
 
 Start-up is all-or-nothing: the state dir is locked (by :class:`Node`, before it reads the checkpoint),
 every socket bound and every check passed (a duplicate id among the static peers) *before* the node
 announces itself on mDNS or logs that it serves. Any failure releases what was taken and raises
-:class:`~dfl_node.config.OperatorError` with one line that says what to change, so a half-started node
+:class:`~dfl_node.errors.OperatorError` with one line that says what to change, so a half-started node
 never joins a swarm.
 
 Signal handlers are installed *before* the mDNS announcement: a SIGTERM that arrives while the
@@ -20,7 +21,7 @@ import errno
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -34,9 +35,10 @@ from dfl_node.errors import OperatorError
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.discovery import Announcement, MdnsDiscovery
 from dfl_node.net.server import start_server
-from dfl_node.node.config import NodeConfig
 from dfl_node.node.daemon import Node
 from dfl_node.node.views import rest_url
+from dfl_node.service.wiring import Daemon
+from dfl_node.settings.node import ApiSettings, NodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +72,9 @@ class _EmbeddedUvicorn(uvicorn.Server):
 
 def announcement(node: Node) -> Announcement:
     cfg = node.config
-    return Announcement(node_id=cfg.id, swarm=cfg.swarm, host=cfg.advertised_host, grpc_port=cfg.grpc_port,
-                        http_port=cfg.http_port, algorithm=cfg.algorithm, fingerprint=node.fingerprint,
-                        protocol_version=PROTOCOL_VERSION, boot_id=node.boot_id)
+    return Announcement(node_id=cfg.id, swarm=cfg.swarm, host=cfg.network.advertised_host,
+                        grpc_port=cfg.network.grpc_port, http_port=cfg.api.http_port, algorithm=cfg.algorithm,
+                        fingerprint=node.identity.fingerprint, protocol_version=PROTOCOL_VERSION, boot_id=node.boot_id)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -105,16 +107,18 @@ def _bind_failure(what: str, flag: str, host: str, port: int, exc: OSError, host
     return OperatorError(f"cannot bind {what} to {where}: {exc.strerror or exc}")
 
 
-async def _serve_grpc(node: Node) -> grpc.aio.Server:
+async def _serve_grpc(daemon: Daemon) -> grpc.aio.Server:
     """The gRPC server, bound and serving; a port in use or a foreign --host is one line.
 
     A plain socket tries the address first: gRPC's own bind error carries no errno and writes a log
     line of its C core to stderr, so it is only the fallback (for a port taken in between).
     """
-    host, port = node.config.host, node.config.grpc_port
+    network = daemon.config.network
+    host, port = network.host, network.grpc_port
     try:
         _listen(host, port).close()
-        server, _ = await start_server(node.requests, host, port, node.security, reflection=node.config.reflection)
+        server, _ = await start_server(daemon.node.requests, daemon.network.wire, network.stream_timeout, host, port,
+                                       daemon.security, reflection=network.reflection)
     except OSError as exc:
         raise _bind_failure("gRPC", "--grpc-port", host, port, exc) from None
     except RuntimeError as exc:  # grpc: "Failed to bind to address …"
@@ -122,28 +126,30 @@ async def _serve_grpc(node: Node) -> grpc.aio.Server:
     return server
 
 
-def _bind_http(config: NodeConfig) -> socket.socket | None:
-    if not config.http_port:
+def _bind_http(api: ApiSettings) -> socket.socket | None:
+    if not api.http_port:
         return None
     try:
-        return _listen(config.http_host, config.http_port)
+        return _listen(api.http_host, api.http_port)
     except OSError as exc:
-        raise _bind_failure("HTTP", "--http-port", config.http_host, config.http_port, exc, "--http-host") from None
+        raise _bind_failure("HTTP", "--http-port", api.http_host, api.http_port, exc, "--http-host") from None
 
 
 async def _check_static_peers(node: Node) -> None:
     """One Hello to each static peer before we serve: a live node with our id among them stops the start."""
-    await asyncio.gather(*(node.peers.probe(address, node.peers.answer_within) for address in node.config.peers))
-    if node.handshake.duplicate:
-        raise OperatorError(node.handshake.duplicate)
+    await node.membership.greet_static()
+    node.membership.stop_if_duplicate()
 
 
-async def _announce_on_mdns(node: Node, on_found: Callable[[Announcement], None]) -> MdnsDiscovery:
-    """Register on mDNS (after every other check passed); zeroconf's probe may also catch a duplicate id."""
+async def _announce_on_mdns(node: Node) -> MdnsDiscovery:
+    """Register on mDNS (after every other check passed); zeroconf's probe may also catch a duplicate id. A peer
+    announced there is greeted (:meth:`~dfl_node.node.membership.Membership.found`): with mTLS its certificate
+    must be for the id it announced (mDNS gives an IP address, which no certificate names)."""
     config = node.config
     try:
-        discovery = MdnsDiscovery(announcement(node), bind_host=config.host, on_found=on_found,
-                                  on_lost=node.peers.lost)
+        discovery = MdnsDiscovery(announcement(node), bind_host=config.network.host,
+                                  on_found=lambda found: node.membership.found(found.grpc_address, found.node_id),
+                                  on_lost=node.membership.lost)
         await discovery.start()
     except NonUniqueNameException:
         raise OperatorError(f"node id {config.id!r} is already announced on mDNS by another node; "
@@ -151,13 +157,6 @@ async def _announce_on_mdns(node: Node, on_found: Callable[[Announcement], None]
     except ValueError as exc:  # an --advertise name that does not resolve, an interface that is not there
         raise OperatorError(f"mDNS: {exc}") from None
     return discovery
-
-
-def _found(node: Node, found: Announcement) -> None:
-    """A peer announced on mDNS: say Hello. With mTLS its certificate must be for the id it announced
-    (mDNS gives an IP address, which no certificate names)."""
-    node.network.names[found.grpc_address] = found.node_id
-    asyncio.get_running_loop().create_task(node.peers.probe(found.grpc_address))
 
 
 @dataclass
@@ -169,38 +168,37 @@ class Bound:
     discovery: MdnsDiscovery | None
 
 
-async def start_up(node: Node) -> Bound:
+async def start_up(daemon: Daemon) -> Bound:
     """Bind, check, announce (``Node()`` locked the state dir): all or nothing. On any failure what was taken,
     the lock included, is given back and :class:`OperatorError` says why; nothing was announced and no
     checkpoint was written."""
-    config = node.config
-    async with contextlib.AsyncExitStack() as undo:
-        undo.callback(node.checkpoint.lock.release)  # taken by Node(), before it read its checkpoint
-        grpc_server = await _serve_grpc(node)
-        undo.push_async_callback(grpc_server.stop, None)
-        http_socket = _bind_http(config)
-        if http_socket:
-            undo.callback(http_socket.close)
-        undo.push_async_callback(node.network.close)
-        await _check_static_peers(node)
-        discovery = None
-        if config.mdns:
-            discovery = await _announce_on_mdns(node, lambda a: _found(node, a))
-            undo.push_async_callback(discovery.stop)
-        if node.handshake.duplicate:  # a Hello with our id arrived while we were starting
-            raise OperatorError(node.handshake.duplicate)
-        node.handshake.starting = False
-        undo.pop_all()
+    node, config = daemon.node, daemon.config
+    with node.membership.start_checks():  # until the end, a live node with our id stops the start
+        async with contextlib.AsyncExitStack() as undo:
+            undo.callback(node.learner.checkpoint.lock.release)  # taken by Node(), before it read its checkpoint
+            grpc_server = await _serve_grpc(daemon)
+            undo.push_async_callback(grpc_server.stop, None)
+            http_socket = _bind_http(config.api)
+            if http_socket:
+                undo.callback(http_socket.close)
+            undo.push_async_callback(daemon.network.close)
+            await _check_static_peers(node)
+            discovery = None
+            if config.membership.mdns:
+                discovery = await _announce_on_mdns(node)
+                undo.push_async_callback(discovery.stop)
+            node.membership.stop_if_duplicate()  # a Hello with our id arrived while we were starting
+            undo.pop_all()
     return Bound(grpc_server, http_socket, discovery)
 
 
-async def serve(config: NodeConfig, stop: asyncio.Event | None = None) -> Node:
-    """Build the node and run it until ``stop`` is set (or SIGINT/SIGTERM); returns it for inspection."""
-    torch.set_num_threads(config.threads)
+async def serve(config: NodeConfig, stop: asyncio.Event | None = None) -> Daemon:
+    """Build the daemon and run it until ``stop`` is set (or SIGINT/SIGTERM); returns it for inspection."""
+    torch.set_num_threads(config.learning.threads)
     tune_for_streaming()  # process-wide, so here rather than in run_node (which tests run in their own process)
-    node = Node(config)
-    await run_node(node, stop or asyncio.Event())
-    return node
+    daemon = Daemon.build(config)
+    await run_node(daemon, stop or asyncio.Event())
+    return daemon
 
 
 async def _stop_when_done(node: Node, stop: asyncio.Event) -> None:
@@ -208,46 +206,47 @@ async def _stop_when_done(node: Node, stop: asyncio.Event) -> None:
     alive says it is done too, for ``peer_timeout`` at most: a peer that missed the final announcement learns
     it from a node still up (``RoundScheduler.on_join``), so the last ones must not all leave at once."""
     await node.scheduler.finished.wait()
-    deadline = node.clock.monotonic() + node.config.peer_timeout
-    while node.config.mode == "round" and node.clock.monotonic() < deadline:
-        await node.peers.refresh()
-        if all(progress.done for progress in node.peers.progress().values()):
+    membership = node.config.membership
+    deadline = node.clock.monotonic() + membership.peer_timeout
+    while node.config.schedule.mode == "round" and node.clock.monotonic() < deadline:
+        await node.membership.refresh()
+        if all(progress.done for progress in node.membership.progress().values()):
             break
-        await asyncio.sleep(node.config.heartbeat)
+        await asyncio.sleep(membership.heartbeat)
     log.info("%s: done, exiting (--exit-when-done)", node.node_id)
     stop.set()
 
 
-async def run_node(node: Node, stop: asyncio.Event) -> None:
+async def run_node(daemon: Daemon, stop: asyncio.Event) -> None:
     """Start everything (:func:`start_up`), set ``node.ready``, wait for ``stop``, stop everything in reverse order."""
-    config = node.config
+    node, config = daemon.node, daemon.config
+    network = config.network
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
-    bound = await start_up(node)
+    bound = await start_up(daemon)
     log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s, authentication: %s",
-             config.id, config.host, config.grpc_port, node.grpc_address, config.swarm, config.algorithm, config.mode,
-             node.security.mode)
-    if config.open_to_network:  # allowed only with --insecure (NodeConfig refuses it otherwise)
+             config.id, network.host, network.grpc_port, node.address, config.swarm, config.algorithm,
+             config.schedule.mode, daemon.security.mode)
+    if network.open_to_network:  # allowed only with --insecure (NodeConfig refuses it otherwise)
         log.warning("%s is INSECURE: it serves %s with no authentication (--insecure), so anyone who reaches it can "
                     "push a model into it; use --tls-dir or --swarm-key-file beyond a private network",
-                    config.id, config.host)
+                    config.id, network.host)
     workers: list[asyncio.Task] = []
     http, http_task = None, None
     if bound.http_socket:
         node.metrics.add_process_metrics()  # this process is the node's own
-        app = create_app(node.status, node.get_history, node.fleet, node.metrics, node.committed_model)
+        app = create_app(node.status, node.history, node.fleet, node.metrics, node.committed_model)
         # no WebSocket route: ws="auto" would import wsproto (80 ms, 0.6 MB) for nothing
         http = _EmbeddedUvicorn(uvicorn.Config(app, log_level="warning", lifespan="off", ws="none"))
         http_task = loop.create_task(http.serve(sockets=[bound.http_socket]))
-        log.info("%s: dashboard and REST API on %s/ (metrics at /metrics)", config.id, rest_url(node))
+        log.info("%s: dashboard and REST API on %s/ (metrics at /metrics)", config.id, rest_url(config))
     try:
-        await node.evaluate_start()
+        await node.start()
         workers = [loop.create_task(node.run())]
-        if config.exit_when_done:
+        if config.schedule.exit_when_done:
             workers.append(loop.create_task(_stop_when_done(node, stop)))
-        node.ready.set()
         await stop.wait()
     finally:
         log.info("%s stopping", config.id)
@@ -261,9 +260,10 @@ async def run_node(node: Node, stop: asyncio.Event) -> None:
         if bound.http_socket:
             bound.http_socket.close()
         await bound.grpc.stop(grace=1.0)
-        await node.network.close()
+        await daemon.network.close()
         try:
             await node.save(copy=True)
         finally:
-            node.checkpoint.lock.release()
-        log.info("%s stopped at round %d (checkpoint in %s)", config.id, node.state.round, node.checkpoint.directory)
+            node.learner.checkpoint.lock.release()
+        log.info("%s stopped at round %d (checkpoint in %s)", config.id, node.progress.round,
+                 node.learner.checkpoint.directory)

@@ -2,8 +2,8 @@
 computation costs on each class of devices (``devices:``), what a transfer costs on each class of links
 (``links:``), and what goes wrong when (``faults:``). All times are virtual seconds (:mod:`dfl_node.sim.clock`).
 
-:class:`~dfl_node.config.ExperimentConfig` holds them (its ``devices``, ``links`` and ``faults``); they live
-apart from :mod:`dfl_node.sim` so that the config does not import the simulator.
+:class:`SimulationSettings` is the ``simulation`` part of :class:`~dfl_node.settings.experiment.ExperimentConfig`;
+it lives apart from :mod:`dfl_node.sim` so that reading settings does not import the simulator.
 """
 
 from __future__ import annotations
@@ -120,3 +120,14 @@ class FaultSchedule(_Strict):
                 schedule.slow_nodes.append(SlowNodeFault(at=t, for_s=for_s, node=node, factor=slow.uniform(1.5, 2.0)))
             t += for_s + slow_recovery
         return schedule
+
+
+class SimulationSettings(_Strict):
+    """``dfl-node simulate``'s own: the fleet's devices, links and faults (set in a config file only)."""
+
+    devices: dict[str, DeviceClass] = Field(default_factory=dict, description="simulate: device classes by "
+                                            "name, what computation costs on each")
+    links: dict[str, LinkClass] = Field(default_factory=dict, description="simulate: link classes by name, "
+                                        "what a transfer costs on each (\"default\": nodes of no class)")
+    faults: FaultSchedule = Field(default_factory=FaultSchedule, description="simulate: kills and "
+                                  "partitions, in virtual seconds")

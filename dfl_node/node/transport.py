@@ -1,14 +1,14 @@
-"""The daemon's transport for the round runner: algorithm calls in a worker thread, messages over the
-peer network port (:mod:`dfl_node.peering`; gRPC in a daemon).
+"""A node's transport, the round runner's :class:`~dfl_node.algorithms.runner.Transport`: algorithm calls in a
+worker thread, messages over the peer network port (:mod:`dfl_node.peering`: gRPC in a daemon, memory in the
+simulator).
 
-One :class:`PeerTransport` serves one role of one node (:mod:`dfl_node.algorithms.runner`): a
-sender's push goes to its aggregator's address and reports the aggregator's verdict as soon as it
-comes (``accepted``), before any reply, but completes only when the aggregator confirms that its fusion
-is durable (the reply, or the end of the stream); an aggregator gathers from its :class:`Collector` (pushed
-messages) or pulls from its sources, and hands the replies back to the senders' open streams. The
-sender of an open group (001's client selection) probes its candidates — one that
-does not answer within ``probe_timeout`` is skipped and counted — and binds the one its algorithm
-chose by assigning it the aggregator role itself, with the epoch and holder of its own assignment.
+One :class:`PeerTransport` serves one role of one node: a sender's push goes to its aggregator's address and
+reports the aggregator's verdict as soon as it comes (``accepted``), before any reply, but completes only when the
+aggregator confirms that its fusion is durable (the reply, or the end of the stream); an aggregator gathers from
+its :class:`Collector` (pushed messages) or pulls from its sources, and hands the replies back to the senders'
+open streams. The sender of an open group (001's client selection) probes its candidates — one that does not
+answer within ``probe_timeout`` is skipped and counted — and binds the one its algorithm chose by giving it the
+aggregator role itself, with the epoch and holder of its own order.
 """
 
 from __future__ import annotations
@@ -16,21 +16,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from dfl_node.algorithms import AlgorithmError
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.plan import Role, Step
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectionError, check_answer
 from dfl_node.api.metrics import Timed
+from dfl_node.node.clock import Clock
 from dfl_node.node.collector import Collector
 from dfl_node.node.gate import check_finite, check_received
+from dfl_node.node.learner import Learner
+from dfl_node.node.orders import Order
+from dfl_node.node.tally import Tally
 from dfl_node.peering.errors import PeerUnreachable, TransferRefused, TransferRejected
-from dfl_node.peering.messages import Assignment, PullRequest
+from dfl_node.peering.messages import Ack, PullRequest
+from dfl_node.peering.port import PeerNetwork
 from dfl_node.peering.probes import ProbeRequest, answer_from_reply, probe_request
-
-if TYPE_CHECKING:
-    from dfl_node.node.daemon import Node
+from dfl_node.settings.node import RoleSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,59 +50,81 @@ class AlreadyPlayed(Exception):
     confirmation): the sender's round is over, without a second transfer."""
 
 
+class Player(Protocol):
+    """What a role's transport uses of the roles part that plays it (:class:`~dfl_node.node.roles.Roles`)."""
+
+    node_id: str
+    swarm: str
+    clock: Clock
+    settings: RoleSettings
+    round_timeout: float
+    learner: Learner
+    tally: Tally
+    network: PeerNetwork
+
+    def address_in(self, node_id: str, order: Order) -> str | None: ...
+    def deadline_of(self, order: Order) -> float: ...
+    async def dispatch(self, node_id: str, order: Order) -> Ack: ...
+    def fusion_started(self) -> None: ...
+
+
 class PeerTransport:
-    def __init__(self, node: Node, epoch: int, *, aggregator_address: str = "", collector: Collector | None = None,
-                 accepted: asyncio.Future[bool] | None = None, assignment: Assignment | None = None) -> None:
-        self.node = node
-        self.assignment = assignment  # the role's assignment: the holder's address book; for an open group's
-        # sender, the holder and deadline a chosen aggregator gets
-        self.epoch = epoch
+    """The transport of one role (``order``) of the node whose ``roles`` play it."""
+
+    def __init__(self, roles: Player, order: Order, collector: Collector | None = None, *, aggregator_address: str = "",
+                 accepted: asyncio.Future[bool] | None = None) -> None:
+        self.roles = roles
+        self.order = order  # the holder's address book; for an open group's sender, the holder and deadline a
+        # chosen aggregator gets
+        self.epoch = order.epoch
         self.aggregator_address = aggregator_address
         self.collector = collector
         self.accepted = accepted
         self.replies: dict[str, ModelMessage] = {}  # an aggregator's replies, until its fusion is durable
 
     def address_of(self, node_id: str) -> str | None:
-        return self.node.roles.address_in(node_id, self.assignment)
+        return self.roles.address_in(node_id, self.order)
 
     async def compute(self, fn: Callable[..., T], *args: object) -> T:
         """``fn`` in a worker thread; the algorithm's training and fusion steps are timed (``/metrics``)."""
-        started = self.node.clock.monotonic()
+        clock = self.roles.clock
+        started = clock.monotonic()
         result = await asyncio.to_thread(fn, *args)
         timed = _TIMED.get(getattr(fn, "__name__", ""))
         if timed is not None:
-            self.node.metrics.observe(timed, self.node.clock.monotonic() - started)
+            self.roles.tally.observe(timed, clock.monotonic() - started)
         return result
 
-    def _verdict(self, ok: bool) -> None:
+    def verdict(self, ok: bool) -> None:
+        """A sender's transfer was taken (or, once its role ends, was not): what an inviting volunteer waits for."""
         if self.accepted is not None and not self.accepted.done():
             self.accepted.set_result(ok)
 
     async def push(self, step: Step, message: ModelMessage) -> ModelMessage | None:
-        node = self.node
-        started = node.clock.monotonic()
+        roles, tally = self.roles, self.roles.tally
+        started = roles.clock.monotonic()
         took: list[float] = []  # until the aggregator held the whole message (then it fuses, and replies)
 
         def accepted() -> None:
-            took.append(node.clock.monotonic() - started)
-            self._verdict(True)
+            took.append(roles.clock.monotonic() - started)
+            self.verdict(True)
 
         try:
-            reply, sent, received = await node.client(self.aggregator_address).push(
-                message, self.epoch, timeout=node.config.round_timeout, on_accepted=accepted)
+            reply, sent, received = await roles.network.link(self.aggregator_address).push(
+                message, self.epoch, timeout=roles.round_timeout, on_accepted=accepted)
         except (TransferRefused, PeerUnreachable) as exc:
-            self._verdict(False)
+            self.verdict(False)
             raise TransferFailed(f"{step.group.aggregator} did not take it: {exc.reason}") from exc
-        node.state.counters["models_sent"] += 1
-        node.transferred("sent", sent, took[0] if took else None)
-        node.transferred("received", received)
+        tally.count("models_sent")
+        tally.transferred("sent", sent, took[0] if took else None)
+        tally.transferred("received", received)
         if reply is not None:
             try:
                 await asyncio.to_thread(check_finite, reply)  # a poisoned reply never reaches our model
             except TransferRejected as exc:
-                node.on_rejected(exc.reason, exc.detail, step.group.aggregator)
+                tally.reject(exc.reason, exc.detail, step.group.aggregator)
                 raise TransferFailed(f"{step.group.aggregator}'s reply was refused: {exc.reason}") from exc
-        return on_device(reply, node.device) if reply is not None else None
+        return on_device(reply, roles.learner.device) if reply is not None else None
 
     async def gather(self, step: Step) -> list[ModelMessage]:
         assert self.collector is not None
@@ -110,34 +135,34 @@ class PeerTransport:
             messages = await self.collector.wait()
         missing = len(step.group.senders) - len(messages)
         if missing:
-            self.node.state.counters["senders_abandoned"] += missing
-            log.warning("%s: round %d aggregates %d of %d messages (%s left out)", self.node.config.id, step.round + 1,
+            self.roles.tally.count("senders_abandoned", missing)
+            log.warning("%s: round %d aggregates %d of %d messages (%s left out)", self.roles.node_id, step.round + 1,
                         len(messages), len(step.group.senders), ", ".join(sorted(set(step.group.senders) -
                                                                                   {m.sender for m in messages})))
         if messages:
-            self.node.roles.fusion_started()
+            self.roles.fusion_started()
         return messages
 
     async def _pull(self, step: Step, source: str) -> ModelMessage | None:
-        node = self.node
-        request = PullRequest(aggregator=node.config.id, swarm=node.config.swarm, round=step.round,
-                              epoch=self.epoch, state=dict(step.state))
+        roles, learner, tally = self.roles, self.roles.learner, self.roles.tally
+        request = PullRequest(aggregator=roles.node_id, swarm=roles.swarm, round=step.round, epoch=self.epoch,
+                              state=dict(step.state))
         try:
             address = self.address_of(source)
             if address is None:
                 raise TransferRefused("unreachable", "not in the peer table nor in the assignment")
-            message, received = await node.client(address).pull(request, timeout=node.config.round_timeout)
-            message = on_device(message, node.device)
-            node.algorithm.check_message(node.ctx, message)
-            await asyncio.to_thread(check_received, node.ctx, message, node.config.min_accuracy)
+            message, received = await roles.network.link(address).pull(request, timeout=roles.round_timeout)
+            message = on_device(message, learner.device)
+            learner.algorithm.check_message(learner.ctx, message)
+            await asyncio.to_thread(check_received, learner.ctx, message, roles.settings.min_accuracy)
         except TransferRejected as exc:  # well-formed, but poisoned or too poor: counted like a refused push
-            node.on_rejected(exc.reason, exc.detail, source)
+            tally.reject(exc.reason, exc.detail, source)
             return None
         except (TransferRefused, PeerUnreachable, AlgorithmError) as exc:
-            log.warning("%s: pulling from %s failed: %s", node.config.id, source, exc)
+            log.warning("%s: pulling from %s failed: %s", roles.node_id, source, exc)
             return None
-        node.state.counters["models_received"] += 1
-        node.transferred("received", received)  # not timed: the call's time is mostly the source's training
+        tally.count("models_received")
+        tally.transferred("received", received)  # not timed: the call's time is mostly the source's training
         return message
 
     async def reply(self, step: Step, replies: Mapping[str, ModelMessage]) -> None:
@@ -145,49 +170,46 @@ class PeerTransport:
         self.replies = dict(replies)
 
     async def probe(self, step: Step, probe: Probe) -> dict[str, ProbeAnswer]:
-        request = probe_request(probe, swarm=self.node.config.swarm, epoch=self.epoch)
+        request = probe_request(probe, swarm=self.roles.swarm, epoch=self.epoch)
         candidates = step.group.candidates
         answers = await asyncio.gather(*(self._probe(c, request, probe) for c in candidates))
         return {c: a for c, a in zip(candidates, answers) if a is not None}
 
     async def _probe(self, candidate: str, request: ProbeRequest, probe: Probe) -> ProbeAnswer | None:
         """One candidate's answer, or None (skipped, counted) if it is unknown, silent, refuses or talks nonsense."""
-        node = self.node
-        node.state.counters["probes_sent"] += 1
+        roles, tally = self.roles, self.roles.tally
+        tally.count("probes_sent")
         address = self.address_of(candidate)
         try:
             if address is None:
                 raise TransferRefused("unreachable", "not in the peer table")
-            reply = await node.client(address).probe(request, timeout=node.config.probe_timeout)
+            reply = await roles.network.link(address).probe(request, timeout=roles.settings.probe_timeout)
             if not reply.ok:
                 raise TransferRefused(reply.reason or "refused")
             answer = answer_from_reply(reply, candidate)
-            check_answer(answer, probe, node.ctx.train.num_classes)
+            check_answer(answer, probe, roles.learner.ctx.train.num_classes)
         except (TransferRefused, PeerUnreachable, SelectionError) as exc:
-            node.state.counters["probes_unanswered"] += 1
+            tally.count("probes_unanswered")
             if isinstance(exc, SelectionError):
-                node.state.rejected["bad_probe_answer"] += 1
+                tally.refused("bad_probe_answer")
             why = exc.reason if isinstance(exc, PeerUnreachable) else str(exc)
-            log.warning("%s: round %d: candidate %s skipped: %s", node.config.id, request.round + 1, candidate, why)
+            log.warning("%s: round %d: candidate %s skipped: %s", roles.node_id, request.round + 1, candidate, why)
             return None
         return answer
 
     async def bind(self, step: Step) -> bool:
         """Make the chosen candidate the group's aggregator (as a holder would), then push to it."""
-        node, mine = self.node, self.assignment
-        assert mine is not None
+        roles, mine = self.roles, self.order
         chosen = step.group.aggregator
         address = self.address_of(chosen) or ""
-        role = Assignment(round=step.round, epoch=self.epoch, holder=mine.holder, role=Role.AGGREGATOR.value,
-                          aggregator=chosen, aggregator_address=address, state=dict(step.state),
-                          senders=step.group.senders, deadline_s=node.roles.deadline_of(mine), addresses=mine.addresses)
-        ack = await node.roles.assign_to(chosen, role)
+        role = Order(Role.AGGREGATOR, Step(step.round, step.group, dict(step.state)), self.epoch, mine.holder,
+                     address, roles.deadline_of(mine), mine.addresses)
+        ack = await roles.dispatch(chosen, role)
         if ack.reason == "already_played":
             raise AlreadyPlayed(f"{chosen} already played round {step.round}")
         if not ack.ok:
-            log.warning("%s: round %d: chosen receiver %s refused: %s", node.config.id, step.round + 1, chosen,
+            log.warning("%s: round %d: chosen receiver %s refused: %s", roles.node_id, step.round + 1, chosen,
                         ack.reason)
             return False
         self.aggregator_address = address
         return True
-

@@ -1,4 +1,5 @@
-"""Provisioning a fleet: one experiment config → each client's private train/validation data.
+"""Provisioning a fleet: an experiment's data settings (:class:`~dfl_node.learning.shard_settings.ShardSettings`)
+→ each client's private train/validation data (:class:`FleetData`), and the shard files nodes read.
 
 The simulator and the testbed (which writes the shards that real daemons read) both call
 :func:`provision`, so a node of a testbed holds exactly the data of the simulator's client of the
@@ -12,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dfl_node.config import ExperimentConfig
 from dfl_node.learning.dataset_refs import BUILTIN_DATASETS
 from dfl_node.learning.datasets import ArrayDataset, save_shard, shard_dataset, shard_metadata
 from dfl_node.learning.models import ModelSpec, spread
 from dfl_node.learning.partitions import client_splits
-from dfl_node.learning.settings import DATASET_DEPENDENT, dataset_defaults, sized_defaults
+from dfl_node.learning.settings import DATASET_DEPENDENT, SharedSettings, dataset_defaults, sized_defaults
+from dfl_node.learning.shard_settings import ShardSettings
 from dfl_node.learning.user_datasets import load_any_dataset
 
 TRAIN_FILE, VAL_FILE, TEST_FILE = "train.safetensors", "val.safetensors", "test.safetensors"
@@ -37,7 +38,9 @@ class ClientData:
 
 
 @dataclass(frozen=True)
-class Fleet:
+class FleetData:
+    """Every client's data, and the global test set."""
+
     clients: list[ClientData]
     test: ArrayDataset
     dataset: str | None = None  # the name of DATASETS the data was drawn from, written into every shard
@@ -53,48 +56,50 @@ class Fleet:
         return self.test.num_classes
 
 
-def architectures(config: ExperimentConfig) -> dict[str, ModelSpec]:
-    """Each node's architecture: ``config.architectures`` spread evenly over the fleet (003), else
-    ``model``/``hidden`` on every node. The testbed gives each daemon its own; the simulator builds them."""
-    specs = config.architectures or [str(ModelSpec(config.model, tuple(config.hidden) if config.hidden else None))]
-    return {node_id: ModelSpec.parse(spec) for node_id, spec in spread(specs, fleet_ids(config.nodes)).items()}
+def architectures(specs: list[str], learning: SharedSettings, nodes: int) -> dict[str, ModelSpec]:
+    """Each of ``nodes`` nodes' architecture: ``specs`` spread evenly over the fleet (003), else the
+    ``model``/``hidden`` of ``learning`` on every node. The testbed gives each daemon its own; the simulator builds
+    them."""
+    specs = specs or [str(ModelSpec(learning.model, tuple(learning.hidden) if learning.hidden else None))]
+    return {node_id: ModelSpec.parse(spec) for node_id, spec in spread(specs, fleet_ids(nodes)).items()}
 
 
-def subsets(config: ExperimentConfig, train: ArrayDataset, test: ArrayDataset) -> tuple[ArrayDataset, ArrayDataset]:
+def subsets(data: ShardSettings, seed: int, train: ArrayDataset,
+            test: ArrayDataset) -> tuple[ArrayDataset, ArrayDataset]:
     """The seeded random ``train_samples`` / ``test_samples`` of the dataset that a CPU-sized run uses (0: all)."""
-    def take(data: ArrayDataset, count: int, stream: int) -> ArrayDataset:
-        if not count or count >= len(data):
-            return data
-        rng = np.random.default_rng([config.seed, stream])  # not the partition's stream: that stays as it was
-        return data.subset(np.sort(rng.choice(len(data), size=count, replace=False)))
+    def take(samples: ArrayDataset, count: int, stream: int) -> ArrayDataset:
+        if not count or count >= len(samples):
+            return samples
+        rng = np.random.default_rng([seed, stream])  # not the partition's stream: that stays as it was
+        return samples.subset(np.sort(rng.choice(len(samples), size=count, replace=False)))
 
-    return take(train, config.train_samples, 1), take(test, config.test_samples, 2)
+    return take(train, data.train_samples, 1), take(test, data.test_samples, 2)
 
 
-def provision(config: ExperimentConfig) -> Fleet:
-    """Load the dataset and split it into ``config.nodes`` clients as the config says (seeded).
+def provision(data: ShardSettings, learning: SharedSettings, nodes: int) -> FleetData:
+    """Load the dataset and split it into ``nodes`` clients as ``data`` says (seeded by ``learning.seed``).
 
     A dataset of the user's own has no learning defaults of its own: the batch sizes and learning rate not given
     are sized to its clients (:func:`~dfl_node.learning.settings.sized_defaults` of the median client's training
-    samples), filled into ``config`` — which the simulator's and the testbed's nodes are given — and written into
+    samples), filled into ``learning`` — which the simulator's and the testbed's nodes are given — and written into
     every shard, so that nodes started on them (``dfl-node partition``, then ``start``) resolve the same."""
-    train, test = subsets(config, *load_any_dataset(config.dataset, config.data_dir, config))
+    train, test = subsets(data, learning.seed, *load_any_dataset(data.dataset, data.data_dir, data))
     splits = client_splits(
-        train.y.numpy(), config.nodes, config.partition, config.seed,
-        zeta=config.zeta, beta=config.beta, val_fraction=config.val_fraction,
-        zeta_max=config.zeta_max, samples=config.samples, large_nodes=config.large_nodes,
+        train.y.numpy(), nodes, data.partition, learning.seed,
+        zeta=data.zeta, beta=data.beta, val_fraction=data.val_fraction,
+        zeta_max=data.zeta_max, samples=data.samples, large_nodes=data.large_nodes,
     )
     clients = [
         ClientData(node_id, train.subset(split.train), train.subset(split.val))
-        for node_id, split in zip(fleet_ids(config.nodes), splits)
+        for node_id, split in zip(fleet_ids(nodes), splits)
     ]
-    if config.dataset in BUILTIN_DATASETS:
-        return Fleet(clients, test, config.dataset)
-    config.use_defaults(sized_defaults(int(np.median([len(c.train) for c in clients]))))
-    return Fleet(clients, test, learning={name: getattr(config, name) for name in DATASET_DEPENDENT})
+    if data.dataset in BUILTIN_DATASETS:
+        return FleetData(clients, test, data.dataset)
+    learning.use_defaults(sized_defaults(int(np.median([len(c.train) for c in clients]))))
+    return FleetData(clients, test, learning={name: getattr(learning, name) for name in DATASET_DEPENDENT})
 
 
-def write_fleet(fleet: Fleet, out_dir: Path) -> list[Path]:
+def write_fleet(fleet: FleetData, out_dir: Path) -> list[Path]:
     """One folder per node (``<id>/train.safetensors``, ``<id>/val.safetensors``) plus the global test set, each
     naming the dataset (:func:`node_dataset`)."""
     out_dir.mkdir(parents=True, exist_ok=True)

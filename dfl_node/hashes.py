@@ -1,4 +1,4 @@
-"""The payload digests a transfer may carry, and which one two nodes agree on.
+"""The payload digests a transfer (and a checkpoint's state file) may carry, and which one two nodes agree on.
 
 A receiver hashes every byte before it accepts a model, so the hash is on a transfer's critical path:
 BLAKE3 where both ends offer it (exchanged in Hello and in a pull's request), sha256 otherwise.
@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from dfl_node.net.frames import Payload
+Payload = bytes | bytearray | memoryview  # of unsigned bytes
 
 
 class Hasher(Protocol):

@@ -1,0 +1,139 @@
+"""Who is in the fleet: the node's membership, one part behind a narrow interface (:class:`Members`).
+
+Schedulers and roles read the fleet only through :class:`Members` — the live members, their profiles (what round
+plans are made from), their round progress (what a lost token is regenerated from), where they serve and
+whether they restarted — and wait on it. How members are found and known to live is the implementation's:
+:class:`Membership` says Hello to every known peer every heartbeat (:mod:`.peers`, :mod:`.handshake`); another
+failure detector can stand in its place without a scheduler changing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Collection
+from typing import Protocol
+
+from dfl_node.algorithms.plan import NodeProfile
+from dfl_node.api.schemas import PeerInfo, RefusedPeer
+from dfl_node.errors import OperatorError
+from dfl_node.node.clock import Clock
+from dfl_node.node.handshake import Handshake
+from dfl_node.node.peers import Peer, PeerTable
+from dfl_node.node.refusals import Refusals
+from dfl_node.node.tally import Tally
+from dfl_node.peering.messages import Hello, HelloReply, Progress
+from dfl_node.peering.port import PeerNetwork
+from dfl_node.settings.node import MembershipSettings
+
+
+class Members(Protocol):
+    """The fleet as this node knows it, for its schedulers and roles."""
+
+    def alive_ids(self) -> list[str]: ...  # live peers, sorted
+    def dead_ids(self) -> list[str]: ...  # peers known that stopped answering (until forgotten)
+    def profiles(self) -> list[NodeProfile]: ...  # this node's and its live peers', as round plans see them
+    def progress(self) -> dict[str, Progress]: ...  # each live peer's round progress, as of its last word
+    def address_of(self, node_id: str) -> str | None: ...  # where a peer (or this node) serves
+    def incarnations(self, ids: list[str]) -> dict[str, str | None]: ...  # boot ids; None: not alive
+    async def wait_for(self, count: int) -> None: ...  # until at least ``count`` peers live
+    async def wait_alive(self, ids: Collection[str], timeout: float) -> None: ...  # until those live, or timeout
+    async def refresh(self) -> None: ...  # ask every peer afresh, so that progress() is not a heartbeat old
+
+
+class Membership:
+    """The membership of node ``node_id`` (serving at ``address``), by Hellos: its Hello is ``hello()``, its
+    profile ``profile()``; ``fingerprint_of`` gives the fingerprint a model spec has here. A peer that (re)joins
+    is told to ``on_join(peer, restarted)``, one that leaves to ``on_lost(peer)``."""
+
+    def __init__(self, node_id: str, address: str, settings: MembershipSettings, clock: Clock, *,
+                 hello: Callable[[], Hello], profile: Callable[[], NodeProfile],
+                 fingerprint_of: Callable[[str], str], network: PeerNetwork, tally: Tally,
+                 on_join: Callable[[str, bool], None], on_lost: Callable[[str], None]) -> None:
+        self.node_id, self.address, self.settings = node_id, address, settings
+        self._profile = profile
+        self.refusals = Refusals(node_id, clock, lambda peer, detail: tally.event("refusal", peer, detail),
+                                 grace=settings.peer_timeout)
+        self.table = PeerTable(node_id, lambda at, timeout: self.handshake.probe(at, timeout), clock,
+                               heartbeat=settings.heartbeat, timeout=settings.peer_timeout, static=settings.peers,
+                               on_join=on_join, expiry=settings.peer_expiry, max_pending=settings.max_pending_peers,
+                               on_forget=network.forget, on_lost=on_lost,
+                               on_beat=lambda: self.refusals.warn_if_isolated(len(self.table.alive_ids())))
+        self.handshake = Handshake(hello, fingerprint_of, table=self.table, refusals=self.refusals, tally=tally,
+                                   network=network)
+        self._network = network
+
+    # ----- Members ---------------------------------------------------------------------------
+    def alive_ids(self) -> list[str]:
+        return self.table.alive_ids()
+
+    def dead_ids(self) -> list[str]:
+        return self.table.dead_ids()
+
+    def profiles(self) -> list[NodeProfile]:
+        return [self._profile(), *self.table.profiles()]
+
+    def progress(self) -> dict[str, Progress]:
+        return self.table.progress()
+
+    def address_of(self, node_id: str) -> str | None:
+        return self.address if node_id == self.node_id else self.table.address_of(node_id)
+
+    def incarnations(self, ids: list[str]) -> dict[str, str | None]:
+        return self.table.incarnations(ids)
+
+    async def wait_for(self, count: int) -> None:
+        await self.table.wait_for(count)
+
+    async def wait_alive(self, ids: Collection[str], timeout: float) -> None:
+        await self.table.wait_alive(ids, timeout)
+
+    async def refresh(self) -> None:
+        await self.table.refresh()
+
+    # ----- the rest of the node ----------------------------------------------------------------
+    async def run(self) -> None:
+        """The heartbeats, until cancelled."""
+        await self.table.run()
+
+    def answer(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply:
+        """A peer's Hello (the Hello RPC)."""
+        return self.handshake.answer(request, peer, refused)
+
+    def found(self, address: str, node_id: str) -> None:
+        """Discovery (mDNS) announced ``node_id`` at ``address``: say Hello (the network checks that identity
+        there, where it can)."""
+        self._network.heard(address, node_id)
+        self.table.probe_soon(address)
+
+    def lost(self, node_id: str) -> None:
+        """Discovery said goodbye for ``node_id``."""
+        self.table.lost(node_id)
+
+    async def greet_static(self) -> None:
+        """One Hello to each static peer, answered within a heartbeat (2 s at most)."""
+        await self.table.greet_static()
+
+    def known(self) -> list[Peer]:
+        """Every peer known, alive or not (until forgotten), by id: what the fleet page shows of each."""
+        return sorted(self.table.peers.values(), key=lambda p: p.id)
+
+    def peers(self) -> list[PeerInfo]:
+        return self.table.infos()
+
+    def unreachable(self) -> list[str]:
+        """The static peers our last Hello got no answer from."""
+        return sorted(self.table.unreachable)
+
+    def refused(self) -> list[RefusedPeer]:
+        return self.refusals.views()
+
+    def start_checks(self) -> contextlib.AbstractContextManager[None]:
+        """While a daemon starts (:func:`dfl_node.service.run.start_up`): a live node with our id — in a Hello it
+        sends us, or in its reply to ours — stops the start, by :meth:`stop_if_duplicate`, rather than being logged
+        and counted as a running node (or a simulated one) does."""
+        return self.handshake.starting()
+
+    def stop_if_duplicate(self) -> None:
+        """:class:`OperatorError` if another live node with our id was seen while starting."""
+        if self.handshake.duplicate:
+            raise OperatorError(self.handshake.duplicate)

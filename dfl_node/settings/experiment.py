@@ -1,0 +1,67 @@
+"""An experiment's settings (:class:`ExperimentConfig`): a fleet the simulator runs as real nodes, a testbed
+starts as daemons, ``dfl-node partition`` and ``sweep`` provision — by part: the fleet's data (``shards``), how
+its nodes learn (``learning``) and each algorithm's own settings (``per_algorithm``), the simulator's devices,
+links and faults (``simulation``), and the experiment's own (its name, algorithms, size and schedule).
+
+Named flat by operators (``--zeta``, ``DFL_ZETA``, ``zeta:``), nested here (``config.shards.zeta``):
+:mod:`dfl_node.settings.parts`.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from dfl_node.learning.dataset_refs import BUILTIN_DATASETS
+from dfl_node.learning.settings import AlgorithmOptions, ModelSpecText, SharedSettings
+from dfl_node.learning.shard_settings import ShardSettings
+from dfl_node.settings.names import WIRE_DTYPE_HELP, AlgorithmName, WireDtype
+from dfl_node.settings.parts import Composite
+from dfl_node.settings.simulation import SimulationSettings
+
+
+class ExperimentConfig(Composite):
+    """A simulated (or testbed) experiment: data, fleet size, algorithms and schedule."""
+
+    parts = ("shards", "learning", "per_algorithm", "simulation")
+
+    shards: ShardSettings = Field(default_factory=ShardSettings)
+    learning: SharedSettings = Field(default_factory=SharedSettings)
+    per_algorithm: AlgorithmOptions = Field(default_factory=AlgorithmOptions)
+    name: str = Field("experiment", description="title of the run in tables and results files")
+    algorithms: list[AlgorithmName] = Field(default_factory=lambda: ["defkt", "fullavg", "combo"],
+                                            description="algorithms to run, one after the other on the same data "
+                                            "(built-ins, or installed plugins: `dfl-node plugins`)")
+    nodes: int = Field(10, ge=2, description="K: number of clients")
+    rounds: int = Field(100, ge=1, description="T: rounds")
+    eval_every: int = Field(10, ge=1, description="evaluate every n rounds (and after the last)")
+    architectures: list[ModelSpecText] = Field(default_factory=list, description="per-node architectures as registry "
+                                               "specs NAME[:W1,W2,...] (e.g. cnn-ln:32,64), spread evenly: node i runs "
+                                               "entry i mod A; empty: every node runs model/hidden")
+    simulation: SimulationSettings = Field(default_factory=SimulationSettings)
+    wire_dtype: WireDtype = Field("exact", description=WIRE_DTYPE_HELP)
+
+    @model_validator(mode="after")
+    def _dataset_defaults(self) -> ExperimentConfig:
+        """Batch sizes and learning rate not given are the dataset's (:data:`~dfl_node.learning.settings.PER_DATASET`):
+        the simulator, a testbed's daemons (which get them as ``DFL_*``) and the results file then see the same. A
+        dataset of the user's own has them sized to it once it is read
+        (:func:`~dfl_node.learning.provision.provision`)."""
+        if self.shards.dataset in BUILTIN_DATASETS:
+            self.learning.use_dataset_defaults(self.shards.dataset)
+        return self
+
+    def unusable_here(self) -> dict[str, str]:
+        """The learning settings' (a device this machine lacks) and the data's (a dataset it cannot read)."""
+        return {**self.learning.unusable_here(), **self.shards.unusable_here()}
+
+    @model_validator(mode="after")
+    def _mixed_fleets_need_algorithms_that_fuse_them(self) -> ExperimentConfig:
+        if len(set(self.architectures)) > 1:
+            from dfl_node.algorithms import ALGORITHMS, algorithm_class  # noqa: PLC0415 - torch out of settings
+
+            same_only = [a for a in self.algorithms if algorithm_class(a).architectures == "identical"]
+            if same_only:
+                raise ValueError(f"{', '.join(same_only)} fuse identical architectures only; a fleet of "
+                                 f"{len(set(self.architectures))} architectures needs an algorithm that fuses others "
+                                 f"({', '.join(n for n, a in ALGORITHMS.items() if a.architectures == 'any')})")
+        return self

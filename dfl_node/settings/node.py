@@ -1,0 +1,250 @@
+"""A node's settings (:class:`NodeConfig`), by the part of the node that reads them: its data (``local``), how it
+learns (``learning``) and its algorithm's own settings (``per_algorithm``), its network, its membership (how it
+finds its peers and knows they live), its schedule, its roles, its evaluation, its REST API and its storage.
+
+Every setting is a ``dfl-node start`` flag (``--grpc-port`` for ``grpc_port``), a ``DFL_<KEY>`` environment
+variable (``DFL_GRPC_PORT``; lists comma-separated, e.g. ``DFL_PEERS``) and a config-file key, flat, with the
+precedence of :func:`dfl_node.settings.loading.load_config`; inside the program it is its part's
+(``config.network.grpc_port``: :mod:`dfl_node.settings.parts`), and each part of a node is handed its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from dfl_node.addresses import is_loopback, parse_peer
+from dfl_node.learning.data_format import DataFormat
+from dfl_node.learning.settings import DATASET_DEPENDENT, AlgorithmOptions, SharedSettings
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.names import WIRE_DTYPE_HELP, AlgorithmName, WireDtype
+from dfl_node.settings.parts import Composite
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataSettings(DataFormat):
+    """This device's data, and how it is read."""
+
+    data: Path = Field(..., description="this node's data: a .csv, .npz or .safetensors file, or a folder of them "
+                       "(read again as files are added or grow; val.* files validate), e.g. a shard folder of "
+                       "dfl-node partition; see docs/data.md")
+    test_data: Path | None = Field(None, description="global test set, a .safetensors, .csv or .npz file, for global "
+                                   "accuracy")
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="share of the samples held out for local validation "
+                                "where the data has no val.* file: stratified, seeded, and stable as the data grows")
+    max_samples: int = Field(0, ge=0, description="keep the newest this many samples of the training files (0: all)")
+    data_poll: float = Field(5.0, ge=0, description="seconds between looks at --data for added or grown files, taken "
+                             "from the next round on (0: read once, at start)")
+
+
+class NetworkSettings(_Part):
+    """Where the node serves its peers, how it proves who it is, and what its links may cost."""
+
+    host: str = Field("127.0.0.1", description="address to serve on; loopback unless told otherwise")
+    advertise: str | None = Field(None, description="address peers should dial (default: host; required with 0.0.0.0)")
+    grpc_port: int = Field(50051, ge=1, le=65535, description="port peers stream models to (gRPC)")
+    reflection: bool = Field(False, description="serve gRPC server reflection (for grpcurl): a debugging aid that "
+                             "describes every service to anyone who reaches the gRPC port")
+    tls_dir: Path | None = Field(None, description="mutual TLS: folder with ca.crt, node.crt and node.key (what "
+                                 "`dfl-node certs issue` writes); serve and dial only with certificates the swarm "
+                                 "CA signed, whose CN is the node id")
+    tls_ca: Path | None = Field(None, description="mutual TLS: the swarm CA certificate (default: TLS_DIR/ca.crt)")
+    tls_cert: Path | None = Field(None, description="mutual TLS: this node's certificate, CN and DNS name = its id "
+                                  "(default: TLS_DIR/node.crt)")
+    tls_key: Path | None = Field(None, description="mutual TLS: this node's private key (default: TLS_DIR/node.key)")
+    swarm_key_file: Path | None = Field(None, description="swarm-key mode: a file with the swarm's pre-shared key "
+                                        "(`dfl-node certs swarm-key`); peers prove it at Hello, without sending it")
+    insecure: bool = Field(False, description="serve beyond loopback with neither mutual TLS nor a swarm key, so "
+                           "that anyone who reaches --host can push a model into this node: only on a private "
+                           "network (a testbed's bridge). Without it such a node refuses to start")
+    connect_timeout: float = Field(5.0, gt=0, description="a sender (or pulling aggregator) whose peer does not "
+                                   "accept a connection within this many seconds gives its role back")
+    stream_timeout: float = Field(30.0, gt=0, description="an incoming model stream silent this long is dropped "
+                                  "(it never holds a role or a buffer)")
+    wire_dtype: WireDtype = Field("exact", description=WIRE_DTYPE_HELP)
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether peers must prove who they are (mutual TLS, a swarm key, or both)."""
+        return any(path is not None for path in (self.tls_dir, self.tls_ca, self.tls_cert, self.tls_key,
+                                                 self.swarm_key_file))
+
+    @property
+    def open_to_network(self) -> bool:
+        """Serving beyond loopback while peers prove nothing (no mTLS, no swarm key)."""
+        return not self.authenticated and not is_loopback(self.host)
+
+    @property
+    def advertised_host(self) -> str:
+        if self.advertise:
+            return self.advertise
+        if self.host in ("0.0.0.0", "::"):
+            raise ValueError("--host 0.0.0.0 needs --advertise ADDR: the address peers should dial")
+        return self.host
+
+    @property
+    def address(self) -> str:
+        """host:port where peers reach this node."""
+        return f"{self.advertised_host}:{self.grpc_port}"
+
+
+class MembershipSettings(_Part):
+    """How the node finds its peers and knows they still live."""
+
+    peers: list[str] = Field(default_factory=list, description="static peers HOST:PORT (networks without multicast)")
+    mdns: bool = Field(True, description="discover peers by mDNS on the serving interface")
+    heartbeat: float = Field(1.0, gt=0, description="seconds between liveness checks of each peer")
+    peer_timeout: float = Field(4.0, gt=0, description="a peer silent this long leaves the table")
+    peer_expiry: float = Field(300.0, gt=0, description="a peer silent this long is forgotten (it rejoins when it "
+                               "answers again)")
+    max_pending_peers: int = Field(32, ge=1, description="peers that said Hello but have not yet answered ours, "
+                                   "at most (more are refused: peer_table_full)")
+
+    @field_validator("peers", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return [p for p in value.split(",") if p] if isinstance(value, str) else value
+
+    @field_validator("peers")
+    @classmethod
+    def _host_port(cls, peers: list[str]) -> list[str]:
+        """A static peer is dialled as HOST:PORT: a typo must stop the start, not become a silent dead peer."""
+        for peer in peers:
+            parse_peer(peer)
+        return peers
+
+
+class ScheduleSettings(_Part):
+    """When the node plays a round: the round token's (round mode) or its own volunteering (async mode)."""
+
+    mode: Literal["round", "async"] = Field("round", description="round: token-scheduled, reproducible; "
+                                            "async: deployment")
+    min_peers: int = Field(1, ge=1, description="round mode: peers the lowest id waits for before round 0")
+    rounds: int = Field(0, ge=0, description="round mode: stop after T rounds (0: run until stopped)")
+    participation: float = Field(1.0, gt=0, le=1, description="async mode: probability of volunteering per tick")
+    interval: float = Field(1.0, gt=0, description="async mode: seconds between volunteering ticks")
+    duration: float = Field(0.0, ge=0, description="async mode: how long this node volunteers, in seconds "
+                            "(0: until it is stopped)")
+    exit_when_done: bool = Field(False, description="exit (code 0) once done: --rounds reached, or --duration over; "
+                                 "for a batch job or a script step")
+    round_timeout: float = Field(120.0, gt=0, description="round mode: longest wait for one pairing; also caps "
+                                 "the deadline any Assign may ask of this node")
+    round_window: int = Field(1000, ge=1, description="an Assign for a round more than this many rounds ahead of "
+                              "the fleet's progress as this node knows it is refused (round_window)")
+    token_timeout: float = Field(10.0, gt=0, description="round mode: silence after which a lost token is regenerated")
+
+    @model_validator(mode="after")
+    def _done_needs_an_end(self) -> ScheduleSettings:
+        if self.exit_when_done and not (self.rounds if self.mode == "round" else self.duration):
+            raise ValueError("--exit-when-done needs an end: --rounds (round mode) or --duration (async mode)")
+        return self
+
+
+class RoleSettings(_Part):
+    """How the node plays a role: what a selecting sender waits for, what an aggregator buffers and refuses."""
+
+    probe_timeout: float = Field(10.0, gt=0, description="defkt-select: a candidate that has not answered a "
+                                 "sender's selection probe after this many seconds is skipped (and counted)")
+    max_buffered_mb: float = Field(2048.0, gt=0, description="an aggregator buffers at most this many MB of received "
+                                   "models at once; further senders are refused (over_memory)")
+    min_accuracy: float = Field(0.0, ge=0, le=1, description="refuse a received whole model whose accuracy on this "
+                                "node's validation split is below this (low_accuracy); 0: no accuracy gate")
+
+
+class EvaluationSettings(_Part):
+    """When the node measures its model."""
+
+    evaluate: bool = Field(True, description="evaluate local/global accuracy (on a schedule: --eval-every)")
+    eval_every: int = Field(1, ge=1, description="round mode: evaluate the model that stands at every n-th round "
+                            "(the points of the accuracy curve) and at the end; 1: after every change (async mode "
+                            "always). A model is evaluated before the next change replaces it: no point is missed")
+
+
+class ApiSettings(_Part):
+    """The REST API: status, fleet page, metrics, the model served."""
+
+    http_port: int = Field(8080, ge=0, le=65535, description="REST status port (0 disables the REST server)")
+    http_host: str = Field("127.0.0.1", description="address the REST API binds: loopback unless told otherwise, "
+                           "whatever --host says (it has no authentication: whoever reaches it reads the node's "
+                           "status and its trained model, and may ask for predictions; nothing it serves changes "
+                           "the node)")
+    status_url: str | None = Field(None, max_length=200, pattern=r"^https?://[^\s/]+(/\S*)?$",
+                                   description="URL operators reach this node's REST API at, told to peers for "
+                                               "`dfl-node status --all` (default: http://ADVERTISE:HTTP_PORT); "
+                                               "set it where the port is published elsewhere (compose, port-forward)")
+
+
+class StorageSettings(_Part):
+    """The node's state folder: its checkpoints and its history."""
+
+    state_dir: Path | None = Field(None, description="checkpoint folder (default ./dfl-state/<id>)")
+    history_limit: int = Field(2048, ge=1, description="/history and the checkpoint keep this many newest events "
+                               "(bounded: a node that runs forever rewrites a bounded state file)")
+    fsync: bool = Field(True, description="write checkpoints through to the disk, so that they survive a power cut "
+                        "and not only a crash; off only for the simulator's in-process fleets")
+
+
+class NodeConfig(Composite):
+    """One node's settings: who it is and what it runs, and its parts' settings."""
+
+    parts = ("local", "learning", "per_algorithm", "schedule", "network", "api", "membership", "storage", "roles",
+             "evaluation")
+
+    id: str = Field(..., min_length=1, max_length=48, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                    description="node id, unique in the swarm")
+    algorithm: AlgorithmName = Field("defkt", description="algorithm this node runs, the same on every node: a "
+                                     "built-in or an installed plugin's (entry-point group dfl_node.algorithms; "
+                                     "`dfl-node plugins` lists them)")
+    swarm: str = Field("default", min_length=1, max_length=32, description="only peers of the same swarm talk")
+    local: DataSettings
+    learning: SharedSettings = Field(default_factory=SharedSettings)
+    per_algorithm: AlgorithmOptions = Field(default_factory=AlgorithmOptions)
+    schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    network: NetworkSettings = Field(default_factory=NetworkSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    membership: MembershipSettings = Field(default_factory=MembershipSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    roles: RoleSettings = Field(default_factory=RoleSettings)
+    evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
+
+    @classmethod
+    def for_experiment(cls, experiment: ExperimentConfig, **settings: Any) -> NodeConfig:
+        """A node of ``experiment``'s fleet: every setting the two share (how it learns, each algorithm's own, the
+        data's format, the wire), then ``settings`` (flat keys)."""
+        shared = experiment.flat(keys=cls.flat_fields().keys())
+        return cls.model_validate({**shared, **settings})
+
+    @model_validator(mode="after")
+    def _open_only_when_told(self) -> NodeConfig:
+        """Off loopback, an unauthenticated node fuses whatever model a stranger sends it (one Assign and one
+        Transfer): that must be the operator's explicit choice, never a default (p2pfl's silent fallback)."""
+        if self.network.open_to_network and not self.network.insecure:
+            raise ValueError(f"host {self.network.host} is reachable from the network but neither mutual TLS "
+                             "(--tls-dir) nor a swarm key (--swarm-key-file) is set, so anyone there could push a "
+                             "model into this node; give one, or --insecure (DFL_INSECURE=1) on a private network")
+        return self
+
+    @model_validator(mode="after")
+    def _dataset_defaults(self) -> NodeConfig:
+        """Batch sizes and learning rate not given are those the node's shard carries (``dfl-node partition``, a
+        testbed): its dataset's, or, for a dataset of the user's own, the fleet's, so the nodes of a fleet
+        partitioned together resolve alike, and whatever reads this config sees the values in use. Given all
+        three, no shard is read; data that carries none has them sized to it once read
+        (:class:`~dfl_node.node.data_watch.NodeData`)."""
+        if not set(DATASET_DEPENDENT) <= self.learning.model_fields_set:
+            from dfl_node.learning.provision import node_defaults  # noqa: PLC0415 - torch only to read a shard
+
+            self.learning.use_defaults(node_defaults(self.local.data))
+        return self
+
+    def unusable_here(self) -> dict[str, str]:
+        return self.learning.unusable_here()
+
+    @property
+    def state_path(self) -> Path:
+        return self.storage.state_dir or Path("dfl-state") / self.id
