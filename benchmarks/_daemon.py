@@ -58,7 +58,7 @@ class BenchModel:
 def bench_model(work: Path, purpose: str, sender: str = "bench-sender", num_samples: int = 100) -> BenchModel:
     """Write the shards of a 2-node digits fleet under ``work`` and build the benchmark's model and message."""
     config = ExperimentConfig(nodes=2, hidden=HIDDEN, seed=0)
-    fleet = provision(config.shards, config.learning, config.nodes)
+    fleet = provision(config)
     write_fleet(fleet, work / "shards")
     model = build_model("mlp", fleet.input_shape, fleet.num_classes, hidden=HIDDEN, seed=1)
     state = model.state_dict()

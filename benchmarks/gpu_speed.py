@@ -179,7 +179,7 @@ def overhead(log: Records, args: argparse.Namespace) -> None:
         cases = cases[:1]  # a CPU would spend the CNN case evaluating it (10 × 11,200 images every 10 rounds)
     for label, settings in cases:
         config = experiment(args, train_samples=250, local_epochs=1, batch_size=200, mkt_batch_size=200, **settings)
-        data = provision(config.shards, config.learning, config.nodes)
+        data = provision(config)
         walls = {}
         for rounds in (short, long):
             run = config.model_copy(update={"rounds": rounds})
@@ -229,7 +229,7 @@ def rounds(log: Records, args: argparse.Namespace) -> None:
     from dfl_node.learning.provision import provision  # noqa: PLC0415
 
     config = experiment(args, rounds=args.rounds)
-    data = provision(config.shards, config.learning, config.nodes)
+    data = provision(config)
     for algorithm in config.algorithms:
         eager = one_run(log, "rounds", config, algorithm, data, cuda_graphs=False)
         fast = one_run(log, "rounds", config, algorithm, data, cuda_graphs=True)
@@ -271,7 +271,7 @@ def precision(log: Records, args: argparse.Namespace) -> None:
     from dfl_node.learning.provision import provision  # noqa: PLC0415
 
     config = experiment(args, rounds=args.rounds)
-    data = provision(config.shards, config.learning, config.nodes)
+    data = provision(config)
     for kind in ("tf32", "bf16"):
         one_run(log, "precision", config, "defkt", data, cuda_graphs=True, precision=kind)
 

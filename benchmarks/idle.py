@@ -34,7 +34,7 @@ def threads(pid: int) -> int:
 def idle_fleet(size: int, root: Path, seconds: float, settle: float, timeout: float) -> dict:
     """One idle fleet of ``size`` nodes: mean per-node VmRSS, RssAnon and CPU over ``seconds``."""
     shards = ExperimentConfig(**{**TESTBED_DEFAULTS, "nodes": max(size, 2), "threads": 1})  # a fleet has 2 or more
-    write_fleet(provision(shards.shards, shards.learning, shards.nodes), root / "shards")
+    write_fleet(provision(shards), root / "shards")
     config = shards.model_copy(update={"nodes": size})  # size 1: a node alone, on node-0's shard
     with fleet(config, "defkt", root / "shards", root / f"idle-{size}-{time.monotonic_ns()}",
                {"min_peers": size}) as nodes:

@@ -260,7 +260,7 @@ def main() -> None:
         parser.error("--nodes: at least 2 (a node alone has nobody to fuse with)")
     config = ExperimentConfig(**{**TESTBED_DEFAULTS, "nodes": args.nodes, "threads": 1})
     root = args.workdir or Path(tempfile.mkdtemp(prefix="dfl-scale-"))
-    write_fleet(provision(config.shards, config.learning, config.nodes), root / "shards")
+    write_fleet(provision(config), root / "shards")
     started = time.monotonic()
     try:
         idle, idle_nodes = ({}, []) if args.idle <= 0 else idle_phase(

@@ -67,19 +67,25 @@ def measure(tree: Path, config_path: Path, rounds: int, data_dir: str | None) ->
     import torch  # noqa: PLC0415 - in the child only
 
     import dfl_node  # noqa: PLC0415
-    from dfl_node.settings.experiment import ExperimentConfig  # noqa: PLC0415
-    try:  # load_config moved to dfl_node.settings.loading after the --before trees this times
-        from dfl_node.settings.loading import load_config  # noqa: PLC0415
-    except ModuleNotFoundError as missing:
-        if missing.name != "dfl_node.settings.loading":
-            raise
-        from dfl_node.settings.experiment import load_config  # noqa: PLC0415
     from dfl_node import sim  # noqa: PLC0415
-    from dfl_node.learning.provision import provision  # noqa: PLC0415
+
+    # Where the trees this times keep the settings and provisioning: dfl_node.settings and learning.provision since
+    # issue 32; dfl_node.config, config_loader and learning.fleet before; load_config in dfl_node.config earlier
+    if (tree / "dfl_node" / "settings").is_dir():
+        from dfl_node.learning.provision import provision  # noqa: PLC0415
+        from dfl_node.settings.experiment import ExperimentConfig  # noqa: PLC0415
+        from dfl_node.settings.loading import load_config  # noqa: PLC0415
+    else:
+        from dfl_node.config import ExperimentConfig  # type: ignore[no-redef]  # noqa: PLC0415
+        from dfl_node.learning.fleet import provision  # type: ignore[no-redef]  # noqa: PLC0415
+        if (tree / "dfl_node" / "config_loader.py").is_file():
+            from dfl_node.config_loader import load_config  # type: ignore[no-redef]  # noqa: PLC0415
+        else:
+            from dfl_node.config import load_config  # type: ignore[no-redef]  # noqa: PLC0415
 
     config = load_config(ExperimentConfig, config_path, {"data_dir": data_dir})  # its data_dir is read from its folder
     torch.set_num_threads(1)
-    fleet = provision(config.shards, config.learning, config.nodes)
+    fleet = provision(config)
     report: dict = {"tree": str(Path(dfl_node.__file__).parents[1])}
 
     def run(algorithm: str, rounds: int) -> tuple[float, float]:

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.datasets import load_shard
-from dfl_node.learning.provision import TRAIN_FILE
 from dfl_node.learning.models import ModelSpec, fingerprint
+from dfl_node.learning.provision import TRAIN_FILE
 from dfl_node.node.rounds import liveness_bound
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim import ledger
 from dfl_node.testbed.launcher import NodeProcess, wait_until
 from tests.conftest import FLEET, loopback_fleet

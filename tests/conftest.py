@@ -81,7 +81,7 @@ def order(**assignment: Any) -> Order:
 @pytest.fixture(scope="session")
 def fleet_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shards")
-    write_fleet(provision(FLEET.shards, FLEET.learning, FLEET.nodes), out)
+    write_fleet(provision(FLEET), out)
     return out
 
 

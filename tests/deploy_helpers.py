@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dfl_node.settings.loading import load_config
 from dfl_node.net.tls import TlsFiles, tls_files
+from dfl_node.settings.loading import load_config
 from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.netns import read_env_file
 

@@ -21,12 +21,12 @@ import torch
 
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
-from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.client import open_transfer
-from dfl_node.settings.node import NodeConfig
+from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.node.daemon import Node
-from dfl_node.service.run import run_node
 from dfl_node.peering.messages import Ack, Assignment
+from dfl_node.service.run import run_node
+from dfl_node.settings.node import NodeConfig
 from tests.codec_helpers import encoded_frames
 from tests.fuzz_figures import MIN_GRPC_INPUTS, Figures
 from tests.fuzz_strategies import CLASSES, INPUT_SHAPE

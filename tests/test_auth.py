@@ -65,7 +65,7 @@ async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
 
 def hello_from(node: Node, **changes: object) -> pb.HelloRequest:
     """A compatible Hello in another node's name (what a stranger that copied our settings would send)."""
-    return to_wire(dataclasses.replace(node.handshake.message(), **changes))
+    return to_wire(dataclasses.replace(node.hello(), **changes))
 
 
 # ----------------------------------------------------------------------------- issuing credentials

@@ -17,8 +17,8 @@ import torch
 from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state, read_frames_of
 
 import dfl_node
-from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node import heap
+from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.net import buffers, codec
 from dfl_node.net.codec import Limits, TransferRejected, prepare
 from dfl_node.net.convert import transfer_result

@@ -143,7 +143,7 @@ def test_relative_paths_in_a_config_file_are_read_from_its_folder(tmp_path: Path
     loaded = load_config(NodeConfig, config, {"data": Path("mine")})
     assert loaded.local.data == Path("mine") and loaded.storage.state_dir == Path("here")
     experiment = load_config(ExperimentConfig, write(folder / "x.toml", "data_dir = 'data'\n"))
-    assert experiment.data_dir == folder / "data"
+    assert experiment.shards.data_dir == folder / "data"
 
 
 def _tiny_mnist(folder: Path) -> None:

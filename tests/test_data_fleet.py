@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.provision import fleet_ids, provision
 from dfl_node.learning.settings import DATASET_DEPENDENT, sized_defaults
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.launcher import Placement, done_twice, fetch_json, plan_fleet, wait_until
 from tests.conftest import running_daemons
 
@@ -43,7 +43,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     flattened, 64 columns), the test set a CSV file too. Three daemons run ``ROUNDS`` rounds; at round
     ``APPEND_AT`` node-0's folder gets a new file (the rest of its share) and node-1's a corrupt one."""
     root = tmp_path_factory.mktemp("csv-fleet")
-    fleet = provision(CONFIG.shards, CONFIG.learning, CONFIG.nodes)
+    fleet = provision(CONFIG)
     flat = lambda data: (data.x.reshape(len(data), -1).numpy(), data.y.numpy())  # noqa: E731
     held_back: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for client in fleet.clients:

@@ -22,10 +22,10 @@ import pytest
 
 from dfl_node.cli.options import DEMO_DEFAULTS
 from dfl_node.cli.testbed import TESTBED_DEFAULTS
-from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.datasets import DATASETS, shard_dataset
 from dfl_node.learning.provision import TRAIN_FILE, node_dataset, provision, write_fleet
-from dfl_node.learning.settings import DATASET_DEPENDENT, PER_DATASET, LearningConfig, dataset_defaults
+from dfl_node.learning.settings import DATASET_DEPENDENT, PER_DATASET, SharedSettings, dataset_defaults
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import Placement, done_twice, plan_fleet, poll_status, wait_until
 from tests.conftest import invoke, running_daemons
@@ -35,8 +35,9 @@ DIGITS = {"batch_size": 20, "mkt_batch_size": 20, "lr": 0.05}
 LEARNS = 0.80  # mean local accuracy after 20 rounds of 4 nodes (measured: daemons 0.90, before 0.10; testbed 0.89)
 
 
-def learning(config: LearningConfig) -> dict[str, Any]:
-    return config.model_dump(include=set(DATASET_DEPENDENT))
+def learning(config: SharedSettings | ExperimentConfig | NodeConfig) -> dict[str, Any]:
+    settings = config if isinstance(config, SharedSettings) else config.learning
+    return settings.model_dump(include=set(DATASET_DEPENDENT))
 
 
 def mean_local(statuses: dict[str, Any]) -> float:
@@ -98,7 +99,7 @@ def test_each_dataset_has_its_defaults_and_the_papers_keep_theirs() -> None:
     assert dataset_defaults("digits") == DIGITS
     for dataset in ("mnist", "fashion_mnist", "cifar10", None):
         assert dataset_defaults(dataset) == PAPER, dataset
-    assert learning(LearningConfig()) == PAPER  # no dataset known: the fields' own
+    assert learning(SharedSettings()) == PAPER  # no dataset known: the fields' own
     assert learning(ExperimentConfig()) == DIGITS  # the embedded default dataset
     assert learning(ExperimentConfig(dataset="mnist")) == PAPER
     assert learning(ExperimentConfig(dataset="cifar10")) == PAPER
@@ -107,7 +108,7 @@ def test_each_dataset_has_its_defaults_and_the_papers_keep_theirs() -> None:
 def test_given_values_win_over_the_datasets_even_when_equal_to_the_papers() -> None:
     assert learning(ExperimentConfig(batch_size=200)) == {**DIGITS, "batch_size": 200}
     assert learning(ExperimentConfig(dataset="mnist", lr=0.05)) == {**PAPER, "lr": 0.05}
-    written = ExperimentConfig().model_dump(mode="json")  # a results file's config: every value in it was used
+    written = ExperimentConfig().flat(mode="json")  # a results file's config: every value in it was used
     assert learning(ExperimentConfig.model_validate(written | {"dataset": "mnist"})) == DIGITS
 
 

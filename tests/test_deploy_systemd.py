@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from dfl_node.settings.loading import ConfigError
 from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY
 from dfl_node.net.tls import load_tls
+from dfl_node.settings.loading import ConfigError
 from dfl_node.testbed.netns import read_env_file
 from tests.deploy_helpers import DEPLOY, FIELDS, SHARED, node_config, tls_of
 

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from dfl_node.algorithms.messages import ModelMessage, on_device, parts_from_state
-from dfl_node.settings.experiment import ExperimentConfig, LearningConfig
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.devices import device_problem, resolve_device
 from dfl_node.learning.provision import provision
+from dfl_node.learning.settings import SharedSettings
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
 from dfl_node.testbed.launcher import node_env
@@ -30,8 +31,8 @@ VERBS = {"simulate": ("simulate", "--quiet"), "testbed": ("testbed",),
 
 
 def test_cpu_is_the_default_of_every_config() -> None:
-    assert LearningConfig().device == "cpu" and ExperimentConfig().device == "cpu"
-    assert NodeConfig(id="a", data=Path("d")).device == "cpu"
+    assert SharedSettings().device == "cpu" and ExperimentConfig().learning.device == "cpu"
+    assert NodeConfig(id="a", data=Path("d")).learning.device == "cpu"
     assert resolve_device("cpu") == torch.device("cpu")
 
 
@@ -79,7 +80,8 @@ def test_a_wrong_device_name_is_refused() -> None:
 
 
 def test_the_testbed_hands_the_device_to_its_daemons() -> None:
-    assert node_env(ExperimentConfig(device="auto"))["DFL_DEVICE"] == "auto"
+    config = ExperimentConfig(device="auto")
+    assert node_env(config.learning, config.per_algorithm)["DFL_DEVICE"] == "auto"
 
 
 def test_simulations_on_cpu_and_auto_match_the_default() -> None:

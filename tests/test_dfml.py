@@ -15,15 +15,15 @@ from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile,
 from dfl_node.algorithms.base import equip, generator_for
 from dfl_node.algorithms.messages import state_from_parts
 from dfl_node.cli import cli
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
-from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.provision import provision
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import alpha_at, class_proportions, wsm_loss
+from dfl_node.learning.provision import provision
+from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.learning.training import SgdParams, local_sgd
 from dfl_node.node.persistence import Checkpoint
 from dfl_node.results import cluster_accuracy, comparison, rounds_to_reach, write_results
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim import run_fleet
 
 CONFIG = SharedSettings(batch_size=8, mkt_batch_size=8, lr=0.1, momentum=0.0)
@@ -191,7 +191,7 @@ def test_auxiliary_models_and_scalars_survive_a_checkpoint(tmp_path) -> None:
 def test_dfml_fml_and_partial_training_learn_in_the_simulator(tmp_path) -> None:
     base = ExperimentConfig(nodes=4, rounds=12, eval_every=6, batch_size=20, mkt_batch_size=20, lr=0.05, seed=1,
                             architectures=UNRELATED, dfml_epochs=1, meme_model="mlp:16", algorithms=["dfml"])
-    fleet = provision(base.shards, base.learning, base.nodes)
+    fleet = provision(base)
     dfml = run_fleet(base, "dfml", data=fleet)
     assert list(dfml.history[-1].series) == ["regular"]  # the peak models are the node's; regular beside them
     assert dfml.history[-1].global_accuracy > dfml.history[0].global_accuracy + 0.3

@@ -18,10 +18,8 @@ from safetensors.torch import load_file
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import ModelSpec, param_digest
-from dfl_node.settings.node import NodeConfig
-from dfl_node.node.daemon import Node
 from dfl_node.node.persistence import Checkpoint, read_trained
-from tests.conftest import FLEET, error_lines, invoke, simulated
+from tests.conftest import FLEET, daemon, error_lines, invoke, simulated
 
 # An application on a device: dfl_node is not importable (an import of it fails), the export and numpy are all.
 APPLICATION = """

@@ -15,10 +15,10 @@ import pytest
 from codec_helpers import assembler, feed_all, frames_of, make_msg
 
 from dfl_node import PROTOCOL_VERSION
-from dfl_node.net import buffers, codec
-from dfl_node.net.codec import TransferRejected
 from dfl_node.hashes import DEFAULT_HASH, OFFERED_HASHES, negotiate
+from dfl_node.net import buffers, codec
 from dfl_node.net.client import PeerClient
+from dfl_node.net.codec import TransferRejected
 from dfl_node.peering.messages import Hello
 from tests.test_codec import assert_same_parts
 from tests.test_node_hostile import Target, _hello, target  # noqa: F401  (a fixture: a real node on loopback)

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from dfl_node.algorithms import NodeContext
-from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fusion import mkt_losses, mutual_knowledge_transfer
 from dfl_node.learning.models import ModelSpec, build_model
 from dfl_node.learning.training import SgdParams, local_sgd, minibatches, release, sgd
+from dfl_node.settings.experiment import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = SgdParams(lr=0.05, momentum=0.5, batch_size=16, epochs=2)

@@ -35,13 +35,13 @@ def alive_peers(status: dict) -> set[str]:
 
 
 def test_netns_fleet_discovers_by_mdns_survives_a_kill_and_resumes(tmp_path: Path) -> None:
-    write_fleet(provision(FLEET.shards, FLEET.learning, FLEET.nodes), tmp_path / "shards")
+    write_fleet(provision(FLEET), tmp_path / "shards")
     shared = read_env_file(NODE_ENV)  # the one shared node command line (compose, k8s, systemd use it too)
     assert "DFL_PEERS" not in shared and shared["DFL_MDNS"] == "true"  # discovery by mDNS only
     # the fleet runs until the test stops it, so no step below depends on how fast this machine trains
     quick = {"DFL_ROUNDS": str(ROUNDS), "DFL_LOCAL_EPOCHS": LOCAL_EPOCHS, "DFL_LR": "0.05", "DFL_BATCH_SIZE": "20",
              "DFL_MKT_BATCH_SIZE": "20",
-             "DFL_HIDDEN": "32,32", "DFL_SEED": str(FLEET.seed), "DFL_SWARM": f"netns-{os.getpid()}"}
+             "DFL_HIDDEN": "32,32", "DFL_SEED": str(FLEET.learning.seed), "DFL_SWARM": f"netns-{os.getpid()}"}
     with NetnsTopology(4, prefix="dfltest") as topology:
         tag = topology.tag
         nodes = []

@@ -20,17 +20,16 @@ from dfl_node import PROTOCOL_VERSION
 from dfl_node.algorithms import Role
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
+from dfl_node.net.client import open_transfer
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.server import start_server
-from dfl_node.net.client import open_transfer
-from dfl_node.settings.node import NodeConfig
 from dfl_node.node.daemon import Node
 from dfl_node.service.run import run_node
-from dfl_node.peering.messages import Assignment
+from dfl_node.service.wiring import Daemon
 from dfl_node.testbed.launcher import free_port
 from tests.codec_helpers import frames_of
-from tests.conftest import FLEET
+from tests.conftest import node_config, order, until
 
 
 @dataclass
@@ -46,8 +45,8 @@ class Target:
     async def expect(self, sender: str = "stranger", round_: int = 0) -> None:
         """Make the node the aggregator of a group of ``round_`` whose one sender is ``sender`` (as a holder
         would). A node plays each round once: after a fusion, the next group must be of a later round."""
-        ack = await self.node.roles.play(Assignment(round=round_, role="aggregator", aggregator=self.node.config.id,
-                                              senders=(sender,), deadline_s=30))
+        ack = await self.node.roles.play(order(round=round_, role="aggregator", aggregator=self.node.config.id,
+                                               senders=(sender,), deadline_s=30))
         assert ack.ok and ack.reason != "already_played", ack
 
     async def transfer(self, frames: Iterable[pb.Frame]) -> pb.TransferResult:
@@ -69,14 +68,14 @@ class Target:
 
 @pytest.fixture
 async def target(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[Target]:
-    config = NodeConfig(
-        **FLEET.model_dump(include=set(NodeConfig.model_fields)), id="node-0", data=fleet_shards / "node-0",
-        test_data=fleet_shards / "test.safetensors", grpc_port=free_port(), http_port=free_port(), mdns=False,
-        swarm=f"hostile-{uuid.uuid4().hex[:6]}", state_dir=tmp_path / "state",
+    config = node_config(
+        id="node-0", data=fleet_shards / "node-0", test_data=fleet_shards / "test.safetensors", grpc_port=free_port(),
+        http_port=free_port(), mdns=False, swarm=f"hostile-{uuid.uuid4().hex[:6]}", state_dir=tmp_path / "state",
     )
-    node = Node(config)
+    served = Daemon.build(config)
+    node = served.node
     stop = asyncio.Event()
-    task = asyncio.create_task(run_node(node, stop))
+    task = asyncio.create_task(run_node(served, stop))
     await node.ready.wait()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{config.network.grpc_port}",
                                         options=[("grpc.max_send_message_length", 64 << 20)])
@@ -95,7 +94,7 @@ async def assert_still_serving(t: Target) -> None:
     assert verdict.accepted, verdict
     await t.node.roles.settled()  # the verdict comes once the model is validated; fusing follows
     assert t.node.tally.counters["fusions"] == before + 1
-    assert t.node.roles.role.value == "idle" and t.node.state.history[-1].event == "fusion"
+    assert t.node.roles.role.value == "idle" and t.node.history()[-1].event == "fusion"
 
 
 def _hello(t: Target, **changes: object) -> pb.HelloRequest:
@@ -125,9 +124,10 @@ async def test_incompatible_peer_is_refused_at_hello(target: Target, change: dic
         [refused] = (await http.get(f"{target.url}/status")).json()["refused_peers"]
     assert (refused["id"], refused["reason"], refused["by"], refused["address"]) == ("stranger", reason, "us",
                                                                                     "127.0.0.1:1")
-    assert "stranger" not in target.node.membership.table.peers and "stranger" not in target.node.membership.table.pending
+    table = target.node.membership.table
+    assert "stranger" not in table.peers and "stranger" not in table.pending
     ok = await target.stub.Hello(_hello(target), timeout=5)
-    assert ok.accepted and "stranger" in target.node.membership.table.pending  # a peer only once it answers a Hello of ours
+    assert ok.accepted and "stranger" in table.pending  # a peer only once it answers a Hello of ours
 
 
 def _truncated(f: list[pb.Frame]) -> list[pb.Frame]:
@@ -210,7 +210,8 @@ async def test_bad_transfer_is_rejected_and_node_keeps_serving(target: Target, t
     if target.node.roles.collector is not None:  # refused at the header: a forged header never cancels a real sender…
         target.node.roles.collector.close()  # …so the group would wait for its deadline; the test ends it instead
     await target.node.roles.settled()  # a failure after admission gives up on that sender at once
-    assert target.node.learner.digest == digest and target.node.roles.role.value == "idle"  # nothing fused, role released
+    # nothing fused, role released
+    assert target.node.learner.digest == digest and target.node.roles.role.value == "idle"
     assert target.node.tally.counters["senders_abandoned"] == 1
     await assert_still_serving(target)
 
@@ -251,7 +252,7 @@ async def test_a_transfer_nobody_expects_is_refused(target: Target) -> None:
 async def test_an_assignment_while_busy_is_refused(target: Target) -> None:
     target.node.roles.take(Role.SENDER)
     try:
-        ack = await target.node.roles.play(Assignment(round=0, role="aggregator", aggregator="node-0",
+        ack = await target.node.roles.play(order(round=0, role="aggregator", aggregator="node-0",
                                                       senders=("stranger",)))
         assert not ack.ok and ack.reason == "busy"
     finally:
@@ -340,7 +341,8 @@ async def test_reflection_when_asked_answers_and_refuses_garbage_without_a_trace
     """``--reflection`` serves gRPC server reflection (grpcurl), decoded like every other request."""
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-    server, port = await start_server(target.node.requests, "127.0.0.1", 0, reflection=True)
+    wire = target.node.network.wire  # type: ignore[attr-defined]  # a daemon's: gRPC
+    server, port = await start_server(target.node.requests, wire, 30.0, "127.0.0.1", 0, reflection=True)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         stream = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
@@ -362,22 +364,22 @@ async def test_sender_is_answered_once_the_model_is_validated_not_after_fusion(t
     """Def-KT's fusion (E epochs of MKT) can take long: the sender is told "accepted" as soon as the
     payload is validated, and the receiver keeps its role until the fusion is settled."""
     release = threading.Event()
-    fuse = target.node.algorithm.aggregate
+    fuse = target.node.learner.algorithm.aggregate
 
     def slow_fusion(ctx, step, messages):
         assert release.wait(30)
         return fuse(ctx, step, messages)
 
-    monkeypatch.setattr(target.node.algorithm, "aggregate", slow_fusion)
-    state = target.node.state
-    digest, fusions = state.digest, state.counters["fusions"]
+    monkeypatch.setattr(target.node.learner.algorithm, "aggregate", slow_fusion)
+    node = target.node
+    digest, fusions = node.learner.digest, node.tally.counters["fusions"]
     await target.expect()
     verdict = await target.transfer(target.frames())
     assert verdict.accepted
-    while not state.fusing:  # the group is complete: aggregation starts in a worker thread
-        await asyncio.sleep(0.01)
-    assert state.role.value == "aggregator" and state.fusing == 1 and state.counters["fusions"] == fusions
+    await until(lambda: node.roles.fusing, 30, "the aggregation")  # the group is complete: it runs in a thread
+    assert node.roles.role.value == "aggregator" and node.roles.max_fusing == 1
+    assert node.tally.counters["fusions"] == fusions
     release.set()
-    await target.node.roles.settled()
-    assert state.counters["fusions"] == fusions + 1 and state.digest != digest
-    assert state.role.value == "idle"
+    await node.roles.settled()
+    assert node.tally.counters["fusions"] == fusions + 1 and node.learner.digest != digest
+    assert node.roles.role.value == "idle"

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
 NODE_ENV = Path(__file__).resolve().parents[1] / "deploy" / "node.env"
 QUICK = {"DFL_LR": "0.05", "DFL_BATCH_SIZE": "20", "DFL_MKT_BATCH_SIZE": "20", "DFL_HIDDEN": "32,32",
-         "DFL_SEED": str(FLEET.seed), "DFL_THREADS": "1"}
+         "DFL_SEED": str(FLEET.learning.seed), "DFL_THREADS": "1"}
 
 
 def alive_peers(status: dict) -> set[str]:
@@ -35,7 +35,7 @@ def alive_peers(status: dict) -> set[str]:
 @contextmanager
 def netns_fleet(tmp_path: Path, settings: dict[str, str]):
     """4 daemons from deploy/node.env plus ``settings``, one per namespace; stopped and torn down on exit."""
-    write_fleet(provision(FLEET.shards, FLEET.learning, FLEET.nodes), tmp_path / "shards")
+    write_fleet(provision(FLEET), tmp_path / "shards")
     shared = {**read_env_file(NODE_ENV), **QUICK, "DFL_SWARM": f"faults-{os.getpid()}", **settings}
     with NetnsTopology(4, prefix="dflfault") as topology:
         nodes = []

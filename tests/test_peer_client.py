@@ -18,10 +18,10 @@ import pytest
 from codec_helpers import FP, SWARM, frames_of, make_msg, make_state
 
 from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.net.client import PeerClient
 from dfl_node.net.codec import Limits, manifest_of
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.net.client import PeerClient
 from dfl_node.net.wire import WireIdentity
 from dfl_node.peering.errors import TransferRefused
 from dfl_node.peering.messages import PullRequest

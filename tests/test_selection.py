@@ -21,14 +21,14 @@ from dfl_node.algorithms.selection import (
     rank_by_profile,
     rank_by_samples,
 )
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
-from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.provision import provision
 from dfl_node.learning.models import ModelSpec
+from dfl_node.learning.provision import provision
+from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.probes import ProbeRequest, answer_from_reply, probe_from_request, probe_reply, probe_request
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim import run_fleet
 
 SPEC = ModelSpec("mlp", (10, 10))
@@ -158,7 +158,7 @@ def test_001s_algorithm_keeps_the_senders_trained_model_by_default() -> None:
 def test_selection_in_the_simulator_fuses_once_a_round_and_is_seeded() -> None:
     config = ExperimentConfig(nodes=5, rounds=6, eval_every=6, batch_size=20, mkt_batch_size=20, lr=0.05,
                               hidden=[16], partition="shards", zeta=2)
-    fleet = provision(config.shards, config.learning, config.nodes)
+    fleet = provision(config)
     runs = [run_fleet(config, "defkt-select", data=fleet) for _ in range(2)]
     assert runs[0].models_transmitted == 6
     assert [n.param_sha256 for n in runs[0].nodes] == [n.param_sha256 for n in runs[1].nodes]

@@ -26,20 +26,20 @@ from dfl_node.api.serving import MAX_BATCH, MAX_BODY
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import param_digest
-from dfl_node.settings.node import NodeConfig
 from dfl_node.node.daemon import Node
 from dfl_node.service.run import _listen, run_node
+from dfl_node.service.wiring import Daemon
+from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import FLEET
+from tests.conftest import node_config
 
 ROUNDS = 6
 
 
 def config(shards: Path, state: Path, node_id: str, **changes: object) -> NodeConfig:
-    settings = dict(FLEET.model_dump(include=set(NodeConfig.model_fields) - {"rounds"}), id=node_id,
-                    data=shards / node_id, grpc_port=free_port(), http_port=free_port(), mdns=False,
-                    state_dir=state / node_id, evaluate=False, heartbeat=0.2, token_timeout=1.0)
-    return NodeConfig(**{**settings, **changes})
+    settings = dict(id=node_id, data=shards / node_id, grpc_port=free_port(), http_port=free_port(), mdns=False,
+                    state_dir=state / node_id, evaluate=False, heartbeat=0.2, token_timeout=1.0, rounds=0)
+    return node_config(**{**settings, **changes})
 
 
 async def test_predict_answers_what_the_trained_model_gives_in_process(fleet_shards: Path, tmp_path: Path) -> None:
@@ -47,11 +47,12 @@ async def test_predict_answers_what_the_trained_model_gives_in_process(fleet_sha
     first, second = (config(fleet_shards, tmp_path, f"node-{i}", swarm=swarm, rounds=ROUNDS,
                                      local_epochs=10, mkt_epochs=5)  # a few rounds that learn
                      for i in range(2))
-    nodes = [Node(first.model_copy(update={"peers": [second.grpc_address]})),
-             Node(second.model_copy(update={"peers": [first.grpc_address]}))]
+    daemons = [Daemon.build(first.model_copy(update={"peers": [second.network.address]})),
+               Daemon.build(second.model_copy(update={"peers": [first.network.address]}))]
+    nodes = [d.node for d in daemons]
     w0 = nodes[0].learner.digest  # both start from the same w0
     stops = [asyncio.Event() for _ in nodes]
-    tasks = [asyncio.create_task(run_node(node, stop)) for node, stop in zip(nodes, stops)]
+    tasks = [asyncio.create_task(run_node(d, stop)) for d, stop in zip(daemons, stops)]
     try:
         await asyncio.wait_for(asyncio.gather(*(n.scheduler.finished.wait() for n in nodes)), 120)
         node = max(nodes, key=lambda n: n.tally.counters["fusions"])  # Def-KT: a receiver's model is the fused one
@@ -97,7 +98,7 @@ async def test_predict_answers_what_the_trained_model_gives_in_process(fleet_sha
 async def serving_node(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[tuple[Node, httpx.AsyncClient]]:
     """A real node (not started: no scheduler changes its model behind the test's back) and a client of its
     REST app."""
-    node = Node(config(fleet_shards, tmp_path, "node-0"))
+    node = Daemon.build(config(fleet_shards, tmp_path, "node-0")).node
     await node.start()  # its first checkpoint: w0
     app = create_app(node.status, node.history, node.fleet, node.metrics, node.committed_model)
     try:
@@ -124,7 +125,7 @@ async def test_a_model_being_changed_is_served_only_once_checkpointed(
     assert during == before and during["sha256"] == committed
     assert (await client.get("/model/info")).json()["sha256"] == committed
     assert param_digest(TrainedModel.from_bytes((await client.get("/model")).content).module.state_dict()) == committed
-    await node.model_changed("fusion", 1, "node-1")  # the role's end: evaluated, checkpointed
+    await node.learner.changed("fusion", 1, "node-1")  # the role's end: evaluated, checkpointed
     node.roles.release()
     after = (await client.post("/predict", json={"samples": samples.tolist()})).json()
     assert after["sha256"] == changed == node.learner.digest and after["round"] == 0
@@ -133,7 +134,7 @@ async def test_a_model_being_changed_is_served_only_once_checkpointed(
 
 
 async def test_before_its_first_checkpoint_a_node_serves_no_model(fleet_shards: Path, tmp_path: Path) -> None:
-    node = Node(config(fleet_shards, tmp_path, "node-0"))
+    node = Daemon.build(config(fleet_shards, tmp_path, "node-0")).node
     app = create_app(node.status, node.history, node.fleet, node.metrics, node.committed_model)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as client:

@@ -36,7 +36,7 @@ def async_fleet(shards: Path, state: Path, algorithm: str, caplog: pytest.LogCap
         finally:
             await fleet.close()
 
-    statuses = run_virtual(main(), lambda work: work.steps * STEP_S, FLEET.threads)
+    statuses = run_virtual(main(), lambda work: work.steps * STEP_S, FLEET.learning.threads)
     problems = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert problems == [], [r.getMessage() for r in problems]
     return statuses

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from dfl_node.algorithms.plan import Role
-from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.node.daemon import Node
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
 from dfl_node.sim.ledger import Ledger, completed_rounds

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from dfl_node.results import RunResult
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.loading import load_config
-from dfl_node.results import RunResult
-from dfl_node.sim.experiment import run_fleet
 from dfl_node.settings.simulation import FaultSchedule, LinkFault, SlowNodeFault
+from dfl_node.sim.experiment import run_fleet
 
 KILLS = 20
 SLOWDOWNS = 2  # after the kills: a slow, lossy link, then a slow node

@@ -29,9 +29,9 @@ import pytest
 import zeroconf
 
 from dfl_node.errors import OperatorError
+from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.net.certs import new_swarm_key
 from dfl_node.net.discovery import MdnsDiscovery
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.node.daemon import Node
 from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon
@@ -153,11 +153,11 @@ async def test_a_second_node_with_the_same_id_does_not_start(fleet_shards: Path,
     async with running(node_config(fleet_shards, tmp_path / "first")) as first:
         with caplog.at_level(logging.ERROR):
             status, lines, text = await start_cli(node_config(fleet_shards, tmp_path / "second", mdns=True,
-                                                              peers=[first.grpc_address]))
+                                                              peers=[first.address]))
         assert first.tally.rejected == {"duplicate_id": 1}  # the running node reports the impostor's Hello…
         assert [r.levelno for r in caplog.records if "node-0" in r.getMessage()] == [logging.ERROR]
     assert status == 1 and "mDNS" not in text  # …and the impostor stops before it announces itself
-    assert lines == [f"error: node id 'node-0' is already used by another running node at {first.grpc_address}; "
+    assert lines == [f"error: node id 'node-0' is already used by another running node at {first.address}; "
                      "give every node its own --id"]
 
 
@@ -165,22 +165,22 @@ async def test_a_duplicate_met_after_start_up_is_reported_once(fleet_shards: Pat
                                                                caplog: pytest.LogCaptureFixture) -> None:
     async with running(node_config(fleet_shards, tmp_path / "a")) as a, \
             running(node_config(fleet_shards, tmp_path / "b")) as b:
-        probes, enough, hello = 0, asyncio.Event(), a.peers.hello
+        probes, enough, hello = 0, asyncio.Event(), a.membership.table.hello
 
         async def counted(address: str, timeout: float):  # noqa: ANN202
             nonlocal probes
             reply = await hello(address, timeout)
-            probes += address == b.grpc_address
+            probes += address == b.address
             if probes >= 5:
                 enough.set()
             return reply
 
-        a.peers.hello = counted
+        a.membership.table.hello = counted
         with caplog.at_level(logging.ERROR):
-            a.peers.static.append(b.grpc_address)  # a meets b only now, by heartbeats
+            a.membership.table.static.append(b.address)  # a meets b only now, by heartbeats
             await asyncio.wait_for(enough.wait(), 20)
     assert a.tally.rejected == b.tally.rejected == {"duplicate_id": 1}
-    assert not a.peers.peers and not b.peers.peers
+    assert not a.membership.table.peers and not b.membership.table.peers
     assert len([r for r in caplog.records if r.levelno == logging.ERROR and "node-0" in r.getMessage()]) == 2
 
 
@@ -232,41 +232,43 @@ async def test_a_failed_start_up_leaves_nothing_behind(fleet_shards: Path, tmp_p
 async def test_done_is_recomputed_from_the_rounds_configured_now(fleet_shards: Path, tmp_path: Path,
                                                                  caplog: pytest.LogCaptureFixture,
                                                                  mode: str, rounds: int, done: bool) -> None:
-    finished = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=10))
-    finished.progress.round, finished.progress.done = 10, True
+    finished = Daemon.build(node_config(fleet_shards, tmp_path, mode=mode, rounds=10)).node
+    finished.progress.finish(10)
     await finished.save()
     finished.learner.checkpoint.lock.release()  # a Node holds its state dir from construction; this one never runs
     with caplog.at_level(logging.INFO):
-        again = Node(node_config(fleet_shards, tmp_path, mode=mode, rounds=rounds))
+        again = Daemon.build(node_config(fleet_shards, tmp_path, mode=mode, rounds=rounds)).node
     assert again.progress.round == 10 and again.progress.done is done
     if mode == "round" and rounds:
         assert f"resuming at round 10 of {rounds}" in caplog.text
 
 
-async def run_until_finished(nodes: list[Node]) -> None:
-    stops = [asyncio.Event() for _ in nodes]
-    tasks = [asyncio.create_task(run_node(node, stop)) for node, stop in zip(nodes, stops)]
+async def run_until_finished(daemons: list[Daemon]) -> list[Node]:
+    stops = [asyncio.Event() for _ in daemons]
+    tasks = [asyncio.create_task(run_node(d, stop)) for d, stop in zip(daemons, stops)]
     try:
-        await asyncio.wait_for(asyncio.gather(*(n.scheduler.finished.wait() for n in nodes)), 60)
+        await asyncio.wait_for(asyncio.gather(*(d.node.scheduler.finished.wait() for d in daemons)), 60)
     finally:
         for stop in stops:
             stop.set()
         await asyncio.gather(*tasks)
+    return [d.node for d in daemons]
 
 
 async def test_a_finished_fleet_resumes_when_given_more_rounds(fleet_shards: Path, tmp_path: Path) -> None:
     ports = [free_port(), free_port()]
 
-    def fleet(rounds: int) -> list[Node]:
-        return [Node(node_config(fleet_shards, tmp_path / f"node-{i}", id=f"node-{i}", data=fleet_shards / f"node-{i}",
-                                 grpc_port=port, peers=[f"127.0.0.1:{p}" for p in ports if p != port], rounds=rounds))
+    def fleet(rounds: int) -> list[Daemon]:
+        return [Daemon.build(node_config(fleet_shards, tmp_path / f"node-{i}", id=f"node-{i}",
+                                         data=fleet_shards / f"node-{i}", grpc_port=port,
+                                         peers=[f"127.0.0.1:{p}" for p in ports if p != port], rounds=rounds))
                 for i, port in enumerate(ports)]
 
-    await run_until_finished(first := fleet(2))
+    first = await run_until_finished(fleet(2))
     assert [(n.progress.round, n.progress.done) for n in first] == [(2, True)] * 2
-    resumed = fleet(4)
-    assert [(n.progress.round, n.progress.done) for n in resumed] == [(2, False)] * 2
-    await run_until_finished(resumed)
+    again = fleet(4)
+    assert [(d.node.progress.round, d.node.progress.done) for d in again] == [(2, False)] * 2
+    resumed = await run_until_finished(again)
     assert [(n.progress.round, n.progress.done) for n in resumed] == [(4, True)] * 2
     assert sum(n.tally.counters["models_sent"] for n in resumed) == 4  # two rounds before the restart, two after
 

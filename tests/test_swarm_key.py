@@ -22,9 +22,9 @@ from dfl_node.net import psk
 from dfl_node.net.certs import new_swarm_key
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.service.run import announcement
 from dfl_node.peering.errors import AUTH_REQUIRED
 from dfl_node.peering.probes import ProbeRequest
+from dfl_node.service.run import announcement
 from dfl_node.testbed.launcher import free_port
 from tests.test_auth import hello_from, until
 from tests.test_startup_errors import node_config, running
@@ -98,7 +98,7 @@ async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authen
         assert delta.get("unauthenticated", 0) >= 5  # the five calls (and the keyless node's Hellos meanwhile)
         secret = swarm_key.decode()
         assert not any(secret in v for v in announcement(node0).to_txt().values())
-        assert secret not in repr(node0.security) and secret not in node0.status().model_dump_json()
+        assert secret not in repr(node0.network.security) and secret not in node0.status().model_dump_json()
 
 
 async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path, tmp_path: Path) -> None:
@@ -120,12 +120,12 @@ async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path,
 
     async with running(config("node-0", ports[0])) as node0, running(config("node-1", ports[1])) as node1:
         relay = grpc.aio.server()
-        servicer = Relay(node0.grpc_address)
+        servicer = Relay(node0.address)
         pb_grpc.add_DflNodeServicer_to_server(servicer, relay)
         relayed = f"127.0.0.2:{relay.add_insecure_port('127.0.0.2:0')}"
         await relay.start()
         try:
-            assert await node1.handshake.probe(relayed, 2.0) is None  # node-1 dials the relay as if it were a peer
+            assert await node1.membership.handshake.probe(relayed, 2.0) is None  # node-1 dials the relay as if it were a peer
         finally:
             await relay.stop(None)
             await servicer.channel.close()

@@ -8,11 +8,9 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from dfl_node.settings.node import NodeConfig
-from dfl_node.node.daemon import Node
 from dfl_node.service.run import run_node
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import FLEET
+from tests.conftest import daemon
 
 ROUNDS = 8
 
@@ -20,16 +18,16 @@ ROUNDS = 8
 async def test_holder_lost_with_the_token_is_replaced_by_a_new_epoch(fleet_shards: Path, tmp_path: Path) -> None:
     ports = [free_port() for _ in range(4)]
     swarm = f"loss-{uuid.uuid4().hex[:6]}"
-    nodes = [
-        Node(NodeConfig(
-            **FLEET.model_dump(include=set(NodeConfig.model_fields) - {"rounds"}), id=f"node-{i}",
-            data=fleet_shards / f"node-{i}",
+    daemons = [
+        daemon(
+            id=f"node-{i}", data=fleet_shards / f"node-{i}",
             grpc_port=port, http_port=0, mdns=False, swarm=swarm, state_dir=tmp_path / f"node-{i}",
             peers=[f"127.0.0.1:{p}" for p in ports if p != port], min_peers=3, rounds=ROUNDS,
             heartbeat=0.2, peer_timeout=1.0, token_timeout=1.0, round_timeout=5.0, evaluate=False,
-        ))  # fmt: skip
+        )  # fmt: skip
         for i, port in enumerate(ports)
     ]
+    nodes = [d.node for d in daemons]
     stops = [asyncio.Event() for _ in nodes]
     victim, survivors = nodes[2], [nodes[i] for i in (0, 1, 3)]
     took_token = asyncio.Event()
@@ -39,7 +37,7 @@ async def test_holder_lost_with_the_token_is_replaced_by_a_new_epoch(fleet_shard
         stops[2].set()  # …and goes away before planning that round
 
     victim.scheduler._start_holding = die_holding_the_token
-    tasks = [asyncio.create_task(run_node(node, stop)) for node, stop in zip(nodes, stops)]
+    tasks = [asyncio.create_task(run_node(d, stop)) for d, stop in zip(daemons, stops)]
     try:
         await asyncio.wait_for(asyncio.gather(*(n.scheduler.finished.wait() for n in survivors)), 120)
     finally:

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.errors import InputError
 from dfl_node.learning.datasets import load_shard, shard_metadata
-from dfl_node.learning.provision import TEST_FILE, TRAIN_FILE, VAL_FILE, fleet_ids, provision, write_fleet
 from dfl_node.learning.partitions import PARTITIONS
+from dfl_node.learning.provision import TEST_FILE, TRAIN_FILE, VAL_FILE, fleet_ids, provision, write_fleet
 from dfl_node.learning.settings import DATASET_DEPENDENT, sized_defaults
-from dfl_node.settings.node import NodeConfig
 from dfl_node.node.data_watch import NodeData
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
 from tests.conftest import error_lines, invoke
 from tests.test_data_files import blobs, write_csv
@@ -142,7 +142,7 @@ def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.mark.parametrize("dataset", ["blobs", "user_blobs:make"])
 def test_a_dataset_plugin_is_shared_out_like_any_dataset(plugin_module: str, tmp_path: Path, dataset: str) -> None:
     config = ExperimentConfig(dataset=dataset, nodes=3, partition="dirichlet", seed=4)
-    fleet = provision(config.shards, config.learning, config.nodes)
+    fleet = provision(config)
     assert fleet.test.input_shape == (2, 3) and fleet.num_classes == 4 and len(fleet.test) == 100
     assert sum(len(c.train) + len(c.val) for c in fleet.clients) == 300
     assert learning(config) == sized_defaults(int(np.median([len(c.train) for c in fleet.clients])))
@@ -193,7 +193,7 @@ def test_a_fleets_nodes_agree_when_their_shards_differ_in_size(table: Path, tmp_
     """Shards of an unbalanced partition, 4 to 1 in size: every node started on them takes the fleet's values,
     which the partition sized to its median node and wrote into every shard (what `partition` then `start` do)."""
     config = ExperimentConfig(dataset=str(table), nodes=5, partition="unbalanced", large_nodes=1, seed=5)
-    fleet = provision(config.shards, config.learning, config.nodes)
+    fleet = provision(config)
     sizes = sorted(len(c.train) for c in fleet.clients)
     assert sizes[-1] >= 4 * sizes[0]
     assert len({sized_defaults(n)["batch_size"] for n in sizes}) > 1  # their own counts would disagree

@@ -12,10 +12,10 @@ import torch
 from codec_helpers import assembler, feed_all, frames_of, make_msg
 
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
-from dfl_node.settings.experiment import ExperimentConfig, WireDtype
-from dfl_node.net.codec import Limits, TransferRejected
 from dfl_node.net.client import PeerClient
+from dfl_node.net.codec import Limits, TransferRejected
 from dfl_node.peering.wire_dtypes import EXACT, decode, encode, encoding, payload_bytes, through
+from dfl_node.settings.experiment import ExperimentConfig, WireDtype
 from dfl_node.sim import run_fleet
 from dfl_node.sim.network import wire_size
 from tests.test_node_hostile import Target, target  # noqa: F401  (a fixture: a real node on loopback)

@@ -46,7 +46,7 @@ def start(config_path: Path | None, **flags: Any) -> None:
 def partition(out: Path, config_path: Path | None, **flags: Any) -> None:
     """Write one data shard per node plus the global test set (what a node's --data/--test-data read)."""
     config = experiment_config(config_path, {}, **flags)
-    fleet = provision(config.shards, config.learning, config.nodes)
+    fleet = provision(config)
     folders = write_fleet(fleet, out)
     shards = config.shards
     click.echo(f"wrote {len(folders)} shards ({shards.dataset}, {shards.partition}) and test set to {out}")

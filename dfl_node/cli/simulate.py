@@ -114,7 +114,7 @@ def _one_after_another(config: ExperimentConfig, run: dict[str, Any], workdir: P
     """Each algorithm in turn in this process, on data provisioned once, with a progress bar."""
     from dfl_node.sim.experiment import run_fleet  # the daemon's node: imported once the flags are read
 
-    data = provision(config.shards, config.learning, config.nodes)
+    data = provision(config)
     results = []
     for algorithm in config.algorithms:
         with _progress_bar(algorithm, run["mode"], _total(config, run), quiet) as bar:

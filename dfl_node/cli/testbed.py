@@ -181,7 +181,7 @@ def testbed(out: Path | None, mode: str, duration: float, netns: bool, mdns: boo
     if out and out.suffix == ".json" and len(config.algorithms) > 1:
         raise click.UsageError("several algorithms need --out FOLDER")
     console = Console()
-    fleet = provision(config.shards, config.learning, config.nodes)
+    fleet = provision(config)
     results: list[RunResult] = []
     with signals_tear_down():
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -76,13 +77,24 @@ def subsets(data: ShardSettings, seed: int, train: ArrayDataset,
     return take(train, data.train_samples, 1), take(test, data.test_samples, 2)
 
 
-def provision(data: ShardSettings, learning: SharedSettings, nodes: int) -> FleetData:
-    """Load the dataset and split it into ``nodes`` clients as ``data`` says (seeded by ``learning.seed``).
+class FleetPlan(Protocol):
+    """What provisioning reads of an experiment (:class:`~dfl_node.settings.experiment.ExperimentConfig`): its data,
+    how its nodes learn, and how many there are."""
+
+    shards: ShardSettings
+    learning: SharedSettings
+    nodes: int
+
+
+def provision(plan: FleetPlan) -> FleetData:
+    """Load the dataset and split it into ``plan.nodes`` clients as ``plan.shards`` says (seeded by the learning
+    settings' ``seed``).
 
     A dataset of the user's own has no learning defaults of its own: the batch sizes and learning rate not given
     are sized to its clients (:func:`~dfl_node.learning.settings.sized_defaults` of the median client's training
-    samples), filled into ``learning`` — which the simulator's and the testbed's nodes are given — and written into
-    every shard, so that nodes started on them (``dfl-node partition``, then ``start``) resolve the same."""
+    samples), filled into ``plan.learning`` — which the simulator's and the testbed's nodes are given — and written
+    into every shard, so that nodes started on them (``dfl-node partition``, then ``start``) resolve the same."""
+    data, learning, nodes = plan.shards, plan.learning, plan.nodes
     train, test = subsets(data, learning.seed, *load_any_dataset(data.dataset, data.data_dir, data))
     splits = client_splits(
         train.y.numpy(), nodes, data.partition, learning.seed,

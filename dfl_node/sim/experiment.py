@@ -57,7 +57,7 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path | None = N
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dfl-sim-")))
-        data = provision(config.shards, config.learning, config.nodes) if data is None else data
+        data = provision(config) if data is None else data
         shards = workdir / "shards"
         write_fleet(data, shards)
         configs = plan_nodes(config, algorithm, shards, workdir / algorithm, mode=mode, duration=duration,
