@@ -49,7 +49,7 @@ def daemon(**settings: object) -> Daemon:
     return Daemon.build(node_config(**settings))
 
 
-async def until(condition: Callable[[], T], timeout: float, what: str = "the condition") -> T:
+async def until(condition: Callable[[], T], timeout: float = 20.0, what: str = "the condition") -> T:
     """Poll ``condition`` until it returns something truthy (returned), on the running loop's clock — virtual time
     in the simulator — failing the test with ``what`` at the deadline."""
     loop = asyncio.get_running_loop()

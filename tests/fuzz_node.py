@@ -19,13 +19,16 @@ from typing import Any, TypeVar
 import grpc
 import torch
 
+from dfl_node.algorithms import Group, Role, Step
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
 from dfl_node.net.client import open_transfer
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.node.daemon import Node
-from dfl_node.peering.messages import Ack, Assignment
+from dfl_node.node.orders import Order
+from dfl_node.peering.messages import Ack
 from dfl_node.service.run import run_node
+from dfl_node.service.wiring import Daemon
 from dfl_node.settings.node import NodeConfig
 from tests.codec_helpers import encoded_frames
 from tests.fuzz_figures import MIN_GRPC_INPUTS, Figures
@@ -96,8 +99,9 @@ class LiveNode:
         self.baseline = self.snapshot()
 
     async def _start(self) -> Node:
-        node = Node(self.config)
-        self.task = asyncio.create_task(run_node(node, self.stop))
+        served = Daemon.build(self.config)
+        node = served.node
+        self.task = asyncio.create_task(run_node(served, self.stop))
         ready = asyncio.create_task(node.ready.wait())
         await asyncio.wait({self.task, ready}, return_when=asyncio.FIRST_COMPLETED)
         if not ready.done():
@@ -129,7 +133,7 @@ class LiveNode:
 
     def snapshot(self) -> Snapshot:
         def take() -> Snapshot:
-            node, state = self.node, self.node.state
+            node, state = self.node, self.node.progress
             folder = node.learner.checkpoint.directory
             files = tuple(sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest())
                                  for p in folder.iterdir() if p.is_file()))
@@ -137,8 +141,8 @@ class LiveNode:
                 weights=weights_digest(node.learner.ctx.checkpoint_state()), files=files,
                 peers=tuple(sorted(node.membership.table.peers)), pending=tuple(sorted(node.membership.table.pending)),
                 clients=tuple(sorted(node.network.clients)),
-                progress=(state.round, state.epoch, dict(state.token_state), state.holding,
-                          getattr(node.scheduler, "holder", None), state.done, state.role, len(state.history),
+                progress=(state.round, state.epoch, state.token_state, state.holding,
+                          getattr(node.scheduler, "holder", None), state.done, node.roles.role, len(node.history()),
                           node.roles.collector is None),
             )
 
@@ -154,8 +158,8 @@ class LiveNode:
         """Make the node the aggregator of a round-0 group whose one sender is "stranger" (as a holder would)."""
         async def play() -> Ack:
             await self.node.roles.settled()
-            return await self.node.roles.play(Assignment(round=0, role="aggregator", aggregator=self.config.id,
-                                                   senders=("stranger",), deadline_s=30))
+            return await self.node.roles.play(Order(Role.AGGREGATOR, Step(0, Group(self.config.id, ("stranger",))),
+                                                    deadline_s=30))
 
         ack = self.run(play())
         assert ack.ok, ack

@@ -10,12 +10,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import shutil
 import stat
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -36,8 +34,9 @@ from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.tls import TlsError, TlsFiles, dns_names, load_tls
 from dfl_node.node.daemon import Node
 from dfl_node.service.run import _bind_http, announcement
+from dfl_node.service.wiring import Daemon
 from dfl_node.testbed.launcher import all_done, free_port, wait_until
-from tests.conftest import FLEET, loopback_fleet, simulated
+from tests.conftest import FLEET, loopback_fleet, simulated, until
 from tests.test_startup_errors import node_config, running, start_cli
 
 IDS = [f"node-{i}" for i in range(FLEET.nodes)]
@@ -54,13 +53,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     init_ca(root / "other-ca")
     issue_node(root / "other-ca", "node-2", root / "intruder", ips=("127.0.0.1",))
     return root
-
-
-async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 def hello_from(node: Node, **changes: object) -> pb.HelloRequest:
@@ -159,7 +151,7 @@ def test_unusable_credentials_stop_the_node_before_anything(fleet_shards: Path, 
                                                             case: str) -> None:
     settings, line = _settings(pki, tmp_path, case)
     with pytest.raises(OperatorError) as refused:
-        Node(node_config(fleet_shards, tmp_path / "state", **settings))
+        Daemon.build(node_config(fleet_shards, tmp_path / "state", **settings))
     assert str(refused.value) == line
     assert not (tmp_path / "state").exists()  # nothing locked or written
 
@@ -192,10 +184,11 @@ async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_fals
     async with running(config("node-0", pki / "node-0", [b, x], ports[0])) as node0, \
             running(config("node-1", pki / "node-1", [a], ports[1])) as node1, \
             running(config("node-2", pki / "intruder", [a], ports[2])) as intruder:
-        await until(lambda: node0.peers.alive_ids() == ["node-1"] and node1.peers.alive_ids() == ["node-0"])
+        await until(lambda: node0.membership.alive_ids() == ["node-1"] and node1.membership.alive_ids() == ["node-0"])
         await until(lambda: node0.tally.rejected["tls_handshake"] >= 3
                     and intruder.tally.rejected["tls_handshake"] >= 3)
-        assert "node-2" not in node0.peers.peers and not intruder.peers.peers  # neither side took the other in
+        # neither side took the other in
+        assert "node-2" not in node0.membership.table.peers and not intruder.membership.table.peers
         assert node0.status().authentication == "mtls" and node0.network.names == {b: "node-1"}
 
         # node-1's certificate, a Hello in node-3's name: refused at Hello, counted
@@ -203,7 +196,7 @@ async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_fals
             stub = pb_grpc.DflNodeStub(channel)
             reply = await stub.Hello(hello_from(node0, node_id="node-3", grpc_address="127.0.0.1:9"), timeout=5)
             assert (reply.accepted, reply.reason) == (False, "identity_mismatch")
-            assert "node-3" not in node0.peers.peers and "node-3" not in node0.peers.pending
+            assert "node-3" not in node0.membership.table.peers and "node-3" not in node0.membership.table.pending
             # a transfer and a probe in another node's name
             frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-3",
                                                         swarm=node0.config.swarm))]
@@ -253,7 +246,7 @@ def test_the_rest_api_binds_loopback_unless_told_even_when_grpc_serves_every_int
         fleet_shards: Path, tmp_path: Path) -> None:
     everywhere = dict(host="0.0.0.0", advertise="127.0.0.1", http_port=free_port(), insecure=True)
     for changes, bound in ((everywhere, "127.0.0.1"), ({**everywhere, "http_host": "0.0.0.0"}, "0.0.0.0")):
-        sock = _bind_http(node_config(fleet_shards, tmp_path, **changes))
+        sock = _bind_http(node_config(fleet_shards, tmp_path, **changes).api)
         assert sock is not None
         try:
             assert sock.getsockname()[0] == bound

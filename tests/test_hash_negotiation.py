@@ -128,7 +128,7 @@ async def test_a_push_carries_the_hash_both_ends_offer(target: Target, offers: t
 
     monkeypatch.setattr(codec.MessageAssembler, "finish", recording)
     client = PeerClient(f"127.0.0.1:{target.node.config.network.grpc_port}",
-                        dataclasses.replace(target.node.wire, hashes=offers))
+                        dataclasses.replace(target.node.network.wire, hashes=offers))  # type: ignore[attr-defined]
     try:
         assert client.hash == "sha256"  # before any Hello
         reply = await client.hello(hello(target), timeout=5)

@@ -151,4 +151,5 @@ async def test_a_dead_peer_is_forgotten_after_the_expiry(fleet_shards: Path, tmp
             await asyncio.sleep(0.1)
             if "node-1" not in a.node.membership.table.peers:
                 break
-        assert "node-1" not in a.node.membership.table.peers and f"127.0.0.1:{second.network.grpc_port}" not in a.node.network.clients
+        assert "node-1" not in a.node.membership.table.peers
+        assert f"127.0.0.1:{second.network.grpc_port}" not in a.node.network.clients  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ Hello or transfer is refused with a reason counted in /status.rejected, and the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import pickle
 import threading
@@ -66,12 +67,13 @@ class Target:
                          fingerprint=self.node.identity.fingerprint)
 
 
-@pytest.fixture
-async def target(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[Target]:
-    config = node_config(
-        id="node-0", data=fleet_shards / "node-0", test_data=fleet_shards / "test.safetensors", grpc_port=free_port(),
-        http_port=free_port(), mdns=False, swarm=f"hostile-{uuid.uuid4().hex[:6]}", state_dir=tmp_path / "state",
-    )
+@contextlib.asynccontextmanager
+async def targeted(fleet_shards: Path, tmp_path: Path, **settings: object) -> AsyncIterator[Target]:
+    """A real node on gRPC and REST, ``settings`` given (flat keys), and a stub that reaches it."""
+    config = node_config(**{
+        "id": "node-0", "data": fleet_shards / "node-0", "test_data": fleet_shards / "test.safetensors",
+        "grpc_port": free_port(), "http_port": free_port(), "mdns": False, "swarm": f"hostile-{uuid.uuid4().hex[:6]}",
+        "state_dir": tmp_path / "state", **settings})
     served = Daemon.build(config)
     node = served.node
     stop = asyncio.Event()
@@ -79,10 +81,18 @@ async def target(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[Target]:
     await node.ready.wait()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{config.network.grpc_port}",
                                         options=[("grpc.max_send_message_length", 64 << 20)])
-    yield Target(node, pb_grpc.DflNodeStub(channel), f"http://127.0.0.1:{config.api.http_port}")
-    await channel.close()
-    stop.set()
-    await task
+    try:
+        yield Target(node, pb_grpc.DflNodeStub(channel), f"http://127.0.0.1:{config.api.http_port}")
+    finally:
+        await channel.close()
+        stop.set()
+        await task
+
+
+@pytest.fixture
+async def target(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[Target]:
+    async with targeted(fleet_shards, tmp_path) as found:
+        yield found
 
 
 async def assert_still_serving(t: Target) -> None:

@@ -31,14 +31,14 @@ def poisoned(t: Target, value: float) -> ModelMessage:
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target, value: float) -> None:  # noqa: F811 - the fixture
     node = target.node
-    digest, history = node.learner.digest, len(node.state.history)
+    digest, history = node.learner.digest, len(node.history())
     await target.expect()
     frames = frames_of(poisoned(target, value), 4096, swarm=node.config.swarm, fingerprint=node.identity.fingerprint)
     verdict = await target.transfer(frames)
     assert not verdict.accepted and verdict.reason == "non_finite", verdict
     await node.roles.settled()
     assert (await target.rejected()) == {"non_finite": 1}
-    assert node.learner.digest == digest and len(node.state.history) == history
+    assert node.learner.digest == digest and len(node.history()) == history
     assert node.tally.counters["fusions"] == 0 and node.tally.counters["models_received"] == 0
     saved = node.learner.checkpoint.load(node.identity.fingerprint)
     assert saved is None or all(torch.isfinite(v).all() for v in saved[0].values() if v.is_floating_point())

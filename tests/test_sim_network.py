@@ -58,7 +58,8 @@ def test_what_compute_and_links_cost_changes_no_bit(algorithm: str, fleet_shards
         async with sim_fleet(fleet_shards, tmp_path / "costed", ROUNDS, algorithm,
                              profile=LinkProfile(LATENCY_S)) as fleet:
             await asyncio.wait_for(fleet.finished(), 600)
-            return ({n: node.learner.ctx.snapshot() for n, node in fleet.nodes.items()}, asyncio.get_running_loop().time())
+            return ({n: node.learner.ctx.snapshot() for n, node in fleet.nodes.items()},
+                    asyncio.get_running_loop().time())
 
     states, virtual = run_virtual(main(), lambda work: COMPUTE_S, FLEET.learning.threads)
     result, models = simulated(FLEET.model_copy(update={"rounds": ROUNDS}), algorithm, tmp_path / "simulate")
@@ -106,7 +107,8 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
             return round_at_kill, regenerated_after, loop.time(), others
 
     wall = time.perf_counter()
-    round_at_kill, regenerated_after, virtual, others = run_virtual(main(), lambda work: COMPUTE_S, FLEET.learning.threads)
+    round_at_kill, regenerated_after, virtual, others = run_virtual(main(), lambda work: COMPUTE_S,
+                                                                    FLEET.learning.threads)
     wall = time.perf_counter() - wall
     assert 1 <= round_at_kill < rounds
     assert token_timeout <= regenerated_after <= bound, caplog.text  # silence, then regenerated in time

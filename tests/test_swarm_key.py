@@ -57,11 +57,11 @@ async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authen
             running(config("node-1", [a], ports[1], key)) as node1, \
             running(config("node-2", [a], ports[2], other)) as wrong_key, \
             running(config("node-3", [a], ports[3], None)):  # keyless
-        await until(lambda: node0.peers.alive_ids() == ["node-1"] and node1.peers.alive_ids() == ["node-0"])
+        await until(lambda: node0.membership.alive_ids() == ["node-1"] and node1.membership.alive_ids() == ["node-0"])
         rejected = node0.tally.rejected
         await until(lambda: rejected["auth_failed"] >= 3 and rejected["unauthenticated"] >= 6)
-        assert not wrong_key.peers.peers and wrong_key.tally.rejected["auth_failed"] >= 3  # it cannot check ours either
-        assert set(node0.peers.peers) == {"node-1"} and not node0.peers.pending
+        assert not wrong_key.membership.table.peers and wrong_key.tally.rejected["auth_failed"] >= 3  # it cannot check ours either
+        assert set(node0.membership.table.peers) == {"node-1"} and not node0.membership.table.pending
         assert node0.status().authentication == "psk" and "auth_required" not in rejected
 
         swarm_key = psk.read_swarm_key(key)
@@ -105,7 +105,7 @@ async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path,
     """A host without the key that makes us dial it (an mDNS announcement) and passes our Hellos to a real
     node, and its answers back: the answers prove the key, but for another address than the one we dialed."""
     key = new_swarm_key(tmp_path / "swarm.key")
-    ports = [node_config(fleet_shards, tmp_path).grpc_port for _ in range(2)]
+    ports = [node_config(fleet_shards, tmp_path).network.grpc_port for _ in range(2)]
 
     class Relay(pb_grpc.DflNodeServicer):
         def __init__(self, target: str) -> None:
@@ -125,12 +125,13 @@ async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path,
         relayed = f"127.0.0.2:{relay.add_insecure_port('127.0.0.2:0')}"
         await relay.start()
         try:
-            assert await node1.membership.handshake.probe(relayed, 2.0) is None  # node-1 dials the relay as if it were a peer
+            # node-1 dials the relay as if it were a peer
+            assert await node1.membership.handshake.probe(relayed, 2.0) is None
         finally:
             await relay.stop(None)
             await servicer.channel.close()
         assert node1.tally.rejected["address_mismatch"] == 1
-        assert relayed not in {p.address for p in node1.peers.peers.values()}
+        assert relayed not in {p.address for p in node1.membership.table.peers.values()}
 
 
 async def test_a_key_holder_is_never_refused_as_unauthenticated(fleet_shards: Path, tmp_path: Path,
@@ -149,7 +150,7 @@ async def test_a_key_holder_is_never_refused_as_unauthenticated(fleet_shards: Pa
 
     # node-1's heartbeat: no Hello of its own while this test runs, however late node-0's come
     async with running(config("node-1", free_port(), heartbeat=60)) as node1:
-        client = node1.client(f"127.0.0.1:{port}")
+        client = node1.network.link(f"127.0.0.1:{port}")
 
         async def probed() -> None:
             answer = await client.probe(ProbeRequest(sender="node-1", swarm=node1.config.swarm), timeout=30)
@@ -158,7 +159,7 @@ async def test_a_key_holder_is_never_refused_as_unauthenticated(fleet_shards: Pa
         calling = asyncio.create_task(probed())  # nothing listens there yet
         async with running(config("node-0", port)) as node0:
             await calling
-            await until(lambda: node0.peers.alive_ids() == ["node-1"])
+            await until(lambda: node0.membership.table.alive_ids() == ["node-1"])
             await asyncio.sleep(psk.SESSION_TTL_S)  # node-1's session at node-0 expires meanwhile
             await probed()
             assert node0.tally.rejected["unauthenticated"] == 0

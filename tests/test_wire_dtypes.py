@@ -4,8 +4,8 @@ simulator's networks losing exactly what the codec loses."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,10 +15,11 @@ from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.net.client import PeerClient
 from dfl_node.net.codec import Limits, TransferRejected
 from dfl_node.peering.wire_dtypes import EXACT, decode, encode, encoding, payload_bytes, through
-from dfl_node.settings.experiment import ExperimentConfig, WireDtype
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.names import WireDtype
 from dfl_node.sim import run_fleet
 from dfl_node.sim.network import wire_size
-from tests.test_node_hostile import Target, target  # noqa: F401  (a fixture: a real node on loopback)
+from tests.test_node_hostile import targeted
 
 LOSSY = ("float16", "int8")
 
@@ -117,20 +118,21 @@ def test_a_lossy_payload_is_bounded_by_what_it_decodes_to() -> None:
     feed_all(assembler(state, wire_dtype="int8", limits=Limits(max_total_bytes=4000)), frames)
 
 
-async def test_a_node_with_a_lossy_wire_takes_a_lossy_push(target: Target) -> None:  # noqa: F811
-    """End to end over gRPC: a sender and a node that both send int8 (the node's wire identity set as
-    ``--wire-dtype int8`` sets it); the node fuses what it decoded."""
-    int8 = dataclasses.replace(target.node.wire, wire_dtype="int8")
-    target.node.requests.wire = int8
-    client = PeerClient(f"127.0.0.1:{target.node.config.network.grpc_port}", int8)
-    try:
-        await target.expect()
-        _, sent, _ = await client.push(target.message(), 0, timeout=10)
-    finally:
-        await client.close()
-    await target.node.roles.settled()
-    assert target.node.tally.counters["fusions"] == 1 and (await target.rejected()) == {}
-    assert sent < target.message().nbytes / 3  # int8: a quarter of the floats, plus the header
+async def test_a_node_with_a_lossy_wire_takes_a_lossy_push(fleet_shards: Path, tmp_path: Path) -> None:
+    """End to end over gRPC: a sender and a node (``--wire-dtype int8``) that both send int8; the node fuses what
+    it decoded."""
+    async with targeted(fleet_shards, tmp_path, wire_dtype="int8") as target:
+        int8 = target.node.network.wire  # type: ignore[attr-defined]  # a daemon's: gRPC
+        assert int8.wire_dtype == "int8"
+        client = PeerClient(f"127.0.0.1:{target.node.config.network.grpc_port}", int8)
+        try:
+            await target.expect()
+            _, sent, _ = await client.push(target.message(), 0, timeout=10)
+        finally:
+            await client.close()
+        await target.node.roles.settled()
+        assert target.node.tally.counters["fusions"] == 1 and (await target.rejected()) == {}
+        assert sent < target.message().nbytes / 3  # int8: a quarter of the floats, plus the header
 
 
 def test_a_simulation_on_an_int8_wire_runs_and_sends_a_quarter() -> None:
