@@ -27,7 +27,7 @@ COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_TLS = ROOT / "docker-compose.tls.yml"
 K8S_TLS = ROOT / "deploy-tls"
 NODE_ENV = DEPLOY / "node.env"
-FIELDS = {f"DFL_{name.upper()}" for name in NodeConfig.model_fields}
+FIELDS = {f"DFL_{name.upper()}" for name in NodeConfig.flat_fields()}
 SHARED = read_env_file(NODE_ENV)
 SECRET_MARKERS = ("PRIVATE KEY", "BEGIN CERTIFICATE")  # PEM; no credentials live in this repository
 
@@ -39,7 +39,7 @@ def node_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> NodeCon
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     config = load_config(NodeConfig)
-    assert config.advertised_host  # 0.0.0.0 needs an advertised address
+    assert config.network.advertised_host  # 0.0.0.0 needs an advertised address
     return config
 
 
@@ -97,6 +97,7 @@ def mounted(files: TlsFiles, mounts: dict[Path, Path]) -> TlsFiles:
 
 
 def tls_of(config: NodeConfig) -> TlsFiles:
-    files = tls_files(config.tls_dir, config.tls_ca, config.tls_cert, config.tls_key)
+    network = config.network
+    files = tls_files(network.tls_dir, network.tls_ca, network.tls_cert, network.tls_key)
     assert files is not None, "TLS is not configured"
     return files

@@ -151,8 +151,8 @@ def test_compose_nodes_share_the_node_command_line(compose: dict, monkeypatch: p
         # what `dfl-node status --all` dials from the host
         assert env["DFL_STATUS_URL"] == f"http://127.0.0.1:{published}"
         config = node_config({**SHARED, **env}, monkeypatch)
-        assert (config.id, config.host, config.mdns) == (nid, "0.0.0.0", True)
-        assert config.insecure and config.open_to_network  # said explicitly (node.env): a private bridge
+        assert (config.id, config.network.host, config.membership.mdns) == (nid, "0.0.0.0", True)
+        assert config.network.insecure and config.network.open_to_network  # said explicitly (node.env): a private bridge
     assert sorted(ids) == fleet_ids(count)  # dfl-node partition's folder names
     assert len(set(host_ports)) == len(host_ports)
 
@@ -197,7 +197,7 @@ def test_compose_tls_documented_certs_load_where_each_node_reads_them(
         override = tls["services"][name]
         env = {**SHARED, **svc["environment"], **override["environment"]}
         config = node_config(env, monkeypatch)
-        assert not config.insecure and not config.open_to_network
+        assert not config.network.insecure and not config.network.open_to_network
         # a relative secret target is mounted at /run/secrets/<target>; ${CERTS_DIR:-./certs} is ./certs here
         mounts = {Path("/run/secrets") / s["target"]: tmp_path / interpolate(tls["secrets"][s["source"]]["file"], [])
                   for s in override["secrets"]}

@@ -68,7 +68,7 @@ def test_netns_testbed_uses_node_env(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         env = node_environment(SHARED, index, count, host, tmp_path / "shards", tmp_path / "state")
         assert {k: v for k, v in env.items() if k in SHARED} == SHARED and set(env) - set(SHARED) == set(PER_NODE_KEYS)
         config = node_config(env, monkeypatch)
-        assert config.id == fleet_ids(count)[index] and config.advertised_host == host.address
+        assert config.id == fleet_ids(count)[index] and config.network.advertised_host == host.address
     script = (DEPLOY / "netns" / "testbed.sh").read_text()
     assert "-m dfl_node.testbed.netns" in script and "docker" not in script
 

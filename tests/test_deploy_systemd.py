@@ -59,8 +59,8 @@ def test_systemd_unit_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     (key_line,) = [line[1:] for line in device_file.read_text().splitlines() if line.startswith("#DFL_SWARM_KEY_FILE=")]
     name, _, path = key_line.partition("=")
     config = node_config({**SHARED, **device, name: path}, monkeypatch)
-    assert config.host != "0.0.0.0" and config.state_path.is_relative_to("/var/lib/dfl-node")
-    assert not config.open_to_network and config.swarm_key_file.is_relative_to("/etc/dfl-node")
+    assert config.network.host != "0.0.0.0" and config.state_path.is_relative_to("/var/lib/dfl-node")
+    assert not config.network.open_to_network and config.network.swarm_key_file.is_relative_to("/etc/dfl-node")
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -98,7 +98,7 @@ def test_systemd_tls_dropin_hands_the_node_its_credentials(tmp_path: Path, monke
     for credential, source in credentials.items():
         shutil.copy(etc / Path(source).name, creds / credential)
     config = node_config({**SHARED, **device, name: str(creds)}, monkeypatch)
-    assert not config.insecure and not config.open_to_network
+    assert not config.network.insecure and not config.network.open_to_network
     assert load_tls(tls_of(config), config.id).node_id == device["DFL_ID"]
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dfl_node.settings.experiment import LearningConfig
+from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.testbed.launcher import free_port, node_env
 from tests.test_startup_errors import node_config, running
 
@@ -81,8 +81,10 @@ async def _unreachable(http_port: int) -> list[str]:
 async def test_an_unanswered_static_peer_is_logged_listed_and_retried(fleet_shards: Path, tmp_path: Path) -> None:
     late = f"127.0.0.1:{free_port()}"  # a node starts there later
     config = node_config(fleet_shards, tmp_path / "a", http_port=free_port(), heartbeat=0.3, min_peers=2)
-    settings = config.model_dump(exclude=set(LearningConfig.model_fields) | {"peers", "mdns"}, exclude_none=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")} | node_env(config, **settings)
+    learning = {*SharedSettings.model_fields, *AlgorithmOptions.model_fields, "peers", "mdns"}
+    settings = {k: v for k, v in config.flat(exclude_none=True).items() if k not in learning}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}
+    env |= node_env(config.learning, config.per_algorithm, **settings)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "dfl_node", "start", "--peer", NOWHERE, "--peer", late, "--no-mdns",
         env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
