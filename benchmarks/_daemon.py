@@ -33,11 +33,11 @@ import httpx  # after the path above, as every import of dfl_node below
 import torch
 
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
-from dfl_node.settings.experiment import ExperimentConfig
-from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.learning.models import ModelSpec, build_model, fingerprint
+from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.net.codec import Limits, manifest_of
 from dfl_node.net.wire import WireIdentity
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.launcher import free_port
 
 HIDDEN = [5000, 4950]  # an MLP on 8x8 digits with ~25.1 M float32 parameters ≈ 100.5 MB

@@ -23,8 +23,8 @@ from _daemon import vm  # benchmarks/_daemon.py: this tree first on sys.path
 from scale import IDLE_CPU_TARGET_PERCENT, IDLE_RSS_TARGET_MB, fleet, mb, standing_by
 
 from dfl_node.cli.testbed import TESTBED_DEFAULTS
-from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.provision import provision, write_fleet
+from dfl_node.settings.experiment import ExperimentConfig
 
 
 def threads(pid: int) -> int:

@@ -23,10 +23,10 @@ import httpx
 import torch
 from _daemon import daemon  # benchmarks/_daemon.py: this tree first on sys.path
 
-from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.datasets import load_shard
-from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.learning.models import build_model
+from dfl_node.learning.provision import provision, write_fleet
+from dfl_node.settings.experiment import ExperimentConfig
 
 
 def percentiles(seconds: list[float]) -> dict[str, float]:

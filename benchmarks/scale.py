@@ -50,8 +50,8 @@ from _daemon import REPO, cpu_seconds, reset_peak, vm  # benchmarks/_daemon.py: 
 from aggregator import machine
 
 from dfl_node.cli.testbed import TESTBED_DEFAULTS
-from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.learning.provision import provision, write_fleet
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.launcher import NodeProcess, Placement, done_twice, plan_fleet, poll_status, stop_all, wait_until
 
 IDLE_RSS_TARGET_MB = 260.0
@@ -277,7 +277,8 @@ def main() -> None:
     keep = args.workdir is not None or not all(checks.values())
     report = {
         "benchmark": "scale", "machine": machine(), "nodes": args.nodes, "mode": "async", "algorithm": args.algorithm,
-        "dataset": config.dataset, "partition": config.partition, "threads_per_node": config.threads,
+        "dataset": config.shards.dataset, "partition": config.shards.partition,
+        "threads_per_node": config.learning.threads,
         "duration_s": args.duration, "wall_s": round(time.monotonic() - started, 1),
         "checks": {**checks, "errors": errors, "passed": all(checks.values())},
         "idle": idle, "run": run, "workdir": str(root) if keep else None,

@@ -62,10 +62,10 @@ from _daemon import (  # benchmarks/_daemon.py
 )
 
 from dfl_node import PROTOCOL_VERSION
-from dfl_node.net.allocator import tune_for_streaming
-from dfl_node.net.codec import CHUNK_SIZE
 from dfl_node.hashes import HASHES
+from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.client import PeerClient
+from dfl_node.net.codec import CHUNK_SIZE
 from dfl_node.peering.messages import Assignment, Hello
 from dfl_node.testbed.launcher import free_port
 

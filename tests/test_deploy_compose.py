@@ -152,7 +152,8 @@ def test_compose_nodes_share_the_node_command_line(compose: dict, monkeypatch: p
         assert env["DFL_STATUS_URL"] == f"http://127.0.0.1:{published}"
         config = node_config({**SHARED, **env}, monkeypatch)
         assert (config.id, config.network.host, config.membership.mdns) == (nid, "0.0.0.0", True)
-        assert config.network.insecure and config.network.open_to_network  # said explicitly (node.env): a private bridge
+        # said explicitly (node.env): a private bridge
+        assert config.network.insecure and config.network.open_to_network
     assert sorted(ids) == fleet_ids(count)  # dfl-node partition's folder names
     assert len(set(host_ports)) == len(host_ports)
 

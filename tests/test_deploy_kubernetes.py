@@ -69,8 +69,10 @@ def test_kubernetes_env_is_node_env(monkeypatch: pytest.MonkeyPatch) -> None:
         env = expand(node["env"], {"POD_NAME": pod_name, "POD_INDEX": str(index)})
         config = node_config({**SHARED, **{k: v for k, v in env.items() if k.startswith("DFL_")}}, monkeypatch)
         assert config.id == fleet_ids(replicas)[index] and config.network.advertise == f"{pod_name}.{service}"
-        assert not config.membership.mdns and config.network.insecure  # node.env says it: the plain variant trusts its pod network
-        assert config.membership.peers == [f"{sts['metadata']['name']}-{i}.{service}:{config.network.grpc_port}" for i in range(replicas)]
+        # node.env says it: the plain variant trusts its pod network
+        assert not config.membership.mdns and config.network.insecure
+        port = config.network.grpc_port
+        assert config.membership.peers == [f"{sts['metadata']['name']}-{i}.{service}:{port}" for i in range(replicas)]
     assert replicas == int(SHARED["DFL_MIN_PEERS"]) + 1
 
 
@@ -179,7 +181,8 @@ def test_kubernetes_documented_secret_gives_each_pod_its_certificate(
         configs.append((config, load_tls(mounted(files, mounts), config.id)))
     assert used == set(secret["data"]), "every key of the Secret is read by a pod, and every file a pod reads exists"
     # static peers: each address a node dials is a DNS name of that peer's certificate
-    by_address = {f"{c.network.advertise}:{c.network.grpc_port}": x509.load_pem_x509_certificate(m.cert) for c, m in configs}
+    by_address = {f"{c.network.advertise}:{c.network.grpc_port}": x509.load_pem_x509_certificate(m.cert)
+                  for c, m in configs}
     for config, _ in configs:
         for peer in config.membership.peers:
             assert peer.rsplit(":", 1)[0] in dns_names(by_address[peer]), peer

@@ -1,9 +1,11 @@
-"""The import graph of ``dfl_node``: no cycles, and the layers of ``shared/design.md`` (dependencies point down).
+"""The import graph of ``dfl_node``: no cycles, and the layers of ``shared/design.md`` (dependencies point down);
+and inside the node, state written by its owner only.
 
 The graph is read from the source with :mod:`ast`, so nothing is imported: every ``import`` counts,
-including those inside functions (they run, just later), except under ``if TYPE_CHECKING:`` (they never
-run). Importing ``dfl_node.a.b`` from outside package ``dfl_node.a`` also runs ``dfl_node/a/__init__.py``,
-so it is an edge to that package too.
+including those inside functions (they run, just later) and those under ``if TYPE_CHECKING:`` (they never
+run, but a module that names another's type for its checker depends on it as much: issue 32 found ten modules
+of ``node/`` in one circle that way). Importing ``dfl_node.a.b`` from outside package ``dfl_node.a`` also runs
+``dfl_node/a/__init__.py``, so it is an edge to that package too.
 
 Run as a script to print the graph's cycles and the layering violations:
 ``python tests/test_layers.py``.
@@ -35,18 +37,8 @@ def _modules() -> dict[str, Path]:
     return {name: path for name, path in found.items() if not name.startswith(GENERATED)}
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement that runs (all but those under ``if TYPE_CHECKING:``)."""
-    if isinstance(tree, ast.If) and _is_type_checking(tree.test):
-        for node in tree.orelse:
-            yield from _imports(node)
-        return
+    """Every import statement, those under ``if TYPE_CHECKING:`` included."""
     if isinstance(tree, ast.Import | ast.ImportFrom):
         yield tree
     for child in ast.iter_child_nodes(tree):
@@ -135,11 +127,24 @@ def violations(graph: dict[str, set[str]], layer: str, forbidden: tuple[str, ...
                   for t in targets if any(inside(t, f) for f in forbidden))
 
 
-# design.md §1: cli → node → net | sim → algorithms → learning; dependencies point down only.
+# design.md §1: cli → service (the daemon's composition root) | sim → node → algorithms → learning, the node
+# reaching its peers through the port (peering) that net and sim implement; dependencies point down only.
+LEAVES = ("dfl_node.plugins", "dfl_node.registered", "dfl_node.errors", "dfl_node.hashes", "dfl_node.heap",
+          "dfl_node.addresses")  # modules anyone may import: they import nothing of the package
+ABOVE_NODE = ("dfl_node.net", "dfl_node.sim", "dfl_node.service", "dfl_node.cli", "dfl_node.testbed",
+              "dfl_node.sweep")
 LAYERS = {
-    "dfl_node.learning": ("dfl_node.net", "dfl_node.node", "dfl_node.algorithms", "dfl_node.sim", "dfl_node.api"),
-    "dfl_node.algorithms": ("dfl_node.net", "dfl_node.node", "dfl_node.sim"),
-    "dfl_node.node": ("dfl_node.sim",),
+    # learning imports nothing above it: not the settings (which name the algorithms), not the algorithms
+    "dfl_node.learning": ("dfl_node.settings", "dfl_node.algorithms", "dfl_node.peering", "dfl_node.api",
+                          "dfl_node.node", *ABOVE_NODE),
+    "dfl_node.algorithms": ("dfl_node.settings", "dfl_node.peering", "dfl_node.api", "dfl_node.node", *ABOVE_NODE),
+    "dfl_node.settings": ("dfl_node.peering", "dfl_node.api", "dfl_node.node", *ABOVE_NODE),
+    "dfl_node.peering": ("dfl_node.settings", "dfl_node.node", *ABOVE_NODE),
+    # the node knows no wire and no simulator: whoever runs it hands it its network
+    "dfl_node.node": ABOVE_NODE,
+    "dfl_node.net": ("dfl_node.settings", "dfl_node.node", "dfl_node.sim", "dfl_node.service", "dfl_node.cli"),
+    "dfl_node.sim": ("dfl_node.net", "dfl_node.service", "dfl_node.cli"),
+    "dfl_node.service": ("dfl_node.sim", "dfl_node.cli"),
 }
 PROTOBUF = ("dfl_node.net.proto",)  # the generated messages; google.protobuf is checked as an external import
 
@@ -152,8 +157,18 @@ def graph() -> dict[str, set[str]]:
 def test_the_graph_sees_the_known_edges(graph: dict[str, set[str]]) -> None:
     """A guard on the parser itself: edges that certainly exist are found, and none point outside."""
     assert "dfl_node.learning.settings" in graph["dfl_node.algorithms.base"]
-    assert "dfl_node.algorithms" in graph["dfl_node.settings.experiment"]  # its lazy lookup counts
+    assert "dfl_node.algorithms" in graph["dfl_node.settings.names"]  # its lazy lookup counts
     assert all(t in graph for targets in graph.values() for t in targets)
+
+
+def test_type_checking_imports_count() -> None:
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dfl_node.node.daemon import Node\n")
+    modules = [node.module for node in _imports(tree) if isinstance(node, ast.ImportFrom)]
+    assert modules == ["typing", "dfl_node.node.daemon"]
+
+
+def test_the_leaves_import_nothing_of_the_package(graph: dict[str, set[str]]) -> None:
+    assert {leaf: graph[leaf] for leaf in LEAVES if graph[leaf]} == {}
 
 
 def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
@@ -165,10 +180,49 @@ def test_layers_import_only_downwards(graph: dict[str, set[str]], layer: str) ->
     assert violations(graph, layer, LAYERS[layer]) == []
 
 
-def test_node_imports_no_protobuf(graph: dict[str, set[str]]) -> None:
+def test_node_imports_no_protobuf_no_grpc_and_names_no_wire(graph: dict[str, set[str]]) -> None:
+    """Not even in a docstring: what the node says of itself must hold for every network it runs on."""
     node = [m for m in graph if m.startswith("dfl_node.node")]
     assert violations(graph, "dfl_node.node", PROTOBUF) == []
-    assert [m for m in node if "google" in external_imports(m)] == []
+    assert [m for m in node if external_imports(m) & {"google", "grpc", "zeroconf"}] == []
+    named = [str(p.relative_to(ROOT)) for p in sorted((ROOT / PACKAGE / "node").glob("*.py"))
+             if "dfl_node.net" in p.read_text() or "import grpc" in p.read_text()]
+    assert named == []
+
+
+def foreign_writes(path: Path) -> list[str]:
+    """The assignments in ``path`` to an attribute of an object reached through another — ``self.part.attr = …``
+    (a collaborator's attribute), ``node.state.attr = …`` — with their line numbers. ``self.attr = …`` and
+    ``record.attr = …`` (a local: an entry of the owner's own table, a response being built) are the owner's."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in [t for given in targets for t in (given.elts if isinstance(given, ast.Tuple) else [given])]:
+            while isinstance(target, ast.Subscript):
+                target = target.value
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Attribute):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(target)}")
+    return found
+
+
+def test_the_node_s_state_is_written_by_its_owner_only() -> None:
+    """design.md §4: each part of a node owns its state; another part changes it only through the owner's
+    methods. (Its attributes are private, and ruff's SLF001 refuses ``other._attr``; this catches a write to a
+    public attribute of a collaborator.)"""
+    writes = [w for p in sorted((ROOT / PACKAGE / "node").glob("*.py")) for w in foreign_writes(p)]
+    assert writes == []
+
+
+def test_foreign_writes_are_found(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(self, node, peer):\n    self.x = 1\n    peer.alive = False\n    node.state.round = 3\n"
+                      "    self.roles.collector.step = 2\n    node.state.counters['a'] += 1\n")
+    assert foreign_writes(sample) == ["sample.py:4: node.state.round", "sample.py:5: self.roles.collector.step",
+                                      "sample.py:6: node.state.counters"]
 
 
 if __name__ == "__main__":
@@ -180,3 +234,6 @@ if __name__ == "__main__":
             print("layer:", line)
     for line in violations(g, "dfl_node.node", PROTOBUF):
         print("protobuf:", line)
+    for path in sorted((ROOT / PACKAGE / "node").glob("*.py")):
+        for line in foreign_writes(path):
+            print("foreign write:", line)

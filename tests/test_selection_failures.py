@@ -66,7 +66,7 @@ def test_a_candidate_that_never_answers_its_probe_is_skipped_and_the_rounds_go_o
     rounds = 8
     config = FLEET.model_copy(update={"nodes": 3})
     fake_address = f"127.0.0.1:{BASE_PORT + 3}"
-    configs = [c.model_copy(update={"peers": [*c.peers, fake_address]}) for c in plan_nodes(
+    configs = [c.model_copy(update={"peers": [*c.membership.peers, fake_address]}) for c in plan_nodes(
         config, "defkt-select", fleet_shards, tmp_path, min_peers=3, rounds=rounds, evaluate=False,
         probe_timeout=1.5,  # round 0 waits for the fake too
         round_timeout=4.0)]  # how long the holder replays a group whose sender, the fake, refuses

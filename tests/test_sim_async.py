@@ -31,7 +31,7 @@ def async_fleet(shards: Path, state: Path, algorithm: str, caplog: pytest.LogCap
         fleet = VirtualFleet(configs, lambda src, dst: LinkProfile(0.005, 12.5e6))
         try:
             fleet.start_all()
-            await asyncio.wait_for(fleet.finished(), 10 * configs[0].duration)
+            await asyncio.wait_for(fleet.finished(), 10 * configs[0].schedule.duration)
             return {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
         finally:
             await fleet.close()

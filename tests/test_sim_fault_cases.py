@@ -24,22 +24,16 @@ from dfl_node.sim.fleet import VirtualFleet, plan_nodes
 from dfl_node.sim.ledger import Ledger, completed_rounds
 from dfl_node.sim.network import LinkProfile
 from tests.chaos import HISTORY_LIMIT, SEED, STALL_BOUND, TIMEOUTS, stall_bound
-from tests.conftest import FLEET
+from tests.conftest import FLEET, until
 
 STEP_S = 0.05  # virtual seconds per training step: a round's training and fusion take seconds
 Script = Callable[[VirtualFleet], Awaitable[list[float]]]  # plays the case's kills; returns when each happened
 
 
-async def until(fleet: VirtualFleet, predicate: Callable[[Node], bool], timeout: float = 600.0) -> Node:
+async def first(fleet: VirtualFleet, predicate: Callable[[Node], bool]) -> Node:
     """The first node (by id) that satisfies ``predicate``, waiting for one in virtual time."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        found = [fleet.nodes[n] for n in sorted(fleet.nodes) if predicate(fleet.nodes[n])]
-        if found:
-            return found[0]
-        assert loop.time() < deadline, "no node came to the state the case waits for"
-        await asyncio.sleep(0.01)
+    return await until(lambda: next((fleet.nodes[n] for n in sorted(fleet.nodes) if predicate(fleet.nodes[n])), None),
+                       600.0, "a node in the state the case waits for")
 
 
 def highest_round(fleet: VirtualFleet) -> int:
@@ -65,7 +59,7 @@ def run_case(shards: Path, state: Path, config: ExperimentConfig, script: Script
         finally:
             await fleet.close()
 
-    states, kills = run_virtual(main(), lambda work: work.steps * STEP_S, config.threads)
+    states, kills = run_virtual(main(), lambda work: work.steps * STEP_S, config.learning.threads)
     return Ledger.of(states), completed_rounds(states), kills
 
 
@@ -80,7 +74,7 @@ def test_a_round_whose_sender_died_before_its_transfer_is_played_again(fleet_sha
     """Issue 13: "pairing … did not complete" and the holder moved on, so the round had no fusion at all. The
     sender (not the holder: the token would die with it) is killed while it trains, before it transfers."""
     async def script(fleet: VirtualFleet) -> list[float]:
-        sender = await until(fleet, lambda n: n.roles.role is Role.SENDER and not n.progress.holding)
+        sender = await first(fleet, lambda n: n.roles.role is Role.SENDER and not n.progress.holding)
         return [kill_and_restart(fleet, sender)]
 
     ledger, completed, _ = run_case(fleet_shards, tmp_path, FLEET.model_copy(update={"rounds": 4}), script)
@@ -93,7 +87,7 @@ def test_an_aggregator_killed_after_accepting_loses_no_model(fleet_shards: Path,
     """Issue 13: a receiver answered "accepted" and died before its fusion was durable; its sender (and in round
     mode the holder) counted the exchange as done. The kill lands while it fuses."""
     async def script(fleet: VirtualFleet) -> list[float]:
-        return [kill_and_restart(fleet, await until(fleet, lambda n: n.state.fusing > 0))]
+        return [kill_and_restart(fleet, await first(fleet, lambda n: n.roles.fusing))]
 
     config = FLEET.model_copy(update={"rounds": 4 if mode == "round" else 0})
     settings = {"interval": 0.3, "participation": 0.5, "duration": 30.0} if mode == "async" else {}
@@ -111,7 +105,7 @@ def test_a_restarted_lowest_node_regenerates_from_the_fleets_round(fleet_shards:
     when node-0's checkpoint is behind the fleet; token_timeout is longer than their restart, so node-0 is back
     before anyone else would act."""
     async def script(fleet: VirtualFleet) -> list[float]:
-        holder = await until(fleet, lambda n: n.progress.holding and n.node_id != "node-0" and n.progress.round >= 4)
+        holder = await first(fleet, lambda n: n.progress.holding and n.node_id != "node-0" and n.progress.round >= 4)
         at = kill_and_restart(fleet, holder, after=2.0)
         kill_and_restart(fleet, fleet.nodes["node-0"], after=2.0)
         return [at]
@@ -132,16 +126,16 @@ def test_members_killed_in_turn_neither_stall_the_token_nor_repeat_a_round(fleet
 
     async def script(fleet: VirtualFleet) -> list[float]:
         kills = []
-        await until(fleet, lambda n: highest_round(fleet) >= 3)
+        await first(fleet, lambda n: highest_round(fleet) >= 3)
         for _ in range(3):
             await asyncio.sleep(rng.uniform(0.1, 1.0))
-            await until(fleet, lambda n: len(fleet.nodes) == 4)
+            await first(fleet, lambda n: len(fleet.nodes) == 4)
             ids = sorted(fleet.nodes)
             holder = next((i for i in ids if fleet.nodes[i].progress.holding), ids[0])
             bystanders = [i for i in ids if i not in (holder, ids[(ids.index(holder) + 1) % len(ids)])]
             at_round = highest_round(fleet)
             kills.append(kill_and_restart(fleet, fleet.nodes[rng.choice(bystanders)]))
-            await until(fleet, lambda n, r=at_round: len(fleet.nodes) == 4 and highest_round(fleet) > r + 3)
+            await first(fleet, lambda n, r=at_round: len(fleet.nodes) == 4 and highest_round(fleet) > r + 3)
         return kills
 
     ledger, completed, kills = run_case(fleet_shards, tmp_path, FLEET.model_copy(update={"rounds": 40}), script)
@@ -157,10 +151,10 @@ def test_a_holder_killed_between_its_two_assigns_does_not_hold_the_aggregator_fo
     told to send, and while it waited, its role kept the lost token from being regenerated. Each message takes
     0.1 s here, so the kill lands after the aggregator took its role and before the sender has its own."""
     async def script(fleet: VirtualFleet) -> list[float]:
-        await until(fleet, lambda n: highest_round(fleet) >= 2)
-        await until(fleet, lambda n: n.roles.role is Role.AGGREGATOR
+        await first(fleet, lambda n: highest_round(fleet) >= 2)
+        await first(fleet, lambda n: n.roles.role is Role.AGGREGATOR
                     and not any(m.roles.role is Role.SENDER for m in fleet.nodes.values()))
-        holder = await until(fleet, lambda n: n.progress.holding)
+        holder = await first(fleet, lambda n: n.progress.holding)
         return [kill_and_restart(fleet, holder)]
 
     ledger, completed, kills = run_case(fleet_shards, tmp_path, FLEET.model_copy(update={"rounds": 6}), script,
@@ -195,7 +189,7 @@ def test_a_holder_killed_while_its_sender_trains_still_has_that_senders_model_fu
                           senders={s.node_id for s in senders})
             return True
 
-        holder = await until(fleet, lambda n: training_under_a_bystander(n) and n.progress.holding)
+        holder = await first(fleet, lambda n: training_under_a_bystander(n) and n.progress.holding)
         return [kill_and_restart(fleet, holder)]
 
     ledger, completed, kills = run_case(fleet_shards, tmp_path, FLEET.model_copy(update={"rounds": 6}), script,

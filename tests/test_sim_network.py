@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,7 @@ from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.experiment import run_fleet
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
 from dfl_node.sim.network import LinkProfile
-from tests.conftest import FLEET, simulated
+from tests.conftest import FLEET, simulated, until
 
 ROUNDS = 3
 
@@ -82,12 +82,6 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
     rounds, token_timeout, round_timeout, peer_timeout, heartbeat = 6, 30.0, 60.0, 4.0, 1.0
     bound = (peer_timeout + token_timeout + round_timeout + 2 * heartbeat + min(1.0, token_timeout / 4)
              + ROUND_WORK_S)
-
-    async def until(condition: Callable[[], bool], within: float) -> None:
-        async def poll() -> None:
-            while not condition():
-                await asyncio.sleep(0.01)
-        await asyncio.wait_for(poll(), within)
 
     async def main() -> tuple[int, float, float, list[Node]]:
         loop = asyncio.get_running_loop()

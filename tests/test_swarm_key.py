@@ -60,7 +60,8 @@ async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authen
         await until(lambda: node0.membership.alive_ids() == ["node-1"] and node1.membership.alive_ids() == ["node-0"])
         rejected = node0.tally.rejected
         await until(lambda: rejected["auth_failed"] >= 3 and rejected["unauthenticated"] >= 6)
-        assert not wrong_key.membership.table.peers and wrong_key.tally.rejected["auth_failed"] >= 3  # it cannot check ours either
+        # it cannot check ours either
+        assert not wrong_key.membership.table.peers and wrong_key.tally.rejected["auth_failed"] >= 3
         assert set(node0.membership.table.peers) == {"node-1"} and not node0.membership.table.pending
         assert node0.status().authentication == "psk" and "auth_required" not in rejected
 

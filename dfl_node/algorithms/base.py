@@ -65,6 +65,10 @@ class NodeContext:
     def profile(self) -> NodeProfile:
         return NodeProfile(self.node_id, str(self.spec), self.num_samples)
 
+    def use_data(self, train: ArrayDataset, val: ArrayDataset) -> None:
+        """New training and validation sets (the node's data grew), from the next step on; the models stay."""
+        self.train, self.val = train, val
+
     def local_params(self) -> SgdParams:
         c = self.config
         return SgdParams(lr=c.lr, momentum=c.momentum, batch_size=c.batch_size, epochs=c.local_epochs,

@@ -42,6 +42,10 @@ class Collector:
     def round(self) -> int:
         return self.step.round
 
+    def settle_on(self, step: Step) -> None:
+        """An async volunteer's group, once it knows which of the invited came (``step``'s senders)."""
+        self.step = step
+
     def matches(self, offer: Offer) -> bool:
         return offer.round == self.round and offer.epoch == self.epoch
 

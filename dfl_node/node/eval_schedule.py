@@ -24,6 +24,14 @@ class EvalSchedule:
         self.owed_since = None if now else round_
         return now
 
+    def owe(self, round_: int) -> None:
+        """The standing model, of ``round_``, was never evaluated (a checkpoint's, resumed from)."""
+        self.owed_since = round_
+
+    def settled(self) -> None:
+        """The standing model was evaluated."""
+        self.owed_since = None
+
     def owed(self, upto: int | None) -> int | None:
         """The round of the standing model if it must be evaluated before a role of round ``upto`` changes it
         (a point lies between its round and ``upto``); ``upto`` None: the run ends, anything owed is due."""

@@ -1,6 +1,6 @@
 """What a node checks in a received model before it takes it, beyond the codec and the algorithm.
 
-The codec (:mod:`dfl_node.net.codec`) checks that the bytes are what the header says, and the
+The network checks that the bytes are what the transfer's header says (over gRPC, its codec), and the
 algorithm (``check_message``) that the message is something it can fuse. A well-formed model can
 still be poison: NaN or ±Inf weights spread through any average or distillation and then sit in
 every checkpoint. So every received model (pushed, pulled or sent back as a reply) must be finite,

@@ -110,7 +110,7 @@ class Learner:
     # ----- the data ------------------------------------------------------------------------
     def use_data(self, train: ArrayDataset, val: ArrayDataset) -> None:
         """New training and validation sets, from the next role on (the caller made sure no role holds them)."""
-        self.ctx.train, self.ctx.val = train.to(self.device), val.to(self.device)
+        self.ctx.use_data(train.to(self.device), val.to(self.device))
 
     # ----- checkpoints ---------------------------------------------------------------------
     def load(self) -> Mapping[str, Any] | None:
@@ -128,7 +128,7 @@ class Learner:
             newest = self._history[-1] if self._history else None
             if self._schedule.enabled and newest is not None and (newest.local_accuracy, newest.global_accuracy) \
                     == (None, None):
-                self._schedule.owed_since = newest.round  # the model it resumes with was never evaluated
+                self._schedule.owe(newest.round)  # the model it resumes with was never evaluated
         self._digest = param_digest(self.ctx.model.state_dict())
         return saved[1] if saved is not None else None
 
@@ -175,8 +175,8 @@ class Learner:
         if self.served.committed is None:
             async with self._saving:
                 if self.served.committed is None and self.checkpoint.generation is not None:
-                    self.served.committed = await asyncio.to_thread(load_served, self.checkpoint.directory,
-                                                                    self.served.served, self.fingerprint)
+                    self.served.keep(await asyncio.to_thread(load_served, self.checkpoint.directory,
+                                                             self.served.served, self.fingerprint))
         return self.served.committed
 
     # ----- evaluation and the history ------------------------------------------------------
@@ -206,7 +206,7 @@ class Learner:
         if since is None and not (upto is None and self._schedule.enabled and self._accuracy == (None, None)):
             return
         accuracies = await asyncio.to_thread(self.evaluate)
-        self._schedule.owed_since = None
+        self._schedule.settled()
         self._record(self._progress.round if since is None else since, "eval", accuracies)
 
     def _record(self, round_: int, event: str, accuracies: dict[str, SeriesAccuracy] | None, *,

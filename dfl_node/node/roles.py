@@ -226,7 +226,7 @@ class Roles:
         if not came:
             return False
         step = Step(round_, Group(self.node_id, tuple(sorted(came))))
-        collector.step = step
+        collector.settle_on(step)
         self._settling = asyncio.get_running_loop().create_task(
             self._play_aggregator(step, PeerTransport(self, Order(Role.AGGREGATOR, step), collector)))
         return True

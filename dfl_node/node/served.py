@@ -93,6 +93,10 @@ class ServedModel:
     def metadata(self) -> dict[str, str]:
         return self.served.metadata()
 
+    def keep(self, committed: TrainedModel) -> None:
+        """The committed model, read from the checkpoint at the first request: kept from now on."""
+        self.committed = committed
+
     def commit(self, checkpoint_state: Mapping[str, torch.Tensor], round_: int, *, shared: bool) -> None:
         """A checkpoint of ``checkpoint_state`` (CPU tensors; ``shared``: the live model's own) was written at
         ``round_``: that is now the committed model, where one is kept. The reference is replaced in one

@@ -143,7 +143,8 @@ def plan_fleet(
             # reach: a private network, where running without credentials is a choice made here, explicitly
             insecure=not is_loopback(node.host),
         )
-        node.env = node_env(config.learning, config.per_algorithm, **{**settings, **(extra or {})})  # ``extra`` wins: tests tune any setting
+        # ``extra`` wins: tests tune any setting
+        node.env = node_env(config.learning, config.per_algorithm, **{**settings, **(extra or {})})
     return nodes
 
 
