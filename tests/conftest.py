@@ -11,7 +11,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,11 +25,14 @@ from dfl_node.cli.logs import QUIET_LIBRARIES
 from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.node.orders import Order
 from dfl_node.peering.messages import Assignment
+from dfl_node.peering.port import PeerHandler
 from dfl_node.results import RunResult
 from dfl_node.service.wiring import Daemon
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
+from dfl_node.sim.fleet import VirtualFleet, plan_nodes
+from dfl_node.sim.network import LinkProfile
 from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, stop_all
 
 T = TypeVar("T")
@@ -47,6 +50,27 @@ def node_config(**settings: object) -> NodeConfig:
 def daemon(**settings: object) -> Daemon:
     """What ``dfl-node start`` runs for :func:`node_config` of ``settings``: a node on gRPC (not started)."""
     return Daemon.build(node_config(**settings))
+
+
+@contextlib.asynccontextmanager
+async def virtual_fleet(config: ExperimentConfig, algorithm: str, shards: Path, state: Path, *,
+                        links: LinkProfile | None = None, others: Mapping[str, PeerHandler] | None = None,
+                        **settings: Any) -> AsyncIterator[VirtualFleet]:
+    """``config``'s fleet as K of the daemon's own nodes on the simulator's fabric, each link costing ``links``,
+    started on the running loop (run it in :func:`~dfl_node.sim.clock.run_virtual` for virtual time). ``others``:
+    handlers served beside them at their addresses (a fake peer), which every node also has as a static peer;
+    ``settings`` (flat keys) override every node's. On exit every node still up is killed."""
+    configs = plan_nodes(config, algorithm, shards, state, **settings)
+    if others:
+        configs = [c.model_copy(update={"peers": [*c.membership.peers, *others]}) for c in configs]
+    fleet = VirtualFleet(configs, None if links is None else lambda src, dst: links)
+    try:
+        for address, handler in (others or {}).items():
+            fleet.fabric.serve(address, handler)
+        fleet.start_all()
+        yield fleet
+    finally:
+        await fleet.close()
 
 
 async def until(condition: Callable[[], T], timeout: float = 20.0, what: str = "the condition") -> T:

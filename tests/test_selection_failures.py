@@ -27,9 +27,9 @@ from dfl_node.algorithms import NodeProfile, make_algorithm
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.sim.clock import run_virtual
-from dfl_node.sim.fleet import BASE_PORT, VirtualFleet, plan_nodes
+from dfl_node.sim.fleet import BASE_PORT
 from dfl_node.testbed.launcher import NodeProcess, Placement, free_port, plan_fleet, stop_all, wait_until
-from tests.conftest import FLEET
+from tests.conftest import FLEET, virtual_fleet
 from tests.fake_peer import FakeNode
 
 pytestmark = pytest.mark.slow
@@ -65,22 +65,15 @@ def test_a_candidate_that_never_answers_its_probe_is_skipped_and_the_rounds_go_o
     """Three of the daemon's own nodes and the fake, on the in-memory network and the virtual clock."""
     rounds = 8
     config = FLEET.model_copy(update={"nodes": 3})
-    fake_address = f"127.0.0.1:{BASE_PORT + 3}"
-    configs = [c.model_copy(update={"peers": [*c.membership.peers, fake_address]}) for c in plan_nodes(
-        config, "defkt-select", fleet_shards, tmp_path, min_peers=3, rounds=rounds, evaluate=False,
-        probe_timeout=1.5,  # round 0 waits for the fake too
-        round_timeout=4.0)]  # how long the holder replays a group whose sender, the fake, refuses
-    fake = FakeNode(FAKE, configs[0].swarm, "defkt-select", "mlp:32,32", 8, 10, BASE_PORT + 3)
+    fake = FakeNode(FAKE, "default", "defkt-select", "mlp:32,32", 8, 10, BASE_PORT + 3)  # the fleet's swarm
 
     async def main() -> dict[str, dict]:
-        fleet = VirtualFleet(configs)
-        try:
-            fleet.fabric.serve(fake_address, fake)
-            fleet.start_all()
+        async with virtual_fleet(config, "defkt-select", fleet_shards, tmp_path, others={fake.address: fake},
+                                 min_peers=3, rounds=rounds, evaluate=False,
+                                 probe_timeout=1.5,  # round 0 waits for the fake too
+                                 round_timeout=4.0) as fleet:  # how long the holder replays what the fake refuses
             await fleet.finished()
             return {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
-        finally:
-            await fleet.close()
 
     caplog.set_level(logging.INFO)
     statuses = run_virtual(main(), lambda work: work.steps * 0.01)

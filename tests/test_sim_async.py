@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from dfl_node.sim.clock import run_virtual
-from dfl_node.sim.fleet import VirtualFleet, plan_nodes
 from dfl_node.sim.network import LinkProfile
-from tests.conftest import FLEET
+from tests.conftest import FLEET, virtual_fleet
 
 STEP_S = 0.01  # virtual seconds per training step: a fusion takes a while, so volunteers meet busy peers
 
@@ -25,16 +24,12 @@ def async_fleet(shards: Path, state: Path, algorithm: str, caplog: pytest.LogCap
                 ) -> dict[str, dict[str, Any]]:
     """The test fleet in async mode until every node's duration is over: each node's /status then."""
     caplog.set_level(logging.WARNING)
-    configs = plan_nodes(FLEET, algorithm, shards, state, mode="async", evaluate=False, **settings)
-
     async def main() -> dict[str, dict[str, Any]]:
-        fleet = VirtualFleet(configs, lambda src, dst: LinkProfile(0.005, 12.5e6))
-        try:
-            fleet.start_all()
-            await asyncio.wait_for(fleet.finished(), 10 * configs[0].schedule.duration)
+        async with virtual_fleet(FLEET, algorithm, shards, state, links=LinkProfile(0.005, 12.5e6), mode="async",
+                                 evaluate=False, **settings) as fleet:
+            duration = next(iter(fleet.configs.values())).schedule.duration
+            await asyncio.wait_for(fleet.finished(), 10 * duration)
             return {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
-        finally:
-            await fleet.close()
 
     statuses = run_virtual(main(), lambda work: work.steps * STEP_S, FLEET.learning.threads)
     problems = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]

@@ -20,11 +20,11 @@ from dfl_node.algorithms.plan import Role
 from dfl_node.node.daemon import Node
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim.clock import run_virtual
-from dfl_node.sim.fleet import VirtualFleet, plan_nodes
+from dfl_node.sim.fleet import VirtualFleet
 from dfl_node.sim.ledger import Ledger, completed_rounds
 from dfl_node.sim.network import LinkProfile
 from tests.chaos import HISTORY_LIMIT, SEED, STALL_BOUND, TIMEOUTS, stall_bound
-from tests.conftest import FLEET, until
+from tests.conftest import FLEET, until, virtual_fleet
 
 STEP_S = 0.05  # virtual seconds per training step: a round's training and fusion take seconds
 Script = Callable[[VirtualFleet], Awaitable[list[float]]]  # plays the case's kills; returns when each happened
@@ -44,20 +44,14 @@ def run_case(shards: Path, state: Path, config: ExperimentConfig, script: Script
              links: LinkProfile | None = None, **settings: Any) -> tuple[Ledger, int, list[float]]:
     """Run the test fleet under ``script`` until every node is done (every message taking what ``links`` says);
     the durable ledger, the rounds completed, and the moments of the kills (the nodes' clock)."""
-    configs = plan_nodes(config, "defkt", shards, state, mode=mode, evaluate=False, history_limit=HISTORY_LIMIT,
-                         **{**TIMEOUTS, **settings})
-
     async def main() -> tuple[dict[str, dict[str, Any]], list[float]]:
-        fleet = VirtualFleet(configs, None if links is None else lambda src, dst: links)
-        try:
-            fleet.start_all()
+        async with virtual_fleet(config, "defkt", shards, state, links=links, mode=mode, evaluate=False,
+                                 history_limit=HISTORY_LIMIT, **{**TIMEOUTS, **settings}) as fleet:
             kills = await script(fleet)
             await fleet.finished()
             for node_id in sorted(fleet.nodes):
                 await fleet.stop(node_id)
             return fleet.durable_states(), kills
-        finally:
-            await fleet.close()
 
     states, kills = run_virtual(main(), lambda work: work.steps * STEP_S, config.learning.threads)
     return Ledger.of(states), completed_rounds(states), kills

@@ -9,11 +9,10 @@ timeout of virtual seconds costs next to no wall time, and the result is the sim
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -22,26 +21,19 @@ import torch
 from dfl_node.node.daemon import Node
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.experiment import run_fleet
-from dfl_node.sim.fleet import VirtualFleet, plan_nodes
+from dfl_node.sim.fleet import VirtualFleet
 from dfl_node.sim.network import LinkProfile
-from tests.conftest import FLEET, simulated, until
+from tests.conftest import FLEET, simulated, until, virtual_fleet
 
 ROUNDS = 3
 
 
-@contextlib.asynccontextmanager
-async def sim_fleet(shards: Path, state: Path, rounds: int, algorithm: str = "defkt", *,
-                    profile: LinkProfile | None = None, **settings: object) -> AsyncIterator[VirtualFleet]:
-    """The test fleet as K real nodes on one fabric (every link costs ``profile``), started, without their
-    first evaluation; ``settings`` override the nodes' config. On exit every node is killed."""
-    configs = plan_nodes(FLEET.model_copy(update={"rounds": rounds}), algorithm, shards, state,
+def sim_fleet(shards: Path, state: Path, rounds: int, algorithm: str = "defkt", *,
+              profile: LinkProfile | None = None, **settings: object) -> AbstractAsyncContextManager[VirtualFleet]:
+    """The test fleet of ``rounds`` rounds as K real nodes on one fabric (every link costs ``profile``), without
+    their first evaluation; ``settings`` override the nodes' config."""
+    return virtual_fleet(FLEET.model_copy(update={"rounds": rounds}), algorithm, shards, state, links=profile,
                          evaluate=False, **settings)
-    fleet = VirtualFleet(configs, None if profile is None else (lambda src, dst: profile))
-    fleet.start_all()
-    try:
-        yield fleet
-    finally:
-        await fleet.close()
 
 
 # Each compute call (training, a fusion, a check, a checkpoint) costs this much virtual time, and each message
