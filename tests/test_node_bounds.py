@@ -21,7 +21,7 @@ from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon
 from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import node_config
+from tests.conftest import node_config, until
 
 
 def config_for(shards: Path, state: Path, **settings: object) -> NodeConfig:
@@ -128,11 +128,9 @@ async def test_a_hello_flood_of_fake_peers_leaves_a_bounded_table(fleet_shards: 
         assert len(node.membership.table.pending) <= 8 and not node.membership.table.peers
         assert node.tally.rejected["peer_table_full"] == 300 - 8
         assert len(node.network.clients) <= 3  # one channel per probed address, not per fake
-        for _ in range(50):
-            await asyncio.sleep(0.1)
-            if not node.membership.table.pending and not node.network.clients:
-                break
-        assert not node.membership.table.pending and not node.membership.table.peers and not node.network.clients
+        await until(lambda: not node.membership.table.pending and not node.network.clients, 5,  # type: ignore[attr-defined]
+                    "the unconfirmed peers and their channels to go")
+        assert not node.membership.table.peers
         assert not node.membership.table.alive_ids()
 
 
@@ -142,14 +140,7 @@ async def test_a_dead_peer_is_forgotten_after_the_expiry(fleet_shards: Path, tmp
                         peers=[f"127.0.0.1:{first.network.grpc_port}"])
     async with Running(first) as a:
         async with Running(second):
-            for _ in range(50):
-                await asyncio.sleep(0.1)
-                if a.node.membership.table.alive_ids() == ["node-1"]:
-                    break
-            assert a.node.membership.table.alive_ids() == ["node-1"]  # it said Hello and answered ours
-        for _ in range(60):
-            await asyncio.sleep(0.1)
-            if "node-1" not in a.node.membership.table.peers:
-                break
-        assert "node-1" not in a.node.membership.table.peers
+            # it said Hello and answered ours
+            await until(lambda: a.node.membership.alive_ids() == ["node-1"], 5, "node-1 to be alive")
+        await until(lambda: "node-1" not in a.node.membership.table.peers, 6, "node-1 to be forgotten")
         assert f"127.0.0.1:{second.network.grpc_port}" not in a.node.network.clients  # type: ignore[attr-defined]

@@ -13,13 +13,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dfl_node.testbed.launcher import all_done, done_twice
+from tests.conftest import wait_for
 
 NODES = 3
 # the tiny digits preset, one algorithm, 3 daemons with 1 torch thread each: seconds, not minutes
@@ -49,16 +49,6 @@ def children_of(pid: int) -> list[int]:
         if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
             found.append(int(entry.name))
     return found
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll ``predicate`` until it returns something truthy; fail the test with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
-    return value
 
 
 class CliRuns:
