@@ -156,8 +156,10 @@ def chaos_fleet(shards: Path, workdir: Path, mode: str, config: ExperimentConfig
 
 def expected_fingerprint(shards: Path, config: ExperimentConfig = FLEET) -> str:
     train = load_shard(shards / "node-0" / TRAIN_FILE)
-    spec = ModelSpec(config.model, tuple(config.hidden) if config.hidden else None)
-    return fingerprint(config.model, spec.build(train.input_shape, train.num_classes, seed=config.seed).state_dict())
+    learning = config.learning
+    spec = ModelSpec(learning.model, tuple(learning.hidden) if learning.hidden else None)
+    return fingerprint(learning.model,
+                       spec.build(train.input_shape, train.num_classes, seed=learning.seed).state_dict())
 
 
 def durable_states(nodes: list[NodeProcess], fingerprint_: str) -> dict[str, dict[str, Any]]:

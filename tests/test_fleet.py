@@ -84,10 +84,10 @@ def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm:
         assert {model for _, model in taken} == set(UNRELATED)
         assert any(not torch.equal(state[f"aux:peak:{k}"], state[k]) for state in models.values()
                    for k in state if not k.startswith(("aux:", "scalar:")))
-    specs, data = fleet_architectures(config), provision(config)
+    specs, data = fleet_architectures(config.architectures, config.learning, config.nodes), provision(config)
     assert len({str(spec) for spec in specs.values()}) == (2 if architectures else 1)
     for nid, state in models.items():  # every node learned: the comparison is not one of untouched w0s
-        w0 = specs[nid].build(data.input_shape, data.num_classes, seed=config.seed).state_dict()
+        w0 = specs[nid].build(data.input_shape, data.num_classes, seed=config.learning.seed).state_dict()
         first = next(iter(w0))
         assert not torch.equal(state[first], w0[first]), nid
 

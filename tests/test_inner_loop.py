@@ -120,7 +120,7 @@ def test_training_loads_no_compiler() -> None:
 
 def test_trained_copy_reuses_one_spare_and_leaves_the_model_alone() -> None:
     config = ExperimentConfig(lr=0.05, batch_size=16)
-    ctx = NodeContext("node-0", model(), ModelSpec("mlp", (32, 16)), data(), data(1, 20), config)
+    ctx = NodeContext("node-0", model(), ModelSpec("mlp", (32, 16)), data(), data(1, 20), config.learning)
     before = copy.deepcopy(ctx.model)
     first = ctx.trained_copy(0)
     plain = copy.deepcopy(before)

@@ -50,7 +50,7 @@ def test_a_model_and_an_algorithm_plugin_train_in_a_testbed_as_in_the_simulator_
         statuses = wait_until(nodes, all_done, timeout=180)
     result, models = simulated(config, "plugin-kt", tmp_path / "sim")
     expected = {n.id: n for n in result.nodes}
-    w0 = ModelSpec.parse("tiny-fleet").build((1, 8, 8), 10, seed=config.seed).state_dict()
+    w0 = ModelSpec.parse("tiny-fleet").build((1, 8, 8), 10, seed=config.learning.seed).state_dict()
     for node in nodes:
         mine = load_file(str(node.state_dir / "model.safetensors"))
         status = statuses[node.id]

@@ -36,7 +36,8 @@ def test_the_devices_links_and_faults_example_is_a_fleet_config() -> None:
     """The simulator's example (three speed classes, every kind of fault) loads as a 10-node config and costs."""
     block = (ROOT / "docs" / "simulator.md").read_text().split("three speed classes:\n\n```yaml\n")[1].split("```")[0]
     config = ExperimentConfig(nodes=10, **yaml.safe_load(block))
-    faults = config.faults
+    faults = config.simulation.faults
     assert [len(faults.kills), len(faults.partitions), len(faults.links), len(faults.slow_nodes)] == [2, 1, 1, 1]
-    costs = CostModel({f"node-{i}": f"127.0.0.1:{50_000 + i}" for i in range(10)}, config.devices, config.links)
+    costs = CostModel({f"node-{i}": f"127.0.0.1:{50_000 + i}" for i in range(10)}, config.simulation.devices,
+                       config.simulation.links)
     assert sorted(set(costs.class_of.values())) == ["fast", "medium", "slow"]

@@ -60,9 +60,10 @@ def test_grid_expansion_product_seeds_algorithms_and_stable_names(tmp_path: Path
     assert "lr=0.05,partition=shards__combo__seed4" in names
     one = next(t for t in tasks if t.name == "lr=0.05,partition=shards__combo__seed4")
     config = one.experiment()
-    assert (config.nodes, config.rounds, config.lr, config.partition, config.seed) == (6, 7, 0.05, "shards", 4)
-    assert config.algorithms == ["combo"] and config.threads == 1
-    assert config.data_dir == tmp_path / "data"  # relative to the grid file's folder
+    learning, shards = config.learning, config.shards
+    assert (config.nodes, config.rounds, learning.lr, shards.partition, learning.seed) == (6, 7, 0.05, "shards", 4)
+    assert config.algorithms == ["combo"] and learning.threads == 1
+    assert shards.data_dir == tmp_path / "data"  # relative to the grid file's folder
 
     grid.write_text("seeds: [3, 4]\ngrid: {lr: [0.01, 0.05, 0.1], partition: [iid, shards]}\n"
                     "settings: {rounds: 7, data_dir: data, algorithms: [defkt, combo]}\nbase: exp/base.yaml\n")

@@ -16,6 +16,7 @@ from dfl_node.learning.datasets import load_shard, shard_metadata
 from dfl_node.learning.partitions import PARTITIONS
 from dfl_node.learning.provision import TEST_FILE, TRAIN_FILE, VAL_FILE, fleet_ids, provision, write_fleet
 from dfl_node.learning.settings import DATASET_DEPENDENT, sized_defaults
+from dfl_node.node.clock import Clock
 from dfl_node.node.data_watch import NodeData
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
@@ -33,7 +34,12 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def learning(config: NodeConfig | ExperimentConfig) -> dict[str, int | float]:
-    return {name: getattr(config, name) for name in DATASET_DEPENDENT}
+    return {name: getattr(config.learning, name) for name in DATASET_DEPENDENT}
+
+
+def node_data(config: NodeConfig) -> NodeData:
+    """The data of the node ``config`` describes, as it reads it at start (sizing the learning defaults it lacks)."""
+    return NodeData(config.id, config.local, config.learning, Clock())
 
 
 # ----------------------------------------------------------------------------- partition and simulate
@@ -168,21 +174,21 @@ def test_a_nodes_own_csv_gets_defaults_sized_to_it(tmp_path: Path, caplog: pytes
     path = write_csv(tmp_path / "dev1.csv", *blobs(270, 6, 3, seed=13))
     config = NodeConfig(id="dev1", data=path, num_classes=3)
     with caplog.at_level(logging.INFO, logger="dfl_node"):
-        data = NodeData(config, 0.0)
+        data = node_data(config)
     assert len(data.train) == 216
     assert learning(config) == {"batch_size": 16, "mkt_batch_size": 16, "lr": 0.05} == sized_defaults(216)
     assert [r.getMessage() for r in caplog.records] == [
         f"dev1: data {path}: 216 training + 54 validation samples of shape (6,), 3 classes, in 1 file; batch size "
         f"16, MKT batch size 16, lr 0.05 (sized to its 216 training samples)"]
     given = NodeConfig(id="dev1", data=path, batch_size=50, lr=0.2, num_classes=3)
-    NodeData(given, 0.0)
+    node_data(given)
     assert learning(given) == {"batch_size": 50, "mkt_batch_size": 16, "lr": 0.2}
 
 
 def test_inferred_classes_are_stated_at_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = write_csv(tmp_path / "dev1.csv", *blobs(100, 6, 3, seed=13))
     with caplog.at_level(logging.WARNING, logger="dfl_node"):
-        NodeData(NodeConfig(id="dev1", data=path), 0.0)
+        node_data(NodeConfig(id="dev1", data=path))
     assert [r.getMessage() for r in caplog.records] == [
         f"dev1: 3 classes, inferred from the largest label in {path}: every node of a fleet must have the same (a "
         f"device that never saw the last class infers fewer, and its model fits no peer's); give --num-classes 3 to "
@@ -201,7 +207,7 @@ def test_a_fleets_nodes_agree_when_their_shards_differ_in_size(table: Path, tmp_
     nodes = [NodeConfig(id=node, data=tmp_path / node) for node in fleet_ids(5)]
     assert all(learning(node) == learning(config) == fleet.learning for node in nodes)
     for node in nodes:
-        NodeData(node, 0.0)  # read: nothing left to size
+        node_data(node)  # read: nothing left to size
         assert learning(node) == fleet.learning
 
 

@@ -6,8 +6,8 @@ In each group every sender runs :meth:`Algorithm.transmit` and its message goes 
 :meth:`Algorithm.local_step`, then :meth:`Algorithm.aggregate` over *all* the group's messages at
 once — sorted by sender, so arrival order never matters — and may answer each sender, who runs
 :meth:`Algorithm.finish` on its reply. :mod:`dfl_node.algorithms.runner` plays this sequence over a
-transport: in memory for the simulator, gRPC for the daemon. Every random choice is drawn from
-:func:`derive_seed` of (seed, round, node, purpose), so both drivers produce the same models.
+node's transport, whose messages cross gRPC in a daemon and memory in the simulator. Every random choice is
+drawn from :func:`derive_seed` of (seed, round, node, purpose), so both networks produce the same models.
 """
 
 from __future__ import annotations
@@ -220,8 +220,8 @@ class Algorithm(ABC):
 
     # ----- models besides the node's own ---------------------------------------------------
     def auxiliary_models(self, spec: ModelSpec) -> dict[str, ModelSpec]:
-        """Extra models a node running ``spec`` keeps, by name (DFML's ``peak``, FML's ``meme``): both
-        drivers build them with the node's ``w0`` seed (:func:`equip`) into ``ctx.auxiliary``."""
+        """Extra models a node running ``spec`` keeps, by name (DFML's ``peak``, FML's ``meme``): a node builds
+        them with its ``w0`` seed (:func:`equip`) into ``ctx.auxiliary``."""
         return {}
 
     def reported_models(self, ctx: NodeContext) -> dict[str, nn.Module]:

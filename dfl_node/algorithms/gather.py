@@ -37,7 +37,7 @@ class GatherAlgorithm(Algorithm):
         return RoundPlan(round_, (group,), self.next_state(round_, len(profiles), state))
 
     def check_fleet(self, profiles: Sequence[NodeProfile]) -> None:
-        """Raise :class:`AlgorithmError` for a fleet this algorithm cannot fuse (both drivers plan first)."""
+        """Raise :class:`AlgorithmError` for a fleet this algorithm cannot fuse (a holder plans first)."""
         mine = profiles[0].model if profiles else ""
         for profile in profiles:
             if not self.fuses(mine, profile.model):

@@ -1,7 +1,8 @@
 """The round sequence, written once: local steps → transmissions → aggregate → replies.
 
-The simulator and the daemon both play a group's roles with these coroutines; only the
-:class:`Transport` differs (in memory, or gRPC streams). What a transport must guarantee is small:
+A node plays its roles in a group with these coroutines, over a :class:`Transport` — the node's
+(:class:`~dfl_node.node.transport.PeerTransport`), whose messages cross its peer network: gRPC streams in a daemon,
+memory in the simulator, which runs the same nodes. What a transport must guarantee is small:
 ``push`` delivers a sender's message to its group's aggregator and returns the reply addressed to
 that sender (None if the algorithm sends none); ``gather`` returns the messages that reached the
 aggregator (pushed to it, or pulled by it from the group's sources); ``reply`` hands each sender
@@ -11,11 +12,10 @@ Messages are sorted by sender before ``aggregate``, so arrival order never chang
 An **open** group (001's client selection) has no aggregator yet: its sender trains, then chooses
 one (:func:`choose_receiver`) — ``probe`` asks each candidate for its answer to the sender's probe
 (those that do not answer in time are left out), the algorithm ranks the answers, and ``bind`` makes
-the best candidate that takes the role the group's aggregator (the simulator starts its aggregator
-coroutine; the daemon assigns it the role, as a token holder would). Only then does the transfer
-start. The choice reads nothing but the sender's trained model and the candidates' current models,
-which are the same in every driver (a candidate settles its last role before it answers), so a
-fleet and the simulator choose the same receivers.
+the best candidate that takes the role the group's aggregator (the sender gives it the role, as a token
+holder would). Only then does the transfer start. The choice reads nothing but the sender's trained model
+and the candidates' current models, which are the same on either network (a candidate settles its last role
+before it answers), so a fleet of daemons and the simulator choose the same receivers.
 """
 
 from __future__ import annotations

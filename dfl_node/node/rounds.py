@@ -33,7 +33,7 @@
   holder that sees a newer epoch drops its token, so a stale holder that comes back is fenced off.
 * **Liveness.** A member that crashes and is serving again within ``peer_timeout`` was never seen to
   leave, and nobody waits for it to come back: its first Hello after the restart carries a new boot id,
-  and an aggregator that expects it stops waiting at once (:meth:`Roles.peer_joined`), as the holder's
+  and an aggregator that expects it stops waiting at once (:meth:`Absences.peer_joined`), as the holder's
   own Assign to its old incarnation failed with its connection. So the fleet fuses again within
   ``peer_timeout + token_timeout + 2·heartbeat + min(1 s, token_timeout/4)`` plus one round's own work:
   the restart, the Hello that reveals it, a lost token's ``token_timeout`` of silence, the watchdog's
@@ -41,7 +41,7 @@
   its senders: once that aggregator sees the holder restarted (or gone), it asks its peers where they
   stand and stops waiting for those that play no role, which were never assigned, rather than at its deadline,
   as its role would otherwise count as the token at work and keep it from being regenerated; the senders that
-  were assigned still send, and are fused (:meth:`Roles._holder_gone`). A member down for longer is waited for
+  were assigned still send, and are fused (:meth:`Absences._holder_gone`). A member down for longer is waited for
   up to ``round_timeout`` more (it may be the only one that knows the newest round): then add ``round_timeout``.
   :func:`liveness_bound` computes it; ``tests/test_faults.py``'s real storm and ``tests/test_sim_storms.py``'s
   in-process ones check it after every kill.
