@@ -21,7 +21,7 @@ import numpy as np
 
 from dfl_node.api.status_cli import DEFAULT_URL
 from dfl_node.api.urls import normalize_url
-from dfl_node.errors import InputError, OperatorError
+from dfl_node.errors import OperatorError
 from dfl_node.learning.csv_reader import read_features
 
 TIMEOUT_S = 60.0  # a batch of 1,024 samples on a slow device, with room
@@ -102,7 +102,7 @@ def predict(file: str, url: str, fmt: str | None, label_column: str, as_json: bo
     ({"samples": [...]} or a list); each sample has the node's sample shape, or as many values."""
     try:
         samples = read_input(file, fmt, label_column)
-    except (OSError, ValueError, InputError) as exc:
+    except (OSError, ValueError) as exc:  # InputError, the CSV reader's, is a ValueError
         raise click.BadParameter(str(exc), param_hint="FILE") from None
     base = normalize_url(url)
     with httpx.Client(timeout=TIMEOUT_S) as client:
