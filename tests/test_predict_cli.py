@@ -77,10 +77,10 @@ async def test_predict_reads_csv_npz_json_and_stdin(fleet_shards: Path, tmp_path
 
 @pytest.mark.parametrize(("content", "reason"), [
     ("1,2,3\n4,5,6\n", "its samples have shape [3]; the node's model takes [1, 8, 8]"),
-    ("a,b\n", "holds no samples"),
-    ("1,2\n\n3,x\n", "line 3, column 2: 'x' is not a number"),
-    ("a,b\n1,2\n3,4,5\n", "line 3 has 3 columns, line 2 2"),
-    (",".join(["nan"] * 64) + "\n", "sample 0 holds a value that is not a finite float32 number"),
+    ("a,b\n", "no rows of data (a header only)"),  # CSV problems as a node's data reader names them
+    ("1,2\n\n3,x\n", "row 3: column 2: 'x' is not a number"),
+    ("a,b\n1,2\n3,4,5\n", "row 3: 3 columns, expected 2 as in its header"),
+    (",".join(["nan"] * 64) + "\n", "row 1: column 1 is nan (NaN, infinities and values beyond float32 are not data)"),
 ])
 async def test_bad_samples_are_one_line_and_exit_2(fleet_shards: Path, tmp_path: Path, content: str,
                                                    reason: str) -> None:

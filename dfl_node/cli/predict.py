@@ -22,53 +22,12 @@ import numpy as np
 from dfl_node.api.status_cli import DEFAULT_URL
 from dfl_node.api.urls import normalize_url
 from dfl_node.errors import OperatorError
+from dfl_node.learning.csv_reader import read_features
 
 TIMEOUT_S = 60.0  # a batch of 1,024 samples on a slow device, with room
 
 
-def _first_problem(lines: list[tuple[int, str]]) -> str:
-    """Where numpy found a problem, as a person counts: the file's line and column of the first cell that is not
-    a number, or the first line whose columns are not the first's."""
-    width = len(lines[0][1].split(","))
-    for number, line in lines:
-        cells = line.split(",")
-        if len(cells) != width:
-            return f"line {number} has {len(cells)} columns, line {lines[0][0]} {width}"
-        for column, cell in enumerate(cells, 1):
-            if not _is_number(cell):
-                return f"line {number}, column {column}: {cell.strip()!r} is not a number"
-    return "unreadable"
-
-
-def _is_number(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return False
-    return True
-
-
-def _read_csv(text: str, label_column: str) -> np.ndarray:
-    """Numeric rows, one sample each; a first row that is not numbers is a header, whose ``label_column`` (the
-    label a training file carries) is left out."""
-    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
-    if not lines:
-        return np.zeros((0, 0), dtype=np.float32)
-    first = [cell.strip() for cell in lines[0][1].split(",")]
-    columns = None
-    if not all(map(_is_number, first)):
-        lines = lines[1:]
-        columns = [i for i, name in enumerate(first) if name != label_column]
-    if not lines:
-        return np.zeros((0, 0), dtype=np.float32)
-    try:
-        rows = np.loadtxt(io.StringIO("\n".join(line for _, line in lines)), delimiter=",", dtype=np.float32, ndmin=2)
-    except ValueError:
-        raise ValueError(_first_problem(lines)) from None
-    return rows if columns is None else rows[:, columns]
-
-
-def read_samples(source: str, fmt: str | None, label_column: str) -> np.ndarray:
+def read_input(source: str, fmt: str | None, label_column: str) -> np.ndarray:
     """The samples of ``source`` (a path, or ``-`` for stdin) as float32 ``(N, *shape)``; ``fmt`` None: from the
     suffix, or for stdin JSON if it starts with ``{`` or ``[``, else CSV. Problems are ValueErrors."""
     data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
@@ -89,7 +48,7 @@ def read_samples(source: str, fmt: str | None, label_column: str) -> np.ndarray:
             raise ValueError('expected {"samples": [...]} or a list of samples')
         samples = np.asarray(listed, dtype=np.float32)
     else:
-        samples = _read_csv(data.decode("utf-8-sig"), label_column)
+        samples = read_features(io.BytesIO(data), "stdin" if source == "-" else source, label_column)
     samples = np.asarray(samples, dtype=np.float32)
     if samples.ndim < 2 or len(samples) == 0:
         raise ValueError("holds no samples")
@@ -142,8 +101,8 @@ def predict(file: str, url: str, fmt: str | None, label_column: str, as_json: bo
     its probability. FILE is a CSV (one sample a row, an optional header), an NPZ (array x) or JSON
     ({"samples": [...]} or a list); each sample has the node's sample shape, or as many values."""
     try:
-        samples = read_samples(file, fmt, label_column)
-    except (OSError, ValueError) as exc:
+        samples = read_input(file, fmt, label_column)
+    except (OSError, ValueError) as exc:  # InputError, the CSV reader's, is a ValueError
         raise click.BadParameter(str(exc), param_hint="FILE") from None
     base = normalize_url(url)
     with httpx.Client(timeout=TIMEOUT_S) as client:
