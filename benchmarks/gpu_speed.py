@@ -246,7 +246,7 @@ def concurrent(log: Records, args: argparse.Namespace) -> None:
     from dfl_node.sweep.threads import run_threads  # noqa: PLC0415
 
     config = experiment(args, rounds=args.rounds)
-    tasks = [RunTask(a, {}, a, config.seed, config.model_copy(update={"algorithms": [a]}).model_dump(mode="json"))
+    tasks = [RunTask(a, {}, a, config.learning.seed, config.model_copy(update={"algorithms": [a]}).flat(mode="json"))
              for a in config.algorithms]
     alone = {r["algorithm"]: r for r in log.of("rounds") if r.get("cuda_graphs") and r["rounds"] == args.rounds}
     sequential = sum(r["wall_s"] for r in alone.values())
