@@ -96,13 +96,6 @@ class Composite(BaseModel):
         copied = {part: getattr(self, part).model_copy(update=values, deep=deep) for part, values in parts.items()}
         return super().model_copy(update={**top, **copied}, deep=deep)
 
-    def flat_fields_set(self) -> set[str]:
-        """The flat keys that were given (not left to their defaults)."""
-        given = {key for key in self.model_fields_set if key not in self.parts}
-        for part in self.parts:
-            given |= getattr(self, part).model_fields_set
-        return given
-
     def unusable_here(self) -> dict[str, str]:
         """Settings valid anywhere that this machine cannot honour, by flat key (none by default)."""
         return {}
