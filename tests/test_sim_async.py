@@ -69,3 +69,16 @@ def test_issue_11_algorithms_run_in_async_mode(fleet_shards: Path, tmp_path: Pat
         assert s["fusions"] >= 1 and s["max_concurrent_fusions"] == 1 and s["mode"] == "async", s
     if algorithm == "defkt-select":
         assert sum(s["probes_answered"] for s in statuses.values()) >= sum(s["fusions"] for s in statuses.values())
+
+
+def test_a_run_ends_at_its_duration_even_when_the_next_tick_is_later(fleet_shards: Path, tmp_path: Path) -> None:
+    """``--interval`` longer than ``--duration``: every node's volunteering sleep wakes at the end of the run
+    (it once slept the whole tick, the fleet heartbeating on for ~100,000 virtual seconds)."""
+    async def main() -> float:
+        async with virtual_fleet(FLEET, "defkt", fleet_shards, tmp_path, mode="async", evaluate=False, duration=5,
+                                 interval=100_000, participation=1.0) as fleet:
+            started = asyncio.get_running_loop().time()
+            await asyncio.wait_for(fleet.finished(), 60)
+            return asyncio.get_running_loop().time() - started
+
+    assert run_virtual(main(), lambda work: work.steps * STEP_S, FLEET.learning.threads) <= 5 + 1

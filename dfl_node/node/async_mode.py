@@ -34,7 +34,13 @@ class AsyncScheduler:
         await node.members.wait_for(settings.min_peers)
         deadline = node.clock.monotonic() + settings.duration if settings.duration else None
         while deadline is None or node.clock.monotonic() < deadline:
-            await asyncio.sleep(settings.interval * self.rng.uniform(0.5, 1.5))
+            tick = settings.interval * self.rng.uniform(0.5, 1.5)
+            if deadline is not None and node.clock.monotonic() + tick >= deadline:
+                # the next tick falls past the end of the run: wake at the end, not at the tick (an --interval
+                # longer than --duration would otherwise keep the node, and the fleet's heartbeats, for it)
+                await asyncio.sleep(max(0.0, deadline - node.clock.monotonic()))
+                break
+            await asyncio.sleep(tick)
             if self.rng.random() >= settings.participation or node.roles.role is not Role.IDLE:
                 continue
             peers = node.members.alive_ids()
