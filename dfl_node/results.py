@@ -103,6 +103,9 @@ class RunResult(BaseModel):
                                            "curve's wall_time_s")
     faults: dict[str, Any] | None = Field(None, description="a simulated fleet's faults and what they cost "
                                                             "(dfl_node.sim.faults.fault_figures)")
+    membership: dict[str, Any] | None = Field(None, description="a simulated fleet's membership: messages and "
+                                              "bytes per node and second, suspicions, detection and join times "
+                                              "(dfl_node.sim.membership)")
     device_classes: dict[str, dict[str, Any]] | None = Field(None, description="a simulated fleet's device "
                                                              "classes: nodes, fusions, mean final accuracies")
 

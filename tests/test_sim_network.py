@@ -19,6 +19,8 @@ import pytest
 import torch
 
 from dfl_node.node.daemon import Node
+from dfl_node.node.swim import detection_bound
+from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.experiment import run_fleet
 from dfl_node.sim.fleet import VirtualFleet
@@ -72,7 +74,8 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
     with ``round_timeout`` added; every wait is a virtual-time ``wait_for``, so a hang fails in seconds."""
     caplog.set_level(logging.INFO, logger="dfl_node")  # shown if it fails: what the scheduler waited for
     rounds, token_timeout, round_timeout, peer_timeout, heartbeat = 6, 30.0, 60.0, 4.0, 1.0
-    bound = (peer_timeout + token_timeout + round_timeout + 2 * heartbeat + min(1.0, token_timeout / 4)
+    detection = detection_bound(MembershipSettings(peer_timeout=peer_timeout, heartbeat=heartbeat), FLEET.nodes)
+    bound = (detection + token_timeout + round_timeout + 2 * heartbeat + min(1.0, token_timeout / 4)
              + ROUND_WORK_S)
 
     async def main() -> tuple[int, float, float, list[Node]]:

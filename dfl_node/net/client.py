@@ -37,7 +37,7 @@ from dfl_node.peering.errors import (
     TransferRefused,
     TransferRejected,
 )
-from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, PullRequest, Token
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Ping, PingAck, PullRequest, Token
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
 
 
@@ -277,6 +277,9 @@ class PeerClient:
 
     async def probe(self, probe: ProbeRequest, timeout: float) -> ProbeReply:
         return await self._unary(self.stub.Probe, probe, timeout)
+
+    async def ping(self, ping: Ping, timeout: float) -> PingAck:
+        return await self._unary(self.stub.Ping, ping, timeout)
 
     async def push(self, message: ModelMessage, epoch: int, *, timeout: float,
                    on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:

@@ -1,7 +1,8 @@
 """The port's messages ⇄ protobuf: every conversion between :mod:`dfl_node.peering`'s types and ``dfl_pb2``.
 
 The domain messages mirror the proto's field by field under the same names, so one pair of functions
-converts them all: maps become dicts, repeated fields tuples, a nested message its own domain type, an
+converts them all: maps become dicts, repeated fields tuples (of domain messages, where they repeat a message), a
+nested message its own domain type, an
 absent ``optional`` scalar None. Fields only the wire has (a Hello's swarm-key nonces and proofs) are
 left to :mod:`dfl_node.net.psk`, which signs and checks the protobuf message itself.
 """
@@ -16,7 +17,19 @@ from google.protobuf.message import Message
 
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.peering.errors import TransferRejected
-from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Progress, PullRequest, Token
+from dfl_node.peering.messages import (
+    Ack,
+    Assignment,
+    Hello,
+    HelloReply,
+    MemberUpdate,
+    Offer,
+    Ping,
+    PingAck,
+    Progress,
+    PullRequest,
+    Token,
+)
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
 
 D = TypeVar("D")
@@ -24,7 +37,7 @@ D = TypeVar("D")
 _WIRE: dict[type, type[Message]] = {
     Hello: pb.HelloRequest, HelloReply: pb.HelloReply, Progress: pb.RoundProgress, Assignment: pb.RoundAssignment,
     Token: pb.RoundToken, Ack: pb.Ack, PullRequest: pb.PullRequest, ProbeRequest: pb.ProbeRequest,
-    ProbeReply: pb.ProbeReply,
+    ProbeReply: pb.ProbeReply, MemberUpdate: pb.MemberUpdate, Ping: pb.MembershipPing, PingAck: pb.MembershipAck,
 }
 _DOMAIN: dict[type[Message], type] = {wire: domain for domain, wire in _WIRE.items()} | {pb.TransferHeader: Offer}
 
@@ -36,7 +49,9 @@ def to_wire(value: Any) -> Any:
         v = getattr(value, f.name)
         if v is None:  # an ``optional`` field left out: absent on the wire
             continue
-        fields[f.name] = to_wire(v) if dataclasses.is_dataclass(v) else dict(v) if isinstance(v, Mapping) else v
+        fields[f.name] = (to_wire(v) if dataclasses.is_dataclass(v) else dict(v) if isinstance(v, Mapping)
+                          else [to_wire(x) for x in v] if isinstance(v, tuple) and v and dataclasses.is_dataclass(v[0])
+                          else v)
     return _WIRE[type(value)](**fields)
 
 
@@ -49,6 +64,8 @@ def from_wire(message: Message, cls: type[D] | None = None) -> D:
         v, wire = getattr(message, f.name), by_name[f.name]
         if wire.message_type is not None and wire.message_type.GetOptions().map_entry:
             fields[f.name] = dict(v)
+        elif wire.is_repeated and wire.message_type is not None:  # repeated messages: each its domain type
+            fields[f.name] = tuple(from_wire(x) for x in v)
         elif wire.is_repeated:
             fields[f.name] = tuple(v)
         elif wire.message_type is not None:

@@ -26,7 +26,7 @@ from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.wire import WireIdentity, wire_bytes
 from dfl_node.peering.errors import UNCOUNTED_REFUSALS, TransferRejected
-from dfl_node.peering.messages import Assignment, Hello, Offer, PullRequest, Token
+from dfl_node.peering.messages import MAX_MEMBERS, MAX_UPDATES, Assignment, Hello, Offer, Ping, PullRequest, Token
 from dfl_node.peering.port import Intake, PeerHandler
 from dfl_node.peering.probes import ProbeRequest
 
@@ -147,6 +147,17 @@ class DflServicer(pb_grpc.DflNodeServicer):
         if not reply.ok:
             self._refused(reply.reason, f"probe of round {request.round}", request.sender[:64] or context.peer())
         return to_wire(reply)
+
+    async def Ping(self, request: pb.MembershipPing, context: grpc.aio.ServicerContext) -> pb.MembershipAck:
+        """A membership probe: from an authenticated member (mTLS: the sender its certificate names), its size
+        bounded (``MAX_UPDATES``, or ``MAX_MEMBERS`` in a push-pull) before anything of it is converted."""
+        await self._check_unary(context, request.sender)
+        limit = MAX_MEMBERS if request.sync else MAX_UPDATES
+        if len(request.updates) > limit:
+            self.node.on_rejected("too_many_updates", f"a membership ping with {len(request.updates)} updates "
+                                  f"(at most {limit})", request.sender[:64] or context.peer())
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "too_many_updates")
+        return to_wire(await self.node.ping(from_wire(request, Ping)))
 
     # Assign and PassToken name no caller: a selecting sender binds its choice in its holder's name.
     async def Assign(self, request: pb.RoundAssignment, context: grpc.aio.ServicerContext) -> pb.Ack:

@@ -31,6 +31,7 @@ import uuid
 
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.algorithms import Role, make_algorithm
+from dfl_node.algorithms.base import derive_seed
 from dfl_node.api.metrics import NodeMetrics
 from dfl_node.api.schemas import FleetView, HistoryEntry, NodeStatus
 from dfl_node.learning.export import TrainedModel
@@ -84,7 +85,8 @@ class Node:
         self.membership = Membership(config.id, self.address, config.membership, clock, hello=self.hello,
                                      profile=self.learner.profile, fingerprint_of=self.identity.fingerprint_of,
                                      network=self.network, tally=self.tally, on_join=self._peer_joined,
-                                     on_lost=lambda peer: self.absences.peer_lost(peer))
+                                     on_lost=lambda peer: self.absences.peer_lost(peer),
+                                     seed=derive_seed(config.learning.seed, config.id, "membership"))
         self.reporter = Reporter(config.id, schedule, clock, self.started, self.tally)
         self.roles = Roles(config.id, self.address, config.roles, schedule, config.swarm, clock, learner=self.learner,
                            progress=self.progress, tally=self.tally, members=self.membership, network=self.network,

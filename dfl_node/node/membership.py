@@ -3,14 +3,17 @@
 Schedulers and roles read the fleet only through :class:`Members` — the live members, their profiles (what round
 plans are made from), their round progress (what a lost token is regenerated from), where they serve and
 whether they restarted — and wait on it. How members are found and known to live is the implementation's:
-:class:`Membership` says Hello to every known peer every heartbeat (:mod:`.peers`, :mod:`.handshake`); another
-failure detector can stand in its place without a scheduler changing.
+:class:`Membership` confirms a peer it is told of (a static address, mDNS, a Hello) by the Hello handshake
+(:mod:`.handshake`: compatibility, authentication, refusals), keeps them in its table (:mod:`.peers`), and knows who
+lives, and where each stands, by SWIM's probes and gossip (:mod:`.swim`), at a load per node that does not grow
+with the fleet.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Collection
+from dataclasses import replace
 from typing import Protocol
 
 from dfl_node.algorithms.plan import NodeProfile
@@ -20,8 +23,9 @@ from dfl_node.node.clock import Clock
 from dfl_node.node.handshake import Handshake
 from dfl_node.node.peers import Peer, PeerTable
 from dfl_node.node.refusals import Refusals
+from dfl_node.node.swim import DEAD, Swim
 from dfl_node.node.tally import Tally
-from dfl_node.peering.messages import Hello, HelloReply, Progress
+from dfl_node.peering.messages import MAX_MEMBERS, MAX_UPDATES, Hello, HelloReply, MemberUpdate, Ping, PingAck, Progress
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.settings.node import MembershipSettings
 
@@ -48,7 +52,7 @@ class Membership:
     def __init__(self, node_id: str, address: str, settings: MembershipSettings, clock: Clock, *,
                  hello: Callable[[], Hello], profile: Callable[[], NodeProfile],
                  fingerprint_of: Callable[[str], str], network: PeerNetwork, tally: Tally,
-                 on_join: Callable[[str, bool], None], on_lost: Callable[[str], None]) -> None:
+                 on_join: Callable[[str, bool], None], on_lost: Callable[[str], None], seed: int) -> None:
         self.node_id, self.address, self.settings = node_id, address, settings
         self._profile = profile
         self.refusals = Refusals(node_id, clock, lambda peer, detail: tally.event("refusal", peer, detail),
@@ -57,9 +61,11 @@ class Membership:
                                heartbeat=settings.heartbeat, timeout=settings.peer_timeout, static=settings.peers,
                                on_join=on_join, expiry=settings.peer_expiry, max_pending=settings.max_pending_peers,
                                on_forget=network.forget, on_lost=on_lost,
-                               on_beat=lambda: self.refusals.warn_if_isolated(len(self.table.alive_ids())))
+                               on_seen=lambda peer: self.swim.seen(peer), on_forgotten=lambda p: self.swim.forget(p))
         self.handshake = Handshake(hello, fingerprint_of, table=self.table, refusals=self.refusals, tally=tally,
                                    network=network)
+        self.swim = Swim(node_id, settings, clock, table=self.table, network=network, hello=hello,
+                         compatible=lambda peer: self.handshake.incompatibility(hello(), peer) is None, seed=seed)
         self._network = network
 
     # ----- Members ---------------------------------------------------------------------------
@@ -92,8 +98,20 @@ class Membership:
 
     # ----- the rest of the node ----------------------------------------------------------------
     async def run(self) -> None:
-        """The heartbeats, until cancelled."""
-        await self.table.run()
+        """The probes and gossip, until cancelled: each period a static address no member serves at is greeted, and
+        the table drops the long dead and the pending that never answered."""
+        await self.swim.run(self._beat)
+
+    def _beat(self) -> None:
+        self.table.prune()
+        self.refusals.warn_if_isolated(len(self.table.alive_ids()))
+        if (address := self.table.next_unknown()) is not None:
+            self.table.probe_soon(address)
+
+    async def ping(self, request: Ping) -> PingAck:
+        """A peer's membership probe (the Ping RPC): bounded, then answered by SWIM."""
+        limit = MAX_MEMBERS if request.sync else MAX_UPDATES
+        return await self.swim.answer(replace(request, updates=request.updates[:limit]))
 
     def answer(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply:
         """A peer's Hello (the Hello RPC)."""
@@ -106,7 +124,12 @@ class Membership:
         self.table.probe_soon(address)
 
     def lost(self, node_id: str) -> None:
-        """Discovery said goodbye for ``node_id``."""
+        """Discovery said goodbye for ``node_id``: it left, as if its suspicion had timed out (it rejoins when it is
+        heard alive under a newer incarnation, or answers a Hello)."""
+        member = self.swim.members.get(node_id)
+        if member is not None:
+            self.swim.merge([MemberUpdate(state=DEAD, incarnation=member.incarnation, node_id=node_id,
+                                          sender=self.node_id)])
         self.table.lost(node_id)
 
     async def greet_static(self) -> None:

@@ -1,10 +1,9 @@
-"""The peer table: who is out there, at which address, and whether they still answer.
+"""The peer table: who is out there, at which address, with which profile and progress, and whether they live.
 
-Peers come from mDNS, from static ``--peer`` addresses, and from Hellos they send us. mDNS cannot
-tell that a node crashed (its records linger for many minutes), so liveness is the application's:
-every ``heartbeat`` seconds each known address gets a Hello (a *quiet* pair less often: :meth:`PeerTable.run`);
-a peer silent for ``peer_timeout`` seconds is marked dead and leaves the round plans, and rejoins as soon as it
-answers again.
+Peers come from mDNS, from static ``--peer`` addresses, from Hellos they send us, and from the membership's
+gossip. mDNS cannot tell that a node crashed (its records linger for many minutes), so liveness is the
+application's: the failure detector (:mod:`.swim`) marks a peer dead (:meth:`PeerTable.lost`), and it leaves the
+round plans; it rejoins as soon as it is heard alive again (:meth:`PeerTable.seen`).
 
 The table is bounded. A peer is *confirmed* only once it answered a Hello of ours at the address it
 gave: a Hello it sends us (anyone can send one, with any id and address) makes it *pending*, at most
@@ -15,7 +14,7 @@ probed at once and dropped if it does not answer within ``timeout``. A confirmed
 A static address is the operator's word that a node is there, so one that does not answer (its name does
 not resolve, it refuses connections, it is silent) is not left in silence: it is logged at WARNING when it
 first fails, then at most once a minute, listed in ``/status`` (``unreachable_peers``) until it answers,
-and retried at every heartbeat meanwhile.
+and greeted again meanwhile (one such address a probe period: :meth:`PeerTable.next_unknown`).
 """
 
 from __future__ import annotations
@@ -54,7 +53,6 @@ class Peer:
     alive: bool = True
     progress: Progress | None = None  # where it stood at its last reply to our Hello
     holding_since: float | None = None  # wall clock: since when its replies say it holds the token (its epoch)
-    quiet: bool = False  # its last two heartbeats said the same, and it holds no token and plays no role
 
     def info(self) -> PeerInfo:
         return PeerInfo(id=self.id, address=self.address, http_port=self.http_port or None,
@@ -72,9 +70,11 @@ class PeerTable:
                  expiry: float = 300.0, max_pending: int = 32,
                  on_forget: Callable[[str], None] = lambda address: None,
                  on_lost: Callable[[str], None] = lambda peer_id: None,
-                 on_beat: Callable[[], None] = lambda: None) -> None:
+                 on_seen: Callable[[Hello], None] = lambda hello: None,
+                 on_forgotten: Callable[[str], None] = lambda peer_id: None) -> None:
         self.self_id = self_id
-        self.on_beat = on_beat  # every heartbeat, after the silent were marked dead
+        self.on_seen = on_seen  # every Hello (or gossiped state) that says a peer is alive
+        self.on_forgotten = on_forgotten  # a peer left the table for good (dead for ``expiry``)
         self.on_join = on_join
         self.on_forget = on_forget  # an address nobody in the table uses any more: its channel can go
         self.on_lost = on_lost  # a confirmed peer stopped answering (or said goodbye)
@@ -83,8 +83,6 @@ class PeerTable:
         self.heartbeat = heartbeat
         self.timeout = timeout
         self.expiry = max(expiry, timeout)
-        # a quiet pair's heartbeat period: half the timeout (so 2 Hellos in 3 can be lost), but no longer than 2 beats
-        self.quiet_interval = max(heartbeat, min(2 * heartbeat, timeout / 2))
         # how long a Hello somebody waits on (a refresh, the start's check of static peers) waits for its answer
         self.answer_within = min(heartbeat, 2.0)
         self.max_pending = max_pending
@@ -94,6 +92,7 @@ class PeerTable:
         self.peers: dict[str, Peer] = {}
         self.pending: dict[str, tuple[str, float]] = {}  # id -> (address, when first heard): not yet confirmed
         self.changed = asyncio.Condition()
+        self._greeted = 0  # where the round robin of :meth:`next_unknown` stands
 
     def alive_ids(self) -> list[str]:
         return sorted(p.id for p in self.peers.values() if p.alive)
@@ -147,8 +146,7 @@ class PeerTable:
         peer.address, peer.http_port, peer.boot_id = reply.grpc_address, reply.http_port, reply.boot_id
         peer.status_url, peer.model, peer.num_samples = reply.status_url, reply.model, reply.num_samples
         peer.last_seen, peer.heard_at, peer.alive = now, heard_at, True
-        before, peer.progress = peer.progress, reply.progress  # a request's as a reply's: both are heartbeats
-        peer.quiet = before == reply.progress and not (reply.progress.holding or reply.progress.busy)
+        before, peer.progress = peer.progress, reply.progress  # a request's as a reply's: both are news
         if not reply.progress.holding:
             peer.holding_since = None
         elif before is None or not before.holding or before.epoch != reply.progress.epoch:
@@ -157,6 +155,7 @@ class PeerTable:
             log.info("peer %s at %s is alive", peer.id, peer.address)
             asyncio.get_running_loop().create_task(self._notify())
             self.on_join(peer.id, restarted)
+        self.on_seen(reply)
 
     def heard(self, request: Hello) -> bool:
         """A Hello a peer sent us. A confirmed peer (same boot, same address) is alive again; anyone else
@@ -221,14 +220,13 @@ class PeerTable:
                 or any(a == address for a, _ in self.pending.values()))
 
     def prune(self) -> None:
-        """Mark the silent dead, drop the long dead and the pending that never answered."""
+        """Drop the long dead and the pending that never answered."""
         now = self.clock.monotonic()
         for peer in list(self.peers.values()):
-            if peer.alive and now - peer.heard_at > self.timeout:
-                self.lost(peer.id)
             if not peer.alive and now - peer.heard_at > self.expiry:
                 del self.peers[peer.id]
                 log.info("peer %s forgotten (silent for %.0f s)", peer.id, now - peer.heard_at)
+                self.on_forgotten(peer.id)
                 if not self._in_use(peer.address):
                     self.on_forget(peer.address)
         for peer_id, (address, since) in list(self.pending.items()):
@@ -237,51 +235,16 @@ class PeerTable:
                 if not self._in_use(address):
                     self.on_forget(address)
 
-    def _due(self, peer: Peer, now: float) -> bool:
-        """Whether this heartbeat owes ``peer`` a Hello (a confirmed, live peer; see :meth:`run`)."""
-        silent = now - peer.heard_at
-        if peer.id < self.self_id:  # the peer says Hello to us: ours only once it has fallen silent
-            period = self.quiet_interval if peer.quiet else self.heartbeat
-            return silent >= period + 0.5 * self.heartbeat
-        return not peer.quiet or silent >= self.quiet_interval - 0.5 * self.heartbeat
-
-    async def run(self) -> None:
-        """Heartbeat every known address; expire peers silent for longer than ``timeout``.
-
-        Between two confirmed peers one Hello per heartbeat is enough: the node with the lower id sends it,
-        and the other hears its identity and progress from it (and the reply tells the sender the same). The
-        higher id sends one only when it has not heard from its peer for 1.5 heartbeats — the peer does not
-        know it, or cannot reach it — so a pair's heartbeats cost half what they did, which was most of an
-        idle node's CPU, and a silent peer is still found out within ``timeout``.
-
-        A *quiet* pair — the peer's last two heartbeats said the same, and it holds no token and plays no role,
-        as in a swarm standing by — says Hello every :attr:`quiet_interval` (2 heartbeats with the defaults:
-        ``min(2 heartbeats, timeout / 2)``) rather than every heartbeat, which halves again what an idle swarm's
-        heartbeats cost. The lower id sends it once the peer has been silent for that long, so a lost one is
-        sent again at the next heartbeat; the higher id once it has been silent half a heartbeat longer. What
-        stays: the pass runs every heartbeat, so a silent peer is marked dead within ``timeout`` (plus a
-        heartbeat) as before, and a pair that is not quiet (a Hello whose progress changed) is back to every
-        heartbeat at once. What changes while quiet: a live peer is kept as long as one of the Hellos sent
-        between ``quiet_interval`` and ``timeout`` of silence gets through (with the defaults, those at 2, 3 and
-        4 s rather than 1, 2, 3 and 4 s), and its progress is up to ``quiet_interval`` old rather than a
-        heartbeat (where that matters, :meth:`refresh` asks afresh).
-
-        A pass does not wait for its Hellos: each may take as long as a peer may be silent (``timeout``). So a
-        link whose round trip is longer than a heartbeat keeps its peers (with a heartbeat's deadline, the lower
-        id of such a pair never had an answer in time, and the higher id, hearing its Hellos, sent none: the
-        pair fell apart every ``timeout``), and an address that does not answer delays no other's Hello. The
-        addresses are taken in order, so that a simulated fleet plays the same for every hash seed."""
-        async with asyncio.TaskGroup() as hellos:
-            while True:
-                self.prune()
-                self.on_beat()
-                now = self.clock.monotonic()
-                skipped = {p.address for p in self.peers.values() if p.alive and not self._due(p, now)}
-                addresses = ({p.address for p in self.peers.values()} | set(self.static)
-                             | {a for a, _ in self.pending.values()}) - skipped
-                for address in sorted(addresses):
-                    hellos.create_task(self.probe(address))
-                await asyncio.sleep(self.heartbeat)
+    def next_unknown(self) -> str | None:
+        """The next static address no live peer serves at (round robin): the membership greets one a period, so
+        that a thousand nodes listing each other join through the first that answers and learn the rest by gossip,
+        rather than saying Hello to all at once."""
+        known = {p.address for p in self.peers.values() if p.alive}
+        unknown = [a for a in self.static if a not in known]
+        if not unknown:
+            return None
+        self._greeted += 1
+        return unknown[self._greeted % len(unknown)]
 
     def progress(self) -> dict[str, Progress]:
         """Round mode: where each live peer stood at its last reply (those that never replied left out)."""

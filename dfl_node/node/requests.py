@@ -26,7 +26,7 @@ from dfl_node.node.progress import RoundProgress
 from dfl_node.node.roles import Roles
 from dfl_node.node.tally import Tally
 from dfl_node.peering.errors import TransferRejected
-from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, PullRequest, Token
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Ping, PingAck, PullRequest, Token
 from dfl_node.peering.probes import ProbeReply, ProbeRequest, probe_from_request, probe_reply
 from dfl_node.settings.node import RoleSettings, ScheduleSettings
 
@@ -73,6 +73,9 @@ class PeerRequests:
 
     def hello(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply:
         return self.membership.answer(request, peer, refused)
+
+    async def ping(self, request: Ping) -> PingAck:
+        return await self.membership.ping(request)
 
     async def admit(self, offer: Offer) -> Intake:
         """A transfer is wanted only by an aggregator whose group names its sender, for that round and epoch."""

@@ -31,13 +31,16 @@
   at ``epoch + 1`` (over the newest epoch anyone saw) for the highest round any live node completed,
   with that node's algorithm state. Every RPC carries the epoch and nodes refuse older ones; a
   holder that sees a newer epoch drops its token, so a stale holder that comes back is fenced off.
-* **Liveness.** A member that crashes and is serving again within ``peer_timeout`` was never seen to
-  leave, and nobody waits for it to come back: its first Hello after the restart carries a new boot id,
-  and an aggregator that expects it stops waiting at once (:meth:`Absences.peer_joined`), as the holder's
-  own Assign to its old incarnation failed with its connection. So the fleet fuses again within
-  ``peer_timeout + token_timeout + 2·heartbeat + min(1 s, token_timeout/4)`` plus one round's own work:
-  the restart, the Hello that reveals it, a lost token's ``token_timeout`` of silence, the watchdog's
-  tick and the holder's replay heartbeat. A *holder* that crashes may have assigned an aggregator and not yet
+* **Liveness.** A member that crashes and is serving again within ``peer_timeout`` (the shortest suspicion)
+  was never seen to leave, and nobody waits for it to come back: its first Hello or gossip after the restart
+  carries a new boot id, and an aggregator that expects it stops waiting as soon as it hears it
+  (:meth:`Absences.peer_joined`), as the holder's own Assign to its old incarnation failed with its connection.
+  A member that stays down is known dead by every member within the membership's detection bound
+  (:func:`~dfl_node.node.swim.detection_bound`: a few probe periods, the longest suspicion, the gossip's rounds),
+  which also bounds how long news of a restart takes. So the fleet fuses again within
+  ``detection + token_timeout + 2·heartbeat + min(1 s, token_timeout/4)`` plus one round's own work:
+  the restart (or the crash) known, a lost token's ``token_timeout`` of silence, the watchdog's
+  tick and the holder's replay period. A *holder* that crashes may have assigned an aggregator and not yet
   its senders: once that aggregator sees the holder restarted (or gone), it asks its peers where they
   stand and stops waiting for those that play no role, which were never assigned, rather than at its deadline,
   as its role would otherwise count as the token at work and keep it from being regenerated; the senders that
@@ -62,11 +65,12 @@ from dfl_node.peering.messages import Ack, Progress, Token
 log = logging.getLogger(__name__)
 
 
-def liveness_bound(*, peer_timeout: float, token_timeout: float, heartbeat: float, round_timeout: float,
+def liveness_bound(*, detection: float, token_timeout: float, heartbeat: float, round_timeout: float,
                    quick: bool) -> float:
     """The module's "Liveness" bound, without the round's own work: how long after a member's crash the fleet
-    may go without fusing — back within ``peer_timeout`` (``quick``), or later (``round_timeout`` more)."""
-    bound = peer_timeout + token_timeout + 2 * heartbeat + min(1.0, token_timeout / 4)
+    may go without fusing — back within ``peer_timeout`` (``quick``), or later (``round_timeout`` more);
+    ``detection``: the membership's detection bound for the fleet."""
+    bound = detection + token_timeout + 2 * heartbeat + min(1.0, token_timeout / 4)
     return bound if quick else bound + round_timeout
 
 

@@ -118,3 +118,44 @@ class Offer:
     purpose: str = ""  # e.g. "defkt.model"
     model: str = ""  # the architecture spec of what it carries
     total_size: int = 0  # payload bytes that follow
+
+
+MAX_UPDATES = 16  # updates a membership ping or ack may carry (its sender's own state and at most 8 of gossip)
+MAX_MEMBERS = 2048  # members a push-pull may carry: about 0.5 MB, half what a gRPC message may be
+MAX_ID = 128  # characters of a member's node id (and a suspicion's sender) in an update
+MAX_ADDRESS = 256  # characters of a member's address in an update
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemberUpdate:
+    """One member's state as the membership's gossip spreads it (SWIM, :mod:`dfl_node.node.swim`): a newer
+    ``incarnation`` wins, and at the same one dead beats suspect beats alive. An alive update carries the
+    member's Hello: its identity, its profile (architecture, sample count) and its round progress."""
+
+    state: str = ""  # "alive", "suspect" or "dead"
+    incarnation: int = 0  # the member's own counter: it bumps it to refute a suspicion or to announce a change
+    node_id: str = ""
+    sender: str = ""  # suspect or dead: who says so (each suspecter confirms a suspicion once)
+    hello: Hello = field(default_factory=Hello)  # alive: the member's own Hello (else empty)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ping:
+    """A membership probe, with gossip piggybacked. ``target`` empty: the receiver is probed; otherwise the
+    receiver is asked to probe ``target`` (at ``target_address``) for us within ``timeout_s`` (an indirect
+    probe). ``sync``: ``updates`` are the sender's whole view, and the ack carries the receiver's (push-pull)."""
+
+    sender: str = ""
+    target: str = ""
+    target_address: str = ""
+    timeout_s: float = 0.0
+    sync: bool = False
+    updates: tuple[MemberUpdate, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PingAck:
+    """The answer to a :class:`Ping`: whether the probed member answered, and gossip."""
+
+    ok: bool = False
+    updates: tuple[MemberUpdate, ...] = ()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from dfl_node.algorithms.messages import ModelMessage
-from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, PullRequest, Token
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Ping, PingAck, PullRequest, Token
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
 
 
@@ -28,6 +28,7 @@ class PeerLink(Protocol):
     async def assign(self, assignment: Assignment, timeout: float) -> Ack: ...
     async def pass_token(self, token: Token, timeout: float) -> Ack: ...
     async def probe(self, request: ProbeRequest, timeout: float) -> ProbeReply: ...
+    async def ping(self, ping: Ping, timeout: float) -> PingAck: ...  # a membership probe (dfl_node.node.swim)
     # Push a model for round mode's ``epoch`` (0: async); returns (the aggregator's reply or None, bytes sent,
     # bytes received) once the aggregator confirmed a durable fusion; ``on_accepted`` is called as soon as it
     # took the message. Raises TransferRefused when it refuses (or never fuses it).
@@ -76,6 +77,7 @@ class PeerHandler(Protocol):
     async def pull(self, request: PullRequest) -> ModelMessage: ...  # raise TransferRejected (e.g. "busy")
     async def probe(self, request: ProbeRequest) -> ProbeReply: ...  # a selection probe (001); never raises
     async def assign(self, request: Assignment) -> Ack: ...
+    async def ping(self, request: Ping) -> PingAck: ...  # a membership probe, its gossip; never raises
     async def token(self, request: Token) -> Ack: ...
     def on_rejected(self, reason: str, detail: str, sender: str) -> None: ...  # count a refusal
     def on_transferred(self, sent: int, received: int) -> None: ...  # byte counters

@@ -98,8 +98,19 @@ class MembershipSettings(_Part):
 
     peers: list[str] = Field(default_factory=list, description="static peers HOST:PORT (networks without multicast)")
     mdns: bool = Field(True, description="discover peers by mDNS on the serving interface")
-    heartbeat: float = Field(1.0, gt=0, description="seconds between liveness checks of each peer")
-    peer_timeout: float = Field(4.0, gt=0, description="a peer silent this long leaves the table")
+    heartbeat: float = Field(1.0, gt=0, description="the membership's probe period: seconds between two probes "
+                             "of one member by this node (SWIM; see docs/membership.md)")
+    peer_timeout: float = Field(4.0, gt=0, description="the shortest suspicion: a suspect member unconfirmed this "
+                                "long (times log10 of the fleet's size, at least 1) is declared dead")
+    ping_timeout: float = Field(0.5, gt=0, description="a probed member silent this long is probed indirectly")
+    indirect_probes: int = Field(3, ge=0, le=16, description="members asked to probe a silent member before it is "
+                                 "suspected")
+    suspicion_max: float = Field(6.0, ge=1, description="an unconfirmed suspicion waits up to this many times the "
+                                 "shortest (Lifeguard: fewer false deaths of slow members)")
+    retransmit_mult: int = Field(4, ge=1, le=64, description="each membership change is gossiped this many times "
+                                 "log10 of the fleet's size")
+    sync_interval: float = Field(30.0, gt=0, description="seconds between two exchanges of whole membership views "
+                                 "with a random member (longer beyond 32 members)")
     peer_expiry: float = Field(300.0, gt=0, description="a peer silent this long is forgotten (it rejoins when it "
                                "answers again)")
     max_pending_peers: int = Field(32, ge=1, description="peers that said Hello but have not yet answered ours, "

@@ -73,10 +73,11 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path | None = N
                                             slow_recovery=stall_bound(node, False, work),
                                             heal_within=0.9 * node.schedule.round_timeout, slowdowns=random_slowdowns,
                                             nodes=[c.id for c in configs])
-        statuses, histories, happened, ended, states = run_virtual(_run(configs, costs, schedule, fault_seed, progress),
-                                                                   costs.compute(), config.learning.threads)
+        statuses, histories, happened, ended, states, membership = run_virtual(
+            _run(configs, costs, schedule, fault_seed, progress), costs.compute(), config.learning.threads)
         train_sizes = {c.node_id: len(c.train) for c in data.clients}
         result = fleet_result("simulate", statuses, histories, config, algorithm, train_sizes, VIRTUAL_EPOCH, ended)
+        result.membership = membership
         if schedule.kills or schedule.partitions or schedule.links or schedule.slow_nodes:
             result.faults = fault_figures(happened, states, node, work)
             result.faults["round_work_s"] = round(work, 3)
@@ -99,7 +100,7 @@ def by_class(statuses: dict[str, dict], class_of: dict[str, str]) -> dict[str, d
 
 async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSchedule, seed: int,
                progress: Progress | None) -> tuple[dict[str, dict], dict[str, list[dict]], list[Fault], float,
-                                                   dict[str, dict[str, Any]]]:
+                                                   dict[str, dict[str, Any]], dict[str, Any]]:
     fleet = VirtualFleet(configs, costs.transfer())
     with contextlib.ExitStack() as stack:
         if progress is not None:
@@ -111,12 +112,13 @@ async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSched
             if progress is not None:  # where the run ended, which the reporter's last look may have missed
                 progress(fleet.round_reached(), asyncio.get_running_loop().time())
             ended = fleet.clock.wall()
+            membership = fleet.membership.figures(asyncio.get_running_loop().time())
             statuses = {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
             histories = {n: [h.model_dump(mode="json") for h in node.history()]
                          for n, node in sorted(fleet.nodes.items())}
             for node_id in sorted(fleet.nodes):
                 await fleet.stop(node_id)
-            return statuses, histories, happened, ended, fleet.durable_states()
+            return statuses, histories, happened, ended, fleet.durable_states(), membership
         finally:
             await fleet.close()
 

@@ -25,6 +25,7 @@ from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim.clock import VirtualClock
 from dfl_node.sim.ledger import durable_states
+from dfl_node.sim.membership import MembershipRecord
 from dfl_node.sim.network import LinkProfile, MemoryFabric, MemoryNetwork
 
 BASE_PORT = 50_000  # the fleet's addresses are 127.0.0.1:50000+i: names on the fabric, never bound
@@ -63,6 +64,7 @@ class VirtualFleet:
         self.clock = VirtualClock()  # every node's: the loop's virtual time
         self.fingerprints: dict[str, str] = {}  # each node's model, once started
         self._ending: set[asyncio.Task[Any]] = set()  # tasks of killed nodes, cancelled: awaited by close()
+        self.membership = MembershipRecord(configs[0].membership)  # what the membership cost and knew
 
     def start(self, node_id: str) -> Node:
         """Start (or restart, from its checkpoint) ``node_id``: it serves on the fabric and runs as
@@ -71,10 +73,13 @@ class VirtualFleet:
         address = self.addresses[node_id]
 
         def endpoint(identity: ModelIdentity, hello: Callable[[], Hello]) -> MemoryNetwork:
-            return self.fabric.endpoint(address, connect_timeout=config.network.connect_timeout,
-                                        wire_dtype=identity.wire_dtype)
+            network = self.fabric.endpoint(address, connect_timeout=config.network.connect_timeout,
+                                           wire_dtype=identity.wire_dtype)
+            self.membership.started(node_id, asyncio.get_running_loop().time(), network)
+            return network
 
         node = Node(config, endpoint, self.clock)
+        node.membership.swim.listeners.append(self.membership.observer(node_id))
         self.fabric.serve(address, node.requests)
         self.nodes[node_id] = node
         self.fingerprints[node_id] = node.identity.fingerprint
@@ -88,6 +93,7 @@ class VirtualFleet:
     def kill(self, node_id: str) -> None:
         """kill -9: the node's tasks are cancelled, the calls it serves drop, its state dir is unlocked."""
         node = self.nodes.pop(node_id)
+        self.membership.killed(node_id, asyncio.get_running_loop().time())
         for task in self.fabric.kill(self.addresses[node_id]):
             self._ending.add(task)
             task.add_done_callback(self._ending.discard)

@@ -32,13 +32,13 @@ import asyncio
 import contextvars
 import math
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Coroutine, Generator
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any, TypeVar
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.peering.errors import UNCOUNTED_REFUSALS, PeerUnreachable, TransferRefused, TransferRejected
-from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, PullRequest, Token
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Ping, PingAck, PullRequest, Token
 from dfl_node.peering.port import PeerHandler
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
 from dfl_node.peering.wire_dtypes import EXACT, payload_bytes, through
@@ -71,6 +71,31 @@ def _copied(message: ModelMessage, wire_dtype: str = EXACT) -> ModelMessage:
     crossed = through(message, wire_dtype)
     return replace(crossed, parts=tuple(replace(p, values=p.values.detach().clone()) for p in crossed.parts),
                    metadata=dict(message.metadata))
+
+
+def message_size(message: object) -> int:
+    """About what a peer-port message takes as protobuf: each field's tag and value (strings and bytes their
+    length, numbers a varint's or a double's 8 bytes), nested messages and repeated fields field by field, and a
+    frame's 10 bytes; a model's payload is :func:`wire_size`'s."""
+    def size(value: object) -> int:
+        if isinstance(value, str | bytes):
+            return 2 + len(value) if value else 0
+        if isinstance(value, bool):
+            return 2 if value else 0
+        if isinstance(value, int):
+            return 1 + max(1, (value.bit_length() + 6) // 7) if value else 0
+        if isinstance(value, float):
+            return 9 if value else 0
+        if isinstance(value, tuple | list):
+            return sum(size(v) for v in value)
+        if isinstance(value, Mapping):
+            return sum(2 + size(k) + size(v) for k, v in value.items())
+        if is_dataclass(value):
+            inner = sum(size(getattr(value, f.name)) for f in fields(value))
+            return 2 + inner
+        return 0
+
+    return 10 + size(message)
 
 
 @dataclass(frozen=True)
@@ -219,6 +244,13 @@ class MemoryNetwork:
         self.fabric, self.address, self.connect_timeout = fabric, address, connect_timeout
         self.wire_dtype = wire_dtype
         self.links: dict[str, MemoryLink] = {}
+        self.membership_messages = 0  # the Hellos, pings and their answers of the calls this node made
+        self.membership_bytes = 0  # their estimated size on the wire (:func:`message_size`)
+
+    def count(self, message: object) -> None:
+        """One membership message of a call this node made (either way)."""
+        self.membership_messages += 1
+        self.membership_bytes += message_size(message)
 
     def link(self, address: str) -> MemoryLink:
         if address not in self.links:
@@ -242,6 +274,7 @@ class MemoryLink:
     """One node's link to one peer (a :class:`~dfl_node.peering.port.PeerLink`)."""
 
     def __init__(self, network: MemoryNetwork, address: str) -> None:
+        self.network = network
         self.fabric, self.src, self.dst = network.fabric, network.address, address
         self.connect_timeout = network.connect_timeout
         self.wire_dtype = network.wire_dtype
@@ -288,6 +321,7 @@ class MemoryLink:
 
     # ----- the calls --------------------------------------------------------------------------------
     async def hello(self, hello: Hello, timeout: float) -> HelloReply:
+        self.network.count(hello)
         if not self.fabric.listening(self.dst):
             raise PeerUnreachable("unavailable", "refuses connections (nothing listens on that port)")
         if self.fabric.cut(self.src, self.dst):
@@ -297,7 +331,25 @@ class MemoryLink:
         async def answer(h: PeerHandler) -> HelloReply:
             return h.hello(hello, self.src)
 
-        return await self._exchange(answer, timeout)
+        reply = await self._exchange(answer, timeout)
+        self.network.count(reply)
+        return reply
+
+    async def ping(self, ping: Ping, timeout: float) -> PingAck:
+        """A membership probe: as a Hello, refused at once by a dead address, lost across a partition."""
+        self.network.count(ping)
+        if not self.fabric.listening(self.dst):
+            raise PeerUnreachable("unavailable", "refuses connections (nothing listens on that port)")
+        if self.fabric.cut(self.src, self.dst):
+            await asyncio.sleep(timeout)
+            raise PeerUnreachable("deadline_exceeded", f"does not answer within {timeout:g} s")
+
+        async def answer(h: PeerHandler) -> PingAck:
+            return await h.ping(ping)
+
+        ack = await self._exchange(answer, timeout)
+        self.network.count(ack)
+        return ack
 
     async def assign(self, assignment: Assignment, timeout: float) -> Ack:
         async def answer(h: PeerHandler) -> Ack:

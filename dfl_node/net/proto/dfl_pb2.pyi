@@ -6,6 +6,44 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class MemberUpdate(_message.Message):
+    __slots__ = ("state", "incarnation", "node_id", "sender", "hello")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    incarnation: int
+    node_id: str
+    sender: str
+    hello: HelloRequest
+    def __init__(self, state: _Optional[str] = ..., incarnation: _Optional[int] = ..., node_id: _Optional[str] = ..., sender: _Optional[str] = ..., hello: _Optional[_Union[HelloRequest, _Mapping]] = ...) -> None: ...
+
+class MembershipPing(_message.Message):
+    __slots__ = ("sender", "target", "target_address", "timeout_s", "sync", "updates")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    target: str
+    target_address: str
+    timeout_s: float
+    sync: bool
+    updates: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    def __init__(self, sender: _Optional[str] = ..., target: _Optional[str] = ..., target_address: _Optional[str] = ..., timeout_s: _Optional[float] = ..., sync: _Optional[bool] = ..., updates: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
+
+class MembershipAck(_message.Message):
+    __slots__ = ("ok", "updates")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    updates: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    def __init__(self, ok: _Optional[bool] = ..., updates: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
+
 class HelloRequest(_message.Message):
     __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "auth_nonce", "auth_challenge", "auth_proof", "wire_dtype", "hashes", "progress", "sample_shape", "num_classes")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]

@@ -65,6 +65,11 @@ class DflNodeStub:
                 request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundToken.SerializeToString,
                 response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.FromString,
                 _registered_method=True)
+        self.Ping = channel.unary_unary(
+                '/dfl.v1.DflNode/Ping',
+                request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipPing.SerializeToString,
+                response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipAck.FromString,
+                _registered_method=True)
 
 
 class DflNodeServicer:
@@ -122,6 +127,15 @@ class DflNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ping(self, request, context):
+        """Membership (SWIM, dfl_node/node/swim.py): a probe of the receiver, or a request to probe another member
+        (target), or a push-pull of whole views (sync); gossip rides on both ways. Unary, bounded: at most 16
+        updates (2048 in a push-pull), each checked by the receiver.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DflNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +168,11 @@ def add_DflNodeServicer_to_server(servicer, server):
                     servicer.PassToken,
                     request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundToken.FromString,
                     response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.SerializeToString,
+            ),
+            'Ping': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ping,
+                    request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipPing.FromString,
+                    response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -319,6 +338,33 @@ class DflNode:
             '/dfl.v1.DflNode/PassToken',
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.RoundToken.SerializeToString,
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dfl.v1.DflNode/Ping',
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipPing.SerializeToString,
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,316 @@
+"""Who lives, by SWIM (Das, Gupta, Motivala 2002) as HashiCorp memberlist plays it, with Lifeguard's suspicion:
+a load per node that does not grow with the fleet.
+
+Every ``heartbeat`` seconds (the *probe period*) a node probes one member — the next of its members in a shuffled
+round-robin order — with a :class:`~dfl_node.peering.messages.Ping` over the peer port. No ack within
+``ping_timeout``: it asks ``indirect_probes`` other members to probe it, each answering by the end of the period.
+Still nothing: the member is *suspect*, and the node says so. A suspect that hears of it refutes it with a higher
+incarnation number; one that does not is declared *dead* when its suspicion times out, by every node that
+knows of the suspicion, after
+
+    min = peer_timeout · max(1, log10 N),   max = suspicion_max · min,
+
+the timeout shrinking from max towards min (logarithmically) as ``k`` = 2 other members independently confirm the
+suspicion (memberlist's ``suspicion.go``: a suspicion many confirm is acted on sooner; one a lone slow prober
+raises waits longer, which keeps false suspicions of a slow member from killing it).
+
+Changes — a member alive (with its Hello: identity, profile, round progress), suspect, dead — ride on the pings
+and acks (:mod:`.gossip`: a bounded number a message, each sent ``retransmit_mult · ⌈log10(N + 1)⌉`` times), and
+every message also carries its sender's own state, which it re-announces under a new incarnation whenever its
+Hello changes (its round progress, its role): a node's progress reaches every member in O(log N) periods. A push-
+pull of whole views, with one member after each new member a Hello confirmed and every ``sync_interval`` seconds
+(scaled up beyond 32 members, as memberlist does), makes sure that a node learns members whose news it missed.
+
+Liveness bound. A member that crashes is probed by some member in each period with probability ~1 − 1/e, and
+each live member reaches it in its round robin within 2 N periods; from the first failed probe it is suspected
+within one period, known suspect everywhere within the gossip's O(log N) periods, and dead everywhere at most
+``max`` later: :func:`detection_bound`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from dfl_node.node.clock import Clock
+from dfl_node.node.gossip import Gossip
+from dfl_node.node.peers import PeerTable
+from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
+from dfl_node.peering.messages import MAX_ADDRESS, MAX_ID, MAX_MEMBERS, MAX_UPDATES, Hello, MemberUpdate, Ping, PingAck
+from dfl_node.peering.port import PeerNetwork
+from dfl_node.settings.node import MembershipSettings
+
+log = logging.getLogger(__name__)
+
+ALIVE, SUSPECT, DEAD = "alive", "suspect", "dead"
+RANK = {ALIVE: 0, SUSPECT: 1, DEAD: 2}  # at one incarnation, the worse news wins
+CONFIRMATIONS = 2  # k: independent suspicions that bring the timeout down to its minimum (memberlist: mult − 2)
+SYNC_BASE_MEMBERS = 32  # beyond this many members the push-pull interval grows (memberlist's pushPullScale)
+PER_MESSAGE = 8  # updates of gossip a message carries besides its sender's own (MAX_UPDATES bounds what we take)
+
+
+def suspicion_timeouts(settings: MembershipSettings, members: int) -> tuple[float, float]:
+    """Lifeguard's (min, max) suspicion timeout in a fleet of ``members``."""
+    low = settings.peer_timeout * max(1.0, math.log10(max(members, 1)))
+    return low, settings.suspicion_max * low
+
+
+def detection_bound(settings: MembershipSettings, members: int) -> float:
+    """How long after a crash every live member knows it dead, with high probability: three periods for some member
+    to probe it (each period a probe misses it with probability ~1/e), one for the indirect probes, the longest
+    suspicion timeout, and the gossip's retransmission rounds for the news to reach every member."""
+    period, rounds = settings.heartbeat, settings.retransmit_mult * math.ceil(math.log10(members + 1))
+    return (3 + 1) * period + suspicion_timeouts(settings, members)[1] + rounds * period
+
+
+def sync_interval(settings: MembershipSettings, members: int) -> float:
+    """memberlist's push-pull interval: ``sync_interval``, times ⌈log2 N − log2 32⌉ + 1 beyond 32 members."""
+    if members <= SYNC_BASE_MEMBERS:
+        return settings.sync_interval
+    return settings.sync_interval * (math.ceil(math.log2(members) - math.log2(SYNC_BASE_MEMBERS)) + 1)
+
+
+def _valid(update: MemberUpdate) -> bool:
+    """Whether a peer's ``update`` is one we may take: a known state, ids and address of bounded length, an alive
+    update carrying the Hello of the member it names (the rest of a Hello is bounded as a Hello RPC's is)."""
+    if update.state not in RANK or not 0 < len(update.node_id) <= MAX_ID or len(update.sender) > MAX_ID:
+        return False
+    hello = update.hello
+    return update.state != ALIVE or (hello.node_id == update.node_id and 0 < len(hello.grpc_address) <= MAX_ADDRESS)
+
+
+@dataclass
+class Member:
+    """What SWIM knows of one member (its address, profile and progress are the peer table's)."""
+
+    incarnation: int = 0
+    state: str = ALIVE
+    hello: Hello | None = None  # its newest Hello, as it announced it (for a push-pull)
+    suspected_at: float = 0.0
+    suspecters: set[str] = field(default_factory=set)
+
+
+Listener = Callable[[str, str, float, str], None]  # (member, its new state here, the loop's time, who said so)
+
+
+class Swim:
+    """The failure detector and gossip of node ``node_id``, whose own Hello is ``hello()``; members live in
+    ``table``, and a gossiped member enters it only if ``compatible`` with us (the Hello checks)."""
+
+    def __init__(self, node_id: str, settings: MembershipSettings, clock: Clock, *, table: PeerTable,
+                 network: PeerNetwork, hello: Callable[[], Hello], compatible: Callable[[Hello], bool],
+                 seed: int) -> None:
+        self.node_id, self.settings, self.clock = node_id, settings, clock
+        self.table, self.network, self._hello, self._compatible = table, network, hello, compatible
+        self.rng = random.Random(seed)
+        self.incarnation = int(clock.wall() * 1000)  # a restarted node starts above what its last boot said
+        self.members: dict[str, Member] = {}
+        self.gossip = Gossip(settings.retransmit_mult, PER_MESSAGE, capacity=1024)
+        self.invalid = 0  # malformed updates peers sent us, dropped
+        self.listeners: list[Listener] = []  # told of every change of a member's state here (the simulator's figures)
+        self._announced: Hello | None = None
+        self._order: list[str] = []  # the probe round robin
+        self._synced_at = 0.0
+        self._sync_with: str | None = None  # a member a Hello just confirmed: push-pull with it next
+
+    # ----- what this node says --------------------------------------------------------------
+    def own(self) -> MemberUpdate:
+        """Our own state: a new incarnation, gossiped, whenever our Hello changed since we last said it."""
+        hello = self._hello()
+        hello = Hello(**{k: getattr(hello, k) for k in Hello.__dataclass_fields__})  # a HelloReply's extras dropped
+        if hello != self._announced:
+            if self._announced is not None:
+                self.incarnation += 1
+            self._announced = hello
+            self.gossip.add(MemberUpdate(state=ALIVE, incarnation=self.incarnation, node_id=self.node_id,
+                                         hello=hello))
+        return MemberUpdate(state=ALIVE, incarnation=self.incarnation, node_id=self.node_id, hello=hello)
+
+    def _updates(self) -> tuple[MemberUpdate, ...]:
+        return (self.own(), *self.gossip.take(len(self.members) + 1))
+
+    def view(self) -> tuple[MemberUpdate, ...]:
+        """Our whole view, for a push-pull: ourselves and every member not forgotten."""
+        known = [MemberUpdate(state=m.state, incarnation=m.incarnation, node_id=i, sender=self.node_id,
+                              hello=m.hello if m.state == ALIVE and m.hello else Hello())
+                 for i, m in sorted(self.members.items()) if m.state != ALIVE or m.hello is not None]
+        return (self.own(), *known[: MAX_MEMBERS - 1])
+
+    # ----- what it hears --------------------------------------------------------------------
+    def seen(self, hello: Hello) -> None:
+        """A member the Hello handshake confirmed (alive now, whatever its incarnation said)."""
+        new = hello.node_id not in self.members
+        member = self.members.setdefault(hello.node_id, Member())
+        member.hello = Hello(**{k: getattr(hello, k) for k in Hello.__dataclass_fields__})
+        if new or member.state != ALIVE:
+            self._set(hello.node_id, member, ALIVE, hello.node_id)
+        if new and self._sync_with is None:  # a member joined through us, or we through it: swap views
+            self._sync_with = hello.node_id
+
+    def merge(self, updates: Iterable[MemberUpdate], *, spread: bool = True) -> None:
+        """Take what a peer told us (``spread``: gossip it on; a push-pull's view is not)."""
+        for update in updates:
+            if not _valid(update):
+                self.invalid += 1
+                log.debug("%s: membership update about %r dropped (malformed)", self.node_id, update.node_id[:64])
+            elif update.node_id == self.node_id:
+                self._about_us(update)
+            elif update.state == ALIVE:
+                self._alive(update, spread)
+            elif update.state in (SUSPECT, DEAD):
+                self._bad_news(update, spread)
+
+    def _about_us(self, update: MemberUpdate) -> None:
+        """Refute a suspicion (or a death) of ourselves with an incarnation above it."""
+        if update.state != ALIVE and update.incarnation >= self.incarnation:
+            self.incarnation = update.incarnation + 1
+            self._announced = None
+            log.info("%s: refuting %s %s (incarnation %d)", self.node_id, update.sender[:64], update.state,
+                     self.incarnation)
+            self.own()
+
+    def _alive(self, update: MemberUpdate, spread: bool) -> None:
+        hello, member = update.hello, self.members.get(update.node_id)
+        if member is not None and (update.incarnation < member.incarnation
+                                   or (update.incarnation == member.incarnation and member.hello is not None)):
+            return
+        if hello.node_id != update.node_id or not hello.grpc_address or not self._compatible(hello):
+            return
+        if member is None:
+            member = self.members[update.node_id] = Member()
+            self.network.heard(hello.grpc_address, hello.node_id)
+        member.incarnation, member.hello = update.incarnation, hello
+        self._set(update.node_id, member, ALIVE, update.node_id)
+        self.table.seen(hello)
+        if spread:
+            self.gossip.add(update)
+
+    def _bad_news(self, update: MemberUpdate, spread: bool) -> None:
+        member = self.members.get(update.node_id)
+        if member is None or update.incarnation < member.incarnation or member.state == DEAD:
+            return
+        now = self.clock.monotonic()
+        if update.state == SUSPECT and member.state == SUSPECT and update.incarnation == member.incarnation:
+            if update.sender and update.sender not in member.suspecters:  # a new confirmation: gossip it on
+                member.suspecters.add(update.sender)
+                if spread:
+                    self.gossip.add(update)
+            return
+        if update.incarnation == member.incarnation and RANK[update.state] <= RANK[member.state]:
+            return
+        member.incarnation = update.incarnation
+        if update.state == SUSPECT:
+            member.suspected_at, member.suspecters = now, {update.sender} if update.sender else set()
+        self._set(update.node_id, member, update.state, update.sender)
+        if spread:
+            self.gossip.add(update)
+
+    def _set(self, node_id: str, member: Member, state: str, origin: str) -> None:
+        member.state = state
+        if state == DEAD:
+            self.table.lost(node_id)
+        for listener in self.listeners:
+            listener(node_id, state, self.clock.monotonic(), origin)
+
+    # ----- the probes --------------------------------------------------------------------------
+    def _next_target(self) -> str | None:
+        while self._order:
+            node_id = self._order.pop()
+            member = self.members.get(node_id)
+            if member is not None and member.state != DEAD and self.table.address_of(node_id):
+                return node_id
+        self._order = sorted(i for i, m in self.members.items() if m.state != DEAD)
+        self.rng.shuffle(self._order)
+        return self._order.pop() if self._order else None
+
+    async def _ping(self, address: str, ping: Ping, timeout: float) -> PingAck | None:
+        """One ping; the ack's gossip taken (None: no answer)."""
+        try:
+            ack = await self.network.link(address).ping(ping, timeout)
+        except (PeerUnreachable, PeerUnauthenticated):
+            return None
+        self.merge(ack.updates[:MAX_MEMBERS if ping.sync else MAX_UPDATES], spread=not ping.sync)
+        return ack
+
+    async def probe(self, node_id: str) -> bool:
+        """Probe ``node_id``: directly, then through ``indirect_probes`` others; suspect it if none answers."""
+        address, settings = self.table.address_of(node_id), self.settings
+        if address is None:
+            return False
+        ack = await self._ping(address, Ping(sender=self.node_id, updates=self._updates()), settings.ping_timeout)
+        if ack is not None and ack.ok:
+            return True
+        helpers = [i for i, m in sorted(self.members.items()) if m.state == ALIVE and i != node_id]
+        helpers = self.rng.sample(helpers, min(settings.indirect_probes, len(helpers)))
+        wait = max(settings.heartbeat - settings.ping_timeout, settings.ping_timeout)
+        asked = [Ping(sender=self.node_id, target=node_id, target_address=address, timeout_s=wait * 0.8,
+                      updates=self._updates()) for _ in helpers]
+        acks = await asyncio.gather(*(self._ping(a, p, wait) for h, p in zip(helpers, asked, strict=True)
+                                      if (a := self.table.address_of(h)) is not None))
+        if any(a is not None and a.ok for a in acks):
+            return True
+        member = self.members.get(node_id)
+        if member is not None and member.state == ALIVE:
+            self.merge([MemberUpdate(state=SUSPECT, incarnation=member.incarnation, node_id=node_id,
+                                     sender=self.node_id)])
+            log.info("%s: %s suspect (no ack, direct or through %d)", self.node_id, node_id, len(helpers))
+        return False
+
+    async def answer(self, ping: Ping) -> PingAck:
+        """A ping: our ack (with our gossip), or, asked to probe another member, whether it answered us."""
+        self.merge(ping.updates, spread=not ping.sync)
+        if ping.sync:
+            return PingAck(ok=True, updates=self.view())
+        if ping.target and ping.target != self.node_id:
+            timeout = min(max(ping.timeout_s, 0.0), self.settings.heartbeat)
+            ack = await self._ping(ping.target_address, Ping(sender=self.node_id, updates=self._updates()), timeout)
+            return PingAck(ok=ack is not None and ack.ok, updates=self._updates())
+        return PingAck(ok=True, updates=self._updates())
+
+    async def sync(self, node_id: str) -> None:
+        """Push-pull: our whole view for theirs."""
+        self._synced_at = self.clock.monotonic()
+        if (address := self.table.address_of(node_id)) is not None:
+            ping = Ping(sender=self.node_id, sync=True, updates=self.view())
+            await self._ping(address, ping, self.settings.heartbeat)
+
+    def expire(self) -> None:
+        """Declare dead the suspects whose suspicion timed out (Lifeguard: sooner the more members confirmed it)."""
+        now, n = self.clock.monotonic(), len(self.members) + 1
+        low, high = suspicion_timeouts(self.settings, n)
+        k = CONFIRMATIONS if n - 2 >= CONFIRMATIONS else 0
+        for node_id, member in sorted(self.members.items()):
+            if member.state != SUSPECT:
+                continue
+            confirmed = max(len(member.suspecters) - 1, 0)
+            timeout = low if k < 1 else max(low, high - (high - low) * math.log(confirmed + 1) / math.log(k + 1))
+            if now - member.suspected_at >= timeout:
+                log.info("%s: %s dead (suspect for %.1f s)", self.node_id, node_id, now - member.suspected_at)
+                self.merge([MemberUpdate(state=DEAD, incarnation=member.incarnation, node_id=node_id,
+                                         sender=self.node_id)])
+
+    def forget(self, node_id: str) -> None:
+        """The table forgot ``node_id`` (dead long enough): so do we."""
+        self.members.pop(node_id, None)
+
+    async def run(self, greet: Callable[[], object]) -> None:
+        """A probe every period (each a task of its own, so that a slow one delays no other), the suspicions'
+        timeouts, ``greet()`` (a Hello to a static address not yet a member) and the push-pulls, until cancelled."""
+        async with asyncio.TaskGroup() as tasks:
+            while True:
+                self.expire()
+                greet()
+                if (target := self._next_target()) is not None:
+                    tasks.create_task(self.probe(target))
+                now, alive = self.clock.monotonic(), [i for i, m in self.members.items() if m.state == ALIVE]
+                partner = self._sync_with
+                if partner is None and alive and now - self._synced_at >= sync_interval(self.settings, len(alive)):
+                    partner = self.rng.choice(sorted(alive))
+                if partner is not None:
+                    self._sync_with = None
+                    tasks.create_task(self.sync(partner))
+                await asyncio.sleep(self.settings.heartbeat)
