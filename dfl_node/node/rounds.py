@@ -37,7 +37,8 @@
   (:meth:`Absences.peer_joined`), as the holder's own Assign to its old incarnation failed with its connection.
   A member that stays down is known dead by every member within the membership's detection bound
   (:func:`~dfl_node.node.swim.detection_bound`: a few probe periods, the longest suspicion, the gossip's rounds),
-  which also bounds how long news of a restart takes. So the fleet fuses again within
+  and one back within ``peer_timeout`` is known under its new boot within
+  :func:`~dfl_node.node.swim.notice_bound`. So the fleet fuses again within
   ``detection + token_timeout + 2·heartbeat + min(1 s, token_timeout/4)`` plus one round's own work:
   the restart (or the crash) known, a lost token's ``token_timeout`` of silence, the watchdog's
   tick and the holder's replay period. A *holder* that crashes may have assigned an aggregator and not yet
@@ -69,7 +70,7 @@ def liveness_bound(*, detection: float, token_timeout: float, heartbeat: float, 
                    quick: bool) -> float:
     """The module's "Liveness" bound, without the round's own work: how long after a member's crash the fleet
     may go without fusing — back within ``peer_timeout`` (``quick``), or later (``round_timeout`` more);
-    ``detection``: the membership's detection bound for the fleet."""
+    ``detection``: the membership's notice bound (``quick``) or its detection bound for the fleet."""
     bound = detection + token_timeout + 2 * heartbeat + min(1.0, token_timeout / 4)
     return bound if quick else bound + round_timeout
 

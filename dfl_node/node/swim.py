@@ -67,6 +67,14 @@ def detection_bound(settings: MembershipSettings, members: int) -> float:
     return (3 + 1) * period + suspicion_timeouts(settings, members)[1] + rounds * period
 
 
+def notice_bound(settings: MembershipSettings, members: int) -> float:
+    """How long after a crash every member knows a member that restarted within ``peer_timeout`` (never declared
+    dead) under its new boot: back by then, its first period's Hello (or probe) to a member, and the gossip's
+    retransmission rounds from there."""
+    rounds = settings.retransmit_mult * math.ceil(math.log10(members + 1))
+    return settings.peer_timeout + (1 + rounds) * settings.heartbeat
+
+
 def sync_interval(settings: MembershipSettings, members: int) -> float:
     """memberlist's push-pull interval: ``sync_interval``, times ⌈log2 N − log2 32⌉ + 1 beyond 32 members."""
     if members <= SYNC_BASE_MEMBERS:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from dfl_node.algorithms.plan import Role
 from dfl_node.node.daemon import Node
 from dfl_node.node.rounds import liveness_bound
-from dfl_node.node.swim import detection_bound
+from dfl_node.node.swim import detection_bound, notice_bound
 from dfl_node.settings.node import NodeConfig
 from dfl_node.settings.simulation import FaultSchedule, KillFault, LinkFault, PartitionFault, SlowNodeFault
 from dfl_node.sim.costs import CostModel
@@ -37,7 +37,8 @@ def stall_bound(config: NodeConfig, quick: bool, round_work: float) -> float:
     """:func:`~dfl_node.node.rounds.liveness_bound` for ``config``'s timeouts and fleet (a simulated node lists
     every other as a static peer), plus one round's own work."""
     membership, schedule = config.membership, config.schedule
-    detection = detection_bound(membership, len(membership.peers) + 1)
+    members = len(membership.peers) + 1
+    detection = notice_bound(membership, members) if quick else detection_bound(membership, members)
     return liveness_bound(detection=detection, token_timeout=schedule.token_timeout,
                           heartbeat=membership.heartbeat, round_timeout=schedule.round_timeout,
                           quick=quick) + round_work

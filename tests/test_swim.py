@@ -1,0 +1,156 @@
+"""The membership by SWIM (issue 33): its rules one by one on a lone node (:class:`~dfl_node.node.swim.Swim`), its
+gossip queue's bounds, the Ping over gRPC's conversion, and whole simulated fleets of the daemon's own nodes: a load
+per node that does not grow with the fleet, no false suspicion, a kill known everywhere within the stated bound,
+every start known everywhere in a few periods."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dfl_node.net.convert import from_wire, to_wire
+from dfl_node.node.clock import Clock
+from dfl_node.node.gossip import Gossip
+from dfl_node.node.peers import PeerTable
+from dfl_node.node.swim import ALIVE, DEAD, SUSPECT, Swim, detection_bound
+from dfl_node.peering.messages import MAX_ID, Hello, MemberUpdate, Ping, PingAck, Progress
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.node import MembershipSettings
+from dfl_node.settings.simulation import FaultSchedule, KillFault, SimulationSettings
+from dfl_node.sim.clock import run_virtual
+from dfl_node.sim.experiment import run_fleet
+
+IDLE = ExperimentConfig(nodes=10, partition="iid", seed=3, batch_size=20, mkt_batch_size=20, hidden=[16])
+
+
+def hello(node_id: str, round_: int = 0) -> Hello:
+    return Hello(node_id=node_id, grpc_address=f"{node_id}:1", boot_id=node_id, progress=Progress(round=round_))
+
+
+class _Network:
+    """No peer is ever dialled in the rule tests: each feeds :meth:`Swim.merge` directly."""
+
+    def heard(self, address: str, node_id: str) -> None:
+        pass
+
+
+def lone(run: Any) -> Any:
+    """``run(swim)`` on a loop, for node "a" whose own Hello says round 0 (no peer ever answers)."""
+    async def main() -> Any:
+        clock = Clock()
+        table = PeerTable("a", hello=None, clock=clock, heartbeat=1.0, timeout=4.0, static=[])  # type: ignore[arg-type]
+        swim = Swim("a", MembershipSettings(), clock, table=table, network=_Network(),  # type: ignore[arg-type]
+                    hello=lambda: hello("a"), compatible=lambda peer: True, seed=1)
+        table.on_seen = swim.seen
+        return run(swim)
+    return run_virtual(main())
+
+
+def test_a_suspicion_of_ourselves_is_refuted_with_a_higher_incarnation() -> None:
+    def run(swim: Swim) -> tuple[int, int, MemberUpdate]:
+        before = swim.own().incarnation
+        swim.merge([MemberUpdate(state=SUSPECT, incarnation=before, node_id="a", sender="b")])
+        return before, swim.incarnation, swim.gossip.take(10)[0]
+
+    before, after, gossiped = lone(run)
+    assert after == before + 1
+    assert gossiped.node_id == "a" and gossiped.state == ALIVE and gossiped.incarnation == after
+
+
+def test_news_is_ordered_by_incarnation_and_worse_news_wins_at_one() -> None:
+    def run(swim: Swim) -> list[str]:
+        states = []
+        swim.merge([MemberUpdate(state=ALIVE, incarnation=5, node_id="b", hello=hello("b"))])
+        states.append(swim.members["b"].state)
+        swim.merge([MemberUpdate(state=SUSPECT, incarnation=4, node_id="b", sender="c")])  # older: ignored
+        states.append(swim.members["b"].state)
+        swim.merge([MemberUpdate(state=SUSPECT, incarnation=5, node_id="b", sender="c")])
+        states.append(swim.members["b"].state)
+        swim.merge([MemberUpdate(state=ALIVE, incarnation=5, node_id="b", hello=hello("b"))])  # no refutation
+        states.append(swim.members["b"].state)
+        swim.merge([MemberUpdate(state=ALIVE, incarnation=6, node_id="b", hello=hello("b", 3))])  # refuted
+        states.append(swim.members["b"].state)
+        swim.merge([MemberUpdate(state=DEAD, incarnation=6, node_id="b", sender="c")])
+        states.append(swim.members["b"].state)
+        states.append(",".join(swim.table.alive_ids()))
+        return states
+
+    assert lone(run) == [ALIVE, ALIVE, SUSPECT, SUSPECT, ALIVE, DEAD, ""]
+
+
+def test_gossip_carries_progress_into_the_table() -> None:
+    def run(swim: Swim) -> int | None:
+        swim.merge([MemberUpdate(state=ALIVE, incarnation=1, node_id="b", hello=hello("b", 7))])
+        progress = swim.table.progress().get("b")
+        return progress.round if progress else None
+
+    assert lone(run) == 7
+
+
+def test_malformed_updates_are_dropped_and_counted() -> None:
+    def run(swim: Swim) -> tuple[int, list[str]]:
+        swim.merge([
+            MemberUpdate(state="zombie", incarnation=1, node_id="b", hello=hello("b")),  # no such state
+            MemberUpdate(state=ALIVE, incarnation=1, node_id="b" * (MAX_ID + 1), hello=hello("b" * (MAX_ID + 1))),
+            MemberUpdate(state=ALIVE, incarnation=1, node_id="b", hello=hello("c")),  # another's Hello
+            MemberUpdate(state=ALIVE, incarnation=1, node_id="b", hello=Hello(node_id="b")),  # no address
+        ])
+        return swim.invalid, swim.table.alive_ids()
+
+    assert lone(run) == (4, [])
+
+
+def test_the_gossip_queue_is_bounded_and_sends_each_update_log_n_times() -> None:
+    gossip = Gossip(retransmit_mult=4, per_message=8, capacity=20)
+    for i in range(30):
+        gossip.add(MemberUpdate(state=ALIVE, incarnation=1, node_id=f"n{i}"))
+    assert len(gossip) == 20
+    assert gossip.limit(10) == 8 and gossip.limit(1000) == 16
+    sent = [u.node_id for _ in range(100) for u in gossip.take(10)]
+    assert all(len(batch) <= 8 for batch in [sent[i:i + 8] for i in range(0, len(sent), 8)])
+    assert sorted(set(sent)) == sorted(f"n{i}" for i in range(10, 30)) and len(sent) == 20 * 8
+    gossip.add(MemberUpdate(state=SUSPECT, incarnation=1, node_id="x"))
+    gossip.add(MemberUpdate(state=DEAD, incarnation=1, node_id="x"))  # replaces what was queued about x
+    assert [u.state for u in gossip.take(10)] == [DEAD]
+
+
+def test_a_ping_with_its_updates_crosses_the_wire_unchanged() -> None:
+    ping = Ping(sender="a", target="b", target_address="b:1", timeout_s=0.4, updates=(
+        MemberUpdate(state=ALIVE, incarnation=2**40, node_id="a", hello=hello("a", 3)),
+        MemberUpdate(state=SUSPECT, incarnation=7, node_id="c", sender="a")))
+    assert from_wire(to_wire(ping)) == ping
+    ack = PingAck(ok=True, updates=(MemberUpdate(state=DEAD, incarnation=1, node_id="c", sender="b"),))
+    assert from_wire(to_wire(ack)) == ack
+
+
+def idle(tmp_path: Path, nodes: int, duration: float, faults: FaultSchedule | None = None) -> dict[str, Any]:
+    simulation = SimulationSettings(faults=faults or FaultSchedule())
+    config = IDLE.model_copy(update={"nodes": nodes, "simulation": simulation})
+    result = run_fleet(config, "defkt", tmp_path, mode="async", duration=duration, participation=0.001)
+    assert result.membership is not None
+    return result.membership
+
+
+def test_an_idle_fleet_probes_at_a_constant_rate_and_suspects_nobody(tmp_path: Path) -> None:
+    small, large = idle(tmp_path / "10", 10, 60), idle(tmp_path / "40", 40, 60)
+    for figures in (small, large):
+        assert figures["false_suspicions"] == 0 and figures["false_deaths"] == 0, figures
+        assert figures["joins_unfinished"] == 0 and figures["join_s"] <= 10, figures  # everyone knew everyone
+    # a probe (ping and ack) a period, plus the start's Hellos and push-pulls: not four times as many at 4x the nodes
+    assert 2 <= small["messages_per_node_s"] <= 3 and large["messages_per_node_s"] <= 1.5 * small["messages_per_node_s"]
+
+
+def test_a_kill_is_known_to_every_live_member_within_the_stated_bound(tmp_path: Path) -> None:
+    faults = FaultSchedule(kills=[KillFault(at=20, node="node-3", down_for=1000)])
+    figures = idle(tmp_path, 10, 120, faults)
+    bound = detection_bound(MembershipSettings(), 10)
+    [detection] = figures["detections"]
+    assert detection["node"] == "node-3" and detection["all_s"] is not None, figures
+    assert MembershipSettings().peer_timeout <= detection["all_s"] <= bound == figures["detection_bound_s"], figures
+    assert figures["false_deaths"] == 0, figures
+
+
+def test_a_restarted_member_is_known_alive_again_everywhere(tmp_path: Path) -> None:
+    faults = FaultSchedule(kills=[KillFault(at=20, node="node-5", down_for=40)])
+    figures = idle(tmp_path, 10, 120, faults)
+    assert figures["detections"][0]["all_s"] is not None and figures["joins_unfinished"] == 0, figures
