@@ -11,6 +11,7 @@ with the fleet.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Collection
 from dataclasses import replace
@@ -67,6 +68,7 @@ class Membership:
         self.swim = Swim(node_id, settings, clock, table=self.table, network=network, hello=hello,
                          compatible=lambda peer: self.handshake.incompatibility(hello(), peer) is None, seed=seed)
         self._network = network
+        self._joining: set[asyncio.Task[None]] = set()  # joins under way (a task is kept until it ends)
 
     # ----- Members ---------------------------------------------------------------------------
     def alive_ids(self) -> list[str]:
@@ -106,7 +108,15 @@ class Membership:
         self.table.prune()
         self.refusals.warn_if_isolated(len(self.table.alive_ids()))
         if (address := self.table.next_unknown()) is not None:
-            self.table.probe_soon(address)
+            self._joining.add(task := asyncio.get_running_loop().create_task(self.join(address)))
+            task.add_done_callback(self._joining.discard)
+
+    async def join(self, address: str) -> None:
+        """Join the fleet through ``address``: a Hello confirms the member there, then a push-pull swaps views."""
+        await self.table.probe(address)
+        member = next((p.id for p in self.table.peers.values() if p.alive and p.address == address), None)
+        if member is not None:
+            await self.swim.sync(member)
 
     async def ping(self, request: Ping) -> PingAck:
         """A peer's membership probe (the Ping RPC): bounded, then answered by SWIM."""
@@ -121,7 +131,8 @@ class Membership:
         """Discovery (mDNS) announced ``node_id`` at ``address``: say Hello (the network checks that identity
         there, where it can)."""
         self._network.heard(address, node_id)
-        self.table.probe_soon(address)
+        self._joining.add(task := asyncio.get_running_loop().create_task(self.join(address)))
+        task.add_done_callback(self._joining.discard)
 
     def lost(self, node_id: str) -> None:
         """Discovery said goodbye for ``node_id``: it left, as if its suspicion had timed out (it rejoins when it is

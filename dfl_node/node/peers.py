@@ -207,10 +207,6 @@ class PeerTable:
             self.pending.pop(reply.node_id, None)
             self.seen(reply)
 
-    def probe_soon(self, address: str) -> None:
-        """Our Hello to ``address`` (a peer discovery announced), sent now; nobody waits on it."""
-        asyncio.get_running_loop().create_task(self.probe(address))
-
     async def greet_static(self) -> None:
         """One Hello to each static peer, answered within :attr:`answer_within` (a daemon's start-up check)."""
         await asyncio.gather(*(self.probe(address, self.answer_within) for address in self.static))

@@ -18,8 +18,9 @@ Changes — a member alive (with its Hello: identity, profile, round progress), 
 and acks (:mod:`.gossip`: a bounded number a message, each sent ``retransmit_mult · ⌈log10(N + 1)⌉`` times), and
 every message also carries its sender's own state, which it re-announces under a new incarnation whenever its
 Hello changes (its round progress, its role): a node's progress reaches every member in O(log N) periods. A push-
-pull of whole views, with one member after each new member a Hello confirmed and every ``sync_interval`` seconds
-(scaled up beyond 32 members, as memberlist does), makes sure that a node learns members whose news it missed.
+pull of whole views, with the member a node joins through (a static or discovered address its Hello confirmed) and
+every ``sync_interval`` seconds (scaled up beyond 32 members, as memberlist does) with a random member, makes sure
+that a node learns the members whose news it missed.
 
 Liveness bound. A member that crashes is probed by some member in each period with probability ~1 − 1/e, and
 each live member reaches it in its round robin within 2 N periods; from the first failed probe it is suspected
@@ -100,6 +101,14 @@ class Member:
     hello: Hello | None = None  # its newest Hello, as it announced it (for a push-pull)
     suspected_at: float = 0.0
     suspecters: set[str] = field(default_factory=set)
+    said: MemberUpdate | None = None  # what a push-pull says of it (kept while nothing changes)
+
+    def view(self, node_id: str, by: str) -> MemberUpdate:
+        if (said := self.said) is None or said.state != self.state or said.incarnation != self.incarnation:
+            said = self.said = MemberUpdate(state=self.state, incarnation=self.incarnation, node_id=node_id,
+                                            sender=by, hello=self.hello if self.state == ALIVE and self.hello
+                                            else Hello())
+        return said
 
 
 Listener = Callable[[str, str, float, str], None]  # (member, its new state here, the loop's time, who said so)
@@ -121,31 +130,31 @@ class Swim:
         self.invalid = 0  # malformed updates peers sent us, dropped
         self.listeners: list[Listener] = []  # told of every change of a member's state here (the simulator's figures)
         self._announced: Hello | None = None
+        self._said: MemberUpdate | None = None  # our state as we last said it
         self._order: list[str] = []  # the probe round robin
         self._synced_at = 0.0
-        self._sync_with: str | None = None  # a member a Hello just confirmed: push-pull with it next
+        self._suspects: set[str] = set()  # the members suspect now (their suspicions time out: :meth:`expire`)
 
     # ----- what this node says --------------------------------------------------------------
     def own(self) -> MemberUpdate:
         """Our own state: a new incarnation, gossiped, whenever our Hello changed since we last said it."""
         hello = self._hello()
         hello = Hello(**{k: getattr(hello, k) for k in Hello.__dataclass_fields__})  # a HelloReply's extras dropped
-        if hello != self._announced:
+        if hello != self._announced or self._said is None:
             if self._announced is not None:
                 self.incarnation += 1
             self._announced = hello
-            self.gossip.add(MemberUpdate(state=ALIVE, incarnation=self.incarnation, node_id=self.node_id,
-                                         hello=hello))
-        return MemberUpdate(state=ALIVE, incarnation=self.incarnation, node_id=self.node_id, hello=hello)
+            self._said = MemberUpdate(state=ALIVE, incarnation=self.incarnation, node_id=self.node_id, hello=hello)
+            self.gossip.add(self._said)
+        return self._said  # the same object while nothing changed: the simulator sizes it once
 
     def _updates(self) -> tuple[MemberUpdate, ...]:
         return (self.own(), *self.gossip.take(len(self.members) + 1))
 
     def view(self) -> tuple[MemberUpdate, ...]:
         """Our whole view, for a push-pull: ourselves and every member not forgotten."""
-        known = [MemberUpdate(state=m.state, incarnation=m.incarnation, node_id=i, sender=self.node_id,
-                              hello=m.hello if m.state == ALIVE and m.hello else Hello())
-                 for i, m in sorted(self.members.items()) if m.state != ALIVE or m.hello is not None]
+        known = [m.view(i, self.node_id) for i, m in sorted(self.members.items())
+                 if m.state != ALIVE or m.hello is not None]
         return (self.own(), *known[: MAX_MEMBERS - 1])
 
     # ----- what it hears --------------------------------------------------------------------
@@ -153,11 +162,9 @@ class Swim:
         """A member the Hello handshake confirmed (alive now, whatever its incarnation said)."""
         new = hello.node_id not in self.members
         member = self.members.setdefault(hello.node_id, Member())
-        member.hello = Hello(**{k: getattr(hello, k) for k in Hello.__dataclass_fields__})
+        member.hello, member.said = Hello(**{k: getattr(hello, k) for k in Hello.__dataclass_fields__}), None
         if new or member.state != ALIVE:
             self._set(hello.node_id, member, ALIVE, hello.node_id)
-        if new and self._sync_with is None:  # a member joined through us, or we through it: swap views
-            self._sync_with = hello.node_id
 
     def merge(self, updates: Iterable[MemberUpdate], *, spread: bool = True) -> None:
         """Take what a peer told us (``spread``: gossip it on; a push-pull's view is not)."""
@@ -176,7 +183,7 @@ class Swim:
         """Refute a suspicion (or a death) of ourselves with an incarnation above it."""
         if update.state != ALIVE and update.incarnation >= self.incarnation:
             self.incarnation = update.incarnation + 1
-            self._announced = None
+            self._announced = self._said = None
             log.info("%s: refuting %s %s (incarnation %d)", self.node_id, update.sender[:64], update.state,
                      self.incarnation)
             self.own()
@@ -191,7 +198,7 @@ class Swim:
         if member is None:
             member = self.members[update.node_id] = Member()
             self.network.heard(hello.grpc_address, hello.node_id)
-        member.incarnation, member.hello = update.incarnation, hello
+        member.incarnation, member.hello, member.said = update.incarnation, hello, update
         self._set(update.node_id, member, ALIVE, update.node_id)
         self.table.seen(hello)
         if spread:
@@ -219,6 +226,10 @@ class Swim:
 
     def _set(self, node_id: str, member: Member, state: str, origin: str) -> None:
         member.state = state
+        if state == SUSPECT:
+            self._suspects.add(node_id)
+        else:
+            self._suspects.discard(node_id)
         if state == DEAD:
             self.table.lost(node_id)
         for listener in self.listeners:
@@ -291,9 +302,8 @@ class Swim:
         now, n = self.clock.monotonic(), len(self.members) + 1
         low, high = suspicion_timeouts(self.settings, n)
         k = CONFIRMATIONS if n - 2 >= CONFIRMATIONS else 0
-        for node_id, member in sorted(self.members.items()):
-            if member.state != SUSPECT:
-                continue
+        for node_id in sorted(self._suspects):
+            member = self.members[node_id]
             confirmed = max(len(member.suspecters) - 1, 0)
             timeout = low if k < 1 else max(low, high - (high - low) * math.log(confirmed + 1) / math.log(k + 1))
             if now - member.suspected_at >= timeout:
@@ -304,21 +314,20 @@ class Swim:
     def forget(self, node_id: str) -> None:
         """The table forgot ``node_id`` (dead long enough): so do we."""
         self.members.pop(node_id, None)
+        self._suspects.discard(node_id)
 
     async def run(self, greet: Callable[[], object]) -> None:
         """A probe every period (each a task of its own, so that a slow one delays no other), the suspicions'
-        timeouts, ``greet()`` (a Hello to a static address not yet a member) and the push-pulls, until cancelled."""
+        timeouts, ``greet()`` (a Hello to a static address not yet a member, and a push-pull with it: a join) and
+        the periodic push-pulls, until cancelled."""
         async with asyncio.TaskGroup() as tasks:
             while True:
                 self.expire()
                 greet()
                 if (target := self._next_target()) is not None:
                     tasks.create_task(self.probe(target))
-                now, alive = self.clock.monotonic(), [i for i, m in self.members.items() if m.state == ALIVE]
-                partner = self._sync_with
-                if partner is None and alive and now - self._synced_at >= sync_interval(self.settings, len(alive)):
-                    partner = self.rng.choice(sorted(alive))
-                if partner is not None:
-                    self._sync_with = None
-                    tasks.create_task(self.sync(partner))
+                if self.clock.monotonic() - self._synced_at >= sync_interval(self.settings, len(self.members) + 1):
+                    alive = sorted(i for i, m in self.members.items() if m.state == ALIVE)
+                    if alive:
+                        tasks.create_task(self.sync(self.rng.choice(alive)))
                 await asyncio.sleep(self.settings.heartbeat)

@@ -73,10 +73,15 @@ def _copied(message: ModelMessage, wire_dtype: str = EXACT) -> ModelMessage:
                    metadata=dict(message.metadata))
 
 
+_SIZES: dict[int, tuple[object, int]] = {}  # id -> (message, its size): a member's Hello rides many messages
+_SIZES_KEPT = 100_000
+
+
 def message_size(message: object) -> int:
     """About what a peer-port message takes as protobuf: each field's tag and value (strings and bytes their
     length, numbers a varint's or a double's 8 bytes), nested messages and repeated fields field by field, and a
-    frame's 10 bytes; a model's payload is :func:`wire_size`'s."""
+    frame's 10 bytes; a model's payload is :func:`wire_size`'s. A nested message's size is remembered (frozen:
+    it never changes), as a thousand nodes gossip the same Hellos."""
     def size(value: object) -> int:
         if isinstance(value, str | bytes):
             return 2 + len(value) if value else 0
@@ -91,8 +96,14 @@ def message_size(message: object) -> int:
         if isinstance(value, Mapping):
             return sum(2 + size(k) + size(v) for k, v in value.items())
         if is_dataclass(value):
-            inner = sum(size(getattr(value, f.name)) for f in fields(value))
-            return 2 + inner
+            known = _SIZES.get(id(value))
+            if known is not None and known[0] is value:
+                return known[1]
+            inner = 2 + sum(size(getattr(value, f.name)) for f in fields(value))
+            if len(_SIZES) >= _SIZES_KEPT:
+                _SIZES.clear()
+            _SIZES[id(value)] = (value, inner)
+            return inner
         return 0
 
     return 10 + size(message)
