@@ -29,7 +29,9 @@ from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.models import ModelSpec, fingerprint
 from dfl_node.learning.provision import TRAIN_FILE
 from dfl_node.node.rounds import liveness_bound
+from dfl_node.node.swim import detection_bound, notice_bound
 from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim import ledger
 from dfl_node.testbed.launcher import NodeProcess, wait_until
 from tests.conftest import FLEET, loopback_fleet
@@ -39,13 +41,16 @@ SEED = 13
 # issue 13 asked for, made by hand before a change to the node's fault paths.
 KILLS = int(os.environ.get("DFL_FAULT_KILLS", "12"))
 TIMEOUTS = {"heartbeat": 0.2, "peer_timeout": 1.0, "token_timeout": 2.0, "round_timeout": 15.0, "stream_timeout": 5.0}
-# After a kill the fleet fuses again within: peer_timeout (the crash is seen), token_timeout (a lost token is
+# After a kill the fleet fuses again within: the membership's detection bound (the crash is known everywhere:
+# dfl_node.node.swim.detection_bound), token_timeout (a lost token is
 # regenerated), round_timeout (the holder, or the regenerating node, waits that long at most for a crashed
 # member to come back, as it may hold the only record of the newest round), then one round of its own
 # (training, transfer, fusion, checkpoints: a freshly restarted process's first round took up to 6 s on a
 # loaded 2-core machine).
 ROUND_MARGIN = 10.0
-STALL_BOUND = TIMEOUTS["peer_timeout"] + TIMEOUTS["token_timeout"] + TIMEOUTS["round_timeout"] + ROUND_MARGIN
+MEMBERSHIP = MembershipSettings(heartbeat=TIMEOUTS["heartbeat"], peer_timeout=TIMEOUTS["peer_timeout"])
+STALL_BOUND = (detection_bound(MEMBERSHIP, FLEET.nodes) + TIMEOUTS["token_timeout"] + TIMEOUTS["round_timeout"]
+               + ROUND_MARGIN)
 
 
 def storm_timeouts(start_s: float) -> dict[str, float]:
@@ -68,7 +73,9 @@ def daemon_start_s(shards: Path, workdir: Path) -> float:
 
 def stall_bound(timeouts: dict[str, float], back_within_peer_timeout: bool) -> float:
     """:func:`dfl_node.node.rounds.liveness_bound` for one crash, plus one round's own work (ROUND_MARGIN)."""
-    return liveness_bound(peer_timeout=timeouts["peer_timeout"], token_timeout=timeouts["token_timeout"],
+    membership = MembershipSettings(heartbeat=timeouts["heartbeat"], peer_timeout=timeouts["peer_timeout"])
+    detection = (notice_bound if back_within_peer_timeout else detection_bound)(membership, FLEET.nodes)
+    return liveness_bound(detection=detection, token_timeout=timeouts["token_timeout"],
                           heartbeat=timeouts["heartbeat"], round_timeout=timeouts["round_timeout"],
                           quick=back_within_peer_timeout) + ROUND_MARGIN
 HISTORY_LIMIT = 50_000  # no node of these runs comes near it: its whole history is in its checkpoint
