@@ -137,6 +137,7 @@ class PeerTable:
         if reply.node_id == self.self_id or not reply.grpc_address:
             return
         now, heard_at = self.clock.wall(), self.clock.monotonic()
+        self.pending.pop(reply.node_id, None)  # confirmed (its reply, or a member's gossip): no longer pending
         peer = self.peers.get(reply.node_id)
         restarted = peer is not None and peer.boot_id != reply.boot_id
         rejoined = peer is None or not peer.alive or restarted
