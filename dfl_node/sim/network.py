@@ -330,37 +330,29 @@ class MemoryLink:
 
         return await self.fabric.call(self.dst, served(), timeout)
 
-    # ----- the calls --------------------------------------------------------------------------------
-    async def hello(self, hello: Hello, timeout: float) -> HelloReply:
-        self.network.count(hello)
+    async def _membership(self, request: object, answer: Callable[[PeerHandler], Awaitable[T]], timeout: float) -> T:
+        """A Hello or a membership ping, counted both ways (:meth:`MemoryNetwork.count`): no ``wait_for_ready``,
+        so refused at once by a dead address, and lost (its deadline passes) across a partition."""
+        self.network.count(request)
         if not self.fabric.listening(self.dst):
             raise PeerUnreachable("unavailable", "refuses connections (nothing listens on that port)")
         if self.fabric.cut(self.src, self.dst):
             await asyncio.sleep(timeout)
             raise PeerUnreachable("deadline_exceeded", f"does not answer within {timeout:g} s")
-
-        async def answer(h: PeerHandler) -> HelloReply:
-            return h.hello(hello, self.src)
-
         reply = await self._exchange(answer, timeout)
         self.network.count(reply)
         return reply
 
-    async def ping(self, ping: Ping, timeout: float) -> PingAck:
-        """A membership probe: as a Hello, refused at once by a dead address, lost across a partition."""
-        self.network.count(ping)
-        if not self.fabric.listening(self.dst):
-            raise PeerUnreachable("unavailable", "refuses connections (nothing listens on that port)")
-        if self.fabric.cut(self.src, self.dst):
-            await asyncio.sleep(timeout)
-            raise PeerUnreachable("deadline_exceeded", f"does not answer within {timeout:g} s")
+    # ----- the calls --------------------------------------------------------------------------------
+    async def hello(self, hello: Hello, timeout: float) -> HelloReply:
+        async def answer(h: PeerHandler) -> HelloReply:
+            return h.hello(hello, self.src)
+        return await self._membership(hello, answer, timeout)
 
+    async def ping(self, ping: Ping, timeout: float) -> PingAck:
         async def answer(h: PeerHandler) -> PingAck:
             return await h.ping(ping)
-
-        ack = await self._exchange(answer, timeout)
-        self.network.count(ack)
-        return ack
+        return await self._membership(ping, answer, timeout)
 
     async def assign(self, assignment: Assignment, timeout: float) -> Ack:
         async def answer(h: PeerHandler) -> Ack:
