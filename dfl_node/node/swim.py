@@ -247,10 +247,11 @@ class Swim:
         return self._order.pop() if self._order else None
 
     async def _ping(self, address: str, ping: Ping, timeout: float) -> PingAck | None:
-        """One ping; the ack's gossip taken (None: no answer)."""
+        """One ping; the ack's gossip taken (None: no answer within ``timeout``, whatever the link does first: a
+        swarm-key link may say Hello before it, which must not stretch a probe)."""
         try:
-            ack = await self.network.link(address).ping(ping, timeout)
-        except (PeerUnreachable, PeerUnauthenticated):
+            ack = await asyncio.wait_for(self.network.link(address).ping(ping, timeout), timeout)
+        except (PeerUnreachable, PeerUnauthenticated, TimeoutError):
             return None
         self.merge(ack.updates[:MAX_MEMBERS if ping.sync else MAX_UPDATES], spread=not ping.sync)
         return ack
