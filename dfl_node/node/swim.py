@@ -274,10 +274,11 @@ class Swim:
         if any(a is not None and a.ok for a in acks):
             return True
         member = self.members.get(node_id)
-        if member is not None and member.state == ALIVE:
+        if member is not None and member.state != DEAD:  # a suspicion, or our confirmation of one (Lifeguard)
+            if member.state == ALIVE:
+                log.info("%s: %s suspect (no ack, direct or through %d)", self.node_id, node_id, len(helpers))
             self.merge([MemberUpdate(state=SUSPECT, incarnation=member.incarnation, node_id=node_id,
                                      sender=self.node_id)])
-            log.info("%s: %s suspect (no ack, direct or through %d)", self.node_id, node_id, len(helpers))
         return False
 
     async def answer(self, ping: Ping) -> PingAck:

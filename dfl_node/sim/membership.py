@@ -52,6 +52,7 @@ class MembershipRecord:
         return any(start <= at < end for start, end in self.up[node_id])
 
     def _up_during(self, node_id: str, start: float, end: float) -> bool:
+        """Up from ``start`` to ``end`` in one life."""
         return any(s <= start and end <= e for s, e in self.up[node_id])
 
     def figures(self, duration: float) -> dict[str, Any]:
@@ -62,7 +63,7 @@ class MembershipRecord:
                       if state == SUSPECT and origin == obs]
         false_deaths = {m for m, evs in self.events.items() for at, _, state, _ in evs
                         if state == DEAD and self._is_up(m, at)}
-        detections = [self._detection(node_id, end) for node_id, lives in sorted(self.up.items())
+        detections = [self._detection(node_id, end, duration) for node_id, lives in sorted(self.up.items())
                       for _, end in lives if end != float("inf")]
         joins = [self._join(node_id, start) for node_id, lives in sorted(self.up.items()) for start, _ in lives]
         known = [j for j in joins if j is not None]
@@ -80,14 +81,15 @@ class MembershipRecord:
             "joins_unfinished": len(joins) - len(known),
         }
 
-    def _detection(self, node_id: str, killed: float) -> dict[str, Any]:
-        """How long after ``killed`` the nodes up declared ``node_id`` dead (first, last: None if one never did)."""
-        back = min((s for s, _ in self.up[node_id] if s > killed), default=float("inf"))
+    def _detection(self, node_id: str, killed: float, ended: float) -> dict[str, Any]:
+        """How long after ``killed`` the nodes up all along until it was back (or the run ``ended``) declared
+        ``node_id`` dead (first, last: None if one never did)."""
+        back = min((s for s, _ in self.up[node_id] if s > killed), default=ended)
         first: dict[str, float] = {}
         for at, observer, state, _ in self.events[node_id]:
             if state == DEAD and killed <= at < back and observer != node_id:
                 first.setdefault(observer, at - killed)
-        observers = [o for o in self.up if o != node_id and self._is_up(o, killed) and self._is_up(o, min(back, 1e18))]
+        observers = [o for o in self.up if o != node_id and self._up_during(o, killed, back)]
         missing = [o for o in observers if o not in first]
         return {"node": node_id, "first_s": round(min(first.values()), 3) if first else None,
                 "all_s": None if missing or not first else round(max(first[o] for o in observers), 3)}
@@ -98,7 +100,7 @@ class MembershipRecord:
         for at, observer, state, _ in self.events[node_id]:
             if state == ALIVE and at >= start:
                 seen.setdefault(observer, at - start)
-        others = [o for o in self.up if o != node_id and self._up_during(o, start, start)]
+        others = [o for o in self.up if o != node_id and self._is_up(o, start)]
         if any(o not in seen for o in others):
             return None
         return max((seen[o] for o in others), default=0.0)
