@@ -3,7 +3,7 @@
 A :class:`MembershipRecord` is told when each node starts and is killed (by the fleet), and every change of a
 member's state at every node (a listener on each node's :class:`~dfl_node.node.swim.Swim`); each node's side of
 the fabric counts the membership messages of the calls it made and their estimated bytes
-(:meth:`~dfl_node.sim.network.MemoryNetwork.count`). From these, :meth:`MembershipRecord.figures`:
+(:class:`~dfl_node.sim.traffic.Traffic`). From these, :meth:`MembershipRecord.figures`:
 
 * ``messages_per_node_s`` and ``bytes_per_node_s``: Hellos, pings and their answers, per node and virtual second;
 * ``suspicions``: suspicions a node raised itself (a failed probe), ``false_suspicions``: those of a member that
@@ -57,8 +57,8 @@ class MembershipRecord:
 
     def figures(self, duration: float) -> dict[str, Any]:
         nodes = len(self.up)
-        messages = sum(n.membership_messages for n in self.networks)
-        nbytes = sum(n.membership_bytes for n in self.networks)
+        messages = sum(n.membership.messages for n in self.networks)
+        nbytes = sum(n.membership.bytes for n in self.networks)
         suspicions = [(m, at) for m, evs in self.events.items() for at, obs, state, origin in evs
                       if state == SUSPECT and origin == obs]
         false_deaths = {m for m, evs in self.events.items() for at, _, state, _ in evs

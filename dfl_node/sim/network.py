@@ -32,8 +32,8 @@ import asyncio
 import contextvars
 import math
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
-from dataclasses import dataclass, fields, is_dataclass, replace
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from dfl_node.algorithms.messages import ModelMessage
@@ -42,6 +42,7 @@ from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer,
 from dfl_node.peering.port import PeerHandler
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
 from dfl_node.peering.wire_dtypes import EXACT, payload_bytes, through
+from dfl_node.sim.traffic import Traffic
 
 T = TypeVar("T")
 
@@ -71,42 +72,6 @@ def _copied(message: ModelMessage, wire_dtype: str = EXACT) -> ModelMessage:
     crossed = through(message, wire_dtype)
     return replace(crossed, parts=tuple(replace(p, values=p.values.detach().clone()) for p in crossed.parts),
                    metadata=dict(message.metadata))
-
-
-_SIZES: dict[int, tuple[object, int]] = {}  # id -> (message, its size): a member's Hello rides many messages
-_SIZES_KEPT = 100_000
-
-
-def message_size(message: object) -> int:
-    """About what a peer-port message takes as protobuf: each field's tag and value (strings and bytes their
-    length, numbers a varint's or a double's 8 bytes), nested messages and repeated fields field by field, and a
-    frame's 10 bytes; a model's payload is :func:`wire_size`'s. A nested message's size is remembered (frozen:
-    it never changes), as a thousand nodes gossip the same Hellos."""
-    def size(value: object) -> int:
-        if isinstance(value, str | bytes):
-            return 2 + len(value) if value else 0
-        if isinstance(value, bool):
-            return 2 if value else 0
-        if isinstance(value, int):
-            return 1 + max(1, (value.bit_length() + 6) // 7) if value else 0
-        if isinstance(value, float):
-            return 9 if value else 0
-        if isinstance(value, tuple | list):
-            return sum(size(v) for v in value)
-        if isinstance(value, Mapping):
-            return sum(2 + size(k) + size(v) for k, v in value.items())
-        if is_dataclass(value):
-            known = _SIZES.get(id(value))
-            if known is not None and known[0] is value:
-                return known[1]
-            inner = 2 + sum(size(getattr(value, f.name)) for f in fields(value))
-            if len(_SIZES) >= _SIZES_KEPT:
-                _SIZES.clear()
-            _SIZES[id(value)] = (value, inner)
-            return inner
-        return 0
-
-    return 10 + size(message)
 
 
 @dataclass(frozen=True)
@@ -252,16 +217,9 @@ class MemoryNetwork:
     authentication = "none"
 
     def __init__(self, fabric: MemoryFabric, address: str, connect_timeout: float, wire_dtype: str = EXACT) -> None:
-        self.fabric, self.address, self.connect_timeout = fabric, address, connect_timeout
-        self.wire_dtype = wire_dtype
+        self.fabric, self.address, self.connect_timeout, self.wire_dtype = fabric, address, connect_timeout, wire_dtype
         self.links: dict[str, MemoryLink] = {}
-        self.membership_messages = 0  # the Hellos, pings and their answers of the calls this node made
-        self.membership_bytes = 0  # their estimated size on the wire (:func:`message_size`)
-
-    def count(self, message: object) -> None:
-        """One membership message of a call this node made (either way)."""
-        self.membership_messages += 1
-        self.membership_bytes += message_size(message)
+        self.membership = Traffic()  # the Hellos, pings and their answers of the calls this node made
 
     def link(self, address: str) -> MemoryLink:
         if address not in self.links:
@@ -331,16 +289,16 @@ class MemoryLink:
         return await self.fabric.call(self.dst, served(), timeout)
 
     async def _membership(self, request: object, answer: Callable[[PeerHandler], Awaitable[T]], timeout: float) -> T:
-        """A Hello or a membership ping, counted both ways (:meth:`MemoryNetwork.count`): no ``wait_for_ready``,
+        """A Hello or a membership ping, counted both ways (:class:`Traffic`): no ``wait_for_ready``,
         so refused at once by a dead address, and lost (its deadline passes) across a partition."""
-        self.network.count(request)
+        self.network.membership.count(request)
         if not self.fabric.listening(self.dst):
             raise PeerUnreachable("unavailable", "refuses connections (nothing listens on that port)")
         if self.fabric.cut(self.src, self.dst):
             await asyncio.sleep(timeout)
             raise PeerUnreachable("deadline_exceeded", f"does not answer within {timeout:g} s")
         reply = await self._exchange(answer, timeout)
-        self.network.count(reply)
+        self.network.membership.count(reply)
         return reply
 
     # ----- the calls --------------------------------------------------------------------------------

@@ -1,0 +1,54 @@
+"""What a peer-port message other than a model would take on the wire, for the simulator's membership figures
+(:class:`Traffic`); a model's is :func:`~dfl_node.sim.network.wire_size`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, is_dataclass
+
+_SIZES: dict[int, tuple[object, int]] = {}  # id -> (message, its size): a member's Hello rides many messages
+_SIZES_KEPT = 100_000
+
+
+def message_size(message: object) -> int:
+    """About what a peer-port message takes as protobuf: each field's tag and value (strings and bytes their
+    length, numbers a varint's or a double's 8 bytes), nested messages and repeated fields field by field, and a
+    frame's 10 bytes. A nested message's size is remembered (frozen:
+    it never changes), as a thousand nodes gossip the same Hellos."""
+    def size(value: object) -> int:
+        if isinstance(value, str | bytes):
+            return 2 + len(value) if value else 0
+        if isinstance(value, bool):
+            return 2 if value else 0
+        if isinstance(value, int):
+            return 1 + max(1, (value.bit_length() + 6) // 7) if value else 0
+        if isinstance(value, float):
+            return 9 if value else 0
+        if isinstance(value, tuple | list):
+            return sum(size(v) for v in value)
+        if isinstance(value, Mapping):
+            return sum(2 + size(k) + size(v) for k, v in value.items())
+        if is_dataclass(value):
+            known = _SIZES.get(id(value))
+            if known is not None and known[0] is value:
+                return known[1]
+            inner = 2 + sum(size(getattr(value, f.name)) for f in fields(value))
+            if len(_SIZES) >= _SIZES_KEPT:
+                _SIZES.clear()
+            _SIZES[id(value)] = (value, inner)
+            return inner
+        return 0
+
+    return 10 + size(message)
+
+
+@dataclass
+class Traffic:
+    """The membership messages of the calls one node made, either way, and their estimated bytes."""
+
+    messages: int = 0
+    bytes: int = 0
+
+    def count(self, message: object) -> None:
+        self.messages += 1
+        self.bytes += message_size(message)
