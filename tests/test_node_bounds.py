@@ -17,6 +17,7 @@ from dfl_node import PROTOCOL_VERSION
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.node.daemon import Node
+from dfl_node.peering.messages import MAX_UPDATES
 from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon
 from dfl_node.settings.node import NodeConfig
@@ -87,7 +88,7 @@ async def test_history_and_state_file_are_bounded(fleet_shards: Path, tmp_path: 
         assert [h.round for h in again.node.history()] == list(range(8, 13))  # still bounded after a restart
 
 
-@pytest.mark.parametrize("method", ["Hello", "Assign", "PassToken", "Probe", "Pull"])
+@pytest.mark.parametrize("method", ["Hello", "Assign", "PassToken", "Probe", "Pull", "Ping"])
 async def test_an_undecodable_request_is_refused_and_counted_without_a_traceback(
         running: Running, method: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
@@ -104,6 +105,17 @@ async def test_an_undecodable_request_is_refused_and_counted_without_a_traceback
     assert running.node.tally.rejected == {"undecodable": 1}
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert (await running.stub.Hello(hello(running.node), timeout=5)).accepted  # still serving
+
+
+async def test_a_ping_with_too_many_updates_is_refused_and_counted(running: Running) -> None:
+    """A membership ping may carry 16 updates (MAX_UPDATES): one with more is refused before it is converted, and
+    the node goes on answering pings."""
+    update = pb.MemberUpdate(state="suspect", incarnation=1, node_id="node-9", sender="x")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await running.stub.Ping(pb.MembershipPing(sender="x", updates=[update] * (MAX_UPDATES + 1)), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert running.node.tally.rejected == {"too_many_updates": 1}
+    assert (await running.stub.Ping(pb.MembershipPing(sender="x", updates=[update]), timeout=5)).ok
 
 
 async def test_refusals_are_counted_in_full_but_logged_at_a_bounded_rate(
