@@ -86,7 +86,7 @@ def fleet_result(driver: str, statuses: dict[str, dict], histories: dict[str, li
         NodeResult(id=node_id, global_accuracy=status["global_accuracy"], local_accuracy=status["local_accuracy"],
                    param_sha256=status["param_sha256"], num_train=train_sizes[node_id],
                    models_sent=status["models_sent"], models_received=status["models_received"],
-                   model=status["model"])
+                   model=status["model"], rejected=status.get("rejected", {}))
         for node_id, status in statuses.items()
     ]
     points = sorted({*range(0, rounds + 1, config.eval_every), rounds})

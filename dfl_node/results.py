@@ -51,6 +51,7 @@ class NodeResult(BaseModel):
     models_sent: int = 0
     models_received: int = 0
     model: str = Field("", description="the node's architecture (registry spec)")
+    rejected: dict[str, int] = Field(default_factory=dict, description="what the node refused, by reason")
 
 
 class ThresholdCount(BaseModel):
@@ -108,6 +109,9 @@ class RunResult(BaseModel):
                                               "(dfl_node.sim.membership)")
     device_classes: dict[str, dict[str, Any]] | None = Field(None, description="a simulated fleet's device "
                                                              "classes: nodes, fusions, mean final accuracies")
+    adversaries: dict[str, str] = Field(default_factory=dict, description="a simulated fleet's compromised nodes "
+                                        "and the attack each played (KIND:FRACTION[:STRENGTH]); honest_* leave "
+                                        "them out")
 
     @property
     def global_accuracy(self) -> float:
@@ -116,6 +120,22 @@ class RunResult(BaseModel):
     @property
     def local_accuracy(self) -> float:
         return fmean(n.local_accuracy for n in self.nodes)
+
+    @property
+    def honest(self) -> list[NodeResult]:
+        """The nodes that played no attack (all, in a fleet without adversaries)."""
+        return [n for n in self.nodes if n.id not in self.adversaries]
+
+    @computed_field  # type: ignore[prop-decorator]  # written with every result; ignored when a result is read back
+    @property
+    def honest_global_accuracy(self) -> float:
+        """The honest nodes' mean final global accuracy: what a fleet with adversaries achieved for its members."""
+        return fmean(n.global_accuracy for n in self.honest)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def honest_local_accuracy(self) -> float:
+        return fmean(n.local_accuracy for n in self.honest)
 
     @computed_field  # type: ignore[prop-decorator]  # written with every result; ignored when a result is read back
     @property

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 
+import grpc
 import pytest
 import torch
 
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
+from dfl_node.net.client import open_transfer
 from tests.codec_helpers import frames_of
 from tests.test_node_hostile import Target, assert_still_serving, target  # noqa: F401  (the fixture)
 
@@ -56,4 +58,26 @@ async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target)
     await node.roles.settled()
     assert (await target.rejected()) == {"low_accuracy": 1} and node.learner.digest == digest
     node.config.roles.min_accuracy = 0.0
+    await assert_still_serving(target)
+
+
+async def test_the_norm_bound_refuses_a_sign_flipped_model_once_its_group_is_in(target: Target) -> None:  # noqa: F811 - the fixture
+    """Over real gRPC (issue 34): the transfer is accepted whole, then screened with its group; its stream ends
+    ABORTED with the reason, the refusal is counted once, the model is untouched, and the node keeps serving."""
+    node = target.node
+    node.config.defences.norm_bound = 0.5
+    digest = node.learner.digest
+    await target.expect()
+    flipped = {k: -v if v.is_floating_point() else v for k, v in node.learner.ctx.model.state_dict().items()}
+    message = ModelMessage(sender="stranger", round=0, purpose="defkt.model", num_samples=100,
+                           parts=parts_from_state(flipped), model=node.identity.model)
+    frames = frames_of(message, 4096, swarm=node.config.swarm, fingerprint=node.identity.fingerprint)
+    verdict, call, _ = await open_transfer(target.stub.Transfer, frames, timeout=10)
+    assert verdict.accepted, verdict  # whole and well-formed: the defence judges it with its group
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        await call.read()
+    assert ended.value.code() == grpc.StatusCode.ABORTED and ended.value.details().startswith("norm_bound: ")
+    await node.roles.settled()
+    assert (await target.rejected()) == {"norm_bound": 1} and node.learner.digest == digest
+    node.config.defences.norm_bound = None
     await assert_still_serving(target)

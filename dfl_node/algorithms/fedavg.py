@@ -4,9 +4,11 @@ Each round one random aggregator and a random share of the fleet as senders (``s
 003). Every participant trains locally (the aggregator too); the senders ship their models to the
 aggregator, which averages each **cluster** of identical architectures with sample-count weights
 (eq. 5) — its own model included in its cluster — keeps its cluster's average, and sends every
-sender its cluster's average back. FedProx adds the proximal term μ/2‖w − w_start‖² to local
-training, each node treating its model before the update as the global model (003 A.3.2). Local
-training uses CE, or 003's WSM (eq. 2) with ``supervision: wsm``, as 003 runs its baselines.
+sender its cluster's average back (against poisoned members, ``aggregation`` takes the coordinate-wise
+median or trimmed mean instead: :mod:`dfl_node.learning.robust`). FedProx adds the proximal term
+μ/2‖w − w_start‖² to local training, each node treating its model before the update as the global
+model (003 A.3.2). Local training uses CE, or 003's WSM (eq. 2) with ``supervision: wsm``, as 003
+runs its baselines.
 """
 
 from __future__ import annotations
@@ -16,16 +18,16 @@ from collections.abc import Mapping, Sequence
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext, sample_gather, senders_for
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import NodeProfile, RoundPlan, Step
-from dfl_node.learning.fusion import average_states
 from dfl_node.learning.models import tensor_shapes
 from dfl_node.learning.mutual import class_proportions, supervision
-from dfl_node.learning.settings import FedProxSettings, GroupSettings
+from dfl_node.learning.robust import aggregate_states
+from dfl_node.learning.settings import FedAvgSettings, FedProxSettings
 from dfl_node.learning.training import local_sgd
 
 
 class FedAvg(Algorithm):
-    settings_model = GroupSettings
-    settings: GroupSettings
+    settings_model = FedAvgSettings
+    settings: FedAvgSettings
     name = "fedavg"
     architectures = "any"  # it receives any registry model, and averages each architecture on its own
     replies = True
@@ -73,8 +75,9 @@ class FedAvg(Algorithm):
         averages = {}
         for model in dict.fromkeys(m.model for m in members):  # clusters, in order of first appearance
             cluster = [m for m in members if m.model == model]
-            averages[model] = parts_from_state(average_states([state_from_parts(m.parts) for m in cluster],
-                                                              [m.num_samples for m in cluster]), copy=False)
+            fused = aggregate_states([state_from_parts(m.parts) for m in cluster], [m.num_samples for m in cluster],
+                                     self.settings.aggregation, self.settings.trim_fraction)
+            averages[model] = parts_from_state(fused, copy=False)
         ctx.model.load_state_dict(state_from_parts(averages[own.model]))
         return {m.sender: ModelMessage(sender=ctx.node_id, round=step.round, purpose=f"{self.name}.average",
                                        num_samples=ctx.num_samples, parts=averages[m.model], model=m.model)

@@ -9,6 +9,11 @@ aggregator (pushed to it, or pulled by it from the group's sources); ``reply`` h
 its answer. ``compute`` runs the CPU-heavy algorithm calls (inline, or in a worker thread).
 Messages are sorted by sender before ``aggregate``, so arrival order never changes a model.
 
+Where a defence is on (:mod:`dfl_node.algorithms.defences`), the aggregator screens the messages it
+gathered — after its own local step, so it compares them with the model it fuses them into — and a
+sender the reply it gets; ``refuse`` counts each refusal, and tells a refused sender so. A group whose
+every message was refused still completes (the aggregator fused none): it is not played again.
+
 An **open** group (001's client selection) has no aggregator yet: its sender trains, then chooses
 one (:func:`choose_receiver`) — ``probe`` asks each candidate for its answer to the sender's probe
 (those that do not answer in time are left out), the algorithm ranks the answers, and ``bind`` makes
@@ -24,9 +29,11 @@ from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext
+from dfl_node.algorithms.defences import Refusal, screen
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectsReceiver
+from dfl_node.learning.settings import DefenceSettings
 
 T = TypeVar("T")
 
@@ -36,6 +43,7 @@ class Transport(Protocol):
     async def push(self, step: Step, message: ModelMessage) -> ModelMessage | None: ...
     async def gather(self, step: Step) -> list[ModelMessage]: ...
     async def reply(self, step: Step, replies: Mapping[str, ModelMessage]) -> None: ...
+    def refuse(self, refusal: Refusal) -> None: ...  # a defence refused (or bounded) a message of this role
     # open groups only: each candidate's answer (the silent left out), and whether a candidate took the role
     async def probe(self, step: Step, probe: Probe) -> dict[str, ProbeAnswer]: ...
     async def bind(self, step: Step) -> bool: ...
@@ -45,12 +53,22 @@ class SelectionFailed(Exception):
     """No candidate of an open group took the aggregator role: the sender's round ends without a transfer."""
 
 
-async def play_sender(algorithm: Algorithm, ctx: NodeContext, step: Step, transport: Transport) -> None:
-    """Train, choose the aggregator if the group is open, transmit to it, then use its reply."""
+NO_DEFENCES = DefenceSettings()
+
+
+async def play_sender(algorithm: Algorithm, ctx: NodeContext, step: Step, transport: Transport,
+                      defences: DefenceSettings = NO_DEFENCES) -> None:
+    """Train, choose the aggregator if the group is open, transmit to it, then use its reply (if it passes
+    ``defences``)."""
     message = await transport.compute(algorithm.transmit, ctx, step)
     if step.group.open:
         step = await choose_receiver(algorithm, ctx, step, message, transport)
     reply = await transport.push(step, message)
+    if reply is not None and defences.on:
+        kept = await _screened(ctx, [reply], defences, transport)
+        if not kept:
+            return  # the aggregator's reply refused: this node's own model stands
+        reply = kept[0]
     await transport.compute(algorithm.finish, ctx, step, reply)
 
 
@@ -74,10 +92,23 @@ async def choose_receiver(algorithm: Algorithm, ctx: NodeContext, step: Step, me
     raise SelectionFailed(f"round {step.round}: none of {', '.join(step.group.candidates)} took {ctx.node_id}'s model")
 
 
-async def play_aggregator(algorithm: Algorithm, ctx: NodeContext, step: Step, transport: Transport) -> int:
-    """Own local step, then fuse every message that arrived and answer their senders; returns how many."""
+async def play_aggregator(algorithm: Algorithm, ctx: NodeContext, step: Step, transport: Transport,
+                          defences: DefenceSettings = NO_DEFENCES) -> int:
+    """Own local step, then fuse every message that arrived (and passed ``defences``) and answer their senders;
+    returns how many arrived."""
     await transport.compute(algorithm.local_step, ctx, step)
-    messages = sorted(await transport.gather(step), key=lambda m: m.sender)
+    arrived = messages = sorted(await transport.gather(step), key=lambda m: m.sender)
+    if messages and defences.on:
+        messages = await _screened(ctx, messages, defences, transport)
     replies = await transport.compute(algorithm.aggregate, ctx, step, messages) if messages else {}
     await transport.reply(step, replies)
-    return len(messages)
+    return len(arrived)
+
+
+async def _screened(ctx: NodeContext, messages: list[ModelMessage], defences: DefenceSettings,
+                    transport: Transport) -> list[ModelMessage]:
+    """The messages that pass ``defences`` (a capped count replaced); each refusal told to the transport."""
+    kept, refused = await transport.compute(screen, ctx, messages, defences)
+    for refusal in refused:
+        transport.refuse(refusal)
+    return kept

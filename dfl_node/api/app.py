@@ -23,7 +23,7 @@ from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, Response
 
 from dfl_node import __version__
-from dfl_node.api.metrics import CONTENT_TYPE, NodeMetrics
+from dfl_node.api.metrics import CONTENT_TYPE, EXPOSITION_VERSION, NodeMetrics
 from dfl_node.api.schemas import FleetView, HistoryEntry, NodeStatus
 from dfl_node.api.serving import Committed, add_model_routes
 
@@ -85,9 +85,10 @@ def create_app(
 
     @app.get(
         "/metrics",
-        summary="Prometheus metrics (text format 0.0.4)",
+        summary=f"Prometheus metrics (text exposition format {EXPOSITION_VERSION})",
         response_class=Response,
-        responses={200: {"content": {"text/plain": {}}}},
+        responses={200: {"description": f"Prometheus text exposition format {EXPOSITION_VERSION}: {CONTENT_TYPE}",
+                         "content": {CONTENT_TYPE.partition(";")[0]: {}}}},
     )
     async def get_metrics() -> Response:
         return Response(content=_provided("metrics", metrics.render), media_type=CONTENT_TYPE)

@@ -6,7 +6,8 @@ never the global one) holding
 - the histograms the node observes as it works (role, training, fusion and transfer durations, model
   sizes): :meth:`NodeMetrics.observe`;
 - a collector over the node's status snapshot (:class:`StatusCollector`): its counters, round, peers,
-  accuracy, read fresh at every scrape, so they can never disagree with ``/status``;
+  accuracy, read fresh at every scrape, so they can never disagree with ``/status``; its refusals by reason,
+  every known reason (:mod:`dfl_node.peering.reasons`) from 0, so a healthy node's count reads 0, not nothing;
 - the ``process_*`` metrics (resident memory, CPU, open fds, start time) once the node serves REST as its
   own process (:meth:`NodeMetrics.add_process_metrics`): what an IoT operator watches first.
 
@@ -25,10 +26,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from dfl_node.api.schemas import NodeStatus
+from dfl_node.peering.reasons import REASONS
 
-__all__ = ["CONTENT_TYPE", "COUNTER_METRICS", "NodeMetrics", "StatusCollector"]
+__all__ = ["CONTENT_TYPE", "COUNTER_METRICS", "EXPOSITION_VERSION", "NodeMetrics", "StatusCollector"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+# The exposition format's version, as the Content-Type header names it (prometheus_client 0.26: 1.0.0)
+EXPOSITION_VERSION = CONTENT_TYPE.partition("version=")[2].partition(";")[0]
 
 # One counter per status counter: (metric name without _total, help).
 COUNTER_METRICS = {
@@ -83,7 +87,7 @@ class StatusCollector(Collector):
             yield counter
         rejected = CounterMetricFamily("dfl_rejected", "Rejected transfers or handshakes, by reason.",
                                        labels=["node", "reason"])
-        for reason, count in sorted(s.rejected.items()):
+        for reason, count in sorted({**dict.fromkeys(REASONS, 0), **s.rejected}.items()):  # known reasons from 0
             rejected.add_metric([s.id, reason], count)
         yield rejected
         yield gauge("dfl_peers_alive", "Peers in the peer table that are alive.", sum(p.alive for p in s.peers))
@@ -157,5 +161,5 @@ class NodeMetrics:
         self.registry.register(_WithNodeLabel(ProcessCollector(registry=None), self.node_id))
 
     def render(self) -> bytes:
-        """The exposition text (format 0.0.4) of everything in the registry."""
+        """The exposition text (format :data:`EXPOSITION_VERSION`) of everything in the registry."""
         return generate_latest(self.registry)

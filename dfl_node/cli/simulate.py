@@ -37,27 +37,31 @@ if TYPE_CHECKING:
 
 def summary_table(results: list[RunResult], title: str, seconds: str = "wall s") -> Table:
     """Final averaged accuracies per algorithm (shared by simulate and testbed); ``seconds`` names the run's
-    time column (a simulated fleet's seconds are virtual)."""
+    time column (a simulated fleet's seconds are virtual). With adversaries, the honest nodes' beside the fleet's."""
+    attacked = any(r.adversaries for r in results)
     table = Table(title=title)
-    for col in ("algorithm", "driver", "rounds", "global acc", "local acc", "MB sent", seconds):
+    honest = ("honest global", "honest local") if attacked else ()
+    for col in ("algorithm", "driver", "rounds", "global acc", "local acc", *honest, "MB sent", seconds):
         table.add_column(col, justify="right" if col != "algorithm" else "left")
     for r in results:
+        figures = (f"{r.honest_global_accuracy:.4f}", f"{r.honest_local_accuracy:.4f}") if attacked else ()
         table.add_row(
-            r.algorithm, r.driver, str(r.rounds), f"{r.global_accuracy:.4f}", f"{r.local_accuracy:.4f}",
+            r.algorithm, r.driver, str(r.rounds), f"{r.global_accuracy:.4f}", f"{r.local_accuracy:.4f}", *figures,
             f"{r.bytes_transmitted / 1e6:.1f}", f"{r.wall_time_s:.1f}",
         )
     return table
 
 
 def node_table(results: list[RunResult]) -> Table:
-    """Each node's final global / local accuracy under each algorithm."""
+    """Each node's final global / local accuracy under each algorithm; a compromised node's attack beside its id."""
     table = Table(title="per node: global / local accuracy")
     table.add_column("node")
     for r in results:
         table.add_column(r.algorithm, justify="right")
     for i, node in enumerate(results[0].nodes):
         cells = [f"{r.nodes[i].global_accuracy:.3f} / {r.nodes[i].local_accuracy:.3f}" for r in results]
-        table.add_row(node.id, *cells)
+        attack = results[0].adversaries.get(node.id)
+        table.add_row(f"{node.id} ({attack})" if attack else node.id, *cells)
     return table
 
 

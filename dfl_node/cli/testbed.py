@@ -180,6 +180,9 @@ def testbed(out: Path | None, mode: str, duration: float, netns: bool, mdns: boo
     config = experiment_config(config_path, TESTBED_DEFAULTS, **flags)
     if out and out.suffix == ".json" and len(config.algorithms) > 1:
         raise click.UsageError("several algorithms need --out FOLDER")
+    if config.simulation.adversaries:
+        raise click.UsageError("--adversaries: the simulator plays compromised members (dfl-node simulate); a "
+                               "testbed's daemons are all honest")
     console = Console()
     fleet = provision(config)
     results: list[RunResult] = []

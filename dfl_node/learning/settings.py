@@ -87,7 +87,18 @@ class GroupSettings(AlgorithmSettings):
                            "that sends to each round's aggregator (003: 50 %)")
 
 
-class FedProxSettings(GroupSettings):
+class FedAvgSettings(GroupSettings):
+    """Fedavg and fedprox: how a cluster's models are combined (the averaging family's robust rules)."""
+
+    aggregation: Literal["mean", "median", "trimmed-mean"] = Field(
+        "mean", description="fedavg, fedprox: how the aggregator combines a cluster's models: mean (003 eq. 5, "
+        "weighted by the sample counts the senders claim), or, against poisoned members, the coordinate-wise median "
+        "or trimmed-mean (Yin et al. 2018), which ignore the counts (docs/robustness.md)")
+    trim_fraction: float = Field(0.2, ge=0, lt=0.5, description="trimmed-mean: the share of a cluster's values cut "
+                                 "at each end of every coordinate (rounded down)")
+
+
+class FedProxSettings(FedAvgSettings):
     """Fedprox: its proximal term."""
 
     prox_mu: float = Field(0.01, ge=0, description="μ of FedProx's proximal term μ/2·‖w − w_start‖²")
@@ -157,6 +168,31 @@ class FairAvgSettings(AlgorithmSettings):
         if self.fair_weight_min > self.fair_weight_max:
             raise ValueError(f"fair_weight_min {self.fair_weight_min} is above fair_weight_max {self.fair_weight_max}")
         return self
+
+
+class DefenceSettings(BaseModel):
+    """Bounds a receiver puts on what its peers send, before it fuses (:mod:`dfl_node.algorithms.defences`): the
+    ``defences`` part of a node's and an experiment's settings, read by every algorithm's round, all off by default,
+    each refusal counted by its reason (docs/robustness.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sample_cap: float | None = Field(None, gt=0, description="defence: a received sample count weighs at most this "
+                                     "many times the receiver's own training samples (fullavg, combo, fedavg, "
+                                     "fedprox and gossip weigh models by the counts senders claim); a count above "
+                                     "is capped and counted (sample_count). Unset: off")
+    norm_bound: float | None = Field(None, gt=0, description="defence: refuse a received model (or segment) that "
+                                     "lies farther from the receiver's own than this many times the norm of the "
+                                     "receiver's own, over the elements it carries (norm_bound). Unset: off")
+    relative_gate: float | None = Field(None, ge=0, le=1, description="defence: refuse a received whole model whose "
+                                        "accuracy on this node's validation split is more than this below its own "
+                                        "model's (relative_accuracy): for knowledge-transfer fusion (defkt, dfml), "
+                                        "beside min_accuracy. Unset: off")
+
+    @property
+    def on(self) -> bool:
+        """Whether any defence is on: where none is, nothing is screened and nothing changes."""
+        return any(v is not None for v in (self.sample_cap, self.norm_bound, self.relative_gate))
 
 
 class SharedSettings(BaseModel):

@@ -115,6 +115,14 @@ class Collector:
             if not future.done():
                 future.set_result(replies.get(sender))
 
+    def refuse(self, sender: str, refusal: TransferRejected) -> None:
+        """A defence refused ``sender``'s message once it had arrived (:mod:`dfl_node.algorithms.defences`): its
+        stream ends with that refusal now, and its round is over without a fusion of its model."""
+        future = self.replies.get(sender)
+        if future is not None and not future.done():
+            future.set_exception(refusal)
+            future.exception()  # retrieved: a sender that already hung up never awaits it
+
     def close(self) -> None:
         """Whatever happened, the group is over: nobody waits for it any longer, and the memory its
         streams freed goes back to the kernel (:func:`~dfl_node.heap.trim_heap`). A sender not

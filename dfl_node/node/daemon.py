@@ -30,7 +30,7 @@ import logging
 import uuid
 
 from dfl_node import PROTOCOL_VERSION
-from dfl_node.algorithms import Role, make_algorithm
+from dfl_node.algorithms import Algorithm, Role, make_algorithm
 from dfl_node.algorithms.base import derive_seed
 from dfl_node.api.metrics import NodeMetrics
 from dfl_node.api.schemas import FleetView, HistoryEntry, NodeStatus
@@ -59,9 +59,11 @@ log = logging.getLogger(__name__)
 
 
 class Node:
-    """One node of ``config``, over the network ``network`` builds, on ``clock``."""
+    """One node of ``config``, over the network ``network`` builds, on ``clock``. ``algorithm``: left out, the
+    config's; the simulator passes a compromised member's (:mod:`dfl_node.sim.adversaries`)."""
 
-    def __init__(self, config: NodeConfig, network: NetworkFactory, clock: Clock) -> None:
+    def __init__(self, config: NodeConfig, network: NetworkFactory, clock: Clock, *,
+                 algorithm: Algorithm | None = None) -> None:
         self.config, self.clock = config, clock
         self.started = clock.wall()
         self.boot_id = uuid.uuid4().hex
@@ -72,7 +74,7 @@ class Node:
         self.metrics = NodeMetrics(config.id, self.status)  # read at each scrape: built before anything runs
         self.tally = Tally(clock, self.metrics, self.progress)
         self.data = NodeData(config.id, config.local, config.learning, clock)  # bad data: one line, exit 2
-        algorithm = make_algorithm(config.algorithm, config.learning, config.per_algorithm)
+        algorithm = algorithm or make_algorithm(config.algorithm, config.learning, config.per_algorithm)
         schedule = config.schedule
         # async mode has no fleet-wide rounds to put points at: every change is evaluated
         evaluation = EvalSchedule(config.evaluation.eval_every if schedule.mode == "round" else 1,
@@ -90,7 +92,7 @@ class Node:
         self.reporter = Reporter(config.id, schedule, clock, self.started, self.tally)
         self.roles = Roles(config.id, self.address, config.roles, schedule, config.swarm, clock, learner=self.learner,
                            progress=self.progress, tally=self.tally, members=self.membership, network=self.network,
-                           reporter=self.reporter)
+                           reporter=self.reporter, defences=config.defences)
         self.absences = Absences(self.roles, self.membership)
         port = SchedulerPort(config.id, config.learning.seed, schedule, config.membership, clock, algorithm,
                              self.membership, self.progress, self.roles, self.network, self.tally, self.own_progress,

@@ -19,6 +19,7 @@ from dfl_node.algorithms import Group, Role, Step
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectsReceiver
+from dfl_node.learning.settings import DefenceSettings
 from dfl_node.node.clock import Clock
 from dfl_node.node.collector import Collector
 from dfl_node.node.learner import Learner
@@ -42,8 +43,9 @@ class Roles:
 
     def __init__(self, node_id: str, address: str, settings: RoleSettings, schedule: ScheduleSettings, swarm: str,
                  clock: Clock, *, learner: Learner, progress: RoundProgress, tally: Tally, members: Members,
-                 network: PeerNetwork, reporter: Reporter) -> None:
+                 network: PeerNetwork, reporter: Reporter, defences: DefenceSettings) -> None:
         self.node_id, self.address, self.settings, self.swarm, self.clock = node_id, address, settings, swarm, clock
+        self.defences = defences  # what its sender and aggregator roles refuse to fuse (algorithms.defences)
         self.rounds = schedule.mode == "round"
         self.round_timeout = schedule.round_timeout
         self.learner, self.progress, self.tally, self.members, self.network = learner, progress, tally, members, network
@@ -263,7 +265,7 @@ class Roles:
         try:
             await learner.checkpointed()  # what this role goes back to if it fails
             await learner.settle_evaluation(step.round)  # the model this role changes, if a point needs it
-            await play_sender(learner.algorithm, learner.ctx, step, transport)
+            await play_sender(learner.algorithm, learner.ctx, step, transport, self.defences)
             self._played(step)
             await self.exchanged("send", step.round + 1, step.group.aggregator)
             return True
@@ -291,7 +293,7 @@ class Roles:
         try:
             await learner.checkpointed()
             await learner.settle_evaluation(step.round)
-            if await play_aggregator(learner.algorithm, learner.ctx, step, transport):
+            if await play_aggregator(learner.algorithm, learner.ctx, step, transport, self.defences):
                 self.tally.count("fusions")
                 self._played(step)
                 await self.exchanged("fusion", step.round + 1, ",".join(step.group.senders))

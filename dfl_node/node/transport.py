@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
 from dfl_node.algorithms import AlgorithmError
+from dfl_node.algorithms.defences import Refusal
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.plan import Role, Step
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectionError, check_answer
@@ -168,6 +169,13 @@ class PeerTransport:
     async def reply(self, step: Step, replies: Mapping[str, ModelMessage]) -> None:
         """Keep the replies: the node hands them out once its fusion is checkpointed (the senders' confirmation)."""
         self.replies = dict(replies)
+
+    def refuse(self, refusal: Refusal) -> None:
+        """A defence refused (or bounded) a message of this role: counted by its reason; a sender whose model
+        was dropped learns it now."""
+        self.roles.tally.reject(refusal.reason, refusal.detail, refusal.sender)
+        if not refusal.kept and self.collector is not None:
+            self.collector.refuse(refusal.sender, TransferRejected(refusal.reason, refusal.detail))
 
     async def probe(self, step: Step, probe: Probe) -> dict[str, ProbeAnswer]:
         request = probe_request(probe, swarm=self.roles.swarm, epoch=self.epoch)

@@ -1,7 +1,8 @@
 """An experiment's settings (:class:`ExperimentConfig`): a fleet the simulator runs as real nodes, a testbed
 starts as daemons, ``dfl-node partition`` and ``sweep`` provision — by part: the fleet's data (``shards``), how
-its nodes learn (``learning``) and each algorithm's own settings (``per_algorithm``), the simulator's devices,
-links and faults (``simulation``), and the experiment's own (its name, algorithms, size and schedule).
+its nodes learn (``learning``) and each algorithm's own settings (``per_algorithm``), what its nodes refuse
+(``defences``), the simulator's devices, links, faults and adversaries (``simulation``), and the experiment's own
+(its name, algorithms, size and schedule).
 
 Named flat by operators (``--zeta``, ``DFL_ZETA``, ``zeta:``), nested here (``config.shards.zeta``):
 :mod:`dfl_node.settings.parts`.
@@ -12,21 +13,22 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from dfl_node.learning.dataset_refs import BUILTIN_DATASETS
-from dfl_node.learning.settings import AlgorithmOptions, ModelSpecText, SharedSettings
+from dfl_node.learning.settings import AlgorithmOptions, DefenceSettings, ModelSpecText, SharedSettings
 from dfl_node.learning.shard_settings import ShardSettings
 from dfl_node.settings.names import WIRE_DTYPE_HELP, AlgorithmName, WireDtype
 from dfl_node.settings.parts import Composite
-from dfl_node.settings.simulation import SimulationSettings
+from dfl_node.settings.simulation import SimulationSettings, adversary_counts
 
 
 class ExperimentConfig(Composite):
     """A simulated (or testbed) experiment: data, fleet size, algorithms and schedule."""
 
-    parts = ("shards", "learning", "per_algorithm", "simulation")
+    parts = ("shards", "learning", "per_algorithm", "defences", "simulation")
 
     shards: ShardSettings = Field(default_factory=ShardSettings)
     learning: SharedSettings = Field(default_factory=SharedSettings)
     per_algorithm: AlgorithmOptions = Field(default_factory=AlgorithmOptions)
+    defences: DefenceSettings = Field(default_factory=DefenceSettings)
     name: str = Field("experiment", description="title of the run in tables and results files")
     algorithms: list[AlgorithmName] = Field(default_factory=lambda: ["defkt", "fullavg", "combo"],
                                             description="algorithms to run, one after the other on the same data "
@@ -48,6 +50,11 @@ class ExperimentConfig(Composite):
         (:func:`~dfl_node.learning.provision.provision`)."""
         if self.shards.dataset in BUILTIN_DATASETS:
             self.learning.use_dataset_defaults(self.shards.dataset)
+        return self
+
+    @model_validator(mode="after")
+    def _some_nodes_stay_honest(self) -> ExperimentConfig:
+        adversary_counts(self.simulation.adversaries, self.nodes)
         return self
 
     def unusable_here(self) -> dict[str, str]:

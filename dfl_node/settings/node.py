@@ -1,5 +1,6 @@
 """A node's settings (:class:`NodeConfig`), by the part of the node that reads them: its data (``local``), how it
-learns (``learning``) and its algorithm's own settings (``per_algorithm``), its network, its membership (how it
+learns (``learning``) and its algorithm's own settings (``per_algorithm``), what it refuses to fuse
+(``defences``), its network, its membership (how it
 finds its peers and knows they live), its schedule, its roles, its evaluation, its REST API and its storage.
 
 Every setting is a ``dfl-node start`` flag (``--grpc-port`` for ``grpc_port``), a ``DFL_<KEY>`` environment
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from dfl_node.addresses import is_loopback, parse_peer
 from dfl_node.learning.data_format import DataFormat
-from dfl_node.learning.settings import DATASET_DEPENDENT, AlgorithmOptions, SharedSettings
+from dfl_node.learning.settings import DATASET_DEPENDENT, AlgorithmOptions, DefenceSettings, SharedSettings
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.names import WIRE_DTYPE_HELP, AlgorithmName, WireDtype
 from dfl_node.settings.parts import Composite
@@ -203,8 +204,8 @@ class StorageSettings(_Part):
 class NodeConfig(Composite):
     """One node's settings: who it is and what it runs, and its parts' settings."""
 
-    parts = ("local", "learning", "per_algorithm", "schedule", "network", "api", "membership", "storage", "roles",
-             "evaluation")
+    parts = ("local", "learning", "per_algorithm", "defences", "schedule", "network", "api", "membership", "storage",
+             "roles", "evaluation")
 
     id: str = Field(..., min_length=1, max_length=48, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                     description="node id, unique in the swarm")
@@ -215,6 +216,7 @@ class NodeConfig(Composite):
     local: DataSettings
     learning: SharedSettings = Field(default_factory=SharedSettings)
     per_algorithm: AlgorithmOptions = Field(default_factory=AlgorithmOptions)
+    defences: DefenceSettings = Field(default_factory=DefenceSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)

@@ -1,6 +1,7 @@
 """What an experiment config adds for a simulated fleet of real nodes (``dfl-node simulate``): what
 computation costs on each class of devices (``devices:``), what a transfer costs on each class of links
-(``links:``), and what goes wrong when (``faults:``). All times are virtual seconds (:mod:`dfl_node.sim.clock`).
+(``links:``), what goes wrong when (``faults:``), and which members are compromised (``adversaries:``). All times
+are virtual seconds (:mod:`dfl_node.sim.clock`).
 
 :class:`SimulationSettings` is the ``simulation`` part of :class:`~dfl_node.settings.experiment.ExperimentConfig`;
 it lives apart from :mod:`dfl_node.sim` so that reading settings does not import the simulator.
@@ -9,8 +10,9 @@ it lives apart from :mod:`dfl_node.sim` so that reading settings does not import
 from __future__ import annotations
 
 import random
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 KILL_ROLES = ("holder", "aggregator", "sender", "any")
 
@@ -122,8 +124,68 @@ class FaultSchedule(_Strict):
         return schedule
 
 
+AttackKind = Literal["sign-flip", "scale", "noise", "label-flip", "false-count", "free-rider"]
+# Each attack's strength where none is given; label-flip and free-rider take none.
+STRENGTHS: dict[str, float] = {"sign-flip": 1.0, "scale": 10.0, "noise": 0.1, "false-count": 1e9}
+
+
+class Adversaries(_Strict):
+    """A share of a simulated fleet's members compromised, all playing one attack (docs/robustness.md): written
+    ``KIND:FRACTION[:STRENGTH]`` on the command line (``--adversaries sign-flip:0.2``), or as a mapping."""
+
+    kind: AttackKind = Field(..., description="sign-flip: sends −strength·w; scale: boosts its change since its "
+                             "last model strength times (model replacement); noise: adds N(0, strength²); "
+                             "label-flip: trains on labels y → C−1−y; false-count: claims strength samples; "
+                             "free-rider: never sends what it trained, only what it last received")
+    fraction: float = Field(..., gt=0, lt=1, description="share of the nodes (rounded to whole nodes, at least one)")
+    strength: float | None = Field(None, description="the attack's size (default per kind: sign-flip 1, scale 10, "
+                                   "noise 0.1, false-count 1e9)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, value: Any) -> Any:
+        """``KIND:FRACTION[:STRENGTH]``, as a flag or a ``DFL_ADVERSARIES`` item gives it."""
+        if not isinstance(value, str):
+            return value
+        kind, _, rest = value.partition(":")
+        fraction, _, strength = rest.partition(":")
+        if not fraction:
+            raise ValueError(f"{value!r} is not KIND:FRACTION[:STRENGTH] (e.g. sign-flip:0.2)")
+        return {"kind": kind, "fraction": fraction, **({"strength": strength} if strength else {})}
+
+    @model_validator(mode="after")
+    def _strength_fits_the_kind(self) -> Adversaries:
+        if self.strength is not None and self.kind not in STRENGTHS:
+            raise ValueError(f"{self.kind} takes no strength (got {self.strength:g})")
+        if self.strength is not None and self.strength < 0:
+            raise ValueError(f"{self.kind}: strength must be ≥ 0 (got {self.strength:g})")
+        return self
+
+    @property
+    def size(self) -> float:
+        """The attack's strength: the one given, else its kind's default (none: 0)."""
+        return self.strength if self.strength is not None else STRENGTHS.get(self.kind, 0.0)
+
+    def count(self, nodes: int) -> int:
+        """How many of ``nodes`` play it: ``fraction`` of them, rounded, at least one."""
+        return max(1, round(self.fraction * nodes))
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.fraction:g}" + (f":{self.strength:g}" if self.strength is not None else "")
+
+
+def adversary_counts(adversaries: list[Adversaries], nodes: int) -> list[int]:
+    """How many nodes each entry of ``adversaries`` compromises; a ValueError where no honest node would be left."""
+    counts = [a.count(nodes) for a in adversaries]
+    if sum(counts) >= nodes:
+        raise ValueError(f"adversaries {', '.join(map(str, adversaries))} compromise {sum(counts)} of {nodes} nodes: "
+                         "no honest node would be left")
+    return counts
+
+
 class SimulationSettings(_Strict):
-    """``dfl-node simulate``'s own: the fleet's devices, links and faults (set in a config file only)."""
+    """``dfl-node simulate``'s own: the fleet's devices, links and faults (set in a config file only), and its
+    compromised members (``--adversaries`` too)."""
 
     devices: dict[str, DeviceClass] = Field(default_factory=dict, description="simulate: device classes by "
                                             "name, what computation costs on each")
@@ -131,3 +193,7 @@ class SimulationSettings(_Strict):
                                         "what a transfer costs on each (\"default\": nodes of no class)")
     faults: FaultSchedule = Field(default_factory=FaultSchedule, description="simulate: kills and "
                                   "partitions, in virtual seconds")
+    adversaries: list[Adversaries] = Field(default_factory=list, description="simulate: compromised members, "
+                                           "KIND:FRACTION[:STRENGTH] each (sign-flip, scale, noise, label-flip, "
+                                           "false-count, free-rider; docs/robustness.md); results report the honest "
+                                           "nodes apart")

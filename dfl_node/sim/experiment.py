@@ -1,6 +1,7 @@
 """``dfl-node simulate [--mode round|async]``: an experiment as K real nodes (:mod:`dfl_node.sim.fleet`) on the
 in-memory network and the virtual clock, its devices and links costed by the config (:mod:`dfl_node.sim.costs`),
-its faults played as scheduled (:mod:`dfl_node.sim.faults`). Deterministic for a config and a seed."""
+its faults played as scheduled (:mod:`dfl_node.sim.faults`), its compromised members playing their attacks
+(:mod:`dfl_node.sim.adversaries`). Deterministic for a config and a seed."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from dfl_node.learning.provision import FleetData, provision, write_fleet
 from dfl_node.results import RunResult
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
-from dfl_node.settings.simulation import FaultSchedule
+from dfl_node.settings.simulation import Adversaries, FaultSchedule
+from dfl_node.sim.adversaries import adversary_nodes, poisoned_fleet
 from dfl_node.sim.clock import VIRTUAL_EPOCH, run_virtual
 from dfl_node.sim.costs import CostModel
 from dfl_node.sim.faults import Fault, fault_figures, play_faults, stall_bound
@@ -58,8 +60,9 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path | None = N
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dfl-sim-")))
         data = provision(config) if data is None else data
+        adversaries = adversary_nodes(config)
         shards = workdir / "shards"
-        write_fleet(data, shards)
+        write_fleet(poisoned_fleet(data, adversaries), shards)
         configs = plan_nodes(config, algorithm, shards, workdir / algorithm, mode=mode, duration=duration,
                              history_limit=HISTORY_LIMIT, **settings)
         costs = CostModel({c.id: c.network.address for c in configs}, config.simulation.devices,
@@ -74,10 +77,11 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path | None = N
                                             heal_within=0.9 * node.schedule.round_timeout, slowdowns=random_slowdowns,
                                             nodes=[c.id for c in configs])
         statuses, histories, happened, ended, states, membership = run_virtual(
-            _run(configs, costs, schedule, fault_seed, progress), costs.compute(), config.learning.threads)
+            _run(configs, costs, schedule, fault_seed, progress, adversaries), costs.compute(), config.learning.threads)
         train_sizes = {c.node_id: len(c.train) for c in data.clients}
         result = fleet_result("simulate", statuses, histories, config, algorithm, train_sizes, VIRTUAL_EPOCH, ended)
         result.membership = membership
+        result.adversaries = {node_id: str(adversary) for node_id, adversary in adversaries.items()}
         if schedule.kills or schedule.partitions or schedule.links or schedule.slow_nodes:
             result.faults = fault_figures(happened, states, node, work)
             result.faults["round_work_s"] = round(work, 3)
@@ -99,9 +103,10 @@ def by_class(statuses: dict[str, dict], class_of: dict[str, str]) -> dict[str, d
 
 
 async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSchedule, seed: int,
-               progress: Progress | None) -> tuple[dict[str, dict], dict[str, list[dict]], list[Fault], float,
-                                                   dict[str, dict[str, Any]], dict[str, Any]]:
-    fleet = VirtualFleet(configs, costs.transfer())
+               progress: Progress | None, adversaries: dict[str, Adversaries]
+               ) -> tuple[dict[str, dict], dict[str, list[dict]], list[Fault], float, dict[str, dict[str, Any]],
+                          dict[str, Any]]:
+    fleet = VirtualFleet(configs, costs.transfer(), adversaries)
     with contextlib.ExitStack() as stack:
         if progress is not None:
             stack.enter_context(_reporting(fleet, progress))

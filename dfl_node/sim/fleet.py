@@ -1,7 +1,7 @@
 """K real nodes in one process: the daemon's own :class:`~dfl_node.node.daemon.Node` — its round or async
 scheduler, roles, collector, gate and checkpoints — each over the in-memory network
 (:class:`~dfl_node.sim.network.MemoryFabric`) instead of gRPC, on the virtual clock of a
-:class:`~dfl_node.sim.clock.VirtualTimeLoop`.
+:class:`~dfl_node.sim.clock.VirtualTimeLoop`; a compromised one with its attack (:mod:`dfl_node.sim.adversaries`).
 
 A node here is started, killed and restarted as a daemon is: :meth:`VirtualFleet.kill` is kill -9 (every task
 of the node cancelled, whatever it had not made durable lost, its state dir unlocked as the kernel would),
@@ -13,7 +13,7 @@ endpoint of the fabric) and its clock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,8 @@ from dfl_node.node.identity import ModelIdentity
 from dfl_node.peering.messages import Hello
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
+from dfl_node.settings.simulation import Adversaries
+from dfl_node.sim.adversaries import compromised_algorithm
 from dfl_node.sim.clock import VirtualClock
 from dfl_node.sim.ledger import durable_states
 from dfl_node.sim.membership import MembershipRecord
@@ -54,9 +56,10 @@ class VirtualFleet:
     """The nodes of ``configs`` on one fabric (each link costs what ``links`` says); build it, and use it, on
     a running :class:`~dfl_node.sim.clock.VirtualTimeLoop`."""
 
-    def __init__(self, configs: list[NodeConfig],
-                 links: Callable[[str, str], LinkProfile] | None = None) -> None:
+    def __init__(self, configs: list[NodeConfig], links: Callable[[str, str], LinkProfile] | None = None,
+                 adversaries: Mapping[str, Adversaries] | None = None) -> None:
         self.configs = {c.id: c for c in configs}
+        self.adversaries = dict(adversaries or {})  # compromised nodes: the attack each plays (sim.adversaries)
         self.fabric = MemoryFabric(links)
         self.fabric.install(asyncio.get_running_loop())
         self.nodes: dict[str, Node] = {}  # the nodes up now
@@ -78,7 +81,10 @@ class VirtualFleet:
             self.membership.started(node_id, asyncio.get_running_loop().time(), network)
             return network
 
-        node = Node(config, endpoint, self.clock)
+        adversary = self.adversaries.get(node_id)
+        algorithm = compromised_algorithm(config.algorithm, config.learning, config.per_algorithm,
+                                          adversary) if adversary else None
+        node = Node(config, endpoint, self.clock, algorithm=algorithm)
         node.membership.swim.listeners.append(self.membership.observer(node_id))
         self.fabric.serve(address, node.requests)
         self.nodes[node_id] = node

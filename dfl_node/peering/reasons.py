@@ -1,0 +1,70 @@
+"""Every reason a node counts a refusal under (``/status``'s ``rejected``, ``dfl_rejected_total{reason}``), with
+what it means: one catalogue, so that ``/metrics`` exports each reason at 0 before its first refusal (a dashboard's
+refusals panel then reads 0 on a healthy fleet, not "No data") and an operator can look a reason up.
+
+``tests/test_refusal_reasons.py`` reads the code for the reasons it counts and fails on one missing here.
+"""
+
+from __future__ import annotations
+
+REASONS: dict[str, str] = {
+    # Hello: who the peer is (mTLS, the swarm key) and whether we can learn together (node/compatibility.py)
+    "identity_mismatch": "a connection authenticated as one node speaks for another",
+    "unauthenticated": "a peer gave no swarm-key proof, or called before its Hello authenticated",
+    "auth_failed": "a peer's swarm-key proof is wrong",
+    "auth_replay": "a peer replayed a swarm-key proof",
+    "tls_handshake": "a peer's certificate failed our checks, or ours its",
+    "protocol_version": "a peer (or a transfer) speaks another protocol version",
+    "swarm_mismatch": "a peer (or a transfer, a pull) is of another swarm",
+    "unknown_algorithm": "a peer runs an algorithm not installed here",
+    "algorithm_mismatch": "a peer runs another algorithm",
+    "wire_dtype_mismatch": "a peer (or a transfer) uses another wire dtype",
+    "unknown_model": "a peer runs a model not installed here",
+    "architecture_mismatch": "a peer runs another architecture, and our algorithm fuses identical ones only",
+    "sample_shape_mismatch": "a peer's samples have another shape",
+    "num_classes_mismatch": "a peer's data has another number of classes",
+    "fingerprint_mismatch": "a peer's (or a transfer's) model has other tensors than we expect",
+    "duplicate_id": "another process answers with our node id",
+    "peer_table_full": "too many unconfirmed peers at once",
+    "address_mismatch": "a peer answers for another address than the one we called",
+    "undecodable": "a request that is not the message its RPC takes",
+    # the membership's probes (node/swim.py, net/servicer.py)
+    "too_many_updates": "a membership ping with more updates than its bound",
+    # a transfer's stream (net/codec.py, net/servicer.py)
+    "truncated": "a transfer's stream ended early",
+    "idle_timeout": "a transfer's stream stalled",
+    "unexpected_frame": "a frame out of a transfer's order",
+    "header_too_large": "a transfer's header over its bound",
+    "chunk_too_large": "a transfer's chunk over its bound",
+    "too_large": "a transfer over the size bound",
+    "trailing_data": "bytes after a transfer's declared payload",
+    "bad_manifest": "a transfer's tensor manifest is inconsistent",
+    "unknown_tensor": "a transfer names a tensor our model lacks",
+    "shape_mismatch": "a transfer's tensor of another shape than ours",
+    "dtype_not_allowed": "a transfer's tensor of a dtype not allowed",
+    "bad_scale": "an int8 tensor's scale is not a finite positive number",
+    "model_not_fusable": "a transfer of a model our algorithm cannot fuse",
+    "hash_not_offered": "a transfer's digest of a hash we did not offer",
+    "bad_sha256": "a transfer's payload does not match its sha256",
+    "bad_blake3": "a transfer's payload does not match its BLAKE3 digest",
+    # a round's roles (node/requests.py, node/collector.py, node/rounds.py)
+    "stale_epoch": "a request of a round token's older epoch",
+    "not_expected": "a transfer from a node that is no sender of our group",
+    "too_late": "a transfer after its group's aggregation began",
+    "duplicate": "a second transfer of the same sender and round",
+    "over_memory": "a transfer over the aggregator's memory bound",
+    "round_window": "a role for a round far ahead of the fleet's",
+    "unknown_role": "an assignment of a role that does not exist",
+    "seed_mismatch": "a round token of another seed",
+    "async_mode": "a round-mode request to a node in async mode",
+    "not_selecting": "a probe to a node whose algorithm selects no receivers",
+    "bad_probe": "a malformed selection probe",
+    "bad_probe_answer": "a candidate's answer to our probe is malformed",
+    "algorithm": "a message our algorithm cannot fuse (purpose, segments, shapes)",
+    # what a received model holds (node/gate.py, algorithms/defences.py)
+    "non_finite": "a received model holds NaN or ±Inf",
+    "low_accuracy": "a received model below --min-accuracy on our validation split",
+    "sample_count": "a received sample count over --sample-cap times ours (fused with the capped count)",
+    "norm_bound": "a received model farther from ours than --norm-bound times our model's norm",
+    "relative_accuracy": "a received model more than --relative-gate below ours on our validation split",
+}
