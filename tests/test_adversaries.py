@@ -16,17 +16,18 @@ from dfl_node.algorithms.base import sample_pairs
 from dfl_node.algorithms.combo import Combo
 from dfl_node.algorithms.defkt import DefKT
 from dfl_node.algorithms.messages import ModelMessage
-from dfl_node.config import ExperimentConfig, LearningConfig
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.fleet import TRAIN_FILE, fleet_ids, provision
 from dfl_node.learning.models import ModelSpec
+from dfl_node.learning.provision import TRAIN_FILE, fleet_ids, provision
+from dfl_node.learning.settings import SharedSettings
 from dfl_node.results import RunResult
+from dfl_node.settings.experiment import ExperimentConfig
+from dfl_node.settings.simulation import Adversaries
 from dfl_node.sim import run_fleet
 from dfl_node.sim.adversaries import adversary_nodes, compromised_algorithm, poisoned_fleet
-from dfl_node.sim_config import Adversaries
 from tests.conftest import error_lines, invoke
 
-CONFIG = LearningConfig(batch_size=8, mkt_batch_size=8, lr=0.1, hidden=[16])
+CONFIG = SharedSettings(batch_size=8, mkt_batch_size=8, lr=0.1, hidden=[16])
 SEND = Step(0, Group("b", ("a",)))  # round 0: node a sends to node b
 
 
@@ -42,7 +43,7 @@ def sent(algorithm: str, attack: str | None, seed: int = 0) -> tuple[ModelMessag
     """What node a sends in round 0, honest (``attack`` None) or compromised, and its context after."""
     ctx = node("a", seed)
     adversary = Adversaries.model_validate(attack) if attack else None
-    algo = compromised_algorithm(algorithm, CONFIG, adversary) if adversary else make_algorithm(algorithm, CONFIG)
+    algo = compromised_algorithm(algorithm, CONFIG, None, adversary) if adversary else make_algorithm(algorithm, CONFIG)
     assert algo is not None
     return algo.transmit(ctx, SEND), ctx
 
@@ -56,9 +57,10 @@ def values(message: ModelMessage) -> torch.Tensor:
 
 def test_adversaries_are_written_kind_fraction_and_strength() -> None:
     config = ExperimentConfig(adversaries=["sign-flip:0.2", "noise:0.1:0.5", {"kind": "free-rider", "fraction": 0.1}])
-    assert [str(a) for a in config.adversaries] == ["sign-flip:0.2", "noise:0.1:0.5", "free-rider:0.1"]
-    assert [a.size for a in config.adversaries] == [1.0, 0.5, 0.0]
-    assert ExperimentConfig.model_validate(config.model_dump(mode="json")).adversaries == config.adversaries
+    adversaries = config.simulation.adversaries
+    assert [str(a) for a in adversaries] == ["sign-flip:0.2", "noise:0.1:0.5", "free-rider:0.1"]
+    assert [a.size for a in adversaries] == [1.0, 0.5, 0.0]
+    assert ExperimentConfig.model_validate(config.flat(mode="json")).simulation.adversaries == adversaries
 
 
 @pytest.mark.parametrize(("flag", "problem"), [
@@ -100,9 +102,9 @@ def test_the_compromised_nodes_are_seeded_and_nested() -> None:
 
 
 def test_a_compromised_algorithm_is_still_its_algorithm() -> None:
-    algo = compromised_algorithm("defkt", CONFIG, Adversaries(kind="sign-flip", fraction=0.1))
+    algo = compromised_algorithm("defkt", CONFIG, None, Adversaries(kind="sign-flip", fraction=0.1))
     assert isinstance(algo, DefKT) and algo.name == "defkt"
-    assert compromised_algorithm("defkt", CONFIG, Adversaries(kind="label-flip", fraction=0.1)) is None  # its data
+    assert compromised_algorithm("defkt", CONFIG, None, Adversaries(kind="label-flip", fraction=0.1)) is None
 
 
 def test_sign_flip_scale_and_noise_change_the_model_as_it_leaves() -> None:
@@ -129,7 +131,7 @@ def test_false_count_claims_its_strength_in_samples() -> None:
 def test_a_free_rider_sends_back_what_it_received_never_what_it_trained() -> None:
     rider = node("b", seed=1)
     start = copy.deepcopy(rider.model.state_dict())
-    algo = compromised_algorithm("combo", CONFIG, Adversaries(kind="free-rider", fraction=0.1))
+    algo = compromised_algorithm("combo", CONFIG, None, Adversaries(kind="free-rider", fraction=0.1))
     assert isinstance(algo, Combo)
     first = algo.transmit(rider, SEND)  # nothing received yet: the model it had before it trained
     assert all(torch.equal(p.values, start[p.name].reshape(-1)[p.start : p.start + p.values.numel()])
@@ -170,7 +172,7 @@ FLEET = ExperimentConfig(nodes=6, partition="iid", seed=3, rounds=12, eval_every
 
 
 def simulate(**settings: object) -> RunResult:
-    return run_fleet(ExperimentConfig(**{**FLEET.model_dump(), **settings}), "defkt")
+    return run_fleet(ExperimentConfig(**{**FLEET.flat(), **settings}), "defkt")
 
 
 def refusals(result: RunResult) -> Counter[str]:
@@ -192,13 +194,13 @@ def test_a_sign_flipping_member_poisons_defkt_and_the_norm_bound_refuses_exactly
     assert attacked.honest_global_accuracy < free.honest_global_accuracy - 0.08  # the attack costs the honest nodes
     assert defended.honest_global_accuracy > free.honest_global_accuracy - 0.03  # the bound takes nearly all back
     sends = sum(adversary in g.senders for r in range(FLEET.rounds)
-                for g in sample_pairs(FLEET.seed, r, fleet_ids(6), FLEET.pairs))
+                for g in sample_pairs(FLEET.learning.seed, r, fleet_ids(6), FLEET.learning.pairs))
     assert sends > 0 and refusals(defended) == {"norm_bound": sends}  # each of its models, and nothing else
     assert refusals(attacked) == {}
 
 
 def test_label_flippers_train_on_their_flipped_shard_in_the_simulator(tmp_path: Path) -> None:
-    result = run_fleet(ExperimentConfig(**{**FLEET.model_dump(), "rounds": 2, "adversaries": ["label-flip:0.17"]}),
+    result = run_fleet(ExperimentConfig(**{**FLEET.flat(), "rounds": 2, "adversaries": ["label-flip:0.17"]}),
                        "defkt", tmp_path)
     [adversary] = result.adversaries
     clean = {c.node_id: c.train.y for c in provision(FLEET).clients}
@@ -209,7 +211,7 @@ def test_label_flippers_train_on_their_flipped_shard_in_the_simulator(tmp_path: 
 
 
 def test_a_sample_cap_bounds_a_false_count_in_fedavg_and_counts_it() -> None:
-    config = {**FLEET.model_dump(), "rounds": 6, "adversaries": ["false-count:0.17"]}
+    config = {**FLEET.flat(), "rounds": 6, "adversaries": ["false-count:0.17"]}
     lied = run_fleet(ExperimentConfig(**config), "fedavg")
     capped = run_fleet(ExperimentConfig(**{**config, "sample_cap": 2.0}), "fedavg")
     assert not refusals(lied) and set(refusals(capped)) == {"sample_count"}

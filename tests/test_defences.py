@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from dfl_node.algorithms import Group, NodeContext, Step, make_algorithm
-from dfl_node.algorithms.defences import defended, screen
+from dfl_node.algorithms.defences import screen
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
-from dfl_node.config import LearningConfig
+from dfl_node.learning.settings import AlgorithmOptions, DefenceSettings, SharedSettings
 from dfl_node.learning.datasets import load_dataset
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.training import SgdParams, evaluate, local_sgd
@@ -30,10 +30,10 @@ def trained() -> torch.nn.Module:
     return model
 
 
-def receiver(model: torch.nn.Module, config: LearningConfig) -> NodeContext:
+def receiver(model: torch.nn.Module) -> NodeContext:
     train, _ = load_dataset("digits")
     return NodeContext("me", copy.deepcopy(model), SPEC, train.subset(range(600, 700)), train.subset(range(700, 800)),
-                       config)
+                       SharedSettings())
 
 
 def message(model: torch.nn.Module, sender: str = "peer", num_samples: int = 100, scale: float = 1.0) -> ModelMessage:
@@ -43,54 +43,56 @@ def message(model: torch.nn.Module, sender: str = "peer", num_samples: int = 100
 
 
 def test_every_defence_is_off_by_default() -> None:
-    assert not defended(LearningConfig())
-    assert defended(LearningConfig(norm_bound=1.0)) and defended(LearningConfig(sample_cap=2))
-    assert defended(LearningConfig(relative_gate=0.1))
+    assert not DefenceSettings().on
+    assert DefenceSettings(norm_bound=1.0).on and DefenceSettings(sample_cap=2).on
+    assert DefenceSettings(relative_gate=0.1).on
 
 
 def test_the_norm_bound_refuses_a_sign_flipped_model_and_keeps_a_near_one(trained: torch.nn.Module) -> None:
-    ctx = receiver(trained, LearningConfig(norm_bound=0.5))
+    ctx, defences = receiver(trained), DefenceSettings(norm_bound=0.5)
     near = copy.deepcopy(trained)
     with torch.no_grad():
         for p in near.parameters():
             p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
-    kept, refused = screen(ctx, [message(trained, "flipper", scale=-1.0), message(near, "honest")], ctx.config)
+    kept, refused = screen(ctx, [message(trained, "flipper", scale=-1.0), message(near, "honest")], defences)
     assert [m.sender for m in kept] == ["honest"]
     assert [(r.sender, r.reason, r.kept) for r in refused] == [("flipper", "norm_bound", False)]
     assert "2 of our model's norm away" in refused[0].detail
 
 
 def test_the_sample_cap_bounds_a_claim_and_fuses_the_message_all_the_same(trained: torch.nn.Module) -> None:
-    ctx = receiver(trained, LearningConfig(sample_cap=2.0))  # ours: 100 training samples
-    kept, refused = screen(ctx, [message(trained, "liar", 10**9), message(trained, "honest", 150)], ctx.config)
+    ctx = receiver(trained)  # ours: 100 training samples
+    kept, refused = screen(ctx, [message(trained, "liar", 10**9), message(trained, "honest", 150)],
+                           DefenceSettings(sample_cap=2.0))
     assert [(m.sender, m.num_samples) for m in kept] == [("liar", 200), ("honest", 150)]
     assert [(r.sender, r.reason, r.kept) for r in refused] == [("liar", "sample_count", True)]
 
 
 def test_the_relative_gate_refuses_a_model_far_worse_on_our_validation_split(trained: torch.nn.Module) -> None:
-    ctx = receiver(trained, LearningConfig(relative_gate=0.2))
+    ctx = receiver(trained)
     untrained = SPEC.build((1, 8, 8), 10, seed=5)
     assert evaluate(trained, ctx.val).accuracy - evaluate(untrained, ctx.val).accuracy > 0.5  # the premise
-    kept, refused = screen(ctx, [message(untrained, "poor"), message(trained, "good")], ctx.config)
+    kept, refused = screen(ctx, [message(untrained, "poor"), message(trained, "good")],
+                           DefenceSettings(relative_gate=0.2))
     assert [m.sender for m in kept] == ["good"] and [(r.sender, r.reason) for r in refused] == [("poor",
                                                                                                 "relative_accuracy")]
-    wide = replace(ctx, config=LearningConfig(relative_gate=1.0))  # a margin nothing falls below: nothing refused
-    assert screen(wide, [message(untrained, "poor")], wide.config)[1] == []
+    wide = DefenceSettings(relative_gate=1.0)  # a margin nothing falls below: nothing refused
+    assert screen(ctx, [message(untrained, "poor")], wide)[1] == []
 
 
 def test_the_relative_gate_judges_another_architecture_by_building_it(trained: torch.nn.Module) -> None:
-    ctx = receiver(trained, LearningConfig(relative_gate=0.2, norm_bound=0.5))
+    ctx = receiver(trained)
     other = ModelSpec("mlp", (8,))
     poor = ModelMessage(sender="other", round=0, purpose="dfml.model", num_samples=100, model=str(other),
                         parts=parts_from_state(other.build((1, 8, 8), 10, seed=3).state_dict()))
-    kept, refused = screen(ctx, [poor], ctx.config)  # no distance to another architecture; its accuracy, yes
+    kept, refused = screen(ctx, [poor], DefenceSettings(relative_gate=0.2, norm_bound=0.5))  # no distance to another architecture; its accuracy, yes
     assert kept == [] and [r.reason for r in refused] == ["relative_accuracy"]
 
 
 def test_fedavg_with_the_median_is_robust_to_one_huge_model() -> None:
     """FedAvg's aggregator with ``aggregation: median``: a sender's model ×1000 moves no coordinate far."""
-    config = LearningConfig(aggregation="median", hidden=[8])
-    algo = make_algorithm("fedavg", config)
+    config = SharedSettings(hidden=[8])
+    algo = make_algorithm("fedavg", config, AlgorithmOptions(aggregation="median"))
     spec = ModelSpec("mlp", (8,))
     train, _ = load_dataset("digits")
     models = [spec.build((1, 8, 8), 10, seed=s) for s in range(4)]
