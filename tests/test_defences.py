@@ -12,9 +12,9 @@ import torch
 from dfl_node.algorithms import Group, NodeContext, Step, make_algorithm
 from dfl_node.algorithms.defences import screen
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
-from dfl_node.learning.settings import AlgorithmOptions, DefenceSettings, SharedSettings
 from dfl_node.learning.datasets import load_dataset
 from dfl_node.learning.models import ModelSpec
+from dfl_node.learning.settings import AlgorithmOptions, DefenceSettings, SharedSettings
 from dfl_node.learning.training import SgdParams, evaluate, local_sgd
 
 SPEC = ModelSpec("mlp", (16,))
@@ -85,7 +85,8 @@ def test_the_relative_gate_judges_another_architecture_by_building_it(trained: t
     other = ModelSpec("mlp", (8,))
     poor = ModelMessage(sender="other", round=0, purpose="dfml.model", num_samples=100, model=str(other),
                         parts=parts_from_state(other.build((1, 8, 8), 10, seed=3).state_dict()))
-    kept, refused = screen(ctx, [poor], DefenceSettings(relative_gate=0.2, norm_bound=0.5))  # no distance to another architecture; its accuracy, yes
+    # no distance to another architecture; its accuracy, yes
+    kept, refused = screen(ctx, [poor], DefenceSettings(relative_gate=0.2, norm_bound=0.5))
     assert kept == [] and [r.reason for r in refused] == ["relative_accuracy"]
 
 
