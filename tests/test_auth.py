@@ -27,7 +27,7 @@ from dfl_node import PROTOCOL_VERSION
 from dfl_node.cli import cli
 from dfl_node.errors import OperatorError
 from dfl_node.net import psk
-from dfl_node.net.certs import init_ca, issue_node, new_swarm_key
+from dfl_node.net.certs import init_ca, issue_node, new_secret
 from dfl_node.net.convert import to_wire
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
@@ -223,7 +223,7 @@ def test_authenticated_fleet_equals_simulator(fleet_shards: Path, pki: Path, tmp
                                               algorithm: str) -> None:
     """defkt-select: Hello, Assign, Probe, Transfer and PassToken; fairavg: Pull. Every one authenticated."""
     config = FLEET.model_copy(update={"rounds": 10})
-    key = new_swarm_key(tmp_path / "swarm.key")
+    key = new_secret(tmp_path / "swarm.key")
     per_node = (lambda node_id: {"tls_dir": pki / node_id}) if mode == "mtls" else (lambda _: {"swarm_key_file": key})
     with loopback_fleet(fleet_shards, tmp_path, algorithm, config, mdns=False, static_peers=True,
                         per_node=per_node) as nodes:

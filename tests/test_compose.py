@@ -107,24 +107,26 @@ def engine() -> Iterator[Engine]:
         _stop_engine(process, root)
 
 
-def fleet_status(engine: Engine) -> list[dict]:
-    """`dfl-node status --all --json`, from inside the engine's namespace, through node-0's published port."""
+def fleet_status(engine: Engine, *token: str) -> list[dict]:
+    """`dfl-node status --all --json`, from inside the engine's namespace, through node-0's published port
+    (``token``: its ``--http-token-file`` argument)."""
     done = subprocess.run(engine.in_netns(sys.executable, "-m", "dfl_node", "status", "http://127.0.0.1:8080",
-                                          "--all", "--json"), capture_output=True, text=True, timeout=30)
+                                          "--all", "--json", *token), capture_output=True, text=True, timeout=30)
     return json.loads(done.stdout) if done.returncode == 0 else []
 
 
 @pytest.fixture
 def tls_certs() -> Iterator[Path]:
-    """docker-compose.tls.yml's header, run: a swarm CA and node-0…3's certificates from the real CLI, in
-    a temporary ``certs`` folder chowned to the image's user (file secrets keep the host's owner and mode)."""
+    """docker-compose.tls.yml's header, run: a swarm CA, node-0…3's certificates and the REST token from the real
+    CLI, in a temporary ``certs`` folder chowned to the image's user (file secrets keep the host's owner and mode)."""
     root = Path(tempfile.mkdtemp(prefix="dfl-certs-"))
     try:
         user = re.findall(r"(?m)^USER (\d+):(\d+)\s*$", (REPO / "deploy/Dockerfile").read_text())[-1]
         cli = [sys.executable, "-m", "dfl_node", "certs"]
         steps = [[*cli, "init", "--out", "swarm-ca"],
                  *([*cli, "issue", f"node-{i}", "--ca", "swarm-ca", "--out", f"certs/node-{i}"] for i in range(4)),
-                 ["chown", "-R", ":".join(user), *(f"certs/node-{i}" for i in range(4))]]
+                 [*cli, "http-token", "certs/http.token"],
+                 ["chown", "-R", ":".join(user), *(f"certs/node-{i}" for i in range(4)), "certs/http.token"]]
         for argv in steps:
             done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=60)
             assert done.returncode == 0, f"{argv} exited {done.returncode}: {done.stderr}"
@@ -145,23 +147,28 @@ def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published
     rounds = int(shared["DFL_ROUNDS"])
 
     compose = ["docker", "compose", "--project-directory", str(REPO), "-f", str(REPO / "docker-compose.yml")]
+    token: list[str] = []
     if tls:  # the image built by the plain variant is reused: only the secrets and DFL_TLS_DIR differ
         compose += ["-f", str(REPO / "docker-compose.tls.yml")]
-        engine = replace(engine, env={**engine.env, "CERTS_DIR": str(request.getfixturevalue("tls_certs"))})
+        certs = request.getfixturevalue("tls_certs")
+        engine = replace(engine, env={**engine.env, "CERTS_DIR": str(certs)})
+        token = ["--http-token-file", str(certs / "http.token")]
     try:
         engine.run(*compose, "up", "--build", "--detach", timeout=900)
         deadline, statuses = time.monotonic() + FLEET_TIMEOUT_S, []
         while not (len(statuses) == 4 and all(s.get("done") for s in statuses)):
             assert time.monotonic() < deadline, f"fleet not done in {FLEET_TIMEOUT_S:.0f} s: {statuses}"
             time.sleep(2)
-            statuses = fleet_status(engine)
+            statuses = fleet_status(engine, *token)
         table = subprocess.run(engine.in_netns(sys.executable, "-m", "dfl_node", "status", "http://127.0.0.1:8080",
-                                               "--all", "--wide"), capture_output=True, text=True, timeout=30,
+                                               "--all", "--wide", *token), capture_output=True, text=True, timeout=30,
                                env={**os.environ, "COLUMNS": "160"})
         print(table.stdout)  # the wide table: every node by the URL of its published port
         if tls:  # file secrets are bind mounts: the host's owner and mode (docker-compose.tls.yml's chown)
             key = engine.run(*compose, "exec", "-T", "node-0", "stat", "-c", "%u:%g %a", "/run/secrets/node.key")
             assert key.stdout.split() == ["10001:10001", "600"], key.stdout
+            refused = fleet_status(engine)  # the REST API beyond loopback: nothing but /healthz without the token
+            assert refused == [], refused
     except BaseException:
         print(engine.run(*compose, "logs", "--no-color", "--tail", "40", check=False).stdout[-8000:])
         raise

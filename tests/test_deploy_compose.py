@@ -24,6 +24,7 @@ import yaml
 from dfl_node.learning.provision import fleet_ids
 from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY
 from dfl_node.net.tls import load_tls
+from dfl_node.secret_file import read_secret
 from dfl_node.testbed.netns import PER_NODE_KEYS
 from tests.deploy_helpers import (
     COMPOSE,
@@ -42,6 +43,10 @@ from tests.deploy_helpers import (
 )
 
 SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
+HTTP_TOKEN = "http.token"
+# node.env's DFL_INSECURE=true cannot be removed by an override, only set back to false; REST beyond loopback then
+# needs its token
+TLS_ENV = {"DFL_TLS_DIR": "/run/secrets", "DFL_INSECURE": "false", "DFL_HTTP_TOKEN_FILE": f"/run/secrets/{HTTP_TOKEN}"}
 
 
 _VAR = re.compile(r"\$(?:\$|\{(\w+)(?::?-([^}]*))?\}|(\w+))")
@@ -171,10 +176,10 @@ def test_compose_tls_override_is_valid_and_adds_only_tls(raw_compose: dict) -> N
     assert set(resolved["services"]) == set(nodes), "every node, and only nodes, get credentials"
     for name, svc in resolved["services"].items():
         assert set(svc) == {"environment", "secrets"}
-        # node.env's DFL_INSECURE=true cannot be removed by an override, only set back to false
-        assert svc["environment"] == {"DFL_TLS_DIR": "/run/secrets", "DFL_INSECURE": "false"}
-        for secret in svc["secrets"]:
-            assert resolved["secrets"][secret["source"]] == {"file": f"./certs/{name}/{secret['target']}"}
+        assert svc["environment"] == TLS_ENV
+        for secret in svc["secrets"]:  # each node's own credentials, and the fleet's REST token
+            where = "" if secret["target"] == HTTP_TOKEN else f"{name}/"
+            assert resolved["secrets"][secret["source"]] == {"file": f"./certs/{where}{secret['target']}"}
     assert not any(marker in COMPOSE_TLS.read_text() for marker in SECRET_MARKERS)
 
 
@@ -182,7 +187,7 @@ def test_compose_tls_documented_certs_load_where_each_node_reads_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     steps = documented_commands(COMPOSE_TLS)
     setup = [c for c in steps if c.startswith(("dfl-node ", "for ", "sudo "))]
-    assert len(setup) == 3 and all(c.startswith(("docker compose ", "CERTS_DIR=")) for c in steps if c not in setup)
+    assert len(setup) == 4 and all(c.startswith(("docker compose ", "CERTS_DIR=")) for c in steps if c not in setup)
     in_readme(steps)
     run_documented(setup, tmp_path)
     certs = tmp_path / "certs"
@@ -204,6 +209,8 @@ def test_compose_tls_documented_certs_load_where_each_node_reads_them(
                   for s in override["secrets"]}
         material = load_tls(mounted(tls_of(config), mounts), config.id)
         assert material.node_id == name == config.id
+        assert config.api.http_token_file == Path("/run/secrets") / HTTP_TOKEN and not config.api.open_to_network
+        assert len(read_secret(mounts[config.api.http_token_file], "REST token", "http-token")) == 64
 
 
 @pytest.mark.skipif(shutil.which("docker") is None or subprocess.run(["docker", "compose", "version"],
@@ -221,9 +228,9 @@ def test_docker_compose_merges_the_tls_override(tmp_path: Path) -> None:
             assert name == "partition" and svc == base
             continue
         assert base["environment"]["DFL_INSECURE"] == "true"  # the plain fleet, from deploy/node.env
-        assert svc["environment"] == {**base["environment"], "DFL_TLS_DIR": "/run/secrets",
-                                      "DFL_INSECURE": "false"}  # merged, not replaced
+        assert svc["environment"] == {**base["environment"], **TLS_ENV}  # merged, not replaced
         files = {s["target"]: merged["secrets"][s["source"]]["file"] for s in svc["secrets"]}
-        assert files == {f: str(tmp_path / name / f) for f in (CA_CERT, NODE_CERT, NODE_KEY)}
+        assert files == {**{f: str(tmp_path / name / f) for f in (CA_CERT, NODE_CERT, NODE_KEY)},
+                         HTTP_TOKEN: str(tmp_path / HTTP_TOKEN)}
         assert {k: v for k, v in svc.items() if k not in ("environment", "secrets")} == \
             {k: v for k, v in base.items() if k != "environment"}

@@ -140,13 +140,14 @@ def test_kustomize_tls_overlay_mounts_the_secret_and_sets_the_tls_files() -> Non
     tls_vars = ["DFL_TLS_CA", "DFL_TLS_CERT", "DFL_TLS_KEY"]
     assert [n for n in names if n.startswith("DFL_TLS")] == tls_vars
     assert {"name": "DFL_INSECURE", "value": "false"} in node["env"]  # env beats node.env's true (envFrom)
+    assert {"name": "DFL_HTTP_TOKEN_FILE", "value": f"{mount['mountPath']}/http.token"} in node["env"]
     assert min(names.index(n) for n in tls_vars) > names.index("DFL_ID")  # $(DFL_ID) is expanded only if defined before
     # without the additions, the overlay's StatefulSet is the base's
     stripped = copy.deepcopy(sts)
     spec = stripped["spec"]["template"]["spec"]
     spec["volumes"].remove(volume)
     spec["containers"][0]["volumeMounts"].remove(mount)
-    added = [*tls_vars, "DFL_INSECURE"]
+    added = [*tls_vars, "DFL_INSECURE", "DFL_HTTP_TOKEN_FILE"]
     spec["containers"][0]["env"] = [e for e in spec["containers"][0]["env"] if e["name"] not in added]
     assert stripped == base[sts_key]
 
@@ -176,7 +177,9 @@ def test_kubernetes_documented_secret_gives_each_pod_its_certificate(
         config = node_config({**SHARED, **{k: v for k, v in env.items() if k.startswith("DFL_")}}, monkeypatch)
         assert not config.network.insecure
         files = tls_of(config)
-        mounts = {path: volume / path.relative_to(mount) for path in (files.ca, files.cert, files.key)}
+        token = config.api.http_token_file
+        assert token is not None and not config.api.open_to_network
+        mounts = {path: volume / path.relative_to(mount) for path in (files.ca, files.cert, files.key, token)}
         used |= {p.name for p in mounts.values()}
         configs.append((config, load_tls(mounted(files, mounts), config.id)))
     assert used == set(secret["data"]), "every key of the Secret is read by a pod, and every file a pod reads exists"

@@ -50,8 +50,10 @@ def test_systemd_unit_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert {"AF_INET", "AF_NETLINK"} <= set(values["RestrictAddressFamilies"].split())
     device_file = DEPLOY / "systemd" / "dfl-node.env"
     device = read_env_file(device_file)
-    # a device names its own address, and is no testbed: node.env's DFL_INSECURE=true does not reach it
-    assert set(device) <= FIELDS and set(device) & set(SHARED) == {"DFL_HOST", "DFL_INSECURE"}
+    # a device names its own address, and is no testbed: node.env's DFL_INSECURE=true does not reach it, nor its
+    # REST API on every interface
+    assert set(device) <= FIELDS and set(device) & set(SHARED) == {"DFL_HOST", "DFL_INSECURE", "DFL_HTTP_HOST"}
+    assert SHARED["DFL_HTTP_HOST"] == "0.0.0.0" and device["DFL_HTTP_HOST"] == "127.0.0.1"
     assert SHARED["DFL_INSECURE"] == "true" and device["DFL_INSECURE"] == "false"
     with pytest.raises(ConfigError, match=r"--swarm-key-file\) is set"):  # its LAN address, no credentials
         node_config({**SHARED, **device}, monkeypatch)
@@ -61,6 +63,13 @@ def test_systemd_unit_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     config = node_config({**SHARED, **device, name: path}, monkeypatch)
     assert config.network.host != "0.0.0.0" and config.state_path.is_relative_to("/var/lib/dfl-node")
     assert not config.network.open_to_network and config.network.swarm_key_file.is_relative_to("/etc/dfl-node")
+    # REST on its LAN address: with the token, the lines to uncomment (without it, the node refuses to start)
+    rest = dict(line[1:].partition("=")[::2] for line in device_file.read_text().splitlines()
+                if line.startswith(("#DFL_HTTP_HOST=", "#DFL_HTTP_TOKEN_FILE=")))
+    with pytest.raises(ConfigError, match=r"REST API on 192\.168\.1\.50 .* without a token"):
+        node_config({**SHARED, **device, name: path, "DFL_HTTP_HOST": rest["DFL_HTTP_HOST"]}, monkeypatch)
+    config = node_config({**SHARED, **device, name: path, **rest}, monkeypatch)
+    assert config.api.http_host == config.network.host and config.api.http_token_file.is_relative_to("/etc/dfl-node")
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")

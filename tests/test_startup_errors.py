@@ -30,7 +30,7 @@ import zeroconf
 
 from dfl_node.errors import OperatorError
 from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
-from dfl_node.net.certs import new_swarm_key
+from dfl_node.net.certs import new_secret
 from dfl_node.net.discovery import MdnsDiscovery
 from dfl_node.node.daemon import Node
 from dfl_node.service.run import run_node
@@ -70,13 +70,19 @@ async def running(config: NodeConfig) -> AsyncIterator[Node]:
         await task
 
 
-async def start_cli(config: NodeConfig, **changes: str) -> tuple[int, list[str], str]:
-    """``dfl-node start`` with the config as DFL_* variables (``changes``: variables set afterwards, for a
-    setting no NodeConfig may hold): its exit status, the stderr lines that are not log records, and all of stderr."""
+def start_env(config: NodeConfig) -> dict[str, str]:
+    """The environment of ``dfl-node start`` that runs ``config``: this one's, less its DFL_* variables, plus the
+    config's as DFL_* variables."""
     learning = {*SharedSettings.model_fields, *AlgorithmOptions.model_fields}
     node_settings = {k: v for k, v in config.flat(exclude_none=True).items() if k not in learning}
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}
-    env |= node_env(config.learning, config.per_algorithm, **node_settings) | changes
+    return env | node_env(config.learning, config.per_algorithm, **node_settings)
+
+
+async def start_cli(config: NodeConfig, **changes: str) -> tuple[int, list[str], str]:
+    """``dfl-node start`` with the config as DFL_* variables (``changes``: variables set afterwards, for a
+    setting no NodeConfig may hold): its exit status, the stderr lines that are not log records, and all of stderr."""
+    env = start_env(config) | changes
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "dfl_node", "start", env=env,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:
@@ -312,7 +318,7 @@ async def test_an_insecure_node_says_so_at_start_and_in_its_status(fleet_shards:
 
 async def test_a_swarm_key_serves_beyond_loopback_without_the_flag(fleet_shards: Path, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    key = new_swarm_key(tmp_path / "swarm.key")
+    key = new_secret(tmp_path / "swarm.key")
     config = node_config(fleet_shards, tmp_path / "state", **EVERYWHERE, swarm_key_file=key, http_port=free_port())
     assert not config.network.insecure
     with caplog.at_level(logging.INFO):

@@ -19,7 +19,7 @@ import pytest
 
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.net import psk
-from dfl_node.net.certs import new_swarm_key
+from dfl_node.net.certs import new_secret
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.peering.errors import AUTH_REQUIRED
@@ -45,7 +45,7 @@ async def _signed_hello(stub: pb_grpc.DflNodeStub, key: bytes, request: pb.Hello
 
 async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authenticated_connections_served(
         fleet_shards: Path, tmp_path: Path) -> None:
-    key, other = new_swarm_key(tmp_path / "swarm.key"), new_swarm_key(tmp_path / "other.key")
+    key, other = new_secret(tmp_path / "swarm.key"), new_secret(tmp_path / "other.key")
 
     def config(node_id: str, peers: list[str], port: int, key_file: Path | None):  # noqa: ANN202
         return node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id, grpc_port=port,
@@ -105,7 +105,7 @@ async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authen
 async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path, tmp_path: Path) -> None:
     """A host without the key that makes us dial it (an mDNS announcement) and passes our Hellos to a real
     node, and its answers back: the answers prove the key, but for another address than the one we dialed."""
-    key = new_swarm_key(tmp_path / "swarm.key")
+    key = new_secret(tmp_path / "swarm.key")
     ports = [node_config(fleet_shards, tmp_path).network.grpc_port for _ in range(2)]
 
     class Relay(pb_grpc.DflNodeServicer):
@@ -142,7 +142,7 @@ async def test_a_key_holder_is_never_refused_as_unauthenticated(fleet_shards: Pa
     the connection, as the call does), the peer restarted since (a new connection), or its session at the peer
     is about to expire — only its own Hellos renew it, and node-1 sends none to node-0, which says Hello to it."""
     monkeypatch.setattr(psk, "SESSION_TTL_S", 2.0)
-    key = new_swarm_key(tmp_path / "swarm.key")
+    key = new_secret(tmp_path / "swarm.key")
     port = free_port()
 
     def config(node_id: str, grpc_port: int, **changes: object):  # noqa: ANN202

@@ -7,8 +7,8 @@ on the event loop that serves the app (the daemon's loop when uvicorn runs insid
 thread — they may read the daemon's state without locks, and must be quick and non-blocking.
 
 Nothing here changes the node: every route is ``GET`` (other methods get 405) but ``POST /predict``, which
-computes an answer from the model and leaves it as it was. Anything that would change the node belongs to a
-separate, token-protected router (not part of this module).
+computes an answer from the model and leaves it as it was. With a token (``--http-token-file``) every route but
+``/healthz`` needs it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dfl_node import __version__
 from dfl_node.api.metrics import CONTENT_TYPE, EXPOSITION_VERSION, NodeMetrics
 from dfl_node.api.schemas import FleetView, HistoryEntry, NodeStatus
 from dfl_node.api.serving import Committed, add_model_routes
+from dfl_node.api.token import require_token
 
 __all__ = ["create_app", "dashboard_html"]
 
@@ -45,9 +46,11 @@ def create_app(
     fleet: Callable[[], FleetView],
     metrics: NodeMetrics,
     committed: Committed | None = None,
+    token: bytes | None = None,
 ) -> FastAPI:
     """A FastAPI app serving the node described by ``status()``, ``history()`` and ``fleet()``, and the
-    metrics of its registry; with ``committed`` (the node's committed model), ``/model`` and ``/predict`` too."""
+    metrics of its registry; with ``committed`` (the node's committed model), ``/model`` and ``/predict`` too;
+    with ``token``, only to requests that carry it (:mod:`dfl_node.api.token`)."""
     app = FastAPI(
         title="dfl-node",
         version=__version__,
@@ -99,5 +102,7 @@ def create_app(
 
     if committed is not None:
         add_model_routes(app, committed, metrics)
+    if token is not None:
+        require_token(app, token, dashboard_html)
 
     return app

@@ -48,6 +48,11 @@ def fetch_status(client: httpx.Client, base_url: str) -> dict[str, Any]:
         raise StatusError(base_url, str(exc) or type(exc).__name__) from None
     except (httpx.InvalidURL, ValueError) as exc:  # malformed URLs (InvalidURL is no HTTPError)
         raise StatusError(base_url, f"invalid URL ({exc})") from None
+    if resp.status_code == 401:
+        raise StatusError(base_url, "/status needs the node's REST token (--http-token-file, DFL_HTTP_TOKEN_FILE), "
+                          "and this one was refused" if "authorization" in client.headers else
+                          "/status needs the node's REST token: give --http-token-file (or DFL_HTTP_TOKEN_FILE)",
+                          "refused by")
     if resp.status_code != 200:
         reason = f"/status answered HTTP {resp.status_code} (is this a dfl-node?)"
         raise StatusError(base_url, reason, "bad answer from")
@@ -255,13 +260,15 @@ def show_status(
     watch: float | None = None,
     repeats: int | None = None,
     wait_done: float | None = None,
+    headers: dict[str, str] | None = None,
     console: Console | None = None,
     err_console: Console | None = None,
 ) -> int:
     """Print the status of the node at ``url`` (and with ``all_peers`` of its peers); return the exit code.
     With ``watch``, print it again every ``watch`` seconds (``repeats`` times, or until Ctrl-C). With
     ``wait_done``, first wait up to that many seconds until every node to be shown answers and is done (a script
-    that starts a fleet then asks for its result needs no sleep of its own), and exit 1 if they are not.
+    that starts a fleet then asks for its result needs no sleep of its own), and exit 1 if they are not. ``headers``:
+    sent to every node (the fleet's REST token).
 
     Exit code 0 when every node shown answered; 1 if the node at ``url`` cannot be queried (the reason goes
     to stderr) or, with ``all_peers``, any peer it knows cannot: a script polling the fleet sees it.
@@ -269,15 +276,15 @@ def show_status(
     out = console or Console(soft_wrap=False)
     err = err_console or Console(stderr=True)
     base_url, code, shown = normalize_url(url), 0, 0
-    if wait_done is not None and not _wait_until_done(base_url, all_peers, timeout, wait_done):
-        _show_once(base_url, all_peers, as_json, timeout, wide, out, err)
+    if wait_done is not None and not _wait_until_done(base_url, all_peers, timeout, wait_done, headers or {}):
+        _show_once(base_url, all_peers, as_json, timeout, wide, out, err, headers or {})
         err.print(f"[red]error:[/] not done after {wait_done:g} s", highlight=False)
         return 1
     try:
         while True:
             if watch is not None and out.is_terminal:
                 out.clear()
-            code = _show_once(base_url, all_peers, as_json, timeout, wide, out, err)
+            code = _show_once(base_url, all_peers, as_json, timeout, wide, out, err, headers or {})
             shown += 1
             if watch is None or (repeats is not None and shown >= repeats):
                 return code
@@ -286,13 +293,20 @@ def show_status(
         return code
 
 
-def _wait_until_done(base_url: str, all_peers: bool, timeout: float, seconds: float, every: float = 0.5) -> bool:
+def _client(timeout: float, headers: dict[str, str]) -> httpx.Client:
+    """The HTTP client of a status query: ``headers`` (the REST token: a fleet shares one) on every request, no
+    proxy from the environment (nodes are on the operator's own network)."""
+    return httpx.Client(timeout=timeout, trust_env=False, headers=headers)
+
+
+def _wait_until_done(base_url: str, all_peers: bool, timeout: float, seconds: float, headers: dict[str, str],
+                     every: float = 0.5) -> bool:
     """Poll until the node (with ``all_peers``, every node of the fleet it lists) answers and is done, for at most
     ``seconds``; whether it came to that. A node that does not answer yet (still starting) is simply asked again."""
     deadline = time.monotonic() + seconds
     while True:
         try:
-            with httpx.Client(timeout=min(timeout, PEER_TIMEOUT_S), trust_env=False) as client:
+            with _client(min(timeout, PEER_TIMEOUT_S), headers) as client:
                 root = fetch_status(client, base_url)
                 rows = _gather_fleet(client, base_url, root) if all_peers else [{"status": root}]
             if all(r["status"] is not None and r["status"].get("done") for r in rows):
@@ -305,9 +319,9 @@ def _wait_until_done(base_url: str, all_peers: bool, timeout: float, seconds: fl
 
 
 def _show_once(base_url: str, all_peers: bool, as_json: bool, timeout: float, wide: bool, out: Console,
-               err: Console) -> int:
+               err: Console, headers: dict[str, str]) -> int:
     try:
-        with httpx.Client(timeout=timeout, trust_env=False) as client:
+        with _client(timeout, headers) as client:
             root = fetch_status(client, base_url)
             if not all_peers:
                 if as_json:

@@ -1,9 +1,11 @@
-"""`dfl-node certs init | issue | swarm-key`: a swarm's credentials (mutual TLS, or a pre-shared key).
+"""`dfl-node certs init | issue | swarm-key | http-token`: a swarm's credentials (mutual TLS, or a pre-shared key),
+and a REST API's bearer token.
 
     dfl-node certs init --out swarm-ca                       # the CA: ca.crt (share), ca.key (keep offline)
     dfl-node certs issue node-0 --ca swarm-ca --out tls/node-0 --dns node-0.lan --ip 192.168.1.50
     dfl-node start --id node-0 --tls-dir tls/node-0 …        # ca.crt, node.crt, node.key
     dfl-node certs swarm-key swarm.key                       # or: a pre-shared key, --swarm-key-file swarm.key
+    dfl-node certs http-token http.token                     # REST beyond loopback: --http-token-file http.token
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import click
 from pydantic import TypeAdapter, ValidationError
 
 from dfl_node.errors import OperatorError
-from dfl_node.net.certs import CertError, init_ca, issue_node, new_swarm_key
+from dfl_node.net.certs import CertError, init_ca, issue_node, new_secret
 from dfl_node.settings.node import NodeConfig
 
 DIR = click.Path(file_okay=False, path_type=Path)
@@ -74,8 +76,21 @@ def issue(node_id: str, ca_dir: Path, out: Path | None, dns: tuple[str, ...], ip
 @click.option("--force", is_flag=True, help="Replace an existing key file.")
 def swarm_key(file: Path, force: bool) -> None:
     """Write a new pre-shared swarm key (32 random bytes, hex, 0600) to FILE: every node's --swarm-key-file."""
+    _write_secret(file, force, "every node of the swarm")
+
+
+@certs.command("http-token")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Replace an existing token file.")
+def http_token(file: Path, force: bool) -> None:
+    """Write a new REST API bearer token (32 random bytes, hex, 0600) to FILE: a node's --http-token-file, and what
+    `dfl-node status --http-token-file`, Prometheus and the dashboard send."""
+    _write_secret(file, force, "the nodes and whoever queries their REST API")
+
+
+def _write_secret(file: Path, force: bool, who: str) -> None:
     try:
-        new_swarm_key(file, force=force)
+        new_secret(file, force=force)
     except CertError as exc:
         raise OperatorError(str(exc)) from None
-    click.echo(f"wrote {file} (0600): copy it to every node of the swarm over a channel you trust")
+    click.echo(f"wrote {file} (0600): copy it to {who} over a channel you trust")

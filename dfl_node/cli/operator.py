@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from dfl_node.api.status_cli import DEFAULT_URL, show_status
+from dfl_node.cli.http_token import http_headers, http_token_option
 from dfl_node.errors import OperatorError
 from dfl_node.node.state_lock import StateLock
 
@@ -27,11 +28,13 @@ from dfl_node.node.state_lock import StateLock
               help="First wait, up to SECONDS, until the node (with --all, every node shown) answers and is done "
                    "(--rounds reached, --duration over); exit 1 if it is not by then.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@http_token_option
 def status(url: str, all_peers: bool, wide: bool, watch: float | None, wait_done: float | None,
-           as_json: bool) -> None:
+           as_json: bool, http_token_file: Path | None) -> None:
     """Show a node's state (and with --all, its peers') from its REST API. Exit 1 if the node (or, with --all,
     any peer) cannot be queried."""
-    sys.exit(show_status(url, all_peers=all_peers, as_json=as_json, wide=wide, watch=watch, wait_done=wait_done))
+    sys.exit(show_status(url, all_peers=all_peers, as_json=as_json, wide=wide, watch=watch, wait_done=wait_done,
+                         headers=http_headers(http_token_file)))
 
 
 @click.command()

@@ -21,6 +21,7 @@ import numpy as np
 
 from dfl_node.api.status_cli import DEFAULT_URL
 from dfl_node.api.urls import normalize_url
+from dfl_node.cli.http_token import http_headers, http_token_option
 from dfl_node.errors import OperatorError
 from dfl_node.learning.csv_reader import read_features
 
@@ -96,7 +97,9 @@ def _batches(samples: np.ndarray, most: int, max_bytes: int) -> list[bytes]:
               help="CSV with a header: the column left out (a training file's label).")
 @click.option("--json", "as_json", is_flag=True, help='One JSON document: {"predictions": [{"class", "probability", '
                                                       '"probabilities"}, ...], and the model that answered.')
-def predict(file: str, url: str, fmt: str | None, label_column: str, as_json: bool) -> None:
+@http_token_option
+def predict(file: str, url: str, fmt: str | None, label_column: str, as_json: bool,
+            http_token_file: Path | None) -> None:
     """Ask a running node for the classes of samples: those of FILE (default: stdin), one line each, the class and
     its probability. FILE is a CSV (one sample a row, an optional header), an NPZ (array x) or JSON
     ({"samples": [...]} or a list); each sample has the node's sample shape, or as many values."""
@@ -105,7 +108,7 @@ def predict(file: str, url: str, fmt: str | None, label_column: str, as_json: bo
     except (OSError, ValueError) as exc:  # InputError, the CSV reader's, is a ValueError
         raise click.BadParameter(str(exc), param_hint="FILE") from None
     base = normalize_url(url)
-    with httpx.Client(timeout=TIMEOUT_S) as client:
+    with httpx.Client(timeout=TIMEOUT_S, headers=http_headers(http_token_file)) as client:
         info = _node(client, "GET", f"{base}/model/info")
         shape = tuple(info["sample_shape"])
         if samples.shape[1:] != shape:

@@ -38,7 +38,7 @@ def load_security(node_id: str, *, tls_dir: Path | None = None, tls_ca: Path | N
                   tls_cert: Path | None = None, tls_key: Path | None = None,
                   swarm_key_file: Path | None = None) -> Security:
     """What a node's settings ask for, checked: ``ValueError`` (:class:`~dfl_node.net.tls.TlsError`,
-    :class:`~dfl_node.net.psk.PskError`) with one line when a file is missing or unusable — a node that
+    :class:`~dfl_node.secret_file.SecretFileError`) with one line when a file is missing or unusable — a node that
     was told to authenticate never runs without it."""
     files = tls_files(tls_dir, tls_ca, tls_cert, tls_key)
     tls = load_tls(files, node_id) if files else None

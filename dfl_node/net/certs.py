@@ -23,7 +23,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 NODE_CERT, NODE_KEY = "node.crt", "node.key"
-SWARM_KEY_BYTES = 32
+SECRET_BYTES = 32
 
 
 class CertError(ValueError):
@@ -135,7 +135,8 @@ def issue_node(ca_dir: Path, node_id: str, out: Path, *, dns: tuple[str, ...] = 
     return issued
 
 
-def new_swarm_key(path: Path, *, force: bool = False) -> Path:
-    """A fresh pre-shared swarm key (32 random bytes, hex), written 0600: what ``--swarm-key-file`` reads."""
-    _write(path, (secrets.token_hex(SWARM_KEY_BYTES) + "\n").encode(), 0o600, force)
+def new_secret(path: Path, *, force: bool = False) -> Path:
+    """A fresh secret (32 random bytes, hex), written 0600: a swarm key (``--swarm-key-file``) or a REST API's
+    bearer token (``--http-token-file``)."""
+    _write(path, (secrets.token_hex(SECRET_BYTES) + "\n").encode(), 0o600, force)
     return path

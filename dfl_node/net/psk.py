@@ -42,32 +42,18 @@ from pathlib import Path
 from dfl_node.addresses import parse_peer
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.peering.errors import AUTH_REQUIRED, PeerUnauthenticated
+from dfl_node.secret_file import read_secret
 
 NONCE_BYTES = 32
-MIN_KEY_BYTES = 32
 CHALLENGE_TTL_S = 30.0  # a challenge not answered within this is forgotten (the peer asks for a new one)
 SESSION_TTL_S = 30.0  # an authenticated connection without a Hello for this long must authenticate again
 CAPACITY = 4096  # challenges outstanding, challenges used, connections: each table at most this many
 UNANSWERED_LIMIT = 3  # a connection that asked this many challenges in a row without answering one has no key
 
 
-class PskError(ValueError):
-    """The swarm key file cannot be used (one line for the operator)."""
-
-
 def read_swarm_key(path: Path) -> bytes:
     """The key: the file's bytes without surrounding whitespace, at least 32 of them."""
-    try:
-        key = path.read_bytes().strip()
-    except FileNotFoundError:
-        raise PskError(f"swarm key file {path} does not exist "
-                       f"(make one with `dfl-node certs swarm-key {path}`)") from None
-    except OSError as exc:
-        raise PskError(f"cannot read swarm key file {path}: {exc.strerror or exc}") from None
-    if len(key) < MIN_KEY_BYTES:
-        raise PskError(f"swarm key file {path} holds {len(key)} bytes; a swarm key needs at least {MIN_KEY_BYTES} "
-                       f"(make one with `dfl-node certs swarm-key FILE`)")
-    return key
+    return read_secret(path, "swarm key", "swarm-key")
 
 
 def _mac(key: bytes, label: str, *fields: str | bytes) -> bytes:

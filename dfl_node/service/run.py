@@ -233,11 +233,16 @@ async def run_node(daemon: Daemon, stop: asyncio.Event) -> None:
         log.warning("%s is INSECURE: it serves %s with no authentication (--insecure), so anyone who reaches it can "
                     "push a model into it; use --tls-dir or --swarm-key-file beyond a private network",
                     config.id, network.host)
+    if config.api.open_to_network:  # allowed only with --insecure, as above
+        log.warning("%s's REST API on %s needs no token (--insecure): anyone who reaches it can take the model and "
+                    "ask for predictions; use --http-token-file beyond a private network", config.id,
+                    config.api.http_host)
     workers: list[asyncio.Task] = []
     http, http_task = None, None
     if bound.http_socket:
         node.metrics.add_process_metrics()  # this process is the node's own
-        app = create_app(node.status, node.history, node.fleet, node.metrics, node.committed_model)
+        app = create_app(node.status, node.history, node.fleet, node.metrics, node.committed_model,
+                         token=daemon.http_token)
         # no WebSocket route: ws="auto" would import wsproto (80 ms, 0.6 MB) for nothing
         http = _EmbeddedUvicorn(uvicorn.Config(app, log_level="warning", lifespan="off", ws="none"))
         http_task = loop.create_task(http.serve(sockets=[bound.http_socket]))

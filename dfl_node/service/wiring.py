@@ -20,6 +20,7 @@ from dfl_node.node.clock import Clock
 from dfl_node.node.daemon import Node
 from dfl_node.node.identity import ModelIdentity, NetworkFactory
 from dfl_node.peering.messages import Hello
+from dfl_node.secret_file import SecretFileError, read_secret
 from dfl_node.settings.node import NodeConfig
 
 
@@ -31,6 +32,16 @@ def security_of(config: NodeConfig) -> Security:
         return load_security(config.id, tls_dir=network.tls_dir, tls_ca=network.tls_ca, tls_cert=network.tls_cert,
                              tls_key=network.tls_key, swarm_key_file=network.swarm_key_file)
     except ValueError as exc:
+        raise OperatorError(str(exc)) from None
+
+
+def http_token_of(config: NodeConfig) -> bytes | None:
+    """The REST API's bearer token, read at start (``--http-token-file``): a missing or short file is the one-line
+    :class:`OperatorError`, never a REST API served without the token it was told to require."""
+    path = config.api.http_token_file
+    try:
+        return read_secret(path, "REST token", "http-token") if path is not None else None
+    except SecretFileError as exc:
         raise OperatorError(str(exc)) from None
 
 
@@ -58,19 +69,20 @@ def grpc_network(config: NodeConfig, security: Security) -> NetworkFactory:
 
 @dataclass(frozen=True)
 class Daemon:
-    """What ``dfl-node start`` runs: a node on the real clock, its gRPC network and the security it was built with
-    (:func:`dfl_node.service.run.run_node` serves it)."""
+    """What ``dfl-node start`` runs: a node on the real clock, its gRPC network, the security it was built with and
+    its REST API's token (:func:`dfl_node.service.run.run_node` serves it)."""
 
     node: Node
     network: GrpcNetwork
     security: Security
+    http_token: bytes | None
 
     @classmethod
     def build(cls, config: NodeConfig) -> Daemon:
-        security = security_of(config)
+        security, http_token = security_of(config), http_token_of(config)
         node = Node(config, grpc_network(config, security), Clock())
         assert isinstance(node.network, GrpcNetwork)
-        return cls(node, node.network, security)
+        return cls(node, node.network, security, http_token)
 
     @property
     def config(self) -> NodeConfig:

@@ -61,8 +61,9 @@ class NetworkSettings(_Part):
     swarm_key_file: Path | None = Field(None, description="swarm-key mode: a file with the swarm's pre-shared key "
                                         "(`dfl-node certs swarm-key`); peers prove it at Hello, without sending it")
     insecure: bool = Field(False, description="serve beyond loopback with neither mutual TLS nor a swarm key, so "
-                           "that anyone who reaches --host can push a model into this node: only on a private "
-                           "network (a testbed's bridge). Without it such a node refuses to start")
+                           "that anyone who reaches --host can push a model into this node (and REST with no "
+                           "token): only on a private network (a testbed's bridge). Without it such a node refuses "
+                           "to start")
     connect_timeout: float = Field(5.0, gt=0, description="a sender (or pulling aggregator) whose peer does not "
                                    "accept a connection within this many seconds gives its role back")
     stream_timeout: float = Field(30.0, gt=0, description="an incoming model stream silent this long is dropped "
@@ -182,9 +183,17 @@ class ApiSettings(_Part):
 
     http_port: int = Field(8080, ge=0, le=65535, description="REST status port (0 disables the REST server)")
     http_host: str = Field("127.0.0.1", description="address the REST API binds: loopback unless told otherwise, "
-                           "whatever --host says (it has no authentication: whoever reaches it reads the node's "
-                           "status and its trained model, and may ask for predictions; nothing it serves changes "
-                           "the node)")
+                           "whatever --host says (whoever reaches it reads the node's status and its trained model, "
+                           "and may ask for predictions; nothing it serves changes the node): beyond loopback it "
+                           "needs --http-token-file, or --insecure")
+    http_token_file: Path | None = Field(None, description="a file with the REST API's bearer token (`dfl-node certs "
+                                         "http-token FILE`): every route but /healthz then answers 401 without "
+                                         "'Authorization: Bearer TOKEN'; the dashboard asks for it once")
+
+    @property
+    def open_to_network(self) -> bool:
+        """Serving REST beyond loopback with no token."""
+        return self.http_port != 0 and self.http_token_file is None and not is_loopback(self.http_host)
     status_url: str | None = Field(None, max_length=200, pattern=r"^https?://[^\s/]+(/\S*)?$",
                                    description="URL operators reach this node's REST API at, told to peers for "
                                                "`dfl-node status --all` (default: http://ADVERTISE:HTTP_PORT); "
@@ -240,6 +249,11 @@ class NodeConfig(Composite):
             raise ValueError(f"host {self.network.host} is reachable from the network but neither mutual TLS "
                              "(--tls-dir) nor a swarm key (--swarm-key-file) is set, so anyone there could push a "
                              "model into this node; give one, or --insecure (DFL_INSECURE=1) on a private network")
+        if self.api.open_to_network and not self.network.insecure:
+            raise ValueError(f"the REST API on {self.api.http_host} is reachable from the network without a token, so "
+                             "anyone there could take this node's model and spend its CPU on predictions; give "
+                             "--http-token-file (`dfl-node certs http-token FILE`), or --insecure (DFL_INSECURE=1) "
+                             "on a private network")
         return self
 
     @model_validator(mode="after")
