@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from dfl_node.learning.provision import fleet_ids
 from dfl_node.testbed.launcher import NodeProcess
@@ -180,7 +181,7 @@ class NetnsTopology:
         self.hosts = [NetnsHost(f"{self.tag}-h{i}", f"{subnet}.{i}") for i in range(1, count + 1)]
         self._created: list[str] = []
 
-    def __enter__(self) -> NetnsTopology:
+    def __enter__(self) -> Self:
         try:
             self._build()
         except BaseException:
