@@ -47,7 +47,8 @@ KILL_GRACE_S = 3.0
 PER_NODE_KEYS = ("DFL_ID", "DFL_DATA", "DFL_TEST_DATA", "DFL_ADVERTISE", "DFL_STATE_DIR")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9_.]+$")
-_STALE = re.compile(r"^(?P<prefix>.+)-(?P<pid>\d+)-[0-9a-f]{6}-(?:sw|h\d+)$")
+# a run's namespaces: sw, h1 … (one bridge); rt, s1, s1h1, s1m … (several sites: :mod:`.sites`)
+_STALE = re.compile(r"^(?P<prefix>.+)-(?P<pid>\d+)-[0-9a-f]{6}-(?:sw|h\d+|rt|s\d+(?:h\d+|m)?)$")
 # Runs the dfl-node CLI with this interpreter (no PATH lookup: sudo often resets PATH).
 
 
