@@ -6,10 +6,6 @@
 # It prints when every node knew every other, which sources each site's mDNS came from (its own nodes only),
 # and the results; the daemons and every namespace are removed however it ends (Ctrl-C and SIGTERM too).
 set -eu
-if [ "$(id -u)" != 0 ]; then
-    echo "multisite.sh: needs root (network namespaces): sudo $0 $*" >&2
-    exit 1
-fi
-command -v ip >/dev/null || { echo "multisite.sh: needs iproute2 (ip)" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "multisite.sh: needs root (network namespaces) and iproute2: sudo $0 $*" >&2; exit 1; }
 cd "$(dirname "$0")/../.."
 exec "${PYTHON:-python3}" -m dfl_node testbed --netns --sites "${SITES:-3}" --nodes "${NODES:-12}" "$@"
