@@ -109,13 +109,14 @@ def test_experiment_verbs_share_the_same_messages(tmp_path: Path, monkeypatch: p
     ("host:70000", "peer 'host:70000': port 70000 is out of range 1..65535"),
     ("::1:50051", "peer '::1:50051': write IPv6 addresses in brackets, e.g. [::1]:50051"),
 ])
+@pytest.mark.parametrize(("flag", "variable"), [("--peer", "DFL_PEERS"), ("--join", "DFL_JOIN")])
 def test_a_static_peer_must_be_host_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, peer: str,
-                                         problem: str) -> None:
+                                         problem: str, flag: str, variable: str) -> None:
     monkeypatch.chdir(tmp_path)
-    result = invoke(*START, "--peer", "node-1:50051", "--peer", peer)
-    assert result.exit_code == 2 and error_lines(result) == [f"Error: --peer: {problem}"]
-    result = invoke(*START, env={"DFL_PEERS": f"node-1:50051,{peer}"})
-    assert result.exit_code == 2 and error_lines(result) == [f"Error: DFL_PEERS: {problem}"]
+    result = invoke(*START, flag, "node-1:50051", flag, peer)
+    assert result.exit_code == 2 and error_lines(result) == [f"Error: {flag}: {problem}"]
+    result = invoke(*START, env={variable: f"node-1:50051,{peer}"})
+    assert result.exit_code == 2 and error_lines(result) == [f"Error: {variable}: {problem}"]
     good = NodeConfig(id="n", data=Path("d"), peers=["node-1:50051", "10.0.0.2:1", "[::1]:65535"])
     assert good.membership.peers == ["node-1:50051", "10.0.0.2:1", "[::1]:65535"]
 

@@ -24,7 +24,7 @@ from dfl_node.cli.simulate import node_table, summary_table
 from dfl_node.learning.provision import FleetData, provision, write_fleet
 from dfl_node.results import RunResult, write_results
 from dfl_node.settings.experiment import ExperimentConfig
-from dfl_node.testbed.launcher import Placement, collect, done_twice, plan_fleet, stop_all, wait_until
+from dfl_node.testbed.launcher import GRPC_PORT, Placement, collect, done_twice, plan_fleet, stop_all, wait_until
 
 TESTBED_DEFAULTS = {**DEMO_DEFAULTS, "name": "testbed", "nodes": 4, "rounds": 20, "eval_every": 5,
                     "algorithms": ["defkt"]}
@@ -105,24 +105,51 @@ def fleet_table(statuses: dict[str, dict | None]) -> Table:
     return table
 
 
+class KnownAll:
+    """How long after the last node started every node of a fleet of ``count`` knew every other alive: the
+    youngest node's uptime at the first poll that saw it (an upper bound, by a poll's period)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.after: float | None = None
+
+    def poll(self, statuses: dict[str, dict | None]) -> None:
+        if self.after is None and all(s is not None and sum(p["alive"] for p in s["peers"]) == self.count - 1
+                                      for s in statuses.values()):
+            self.after = min(s["uptime_s"] for s in statuses.values() if s is not None)
+
+
 @contextlib.contextmanager
-def placements(count: int, netns: bool) -> Iterator[list[Placement]]:
-    """Loopback addresses, or one namespace per node that is removed however the run ends."""
+def placements(count: int, netns: bool, sites: int, console: Console) -> Iterator[list[Placement]]:
+    """Loopback addresses, or one namespace per node that is removed however the run ends: on one bridge, or on
+    ``sites`` bridges routed to each other, each node given one ``--join`` address in the next site (and, when
+    the run ends, which sources each site's mDNS came from: its own nodes only)."""
     if not netns:
         yield [Placement("127.0.0.1") for _ in range(count)]
         return
     from dfl_node.testbed.netns import NetnsTopology
+    from dfl_node.testbed.sites import SitesTopology
 
-    with NetnsTopology(count) as topology:
-        yield [Placement(h.address, h.wrap) for h in topology.hosts]
+    if sites < 2:
+        with NetnsTopology(count) as lan:
+            yield [Placement(h.address, h.wrap) for h in lan.hosts]
+        return
+    with SitesTopology(sites, count // sites) as topology, topology.multicast_seen() as seen:
+        yield [Placement(h.address, h.wrap, [topology.join_address(i, GRPC_PORT)])
+               for i, h in enumerate(topology.hosts)]
+    for site, sources in sorted(seen.items()):
+        own = {h.address for h in topology.sites[site]}
+        console.print(f"site {site + 1}: mDNS from {len(set(sources) & own)} of its {len(own)} nodes, "
+                      f"{len(set(sources) - own - {topology.monitors[site].address})} from elsewhere", highlight=False)
 
 
 def run_algorithm(config: ExperimentConfig, algorithm: str, fleet: FleetData, root: Path, *, mode: str, duration: float,
-                  netns: bool, mdns: bool, static_peers: bool, timeout: float, console: Console) -> RunResult:
+                  netns: bool, sites: int, mdns: bool, static_peers: bool, timeout: float,
+                  console: Console) -> RunResult:
     """Launch one fleet for ``algorithm``, watch it until every node is done, collect, and always stop it."""
     run_dir = root / algorithm
     run_dir.mkdir(parents=True, exist_ok=True)
-    with placements(config.nodes, netns) as places:
+    with placements(config.nodes, netns, sites, console) as places:
         nodes = plan_fleet(config, algorithm, root / "shards", run_dir, places, swarm=f"tb-{uuid.uuid4().hex[:8]}",
                            mode=mode, mdns=mdns, static_peers=static_peers,
                            extra={"duration": duration} if mode == "async" else None)
@@ -133,10 +160,18 @@ def run_algorithm(config: ExperimentConfig, algorithm: str, fleet: FleetData, ro
             console.print(f"{algorithm}: work folder {run_dir} (node logs, state); dashboards:", highlight=False)
             for node in nodes:  # open one during the run: the node's page, linking to its peers'
                 console.print(f"  {node.id}  {node.url}/", highlight=False, soft_wrap=True)
+            known = KnownAll(len(nodes))
             with Live(console=console, refresh_per_second=2) as live:
-                wait_until(nodes, done_twice(), timeout, on_poll=lambda s: live.update(fleet_table(s)))
+                def on_poll(statuses: dict[str, dict | None]) -> None:
+                    known.poll(statuses)
+                    live.update(fleet_table(statuses))
+
+                wait_until(nodes, done_twice(), timeout, on_poll=on_poll)
             if not console.is_terminal:
                 console.line()  # rich ends a piped Live's last frame without a newline
+            if known.after is not None:
+                console.print(f"every node knew every other within {known.after:.1f} s of the last node's start",
+                              highlight=False)
             return collect(nodes, config, algorithm, fleet, started)
         except (TimeoutError, RuntimeError) as exc:
             raise click.ClickException(f"{algorithm}: {exc}") from exc
@@ -164,6 +199,9 @@ def save(result: RunResult, out: Path | None) -> None:
                                       "rounds reported = completed exchanges (fusions).")
 @click.option("--netns", is_flag=True, help="One network namespace per node on a bridge (needs root); the nodes serve "
                                             "it without credentials (--insecure: a private network of this machine).")
+@click.option("--sites", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --netns: this many sites (bridges routed to each other, mDNS confined to each), every "
+                   "node given one --join address in the next site; --nodes must be a multiple.")
 @click.option("--mdns/--no-mdns", default=True, show_default=True, help="Discover by mDNS.")
 @click.option("--static-peers", is_flag=True, help="Also give every node the others' addresses.")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
@@ -171,8 +209,8 @@ def save(result: RunResult, out: Path | None) -> None:
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep shards, state and logs here (default: a temp folder; a run that succeeds keeps its logs and "
                    "state there, one that fails everything).")
-def testbed(out: Path | None, mode: str, duration: float, netns: bool, mdns: bool, static_peers: bool, timeout: float,
-            workdir: Path | None, config_path: Path | None, **flags: Any) -> None:
+def testbed(out: Path | None, mode: str, duration: float, netns: bool, sites: int, mdns: bool, static_peers: bool,
+            timeout: float, workdir: Path | None, config_path: Path | None, **flags: Any) -> None:
     """Run a fleet of real daemons on this machine and collect results in the simulator's schema.
 
     SIGINT and SIGTERM stop every daemon (and namespace) before the testbed exits.
@@ -183,6 +221,8 @@ def testbed(out: Path | None, mode: str, duration: float, netns: bool, mdns: boo
     if config.simulation.adversaries:
         raise click.UsageError("--adversaries: the simulator plays compromised members (dfl-node simulate); a "
                                "testbed's daemons are all honest")
+    if sites > 1 and (not netns or config.nodes % sites):
+        raise click.UsageError("--sites needs --netns and a --nodes that is a multiple of it")
     console = Console()
     fleet = provision(config)
     results: list[RunResult] = []
@@ -192,7 +232,8 @@ def testbed(out: Path | None, mode: str, duration: float, netns: bool, mdns: boo
                 write_fleet(fleet, root / "shards")
                 for algorithm in config.algorithms:
                     results.append(run_algorithm(config, algorithm, fleet, root, mode=mode, duration=duration,
-                                                 netns=netns, mdns=mdns, static_peers=static_peers, timeout=timeout,
+                                                 netns=netns, sites=sites, mdns=mdns, static_peers=static_peers,
+                                                 timeout=timeout,
                                                  console=console))
                     save(results[-1], out)
         except Interrupted as exc:

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from dfl_node.algorithms.plan import NodeProfile
 from dfl_node.api.schemas import PeerInfo, RefusedPeer
 from dfl_node.errors import OperatorError
 from dfl_node.node.clock import Clock
 from dfl_node.node.handshake import Handshake
+from dfl_node.node.joins import Confirmations, Seeds
 from dfl_node.node.peers import Peer, PeerTable
 from dfl_node.node.refusals import Refusals
 from dfl_node.node.swim import DEAD, Swim
@@ -54,7 +55,7 @@ class Membership:
                  hello: Callable[[], Hello], profile: Callable[[], NodeProfile],
                  fingerprint_of: Callable[[str], str], network: PeerNetwork, tally: Tally,
                  on_join: Callable[[str, bool], None], on_lost: Callable[[str], None], seed: int) -> None:
-        self.node_id, self.address, self.settings = node_id, address, settings
+        self.node_id, self.address, self.settings, self.clock = node_id, address, settings, clock
         self._profile = profile
         self.refusals = Refusals(node_id, clock, lambda peer, detail: tally.event("refusal", peer, detail),
                                  grace=settings.peer_timeout)
@@ -62,13 +63,16 @@ class Membership:
                                heartbeat=settings.heartbeat, timeout=settings.peer_timeout, static=settings.peers,
                                on_join=on_join, expiry=settings.peer_expiry, max_pending=settings.max_pending_peers,
                                on_forget=network.forget, on_lost=on_lost,
-                               on_seen=lambda peer: self.swim.seen(peer), on_forgotten=lambda p: self.swim.forget(p))
+                               on_seen=self._seen, on_forgotten=lambda p: self.swim.forget(p))
         self.handshake = Handshake(hello, fingerprint_of, table=self.table, refusals=self.refusals, tally=tally,
                                    network=network)
         self.swim = Swim(node_id, settings, clock, table=self.table, network=network, hello=hello,
-                         compatible=lambda peer: self.handshake.incompatibility(hello(), peer) is None, seed=seed)
+                         compatible=lambda peer: self.handshake.incompatibility(hello(), peer) is None, seed=seed,
+                         confirmed=lambda update, spread: self.confirmations.confirmed(update, spread))
+        self.confirmations = Confirmations(self.table)
+        self.seeds = Seeds(settings.join, first_wait=settings.heartbeat)
         self._network = network
-        self._joining: set[asyncio.Task[None]] = set()  # joins under way (a task is kept until it ends)
+        self._joining: set[asyncio.Task[object]] = set()  # joins under way (a task is kept until it ends)
 
     # ----- Members ---------------------------------------------------------------------------
     def alive_ids(self) -> list[str]:
@@ -100,23 +104,44 @@ class Membership:
 
     # ----- the rest of the node ----------------------------------------------------------------
     async def run(self) -> None:
-        """The probes and gossip, until cancelled: each period a static address no member serves at is greeted, and
-        the table drops the long dead and the pending that never answered."""
+        """The probes and gossip, until cancelled: each period a static address no member serves at is greeted, the
+        seeds are tried if due (until a join through one succeeds), and the table drops the long dead and the
+        pending that never answered."""
         await self.swim.run(self._beat)
 
     def _beat(self) -> None:
         self.table.prune()
+        self.confirmations.settle()
         self.refusals.warn_if_isolated(len(self.table.alive_ids()))
         if (address := self.table.next_unknown()) is not None:
-            self._joining.add(task := asyncio.get_running_loop().create_task(self.join(address)))
-            task.add_done_callback(self._joining.discard)
+            self._spawn(self.join(address))
+        if self.seeds.due(self.clock.monotonic()):
+            self._spawn(self._join_seeds())
 
-    async def join(self, address: str) -> None:
-        """Join the fleet through ``address``: a Hello confirms the member there, then a push-pull swaps views."""
-        await self.table.probe(address)
-        member = next((p.id for p in self.table.peers.values() if p.alive and p.address == address), None)
-        if member is not None:
-            await self.swim.sync(member)
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
+        self._joining.add(task := asyncio.get_running_loop().create_task(work))
+        task.add_done_callback(self._joining.discard)
+
+    def _seen(self, peer: Hello) -> None:
+        """A member confirmed alive (its Hello, or its reply to ours): what gossip said of it, merged now."""
+        self.swim.seen(peer)
+        if (rumour := self.confirmations.answered(peer)) is not None:
+            self.swim.merge([rumour[0]], spread=rumour[1])
+
+    async def join(self, address: str) -> bool:
+        """Join the fleet through ``address``: a Hello confirms the member there, then a push-pull swaps views.
+        False: no compatible member answered there."""
+        reply = await self.table.probe(address)
+        if reply is None or reply.node_id == self.node_id or reply.node_id not in self.table.peers:
+            return False
+        await self.swim.sync(reply.node_id)
+        return True
+
+    async def _join_seeds(self) -> None:
+        """One try of every ``--join`` address at once; the first that let us in ends the tries for good."""
+        joined = await asyncio.gather(*(self.join(address) for address in self.seeds.addresses))
+        through = next((a for a, ok in zip(self.seeds.addresses, joined, strict=True) if ok), None)
+        self.seeds.tried(self.clock.monotonic(), through)
 
     async def ping(self, request: Ping) -> PingAck:
         """A peer's membership probe (the Ping RPC): bounded, then answered by SWIM."""
@@ -131,8 +156,7 @@ class Membership:
         """Discovery (mDNS) announced ``node_id`` at ``address``: say Hello (the network checks that identity
         there, where it can)."""
         self._network.heard(address, node_id)
-        self._joining.add(task := asyncio.get_running_loop().create_task(self.join(address)))
-        task.add_done_callback(self._joining.discard)
+        self._spawn(self.join(address))
 
     def lost(self, node_id: str) -> None:
         """Discovery said goodbye for ``node_id``: it left, as if its suspicion had timed out (it rejoins when it is
@@ -144,8 +168,10 @@ class Membership:
         self.table.lost(node_id)
 
     async def greet_static(self) -> None:
-        """One Hello to each static peer, answered within a heartbeat (2 s at most)."""
-        await self.table.greet_static()
+        """One Hello to each static peer and each seed, answered within a heartbeat (2 s at most): a daemon's
+        start-up check (a live node with our id there stops the start)."""
+        await asyncio.gather(self.table.greet_static(),
+                             *(self.table.probe(a, self.table.answer_within) for a in self.seeds.addresses))
 
     def known(self) -> list[Peer]:
         """Every peer known, alive or not (until forgotten), by id: what the fleet page shows of each."""

@@ -199,14 +199,15 @@ class PeerTable:
         if self.unreachable.pop(address, None) is not None:
             log.info("static peer %s answers now", address)
 
-    async def probe(self, address: str, timeout: float | None = None) -> None:
+    async def probe(self, address: str, timeout: float | None = None) -> HelloReply | None:
         """Our Hello to ``address``, answered within ``timeout``: by default as long as a peer may be silent
         (nobody waits on it: a heartbeat's, a discovered or pending peer's); :attr:`answer_within` where
-        somebody does."""
+        somebody does. Returns the accepted reply (None: none, or refused)."""
         reply = await self.hello(address, self.timeout if timeout is None else timeout)
         if reply is not None:
             self.pending.pop(reply.node_id, None)
             self.seen(reply)
+        return reply
 
     async def greet_static(self) -> None:
         """One Hello to each static peer, answered within :attr:`answer_within` (a daemon's start-up check)."""

@@ -116,13 +116,16 @@ Listener = Callable[[str, str, float, str], None]  # (member, its new state here
 
 class Swim:
     """The failure detector and gossip of node ``node_id``, whose own Hello is ``hello()``; members live in
-    ``table``, and a gossiped member enters it only if ``compatible`` with us (the Hello checks)."""
+    ``table``, and a gossiped member enters it only if ``compatible`` with us (the Hello checks) and ``confirmed``
+    (the membership's: a Hello of ours answered; until then it is neither recorded nor spread, and the membership
+    merges its update again once it answers)."""
 
     def __init__(self, node_id: str, settings: MembershipSettings, clock: Clock, *, table: PeerTable,
                  network: PeerNetwork, hello: Callable[[], Hello], compatible: Callable[[Hello], bool],
-                 seed: int) -> None:
+                 seed: int, confirmed: Callable[[MemberUpdate, bool], bool] = lambda update, spread: True) -> None:
         self.node_id, self.settings, self.clock = node_id, settings, clock
         self.table, self.network, self._hello, self._compatible = table, network, hello, compatible
+        self._confirmed = confirmed
         self.rng = random.Random(seed)
         self.incarnation = int(clock.wall() * 1000)  # a restarted node starts above what its last boot said
         self.members: dict[str, Member] = {}
@@ -196,8 +199,11 @@ class Swim:
         if hello.node_id != update.node_id or not hello.grpc_address or not self._compatible(hello):
             return
         if member is None:
-            member = self.members[update.node_id] = Member()
             self.network.heard(hello.grpc_address, hello.node_id)
+        if not self._confirmed(update, spread):
+            return
+        if member is None:
+            member = self.members[update.node_id] = Member()
         member.incarnation, member.hello, member.said = update.incarnation, hello, update
         self._set(update.node_id, member, ALIVE, update.node_id)
         self.table.seen(hello)

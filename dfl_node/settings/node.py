@@ -99,6 +99,8 @@ class MembershipSettings(_Part):
     """How the node finds its peers and knows they still live."""
 
     peers: list[str] = Field(default_factory=list, description="static peers HOST:PORT (networks without multicast)")
+    join: list[str] = Field(default_factory=list, description="join the fleet through a member at HOST:PORT (any "
+                            "one; the rest is learned from it); retried with backoff until a join succeeds")
     mdns: bool = Field(True, description="discover peers by mDNS on the serving interface")
     heartbeat: float = Field(1.0, gt=0, description="the membership's probe period: seconds between two probes "
                              "of one member by this node (SWIM; see docs/membership.md)")
@@ -118,15 +120,16 @@ class MembershipSettings(_Part):
     max_pending_peers: int = Field(32, ge=1, description="peers that said Hello but have not yet answered ours, "
                                    "at most (more are refused: peer_table_full)")
 
-    @field_validator("peers", mode="before")
+    @field_validator("peers", "join", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         return [p for p in value.split(",") if p] if isinstance(value, str) else value
 
-    @field_validator("peers")
+    @field_validator("peers", "join")
     @classmethod
     def _host_port(cls, peers: list[str]) -> list[str]:
-        """A static peer is dialled as HOST:PORT: a typo must stop the start, not become a silent dead peer."""
+        """A static peer or a join address is dialled as HOST:PORT: a typo must stop the start, not become a
+        silent dead peer."""
         for peer in peers:
             parse_peer(peer)
         return peers

@@ -45,12 +45,16 @@ def free_port(host: str = "127.0.0.1") -> int:
             return port
 
 
+GRPC_PORT = 50051  # where a node of its own address (a namespace) serves its peers
+
+
 @dataclass
 class Placement:
     """Where a node runs: the address it serves on and how its command is wrapped (e.g. ``ip netns exec``)."""
 
     host: str
     wrap: Wrap = field(default=lambda argv: argv)
+    join: list[str] = field(default_factory=list)  # its --join addresses (a multi-site testbed's)
 
 
 @dataclass
@@ -121,9 +125,11 @@ def plan_fleet(
     swarm: str, mode: str = "round", mdns: bool = True, static_peers: bool = False, extra: dict | None = None,
 ) -> list[NodeProcess]:
     nodes = []
+    joins = {}
     for node_id, place in zip(fleet_ids(config.nodes), placements):
         shared_host = is_loopback(place.host)  # every node on one address: each needs ports of its own
-        grpc_port = free_port() if shared_host else 50051
+        joins[node_id] = place.join
+        grpc_port = free_port() if shared_host else GRPC_PORT
         http_port = free_port() if shared_host else 8080
         nodes.append(NodeProcess(node_id, place.host, grpc_port, http_port, workdir / "state" / node_id,
                                  workdir / f"{node_id}.log", {}, place.wrap))
@@ -135,6 +141,7 @@ def plan_fleet(
             id=node.id, model=spec.name, hidden=list(spec.widths or ()),
             data=shards / node.id, test_data=shards / TEST_FILE, algorithm=algorithm, mode=mode,
             host=node.host, grpc_port=node.grpc_port, http_port=node.http_port, swarm=swarm, mdns=mdns, peers=peers,
+            join=joins[node.id],
             state_dir=node.state_dir, min_peers=len(nodes) - 1, rounds=config.rounds, eval_every=config.eval_every,
             wire_dtype=config.wire_dtype,
             # REST on the address the node serves on: the driver polls node.url, from another namespace with --netns

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from dfl_node.learning.provision import fleet_ids
 from dfl_node.testbed.launcher import NodeProcess
@@ -46,7 +47,8 @@ KILL_GRACE_S = 3.0
 PER_NODE_KEYS = ("DFL_ID", "DFL_DATA", "DFL_TEST_DATA", "DFL_ADVERTISE", "DFL_STATE_DIR")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9_.]+$")
-_STALE = re.compile(r"^(?P<prefix>.+)-(?P<pid>\d+)-[0-9a-f]{6}-(?:sw|h\d+)$")
+# a run's namespaces: sw, h1 … (one bridge); rt, s1, s1h1, s1m … (several sites: :mod:`.sites`)
+_STALE = re.compile(r"^(?P<prefix>.+)-(?P<pid>\d+)-[0-9a-f]{6}-(?:sw|h\d+|rt|s\d+(?:h\d+|m)?)$")
 # Runs the dfl-node CLI with this interpreter (no PATH lookup: sudo often resets PATH).
 
 
@@ -180,7 +182,7 @@ class NetnsTopology:
         self.hosts = [NetnsHost(f"{self.tag}-h{i}", f"{subnet}.{i}") for i in range(1, count + 1)]
         self._created: list[str] = []
 
-    def __enter__(self) -> NetnsTopology:
+    def __enter__(self) -> Self:
         try:
             self._build()
         except BaseException:
