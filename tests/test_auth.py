@@ -1,10 +1,10 @@
-"""An authenticated swarm (issue 13): mutual TLS with the swarm's CA, and the lighter swarm key.
+"""An authenticated swarm (issue 13): mutual TLS with the swarm's CA, from files or derived from a swarm key.
 
 - ``dfl-node certs`` issues the CA, node certificates and swarm keys; a node told to authenticate
   whose files are missing or wrong refuses to start with one line (exit 1), never runs without it.
 - In-process nodes on loopback (real gRPC): a peer without a valid certificate is refused at the TLS
   handshake, one whose certificate names another node at Hello, counted in ``rejected``, and never enters
-  the peer table. The swarm key's refusals in process: ``tests/test_swarm_key.py``.
+  the peer table. The swarm key's TLS in process: ``tests/test_swarm_key.py``.
 - Fleets of real daemons with mTLS and with a swarm key run rounds and end bit-identical to the simulator.
 """
 
@@ -26,11 +26,11 @@ from safetensors.torch import load_file
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.cli import cli
 from dfl_node.errors import OperatorError
-from dfl_node.net import psk
 from dfl_node.net.certs import init_ca, issue_node, new_secret
 from dfl_node.net.convert import to_wire
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
+from dfl_node.net.swarm_tls import read_swarm_keys
 from dfl_node.net.tls import TlsError, TlsFiles, dns_names, load_tls
 from dfl_node.node.daemon import Node
 from dfl_node.service.run import _bind_http, announcement
@@ -87,7 +87,7 @@ def test_certs_cli_issues_the_ca_node_certificates_and_a_swarm_key(tmp_path: Pat
 
     done = runner.invoke(cli, ["certs", "swarm-key", str(tmp_path / "swarm.key")])
     assert done.exit_code == 0 and stat.S_IMODE((tmp_path / "swarm.key").stat().st_mode) == 0o600
-    assert len(psk.read_swarm_key(tmp_path / "swarm.key")) == 64
+    assert [len(key) for key in read_swarm_keys(tmp_path / "swarm.key")] == [64]
 
 
 def test_tls_files_are_checked_at_load(pki: Path) -> None:
@@ -138,6 +138,18 @@ def _settings(pki: Path, tmp_path: Path, case: str) -> tuple[dict, str]:
         (tmp_path / "short.key").write_text("0123456789\n")
         return ({"swarm_key_file": tmp_path / "short.key"}, f"swarm key file {tmp_path / 'short.key'} holds 10 bytes; "
                 "a swarm key needs at least 32 (make one with `dfl-node certs swarm-key FILE`)")
+    if case == "three swarm keys":
+        (tmp_path / "three.key").write_text("".join(f"{'k' * 32}{i}\n" for i in range(3)))
+        return ({"swarm_key_file": tmp_path / "three.key"}, f"swarm key file {tmp_path / 'three.key'} holds 3 keys; "
+                "it holds the current key and at most the next one, one a line")
+    if case == "a short next swarm key":
+        (tmp_path / "next.key").write_text(f"{'k' * 32}\nshort\n")
+        return ({"swarm_key_file": tmp_path / "next.key"}, f"swarm key file {tmp_path / 'next.key'}: line 2 holds 5 "
+                "bytes; a swarm key needs at least 32 (make one with `dfl-node certs swarm-key FILE`)")
+    if case == "a swarm key and mutual TLS":
+        return ({"swarm_key_file": new_secret(tmp_path / "swarm.key"), "tls_dir": own},
+                "--swarm-key-file and mutual TLS (--tls-dir, --tls-ca/--tls-cert/--tls-key) are two ways to the same "
+                "TLS, with a CA derived from the key or the CA of the files: give one")
     assert case == "a missing swarm key"
     return ({"swarm_key_file": tmp_path / "none.key"}, f"swarm key file {tmp_path / 'none.key'} does not exist "
             f"(make one with `dfl-node certs swarm-key {tmp_path / 'none.key'}`)")
@@ -146,7 +158,8 @@ def _settings(pki: Path, tmp_path: Path, case: str) -> tuple[dict, str]:
 @pytest.mark.parametrize("case", ["missing certificate", "another node's certificate",
                                   "a key of another certificate", "a certificate of another CA",
                                   "a node certificate as the CA", "a key that is not PEM",
-                                  "a certificate without its key", "a short swarm key", "a missing swarm key"])
+                                  "a certificate without its key", "a short swarm key", "a missing swarm key",
+                                  "three swarm keys", "a short next swarm key", "a swarm key and mutual TLS"])
 def test_unusable_credentials_stop_the_node_before_anything(fleet_shards: Path, pki: Path, tmp_path: Path,
                                                             case: str) -> None:
     settings, line = _settings(pki, tmp_path, case)
@@ -218,7 +231,7 @@ async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_fals
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("mode", "algorithm"), [("mtls", "defkt-select"), ("psk", "fairavg")])
+@pytest.mark.parametrize(("mode", "algorithm"), [("mtls", "defkt-select"), ("swarm-key", "fairavg")])
 def test_authenticated_fleet_equals_simulator(fleet_shards: Path, pki: Path, tmp_path: Path, mode: str,
                                               algorithm: str) -> None:
     """defkt-select: Hello, Assign, Probe, Transfer and PassToken; fairavg: Pull. Every one authenticated."""

@@ -47,7 +47,6 @@ from tests.fuzz_node import BUSY, FIGURES, REQUESTS, STATE_CHANGES, LiveNode, fl
 from tests.fuzz_strategies import (
     FUZZ,
     genuine_probe,
-    junk_bytes,
     mutated_probes,
     other,
     set_different,
@@ -125,7 +124,6 @@ def bad_hellos(draw: st.DrawFn, base: pb.HelloRequest) -> bytes:
         set_different(draw, h, name, uint32s if name == "protocol_version" else texts)
     if draw(st.booleans()):
         h.node_id, h.grpc_address, h.boot_id, h.status_url = (draw(texts) for _ in range(4))
-        h.auth_nonce, h.auth_challenge, h.auth_proof = (draw(junk_bytes) for _ in range(3))
         h.http_port, h.num_samples = draw(uint32s), draw(uint64s)
     return h.SerializeToString()
 

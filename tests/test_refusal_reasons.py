@@ -31,15 +31,13 @@ def counted_in_code() -> set[str]:
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text()
         found.update(match for pattern in COUNTED for match in pattern.findall(text))
-        if path.name == "psk.py":  # the swarm key's verdicts are returned, then counted by the handshake
-            found.update(re.findall(r'return "(\w+)"', text))
     return found
 
 
 def test_every_reason_the_code_counts_is_in_the_catalogue() -> None:
     found = counted_in_code() | set(HELLO_REASONS) | set(DEFENCE_REASONS) | {f"bad_{h}" for h in OFFERED_HASHES}
     assert len(found) > 40  # the patterns still find the code's reasons
-    missing = found - set(REASONS) - (UNCOUNTED_REFUSALS - {"bad_probe"}) - NOT_REFUSALS - {"auth_required"}
+    missing = found - set(REASONS) - (UNCOUNTED_REFUSALS - {"bad_probe"}) - NOT_REFUSALS
     assert not missing, f"count these in dfl_node/peering/reasons.py: {sorted(missing)}"
 
 

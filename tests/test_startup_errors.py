@@ -324,7 +324,7 @@ async def test_a_swarm_key_serves_beyond_loopback_without_the_flag(fleet_shards:
     with caplog.at_level(logging.INFO):
         async with running(config):
             status = await get_status(config)
-    assert status["insecure"] is False and status["authentication"] == "psk"
+    assert status["insecure"] is False and status["authentication"] == "swarm-key"
     assert insecure_warnings(caplog) == []
 
 

@@ -1,49 +1,73 @@
-"""The swarm key (issue 13): the lighter authentication of :mod:`dfl_node.net.psk`, on in-process nodes over real gRPC.
+"""The swarm key (issue 34): mutual TLS with a swarm CA derived from the key (:mod:`dfl_node.net.swarm_tls`), on
+in-process nodes over real gRPC.
 
-- A peer without the key, or with another one, is refused at Hello and counted, and never enters the peer table;
-  on a connection that has not authenticated, nothing else is served (refused and counted), nor anything in
-  another node's name; a replayed Hello is refused.
-- A relay of another node's answers (which prove the key, for an address we did not dial) is refused.
-- A key holder is never refused as unauthenticated: it says Hello first whenever its peer would refuse it.
+- Every key holder derives the same CA; each node issues itself a fresh certificate at start, which passes the
+  checks a certificate file of mutual TLS passes.
+- A peer without the key, or with another one, fails the TLS handshake (counted) and never enters the peer table;
+  a key holder can claim any node id (the documented limit), but a connection speaks only for the id of its
+  certificate.
+- Rollover: a node holding the current and the next key talks to both generations; a node that holds only the old
+  key does not talk to one that presents the new.
 
-Credentials, mutual TLS and authenticated fleets against the simulator: ``tests/test_auth.py``.
+A man in the middle (tampering, eavesdropping): ``tests/test_swarm_key_wire.py``. Mutual TLS with files and
+authenticated fleets against the simulator: ``tests/test_auth.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
-from dfl_node import PROTOCOL_VERSION
-from dfl_node.net import psk
+from dfl_node.net.auth import Security
 from dfl_node.net.certs import new_secret
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.peering.errors import AUTH_REQUIRED
-from dfl_node.peering.probes import ProbeRequest
+from dfl_node.net.swarm_tls import derived_ca, read_swarm_keys, swarm_tls
+from dfl_node.net.tls import TlsFiles, dns_names, load_tls
+from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
 from dfl_node.service.run import announcement
 from dfl_node.testbed.launcher import free_port
 from tests.test_auth import hello_from, until
 from tests.test_startup_errors import node_config, running
 
 
-async def _signed_hello(stub: pb_grpc.DflNodeStub, key: bytes, request: pb.HelloRequest) -> pb.HelloRequest:
-    """The challenge–response on ``stub``'s connection; returns the Hello that authenticated it."""
-    first = psk.sign_request(key, request, None)
-    reply = await stub.Hello(first, timeout=5)
-    assert reply.reason == AUTH_REQUIRED
-    psk.check_reply(key, first, reply)
-    signed = psk.sign_request(key, request, reply.auth_nonce)
-    reply = await stub.Hello(signed, timeout=5)
-    psk.check_reply(key, signed, reply)
-    assert reply.accepted, reply.reason
-    return signed
+def test_every_key_holder_derives_the_same_ca_and_each_node_issues_its_own_certificate(tmp_path: Path) -> None:
+    key, other = (read_swarm_keys(new_secret(tmp_path / name))[0] for name in ("swarm.key", "other.key"))
+    ca, ca_key = derived_ca.__wrapped__(key)  # computed afresh, as another node would
+    assert ca.public_bytes(Encoding.PEM) == derived_ca(key)[0].public_bytes(Encoding.PEM)
+    assert ca_key.private_numbers() == derived_ca(key)[1].private_numbers()
+    assert derived_ca(other)[0].subject != ca.subject and derived_ca(other)[0].public_key() != ca.public_key()
+
+    first, second = (swarm_tls((key,), "node-0", ("0.0.0.0", "box.lan", "127.0.0.1")) for _ in range(2))
+    assert first.ca == second.ca and first.cert != second.cert and first.key != second.key  # a fresh key each start
+    cert = x509.load_pem_x509_certificate(first.cert)
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert dns_names(cert) == ["node-0", "box.lan"] and [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == [
+        "127.0.0.1"]  # the wildcard is no address
+    for name, data in (("ca.crt", first.ca), ("node.crt", first.cert), ("node.key", first.key)):
+        (tmp_path / name).write_bytes(data)
+    checked = load_tls(TlsFiles(tmp_path / "ca.crt", tmp_path / "node.crt", tmp_path / "node.key"), "node-0")
+    assert checked.cert == first.cert  # what mutual TLS checks in a node's files, the issued material passes
+
+    rolling = swarm_tls((other, key), "node-0", ("127.0.0.1",))  # current key first: its CA issues
+    roots = x509.load_pem_x509_certificates(rolling.ca)
+    assert [r.subject for r in roots] == [derived_ca(other)[0].subject, ca.subject]
+    x509.load_pem_x509_certificate(rolling.cert).verify_directly_issued_by(roots[0])
 
 
-async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authenticated_connections_served(
+def _channel(address: str, security: Security, name: str) -> grpc.aio.Channel:
+    assert security.tls is not None
+    return grpc.aio.secure_channel(address, security.tls.channel_credentials(),
+                                   options=[("grpc.ssl_target_name_override", name),
+                                            ("grpc.use_local_subchannel_pool", 1)])
+
+
+async def test_keyless_and_wrong_key_peers_fail_the_handshake_and_a_connection_speaks_for_its_certificate(
         fleet_shards: Path, tmp_path: Path) -> None:
     key, other = new_secret(tmp_path / "swarm.key"), new_secret(tmp_path / "other.key")
 
@@ -56,114 +80,69 @@ async def test_swarm_key_keyless_and_wrong_key_peers_are_refused_and_only_authen
     async with running(config("node-0", [b, c, d], ports[0], key)) as node0, \
             running(config("node-1", [a], ports[1], key)) as node1, \
             running(config("node-2", [a], ports[2], other)) as wrong_key, \
-            running(config("node-3", [a], ports[3], None)):  # keyless
+            running(config("node-3", [a], ports[3], None)) as keyless:
         await until(lambda: node0.membership.alive_ids() == ["node-1"] and node1.membership.alive_ids() == ["node-0"])
-        rejected = node0.tally.rejected
-        await until(lambda: rejected["auth_failed"] >= 3 and rejected["unauthenticated"] >= 6)
-        # it cannot check ours either
-        assert not wrong_key.membership.table.peers and wrong_key.tally.rejected["auth_failed"] >= 3
+        # each side of the wrong key fails the other's certificate
+        await until(lambda: node0.tally.rejected["tls_handshake"] >= 3
+                    and wrong_key.tally.rejected["tls_handshake"] >= 3)
         assert set(node0.membership.table.peers) == {"node-1"} and not node0.membership.table.pending
-        assert node0.status().authentication == "psk" and "auth_required" not in rejected
+        assert not wrong_key.membership.table.peers and not keyless.membership.table.peers
+        assert node0.status().authentication == "swarm-key" and keyless.status().authentication == "none"
 
-        swarm_key = psk.read_swarm_key(key)
-        stranger = hello_from(node0, node_id="node-9", grpc_address="127.0.0.1:9")
-        async with grpc.aio.insecure_channel(a, options=[("grpc.use_local_subchannel_pool", 1)]) as channel, \
-                grpc.aio.insecure_channel(a, options=[("grpc.use_local_subchannel_pool", 1)]) as other_channel:
-            stub, unauthenticated = pb_grpc.DflNodeStub(channel), pb_grpc.DflNodeStub(other_channel)
-            signed = await _signed_hello(stub, swarm_key, stranger)
-            before = dict(rejected)
-            # this connection proved the key as node-9: its probe reaches the node (which is not selecting)
+        # a key holder derives the CA: it can issue itself a certificate for any node id (docs/security.md)…
+        holder = Security(swarm_tls(read_swarm_keys(key), "node-9", ("127.0.0.1",)), swarm_key=True)
+        rejected = node0.tally.rejected
+        async with _channel(a, holder, "node-0") as channel:
+            stub = pb_grpc.DflNodeStub(channel)
+            reply = await stub.Hello(hello_from(node0, node_id="node-9", grpc_address="127.0.0.1:9"), timeout=5)
+            assert reply.accepted, reply.reason
+            # …but a connection speaks only for its certificate's id
+            reply = await stub.Hello(hello_from(node0, node_id="node-1", grpc_address=b), timeout=5)
+            assert (reply.accepted, reply.reason) == (False, "identity_mismatch")
             answer = await stub.Probe(pb.ProbeRequest(sender="node-9", swarm=node0.config.swarm), timeout=5)
-            assert (answer.ok, answer.reason) == (False, "not_selecting")
-            with pytest.raises(grpc.aio.AioRpcError) as denied:  # …but only in its own name
+            assert (answer.ok, answer.reason) == (False, "not_selecting")  # served: node-0 is not selecting
+            with pytest.raises(grpc.aio.AioRpcError) as denied:
                 await stub.Probe(pb.ProbeRequest(sender="node-1", swarm=node0.config.swarm), timeout=5)
             assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
-            # another connection that said no Hello: nothing is served on it
-            for call in (unauthenticated.Assign(pb.RoundAssignment(round=0, role="sender"), timeout=5),
-                         unauthenticated.PassToken(pb.RoundToken(round=0, holder="node-0"), timeout=5),
-                         unauthenticated.Probe(pb.ProbeRequest(sender="node-9"), timeout=5)):
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await call
-                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            frames = [pb.Frame(header=pb.TransferHeader(protocol_version=PROTOCOL_VERSION, sender="node-9",
-                                                        swarm=node0.config.swarm))]
-            verdicts = [f async for f in unauthenticated.Transfer(iter(frames), timeout=5)]
-            assert verdicts[0].result.reason == "unauthenticated"
-            pulled = [f async for f in unauthenticated.Pull(pb.PullRequest(aggregator="node-9"), timeout=5)]
-            assert pulled[0].result.reason == "unauthenticated"
-            # a captured Hello, replayed (here even on the connection it came from): refused
-            replayed = await unauthenticated.Hello(signed, timeout=5)
-            assert (replayed.accepted, replayed.reason) == (False, "auth_replay")
-        delta = {k: rejected[k] - before.get(k, 0) for k in rejected if rejected[k] != before.get(k, 0)}
-        assert delta.get("identity_mismatch") == 1 and delta.get("auth_replay") == 1
-        assert delta.get("unauthenticated", 0) >= 5  # the five calls (and the keyless node's Hellos meanwhile)
-        secret = swarm_key.decode()
+        assert rejected["identity_mismatch"] == 2
+        async with grpc.aio.insecure_channel(a) as plain:  # no TLS at all: no connection
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await pb_grpc.DflNodeStub(plain).Hello(hello_from(node0), timeout=3)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        secret = read_swarm_keys(key)[0].decode()
         assert not any(secret in v for v in announcement(node0).to_txt().values())
         assert secret not in repr(node0.network.security) and secret not in node0.status().model_dump_json()
 
 
-async def test_the_relay_of_another_nodes_answers_is_refused(fleet_shards: Path, tmp_path: Path) -> None:
-    """A host without the key that makes us dial it (an mDNS announcement) and passes our Hellos to a real
-    node, and its answers back: the answers prove the key, but for another address than the one we dialed."""
-    key = new_secret(tmp_path / "swarm.key")
-    ports = [node_config(fleet_shards, tmp_path).network.grpc_port for _ in range(2)]
+async def test_a_rollover_node_talks_to_both_key_generations(fleet_shards: Path, tmp_path: Path) -> None:
+    """(K1 current, K2 next) talks to (K2, K1) and to (K1), both ways; (K1) and (K2, K1) do not talk: (K2, K1)
+    presents a certificate of K2's CA, which (K1) does not trust. Each pair's Hello on each node's own link."""
+    k1, k2 = (read_swarm_keys(new_secret(tmp_path / f"{name}.key"))[0].decode() for name in ("k1", "k2"))
+    files = {"node-0": f"{k1}\n{k2}\n", "node-1": f"{k2}\n{k1}\n", "node-2": f"{k1}\n"}
+    ports = {node_id: free_port() for node_id in files}
 
-    class Relay(pb_grpc.DflNodeServicer):
-        def __init__(self, target: str) -> None:
-            self.channel = grpc.aio.insecure_channel(target)
-
-        async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloReply:
-            return await pb_grpc.DflNodeStub(self.channel).Hello(request, timeout=5)
-
-    def config(node_id: str, port: int):  # noqa: ANN202
-        return node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id, grpc_port=port,
-                           swarm_key_file=key, mode="async", interval=3600)
-
-    async with running(config("node-0", ports[0])) as node0, running(config("node-1", ports[1])) as node1:
-        relay = grpc.aio.server()
-        servicer = Relay(node0.address)
-        pb_grpc.add_DflNodeServicer_to_server(servicer, relay)
-        relayed = f"127.0.0.2:{relay.add_insecure_port('127.0.0.2:0')}"
-        await relay.start()
-        try:
-            # node-1 dials the relay as if it were a peer
-            assert await node1.membership.handshake.probe(relayed, 2.0) is None
-        finally:
-            await relay.stop(None)
-            await servicer.channel.close()
-        assert node1.tally.rejected["address_mismatch"] == 1
-        assert relayed not in {p.address for p in node1.membership.table.peers.values()}
-
-
-async def test_a_key_holder_is_never_refused_as_unauthenticated(fleet_shards: Path, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """A peer counts a call on a connection that did not authenticate as an intruder's. A node authenticates
-    before its call whenever that would happen: its peer was not up yet when it called (the Hello waits for
-    the connection, as the call does), the peer restarted since (a new connection), or its session at the peer
-    is about to expire — only its own Hellos renew it, and node-1 sends none to node-0, which says Hello to it."""
-    monkeypatch.setattr(psk, "SESSION_TTL_S", 2.0)
-    key = new_secret(tmp_path / "swarm.key")
-    port = free_port()
-
-    def config(node_id: str, grpc_port: int, **changes: object):  # noqa: ANN202
+    def config(node_id: str):  # noqa: ANN202
+        (tmp_path / f"{node_id}.key").write_text(files[node_id])
         return node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id,
-                           grpc_port=grpc_port, swarm_key_file=key, mode="async", interval=3600, **changes)
+                           grpc_port=ports[node_id], swarm_key_file=tmp_path / f"{node_id}.key", mode="async",
+                           interval=3600)
 
-    # node-1's heartbeat: no Hello of its own while this test runs, however late node-0's come
-    async with running(config("node-1", free_port(), heartbeat=60)) as node1:
-        client = node1.network.link(f"127.0.0.1:{port}")
+    async with running(config("node-0")) as both, running(config("node-1")) as switched, \
+            running(config("node-2")) as old:
+        nodes = {"node-0": both, "node-1": switched, "node-2": old}
 
-        async def probed() -> None:
-            answer = await client.probe(ProbeRequest(sender="node-1", swarm=node1.config.swarm), timeout=30)
-            assert (answer.ok, answer.reason) == (False, "not_selecting")  # served: node-0 is not selecting
+        async def hello(source: str, target: str) -> str:
+            node = nodes[source]
+            try:
+                reply = await node.network.link(f"127.0.0.1:{ports[target]}").hello(node.hello(), timeout=5)
+            except (PeerUnauthenticated, PeerUnreachable) as exc:
+                return exc.reason
+            assert reply.node_id == target
+            return "accepted" if reply.accepted else reply.reason
 
-        calling = asyncio.create_task(probed())  # nothing listens there yet
-        async with running(config("node-0", port)) as node0:
-            await calling
-            await until(lambda: node0.membership.table.alive_ids() == ["node-1"])
-            await asyncio.sleep(psk.SESSION_TTL_S)  # node-1's session at node-0 expires meanwhile
-            await probed()
-            assert node0.tally.rejected["unauthenticated"] == 0
-        async with running(config("node-0", port)) as restarted:
-            await probed()
-            assert restarted.tally.rejected["unauthenticated"] == 0
+        assert {(a, b): await hello(a, b) for a in nodes for b in nodes if a != b} == {
+            ("node-0", "node-1"): "accepted", ("node-1", "node-0"): "accepted",
+            ("node-0", "node-2"): "accepted", ("node-2", "node-0"): "accepted",
+            ("node-2", "node-1"): "tls_handshake",  # node-2 fails node-1's certificate
+            ("node-1", "node-2"): "unavailable",  # node-2's server fails node-1's (TLS 1.3: a closed connection)
+        }

@@ -99,8 +99,8 @@ class NodeStatus(Counters):
     algorithm: str
     mode: Literal["round", "async"]
     model: str = Field(default="", description="this node's architecture, a registry spec (e.g. cnn-ln:32,64)")
-    authentication: str = Field(default="none", description='how peers prove themselves: "mtls", "psk", '
-                                '"mtls+psk" or "none"')
+    authentication: str = Field(default="none", description='how peers prove themselves (TLS with the swarm CA '
+                                'of files: "mtls"; derived from a swarm key: "swarm-key"), or "none"')
     insecure: bool = Field(default=False, description="serving beyond loopback with no authentication (started with "
                            "--insecure): anyone who reaches the node can push a model into it")
     round: int

@@ -75,7 +75,8 @@ def issue(node_id: str, ca_dir: Path, out: Path | None, dns: tuple[str, ...], ip
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="Replace an existing key file.")
 def swarm_key(file: Path, force: bool) -> None:
-    """Write a new pre-shared swarm key (32 random bytes, hex, 0600) to FILE: every node's --swarm-key-file."""
+    """Write a new pre-shared swarm key (32 random bytes, hex, 0600) to FILE: every node's --swarm-key-file (mutual
+    TLS with a CA derived from it; rolling to a new key: docs/security.md)."""
     _write_secret(file, force, "every node of the swarm")
 
 

@@ -4,15 +4,14 @@ The client half of the peer network port (:class:`~dfl_node.peering.port.PeerLin
 the port's messages, converting them at this edge (:mod:`dfl_node.net.convert`), and turns gRPC's
 failures into the port's (:mod:`dfl_node.peering.errors`). It streams a model out and reads the verdict
 concurrently (:func:`open_transfer`), assembles and checks a reply or a pulled model as the server does
-(:class:`~dfl_node.net.wire.WireIdentity`), and, with a swarm key, authenticates its connection before the
-round RPCs. The server side is :mod:`dfl_node.net.servicer` and :mod:`dfl_node.net.server`.
+(:class:`~dfl_node.net.wire.WireIdentity`). With TLS (mutual TLS, or a swarm key's), the channel checks the
+peer's certificate. The server side is :mod:`dfl_node.net.servicer` and :mod:`dfl_node.net.server`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -20,18 +19,15 @@ import grpc
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.hashes import DEFAULT_HASH, negotiate
-from dfl_node.net import psk
 from dfl_node.net.auth import NO_SECURITY, Security
 from dfl_node.net.codec import Outgoing, assemble
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.net.frames import ReadFrame, WireFrame, decode_frame, encode_frame, wire_size
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.net.psk import check_reply, sign_request
 from dfl_node.net.tls import handshake_failure
 from dfl_node.net.wire import SERVICE_NAME, WireIdentity, channel_options, wire_bytes
 from dfl_node.peering.errors import (
-    AUTH_REQUIRED,
     PeerUnauthenticated,
     PeerUnreachable,
     TransferRefused,
@@ -117,23 +113,12 @@ async def _refused(call: grpc.aio.StreamStreamCall | grpc.aio.UnaryStreamCall, r
 T = TypeVar("T")
 
 
-def _unauthenticated(exc: Exception) -> bool:
-    """The peer refused a call because our connection has not (or no longer) authenticated."""
-    if isinstance(exc, TransferRefused):
-        return exc.reason == "unauthenticated"
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAUTHENTICATED
-
-
 class PeerClient:
     """One channel to one peer (a :class:`~dfl_node.peering.port.PeerLink`); cheap to keep per peer and reuse
     for every RPC.
 
-    With TLS material the channel is mutual TLS, and the peer's certificate must be valid for
-    ``tls_name`` (the node id we expect there) or, without one, for the host we dial. With a swarm key,
-    :meth:`hello` runs the challenge–response (:mod:`dfl_node.net.psk`), and the round RPCs make sure
-    our connection authenticated first (a Hello from ``hello_message``) whenever the peer would refuse the
-    call — and count the refusal as an intruder's — otherwise (:meth:`_session_usable`); once more if it
-    refuses all the same (our connection dropped between that check and the call).
+    With TLS material (mutual TLS, or a swarm key's) the channel is mutual TLS, and the peer's certificate must be
+    valid for ``tls_name`` (the node id we expect there) or, without one, for the host we dial.
 
     A push or a pull first waits for the channel to connect, for at most ``connect_timeout`` seconds: the
     calls themselves wait for a ready channel (``wait_for_ready``) up to their whole deadline, so a peer that
@@ -144,28 +129,21 @@ class PeerClient:
     """
 
     def __init__(self, address: str, wire: WireIdentity, security: Security = NO_SECURITY,
-                 tls_name: str | None = None, hello_message: Callable[[], Hello] | None = None,
-                 connect_timeout: float = 5.0, on_wrong_host: Callable[[str], None] | None = None) -> None:
+                 tls_name: str | None = None, connect_timeout: float = 5.0,
+                 on_wrong_host: Callable[[str], None] | None = None) -> None:
         self.address = address
         self.on_wrong_host = on_wrong_host  # mTLS: told our address when the peer's certificate is not for its host
         self.connect_timeout = connect_timeout
         self.wire = wire
         self.checked_id = tls_name
         options: list[tuple[str, int | str]] = list(channel_options(wire.limits))
-        if security.swarm_key is not None:  # our own connection: the one our Hello authenticates
-            options.append(("grpc.use_local_subchannel_pool", 1))
         if security.tls is not None:
             if tls_name:
                 options.append(("grpc.ssl_target_name_override", tls_name))
             self.channel = grpc.aio.secure_channel(address, security.tls.channel_credentials(), options=options)
         else:
             self.channel = grpc.aio.insecure_channel(address, options=options)
-        self.swarm_key = security.swarm_key
-        self.challenge: bytes | None = None  # swarm key: the peer's last challenge, answered by our next Hello
-        self.authenticated_at: float | None = None  # swarm key: when we sent the last Hello the peer accepted
-        self.hello_message = hello_message
         self.hash = DEFAULT_HASH  # the payload digest our pushes to this peer carry (negotiated in Hello)
-        self._auth_lock = asyncio.Lock()
         self.stub = pb_grpc.DflNodeStub(self.channel)
         self.transfer = self.channel.stream_stream(
             f"/{SERVICE_NAME}/Transfer", request_serializer=encode_frame, response_deserializer=decode_frame
@@ -187,62 +165,12 @@ class PeerClient:
                 raise PeerUnauthenticated("tls_handshake", failure) from exc
             raise _unreachable(exc, timeout) from exc
 
-    async def _hello(self, request: pb.HelloRequest, timeout: float, wait_for_ready: bool = False) -> pb.HelloReply:
-        """Our hashes offered, and the one our pushes carry learnt from the reply (:meth:`_hello_once`)."""
+    async def _hello(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
+        """Our hashes offered, and the one our pushes carry learnt from the reply."""
         request.hashes[:] = self.wire.hashes
-        reply = await self._hello_once(request, timeout, wait_for_ready)
+        reply = await self.stub.Hello(request, timeout=timeout)
         self.hash = negotiate(self.wire.hashes, reply.hashes)
         return reply
-
-    async def _hello_once(self, request: pb.HelloRequest, timeout: float, wait_for_ready: bool) -> pb.HelloReply:
-        """With a swarm key: signed with the peer's last challenge (at first contact the peer answers
-        ``auth_required`` with one and we ask again), and the reply must prove the key over our nonce,
-        else :class:`~dfl_node.peering.errors.PeerUnauthenticated`."""
-        if self.swarm_key is None:
-            return await self.stub.Hello(request, timeout=timeout, wait_for_ready=wait_for_ready)
-        async with self._auth_lock:  # one challenge, one Hello: concurrent Hellos would reuse it (a replay)
-            for _ in range(2):
-                signed = sign_request(self.swarm_key, request, self.challenge)
-                self.challenge = None
-                sent_at = time.monotonic()  # the peer's session runs from its receipt, a little later
-                reply = await self.stub.Hello(signed, timeout=timeout, wait_for_ready=wait_for_ready)
-                check_reply(self.swarm_key, signed, reply)
-                self.challenge = reply.auth_nonce
-                if reply.reason != AUTH_REQUIRED:
-                    break
-            self.authenticated_at = sent_at if reply.accepted else None
-            return reply
-
-    def _session_usable(self) -> bool:
-        """Whether the peer will serve our next call without a Hello first: it accepted our last one, the
-        channel is still connected (else the call opens a new connection, which no Hello authenticated: the
-        peer was not up yet, or it restarted), and that session is younger than half its lifetime
-        (``SESSION_TTL_S``: only our own Hellos renew it, and a node sends none to a peer with a lower id
-        while that peer says Hello to it)."""
-        return (self.authenticated_at is not None
-                and time.monotonic() - self.authenticated_at < psk.SESSION_TTL_S / 2
-                and self.channel.get_state() is grpc.ChannelConnectivity.READY)
-
-    async def _authenticated(self, call: Callable[[], Awaitable[T]]) -> T:
-        """``call()`` on a connection that proved the swarm key (a no-op without one)."""
-        if self.swarm_key is None or self.hello_message is None:
-            return await call()
-        if not self._session_usable():
-            await self._authenticate()
-        try:
-            return await call()
-        except (grpc.aio.AioRpcError, TransferRefused) as exc:
-            if not _unauthenticated(exc):
-                raise
-        await self._authenticate()  # our connection dropped and came back meanwhile: authenticate anew, once
-        return await call()
-
-    async def _authenticate(self) -> None:
-        """A Hello that waits for our channel to connect (up to ``connect_timeout``), as the call after it will:
-        one sent while the channel is down fails at once, and the call would then reach the peer unauthenticated."""
-        assert self.hello_message is not None
-        with contextlib.suppress(grpc.aio.AioRpcError, PeerUnauthenticated):  # then the call itself is refused
-            await self._hello(to_wire(self.hello_message()), timeout=self.connect_timeout, wait_for_ready=True)
 
     async def _reachable(self) -> None:
         """Until our channel is connected (at once if it is), else :class:`TransferRefused`: ``unreachable``,
@@ -258,9 +186,9 @@ class PeerClient:
     # wait_for_ready on the round RPCs: the peer answered a heartbeat, so it is up, but our channel to it
     # may still be connecting (a new peer) or behind its reconnect backoff (a peer that just came back).
     async def _call(self, call: Callable[[], Awaitable[T]], timeout: float) -> T:
-        """``call()`` on an authenticated connection; gRPC's failure to reach the peer becomes the port's."""
+        """``call()``; gRPC's failure to reach the peer becomes the port's."""
         try:
-            return await self._authenticated(call)
+            return await call()
         except grpc.aio.AioRpcError as exc:
             raise _unreachable(exc, timeout) from exc
 

@@ -3,8 +3,7 @@
 The domain messages mirror the proto's field by field under the same names, so one pair of functions
 converts them all: maps become dicts, repeated fields tuples (of domain messages, where they repeat a message), a
 nested message its own domain type, an
-absent ``optional`` scalar None. Fields only the wire has (a Hello's swarm-key nonces and proofs) are
-left to :mod:`dfl_node.net.psk`, which signs and checks the protobuf message itself.
+absent ``optional`` scalar None.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 one :class:`~dfl_node.net.client.PeerClient` per address, reused for every call, closed once the
 peer table forgets the address, so file descriptors and memory stay bounded.
 
-Who a peer is, is checked here, where the credentials are: with mutual TLS a link checks the certificate of the
-node we know serves at its address (learnt from a Hello that proved it, or from mDNS: :meth:`GrpcNetwork.heard`),
-and a reply that names another node is confirmed on a link that checks that node's (:meth:`GrpcNetwork.confirm`);
-with a swarm key, a reply must come from the endpoint we dialed (no relaying of another node's answers).
+Who a peer is, is checked here, where the credentials are: with TLS (mutual TLS, or a swarm key's) a link checks
+the certificate of the node we know serves at its address (learnt from a Hello that proved it, or from mDNS:
+:meth:`GrpcNetwork.heard`), and a reply that names another node is confirmed on a link that checks that node's
+(:meth:`GrpcNetwork.confirm`).
 """
 
 from __future__ import annotations
@@ -15,16 +15,15 @@ from collections.abc import Callable
 
 from dfl_node.net.auth import Security
 from dfl_node.net.client import PeerClient
-from dfl_node.net.psk import same_endpoint
 from dfl_node.net.wire import WireIdentity
 from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
 from dfl_node.peering.messages import Hello, HelloReply
 
 
 class GrpcNetwork:
-    def __init__(self, wire: WireIdentity, security: Security, hello_message: Callable[[], Hello], *,
-                 connect_timeout: float, retire_after: float) -> None:
-        self.wire, self.security, self.hello_message = wire, security, hello_message
+    def __init__(self, wire: WireIdentity, security: Security, *, connect_timeout: float,
+                 retire_after: float) -> None:
+        self.wire, self.security = wire, security
         self.connect_timeout = connect_timeout
         self.retire_after = retire_after  # a replaced channel stays open this long: a call may be under way on it
         self.names: dict[str, str] = {}  # mTLS: address -> the node id whose certificate we check there (verified
@@ -43,7 +42,7 @@ class GrpcNetwork:
             if client is not None:  # retired, not cut: a call may still be under way on it
                 retired = client
                 asyncio.get_running_loop().call_later(self.retire_after, lambda: asyncio.ensure_future(retired.close()))
-            client = self.clients[address] = PeerClient(address, self.wire, self.security, name, self.hello_message,
+            client = self.clients[address] = PeerClient(address, self.wire, self.security, name,
                                                         self.connect_timeout, on_wrong_host=self._wrong_host)
         return client
 
@@ -62,9 +61,8 @@ class GrpcNetwork:
     async def confirm(self, address: str, reply: HelloReply, hello: Callable[[], Hello], timeout: float) -> bool:
         """Whether the node that answered at ``address`` is the node ``reply`` names. mTLS: our channel checked the
         certificate of the node we knew there; if that was not the reply's id (the host name we dialed, or an mDNS
-        announcement that was wrong), one more Hello on a channel that checks the id decides. Swarm key: its
-        address must be the endpoint we dialed (no relaying of another node's answers). A peer caught answering
-        for another node is :class:`PeerUnauthenticated` (``identity_mismatch``, ``address_mismatch``)."""
+        announcement that was wrong), one more Hello on a channel that checks the id decides. A peer caught answering
+        for another node is :class:`PeerUnauthenticated` (``identity_mismatch``)."""
         if self.security.tls is not None and self.link(address).checked_id != reply.node_id:
             self.names[address] = reply.node_id
             try:
@@ -78,9 +76,6 @@ class GrpcNetwork:
             if again.node_id != reply.node_id:
                 self.names.pop(address, None)
                 return False
-        if self.security.swarm_key is not None and not await same_endpoint(address, reply.grpc_address):
-            raise PeerUnauthenticated("address_mismatch", f"{address} answers for {reply.grpc_address[:100]!r}: a "
-                                      "relay, or list the peer by the address it advertises")
         return True
 
     def forget(self, address: str) -> None:

@@ -20,7 +20,7 @@ async def start_server(node: PeerHandler, wire: WireIdentity, idle_timeout: floa
     """Serve the node (plus health, and reflection if asked) on ``host:port``; returns the server and the
     bound port. Received models are checked against ``wire``; a Transfer stream silent for ``idle_timeout`` is
     dropped. With TLS material in ``security`` the port speaks mutual TLS only (a client certificate signed by the
-    swarm CA is required); with a swarm key, RPCs other than Hello need an authenticated connection.
+    swarm CA, from files or derived from a swarm key, is required).
 
     SO_REUSEPORT is off (gRPC turns it on by default): with it, a second node on a port in use
     would bind too, and the kernel would split the connections between the two.

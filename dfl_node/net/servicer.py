@@ -51,16 +51,15 @@ class DflServicer(pb_grpc.DflNodeServicer):
     def __init__(self, node: PeerHandler, wire: WireIdentity, idle_timeout: float,
                  auth: Authenticator | None = None) -> None:
         self.node, self.wire, self.idle_timeout = node, wire, idle_timeout
-        self.auth = auth or Authenticator()  # mTLS / swarm key: who may call, as whom (dfl_node.net.auth)
+        self.auth = auth or Authenticator()  # TLS (mTLS or a swarm key): who may call, as whom (dfl_node.net.auth)
 
     async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloReply:
         reply = to_wire(self.node.hello(from_wire(request, Hello), context.peer(), self.auth.hello(request, context)))
         reply.hashes[:] = self.wire.hashes  # what the peer's pushes may carry (codec.negotiate)
-        self.auth.sign(request, reply)
         return reply
 
     def _refuse(self, context: grpc.aio.ServicerContext, claimed: str | None = None) -> TransferRejected | None:
-        """A refusal (counted) of an RPC whose connection has not authenticated, or that names another sender."""
+        """A refusal (counted) of an RPC whose connection proved no node id, or that names another sender."""
         refusal = self.auth.refusal(context, claimed)
         if refusal is None:
             return None

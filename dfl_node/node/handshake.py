@@ -22,7 +22,7 @@ from dfl_node.node.compatibility import REASONS, Verdict, check, their_refusal
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.refusals import Refusals
 from dfl_node.node.tally import Tally
-from dfl_node.peering.errors import AUTH_REQUIRED, PeerUnauthenticated, PeerUnreachable
+from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
 from dfl_node.peering.messages import Hello, HelloReply, Progress
 from dfl_node.peering.port import PeerNetwork
 
@@ -65,14 +65,12 @@ class Handshake:
 
     def answer(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply:
         """The Hello RPC: refuse an incompatible peer (counted, and kept in refusals), else record it as alive.
-        ``refused``: why the network's authentication refuses it (mTLS: a certificate of another node; swarm key:
-        no or a wrong proof, a replay), refused and counted alike, except the first step of every swarm-key
-        handshake."""
+        ``refused``: why the network's authentication refuses it (a certificate of another node), refused and
+        counted alike."""
         ours = self.message()
         if refused:
-            if refused != AUTH_REQUIRED:
-                self._tally.refused(refused)
-                self._tally.warn(refused, "refused %s (%s) at hello: %s", request.node_id[:64], peer, refused)
+            self._tally.refused(refused)
+            self._tally.warn(refused, "refused %s (%s) at hello: %s", request.node_id[:64], peer, refused)
             return self.reply(ours, False, refused)
         verdict = self.incompatibility(ours, request)
         if verdict:
@@ -103,7 +101,7 @@ class Handshake:
         except PeerUnreachable as exc:
             self._table.unanswered(address, exc.detail)
             return None
-        except PeerUnauthenticated as exc:  # mTLS: its certificate failed our checks (or ours its); swarm key
+        except PeerUnauthenticated as exc:  # TLS: its certificate failed our checks (or ours its)
             self._tally.reject(exc.reason, f"{address}: {exc.detail}", address)
             return None
         self._table.answered(address)

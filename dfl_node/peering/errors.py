@@ -9,9 +9,6 @@ from __future__ import annotations
 # it took, not refusals: round mode's holder plays such a round again) and a bad probe (the node counts it where
 # it knows the detail).
 UNCOUNTED_REFUSALS = frozenset({"busy", "transfer_failed", "not_fused", "bad_probe"})
-# Why a network's authentication refuses the first Hello of every swarm-key handshake (it carries no proof yet): a
-# step of the handshake, not a refusal, so never counted (dfl_node.net.psk).
-AUTH_REQUIRED = "auth_required"
 
 
 class PeerError(Exception):
@@ -36,4 +33,4 @@ class PeerUnreachable(PeerError):
 
 class PeerUnauthenticated(PeerError):
     """A peer answered our Hello without proving who it is: ``tls_handshake`` (its certificate failed our
-    checks, or ours its), or a swarm-key failure (``unauthenticated``, ``auth_failed``)."""
+    checks, or ours its), or ``identity_mismatch`` (it answers as another node than its certificate's)."""

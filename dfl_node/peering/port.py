@@ -43,7 +43,7 @@ class PeerNetwork(Protocol):
     """Where a node's links to its peers come from: one per address, reused for every call."""
 
     @property
-    def authentication(self) -> str: ...  # how it authenticates peers (/status): "mtls", "psk", "mtls+psk", "none"
+    def authentication(self) -> str: ...  # how it authenticates peers (/status): "mtls", "swarm-key", "none"
 
     def link(self, address: str) -> PeerLink: ...
     def forget(self, address: str) -> None: ...  # the node no longer talks to ``address``: its link may go

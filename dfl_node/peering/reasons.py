@@ -8,11 +8,9 @@ refusals panel then reads 0 on a healthy fleet, not "No data") and an operator c
 from __future__ import annotations
 
 REASONS: dict[str, str] = {
-    # Hello: who the peer is (mTLS, the swarm key) and whether we can learn together (node/compatibility.py)
+    # Hello: who the peer is (TLS: mTLS or the swarm key) and whether we can learn together (node/compatibility.py)
     "identity_mismatch": "a connection authenticated as one node speaks for another",
-    "unauthenticated": "a peer gave no swarm-key proof, or called before its Hello authenticated",
-    "auth_failed": "a peer's swarm-key proof is wrong",
-    "auth_replay": "a peer replayed a swarm-key proof",
+    "unauthenticated": "a peer's certificate names no node id",
     "tls_handshake": "a peer's certificate failed our checks, or ours its",
     "protocol_version": "a peer (or a transfer) speaks another protocol version",
     "swarm_mismatch": "a peer (or a transfer, a pull) is of another swarm",
@@ -26,7 +24,6 @@ REASONS: dict[str, str] = {
     "fingerprint_mismatch": "a peer's (or a transfer's) model has other tensors than we expect",
     "duplicate_id": "another process answers with our node id",
     "peer_table_full": "too many unconfirmed peers at once",
-    "address_mismatch": "a peer answers for another address than the one we called",
     "undecodable": "a request that is not the message its RPC takes",
     # the membership's probes (node/swim.py, net/servicer.py)
     "too_many_updates": "a membership ping with more updates than its bound",

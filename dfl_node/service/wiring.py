@@ -30,7 +30,8 @@ def security_of(config: NodeConfig) -> Security:
     network = config.network
     try:
         return load_security(config.id, tls_dir=network.tls_dir, tls_ca=network.tls_ca, tls_cert=network.tls_cert,
-                             tls_key=network.tls_key, swarm_key_file=network.swarm_key_file)
+                             tls_key=network.tls_key, swarm_key_file=network.swarm_key_file,
+                             hosts=(network.host, network.advertise))
     except ValueError as exc:
         raise OperatorError(str(exc)) from None
 
@@ -60,8 +61,8 @@ def wire_identity(identity: ModelIdentity) -> WireIdentity:
 
 def grpc_network(config: NodeConfig, security: Security) -> NetworkFactory:
     """The factory of a daemon's network: gRPC with ``security``."""
-    def build(identity: ModelIdentity, hello: Callable[[], Hello]) -> GrpcNetwork:
-        return GrpcNetwork(wire_identity(identity), security, hello, connect_timeout=config.network.connect_timeout,
+    def build(identity: ModelIdentity, _hello: Callable[[], Hello]) -> GrpcNetwork:  # TLS proves who we are
+        return GrpcNetwork(wire_identity(identity), security, connect_timeout=config.network.connect_timeout,
                            retire_after=config.schedule.round_timeout)
 
     return build

@@ -59,7 +59,9 @@ class NetworkSettings(_Part):
                                   "(default: TLS_DIR/node.crt)")
     tls_key: Path | None = Field(None, description="mutual TLS: this node's private key (default: TLS_DIR/node.key)")
     swarm_key_file: Path | None = Field(None, description="swarm-key mode: a file with the swarm's pre-shared key "
-                                        "(`dfl-node certs swarm-key`); peers prove it at Hello, without sending it")
+                                        "(`dfl-node certs swarm-key`), or two lines, the current key then the next "
+                                        "(a rollover): mutual TLS with a swarm CA derived from the key, each node "
+                                        "issuing its own certificate at start; not with --tls-dir")
     insecure: bool = Field(False, description="serve beyond loopback with neither mutual TLS nor a swarm key, so "
                            "that anyone who reaches --host can push a model into this node (and REST with no "
                            "token): only on a private network (a testbed's bridge). Without it such a node refuses "
@@ -72,7 +74,7 @@ class NetworkSettings(_Part):
 
     @property
     def authenticated(self) -> bool:
-        """Whether peers must prove who they are (mutual TLS, a swarm key, or both)."""
+        """Whether peers must prove who they are (mutual TLS with files, or with a swarm key's CA)."""
         return any(path is not None for path in (self.tls_dir, self.tls_ca, self.tls_cert, self.tls_key,
                                                  self.swarm_key_file))
 

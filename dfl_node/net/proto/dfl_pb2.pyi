@@ -45,7 +45,7 @@ class MembershipAck(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., updates: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "auth_nonce", "auth_challenge", "auth_proof", "wire_dtype", "hashes", "progress", "sample_shape", "num_classes")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "wire_dtype", "hashes", "progress", "sample_shape", "num_classes")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -57,9 +57,6 @@ class HelloRequest(_message.Message):
     STATUS_URL_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
-    AUTH_NONCE_FIELD_NUMBER: _ClassVar[int]
-    AUTH_CHALLENGE_FIELD_NUMBER: _ClassVar[int]
-    AUTH_PROOF_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     HASHES_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -76,18 +73,15 @@ class HelloRequest(_message.Message):
     status_url: str
     model: str
     num_samples: int
-    auth_nonce: bytes
-    auth_challenge: bytes
-    auth_proof: bytes
     wire_dtype: str
     hashes: _containers.RepeatedScalarFieldContainer[str]
     progress: RoundProgress
     sample_shape: _containers.RepeatedScalarFieldContainer[int]
     num_classes: int
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_challenge: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "auth_nonce", "auth_proof", "progress", "wire_dtype", "hashes", "sample_shape", "num_classes")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "progress", "wire_dtype", "hashes", "sample_shape", "num_classes")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -101,8 +95,6 @@ class HelloReply(_message.Message):
     STATUS_URL_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
-    AUTH_NONCE_FIELD_NUMBER: _ClassVar[int]
-    AUTH_PROOF_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -121,14 +113,12 @@ class HelloReply(_message.Message):
     status_url: str
     model: str
     num_samples: int
-    auth_nonce: bytes
-    auth_proof: bytes
     progress: RoundProgress
     wire_dtype: str
     hashes: _containers.RepeatedScalarFieldContainer[str]
     sample_shape: _containers.RepeatedScalarFieldContainer[int]
     num_classes: int
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., auth_nonce: _Optional[bytes] = ..., auth_proof: _Optional[bytes] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ...) -> None: ...
 
 class TensorEntry(_message.Message):
     __slots__ = ("name", "dtype", "shape", "start", "count", "offset", "nbytes", "encoding", "scale")
