@@ -30,7 +30,7 @@ from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.servicer import DflServicer
 from dfl_node.net.wire import SERVICE_NAME, WireIdentity
 from dfl_node.peering.errors import TransferRejected
-from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, PullRequest, Token
+from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Ping, PingAck, PullRequest, Token
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
 
 
@@ -65,6 +65,10 @@ class FakeNode:
 
     async def pull(self, request: PullRequest) -> ModelMessage:
         raise TransferRejected("busy", "a fake peer")
+
+    async def ping(self, request: Ping) -> PingAck:
+        """Alive to the membership's probes (so it stays a member that schedulers pick), with no gossip."""
+        return PingAck(ok=True)
 
     async def token(self, request: Token) -> Ack:
         return Ack(ok=False, reason="busy")
