@@ -5,6 +5,7 @@ every start known everywhere in a few periods."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,33 @@ def test_the_gossip_queue_is_bounded_and_sends_each_update_log_n_times() -> None
     gossip.add(MemberUpdate(state=SUSPECT, incarnation=1, node_id="x"))
     gossip.add(MemberUpdate(state=DEAD, incarnation=1, node_id="x"))  # replaces what was queued about x
     assert [u.state for u in gossip.take(10)] == [DEAD]
+
+
+def test_the_gossip_queue_picks_what_a_full_sort_would() -> None:
+    """The queue's heaps against the rule written plainly: fewest sends first, newest first among equals, the most
+    sent (oldest) dropped beyond capacity, each update dropped once sent ``limit`` times."""
+    rng = random.Random(7)
+    gossip = Gossip(retransmit_mult=2, per_message=3, capacity=12)
+    plain: dict[str, list[Any]] = {}  # id -> [update, sent, order]
+    added = 0
+    for _ in range(3000):
+        if rng.random() < 0.45:
+            added += 1
+            update = MemberUpdate(state=rng.choice([ALIVE, SUSPECT, DEAD]), incarnation=added,
+                                  node_id=f"n{rng.randrange(30)}")
+            gossip.add(update)
+            plain[update.node_id] = [update, 0, added]
+            if len(plain) > 12:
+                del plain[max(plain.values(), key=lambda q: (q[1], -q[2]))[0].node_id]
+        else:
+            members = rng.choice([5, 50, 500])
+            chosen = sorted(plain.values(), key=lambda q: (q[1], -q[2]))[:3]
+            for q in chosen:
+                q[1] += 1
+                if q[1] >= gossip.limit(members):
+                    del plain[q[0].node_id]
+            assert gossip.take(members) == [q[0] for q in chosen]
+        assert len(gossip) == len(plain)
 
 
 def test_a_ping_with_its_updates_crosses_the_wire_unchanged() -> None:

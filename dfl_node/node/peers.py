@@ -93,9 +93,21 @@ class PeerTable:
         self.pending: dict[str, tuple[str, float]] = {}  # id -> (address, when first heard): not yet confirmed
         self.changed = asyncio.Condition()
         self._greeted = 0  # where the round robin of :meth:`next_unknown` stands
+        # Read every probe period by every node, so kept rather than recomputed from the whole table (a thousand
+        # peers): the live ids and the static addresses no live peer serves at (None: to recompute, after a peer
+        # joined, left or moved), and the peers not alive (what :meth:`prune` looks at).
+        self._alive: list[str] | None = None
+        self._unknown: list[str] | None = None
+        self._silent: set[str] = set()
 
     def alive_ids(self) -> list[str]:
-        return sorted(p.id for p in self.peers.values() if p.alive)
+        if self._alive is None:
+            self._alive = sorted(p.id for p in self.peers.values() if p.alive)
+        return list(self._alive)
+
+    def _moved(self) -> None:
+        """A peer joined, left, or serves elsewhere: what :meth:`alive_ids` and :meth:`next_unknown` keep is stale."""
+        self._alive = self._unknown = None
 
     def incarnations(self, ids: list[str]) -> dict[str, str | None]:
         """Each peer's boot id, None where it is not alive: a change means it crashed, restarted or left."""
@@ -141,6 +153,9 @@ class PeerTable:
         peer = self.peers.get(reply.node_id)
         restarted = peer is not None and peer.boot_id != reply.boot_id
         rejoined = peer is None or not peer.alive or restarted
+        if rejoined or peer.address != reply.grpc_address:
+            self._moved()
+            self._silent.discard(reply.node_id)
         if peer is None:
             peer = self.peers[reply.node_id] = Peer(reply.node_id, reply.grpc_address, reply.http_port,
                                                     reply.boot_id, reply.algorithm, now, heard_at)
@@ -180,6 +195,8 @@ class PeerTable:
         peer = self.peers.get(peer_id)
         if peer and peer.alive:
             peer.alive = False
+            self._moved()
+            self._silent.add(peer_id)
             log.info("peer %s left (silent or said goodbye)", peer_id)
             asyncio.get_running_loop().create_task(self._notify())
             self.on_lost(peer_id)
@@ -219,9 +236,10 @@ class PeerTable:
     def prune(self) -> None:
         """Drop the long dead and the pending that never answered."""
         now = self.clock.monotonic()
-        for peer in list(self.peers.values()):
-            if not peer.alive and now - peer.heard_at > self.expiry:
+        for peer in [self.peers[i] for i in sorted(self._silent)]:
+            if now - peer.heard_at > self.expiry:
                 del self.peers[peer.id]
+                self._silent.discard(peer.id)
                 log.info("peer %s forgotten (silent for %.0f s)", peer.id, now - peer.heard_at)
                 self.on_forgotten(peer.id)
                 if not self._in_use(peer.address):
@@ -236,8 +254,10 @@ class PeerTable:
         """The next static address no live peer serves at (round robin): the membership greets one a period, so
         that a thousand nodes listing each other join through the first that answers and learn the rest by gossip,
         rather than saying Hello to all at once."""
-        known = {p.address for p in self.peers.values() if p.alive}
-        unknown = [a for a in self.static if a not in known]
+        if self._unknown is None:
+            known = {p.address for p in self.peers.values() if p.alive}
+            self._unknown = [a for a in self.static if a not in known]
+        unknown = self._unknown
         if not unknown:
             return None
         self._greeted += 1
