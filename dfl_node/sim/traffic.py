@@ -30,10 +30,7 @@ def _size(value: object) -> int:
     if isinstance(value, Mapping):
         return sum(2 + _size(k) + _size(v) for k, v in value.items())
     if is_dataclass(value) and not isinstance(value, type):
-        names = _FIELDS.get(type(value))
-        if names is None:
-            names = _FIELDS[type(value)] = tuple(f.name for f in fields(value))
-        inner = 2 + sum(_size(getattr(value, name)) for name in names)
+        inner = 2 + _fields_size(value)
         if len(_SIZES) >= _SIZES_KEPT:
             _SIZES.clear()
         _SIZES[id(value)] = (value, inner)
@@ -41,11 +38,22 @@ def _size(value: object) -> int:
     return 0
 
 
+def _fields_size(message: object) -> int:
+    """A message's fields' bytes (not remembered: a ping or an ack is sized once, and remembering each would push
+    out the updates and Hellos that a thousand nodes size again and again)."""
+    names = _FIELDS.get(type(message))
+    if names is None:
+        names = _FIELDS[type(message)] = tuple(f.name for f in fields(message))  # type: ignore[arg-type]
+    return sum(_size(getattr(message, name)) for name in names)
+
+
 def message_size(message: object) -> int:
     """About what a peer-port message takes as protobuf: each field's tag and value (strings and bytes their
     length, numbers a varint's or a double's 8 bytes), nested messages and repeated fields field by field, and a
-    frame's 10 bytes. A message's size is remembered (frozen: it never changes), as a thousand nodes gossip the
-    same updates and Hellos."""
+    frame's 10 bytes. A nested message's size is remembered (frozen: it never changes), as a thousand nodes gossip
+    the same updates and Hellos."""
+    if is_dataclass(message) and not isinstance(message, type):
+        return 10 + 2 + _fields_size(message)
     return 10 + _size(message)
 
 
