@@ -66,7 +66,8 @@ class Membership:
         self.handshake = Handshake(hello, fingerprint_of, table=self.table, refusals=self.refusals, tally=tally,
                                    network=network)
         self.swim = Swim(node_id, settings, clock, table=self.table, network=network, hello=hello,
-                         compatible=lambda peer: self.handshake.incompatibility(hello(), peer) is None, seed=seed)
+                         compatible=lambda peer: self.handshake.incompatibility(self.swim.said(), peer) is None,
+                         seed=seed)
         self._network = network
         self._joining: set[asyncio.Task[None]] = set()  # joins under way (a task is kept until it ends)
 

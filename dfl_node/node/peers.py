@@ -99,6 +99,7 @@ class PeerTable:
         self._alive: list[str] | None = None
         self._unknown: list[str] | None = None
         self._silent: set[str] = set()
+        self._waking = False  # a wake-up of the table's waiters is scheduled and has not run yet
 
     def alive_ids(self) -> list[str]:
         if self._alive is None:
@@ -121,7 +122,20 @@ class PeerTable:
         peer = self.peers.get(peer_id)
         return peer.address if peer else None
 
+    def _wake(self) -> None:
+        """Wake whoever waits on the table, once for all the changes made before the wake-up runs: a node learning
+        a thousand peers at once wakes its waiter once, not a thousand times (each woken waiter reads the table as
+        it is then, so none misses a change)."""
+        if not self._waking:
+            self._waking = True
+            asyncio.get_running_loop().create_task(self._notify()).add_done_callback(self._woken)
+
+    def _woken(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():  # cancelled before it ran: the next change wakes the waiters
+            self._waking = False
+
     async def _notify(self) -> None:
+        self._waking = False
         async with self.changed:
             self.changed.notify_all()
 
@@ -169,7 +183,7 @@ class PeerTable:
             peer.holding_since = now
         if rejoined:
             log.info("peer %s at %s is alive", peer.id, peer.address)
-            asyncio.get_running_loop().create_task(self._notify())
+            self._wake()
             self.on_join(peer.id, restarted)
         self.on_seen(reply)
 
@@ -198,7 +212,7 @@ class PeerTable:
             self._moved()
             self._silent.add(peer_id)
             log.info("peer %s left (silent or said goodbye)", peer_id)
-            asyncio.get_running_loop().create_task(self._notify())
+            self._wake()
             self.on_lost(peer_id)
 
     def unanswered(self, address: str, why: str) -> None:

@@ -1,22 +1,46 @@
 """What a peer-port message other than a model would take on the wire, for the simulator's membership figures
-(:class:`Traffic`); a model's is :func:`~dfl_node.sim.network.wire_size`."""
+(:class:`Traffic`); a model's is :func:`~dfl_node.sim.network.wire_size`.
+
+A thousand nodes size tens of millions of values a virtual minute (a push-pull carries a whole view), so the common
+types are told apart by their exact type before anything else, and the size of a Hello (and of its progress) is
+remembered: a member's Hello is one object that every node gossips. A membership update is not remembered: each node
+writes its own of each member into a push-pull (a million in a fleet of a thousand), and its own fields are few.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass
 
-_SIZES: dict[int, tuple[object, int]] = {}  # id -> (message, its size): a member's Hello rides many messages
+from dfl_node.peering.messages import MemberUpdate
+
+_SIZES: dict[int, tuple[object, int]] = {}  # id -> (message, its size)
 _SIZES_KEPT = 100_000
 _FIELDS: dict[type, tuple[str, ...]] = {}  # a message class -> its fields' names
+_UNSHARED = (MemberUpdate,)  # sized from their fields each time (see the module's docstring)
 
 
 def _size(value: object) -> int:
-    """One value's bytes (see :func:`message_size`). Sized a million times a virtual minute in a large fleet, so a
-    remembered message is looked up before anything else is asked of it."""
+    """One value's bytes (see :func:`message_size`)."""
+    kind = type(value)
+    if kind is str or kind is bytes:
+        return 2 + len(value) if value else 0  # type: ignore[arg-type]
+    if kind is int:
+        return 1 + max(1, (value.bit_length() + 6) // 7) if value else 0  # type: ignore[attr-defined]
+    if kind is bool:
+        return 2 if value else 0
+    if kind is float:
+        return 9 if value else 0
+    if kind is tuple or kind is list:
+        return sum(map(_size, value))  # type: ignore[call-overload]
     known = _SIZES.get(id(value))
     if known is not None and known[0] is value:
         return known[1]
+    return _other(value)
+
+
+def _other(value: object) -> int:
+    """What :func:`_size` did not tell by its exact type: a subclass of those, a mapping, a nested message."""
     if isinstance(value, str | bytes):
         return 2 + len(value) if value else 0
     if isinstance(value, bool):
@@ -31,16 +55,16 @@ def _size(value: object) -> int:
         return sum(2 + _size(k) + _size(v) for k, v in value.items())
     if is_dataclass(value) and not isinstance(value, type):
         inner = 2 + _fields_size(value)
-        if len(_SIZES) >= _SIZES_KEPT:
-            _SIZES.clear()
-        _SIZES[id(value)] = (value, inner)
+        if not isinstance(value, _UNSHARED):
+            if len(_SIZES) >= _SIZES_KEPT:
+                _SIZES.clear()
+            _SIZES[id(value)] = (value, inner)
         return inner
     return 0
 
 
 def _fields_size(message: object) -> int:
-    """A message's fields' bytes (not remembered: a ping or an ack is sized once, and remembering each would push
-    out the updates and Hellos that a thousand nodes size again and again)."""
+    """A message's fields' bytes."""
     names = _FIELDS.get(type(message))
     if names is None:
         names = _FIELDS[type(message)] = tuple(f.name for f in fields(message))  # type: ignore[arg-type]
@@ -50,8 +74,7 @@ def _fields_size(message: object) -> int:
 def message_size(message: object) -> int:
     """About what a peer-port message takes as protobuf: each field's tag and value (strings and bytes their
     length, numbers a varint's or a double's 8 bytes), nested messages and repeated fields field by field, and a
-    frame's 10 bytes. A nested message's size is remembered (frozen: it never changes), as a thousand nodes gossip
-    the same updates and Hellos."""
+    frame's 10 bytes. (A ping or an ack is sized once: not remembered, lest it push out the Hellos.)"""
     if is_dataclass(message) and not isinstance(message, type):
         return 10 + 2 + _fields_size(message)
     return 10 + _size(message)
