@@ -64,7 +64,8 @@ def check(ours: Hello, theirs: Hello, fingerprint_of: Callable[[str], str]) -> V
     if (theirs.wire_dtype or EXACT) != ours.wire_dtype:
         return Verdict("wire_dtype_mismatch", f"theirs {_text(theirs.wire_dtype or EXACT)}, ours {ours.wire_dtype!r}")
     try:
-        ModelSpec.parse(theirs.model)
+        if theirs.model != ours.model:  # ours parsed when we started (a thousand members share it: not again)
+            ModelSpec.parse(theirs.model)
     except ValueError:
         return Verdict("unknown_model", f"theirs {_text(theirs.model)} is neither built in, installed here "
                        "(dfl-node plugins), nor the package.module:factory this node runs")
