@@ -167,7 +167,7 @@ class PeerTable:
         peer = self.peers.get(reply.node_id)
         restarted = peer is not None and peer.boot_id != reply.boot_id
         rejoined = peer is None or not peer.alive or restarted
-        if rejoined or peer.address != reply.grpc_address:
+        if peer is None or rejoined or peer.address != reply.grpc_address:
             self._moved()
             self._silent.discard(reply.node_id)
         if peer is None:
