@@ -2,9 +2,10 @@
 (:class:`Traffic`); a model's is :func:`~dfl_node.sim.network.wire_size`.
 
 A thousand nodes size tens of millions of values a virtual minute (a push-pull carries a whole view), so the common
-types are told apart by their exact type before anything else, and the size of a Hello (and of its progress) is
-remembered: a member's Hello is one object that every node gossips. A membership update is not remembered: each node
-writes its own of each member into a push-pull (a million in a fleet of a thousand), and its own fields are few.
+types are told apart by their exact type before anything else, and a nested message's size is remembered (frozen, it
+never changes): a member's Hello is one object that every node gossips, and so is each update a node passes on. The
+memory is bounded (100,000 sizes): the updates of the push-pulls, each node's own of each member (a million in a
+fleet of a thousand), come and go, and what is gossiped again is sized again once.
 """
 
 from __future__ import annotations
@@ -32,12 +33,19 @@ def _size(value: object) -> int:
         return 9 if value else 0
     if kind is tuple or kind is list:
         return sum(map(_size, value))  # type: ignore[call-overload]
-    if kind is MemberUpdate:
-        return _update_size(value)  # type: ignore[arg-type]
     known = _SIZES.get(id(value))
     if known is not None and known[0] is value:
         return known[1]
+    if kind is MemberUpdate:
+        return _remember(value, _update_size(value))  # type: ignore[arg-type]
     return _other(value)
+
+
+def _remember(message: object, size: int) -> int:
+    if len(_SIZES) >= _SIZES_KEPT:
+        _SIZES.clear()
+    _SIZES[id(message)] = (message, size)
+    return size
 
 
 def _other(value: object) -> int:
@@ -55,17 +63,13 @@ def _other(value: object) -> int:
     if isinstance(value, Mapping):
         return sum(2 + _size(k) + _size(v) for k, v in value.items())
     if is_dataclass(value) and not isinstance(value, type):
-        inner = 2 + _fields_size(value)
-        if len(_SIZES) >= _SIZES_KEPT:
-            _SIZES.clear()
-        _SIZES[id(value)] = (value, inner)
-        return inner
+        return _remember(value, 2 + _fields_size(value))
     return 0
 
 
 def _update_size(update: MemberUpdate) -> int:
-    """A membership update's bytes, its fields written out: sized millions of times, never remembered (see the
-    module's docstring); ``tests/test_swim.py`` checks it against the field-by-field rule."""
+    """A membership update's bytes, its fields written out: sized millions of times (see the module's docstring);
+    ``tests/test_swim.py`` checks it against the field-by-field rule."""
     return (2 + _size(update.state) + _size(update.incarnation) + _size(update.node_id) + _size(update.sender)
             + _size(update.hello))
 
