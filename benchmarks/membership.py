@@ -1,18 +1,27 @@
-"""The membership's cost and quality as a simulated fleet grows (issue 33): ``dfl-node simulate`` of an idle async
-fleet (``--participation 0.001``) at each ``--nodes`` given, each a child process; prints one JSON object with, per
-fleet size, the results' ``membership`` block (messages and bytes per node and second, suspicions, detection and
-join times), the child's wall time and its peak RSS, and ``messages_ratio``: the largest fleet's messages per node
-and second over the smallest's.
+"""The membership's cost and quality as a simulated fleet grows (issue 33): ``dfl-node simulate --mode async`` at
+each ``--nodes`` given, each run a child process; prints one JSON object with, per fleet size, the results'
+``membership`` block (messages and bytes per node and second, suspicions, detection and join times), the fusions the
+fleet ran (``rounds``), the child's wall time, CPU time and peak RSS, and ``messages_ratio``: the largest fleet's
+messages per node and second over the smallest's.
 
     python benchmarks/membership.py --nodes 10 100 1000 [--duration 120] [--dataset mnist --data-dir DIR] [-- ARGS]
 
-More than ~1,400 nodes need more samples than the embedded digits has (``--dataset mnist``); anything after ``--``
-goes to ``dfl-node simulate`` as is (``--faults FILE``, ``--interval 60``…).
+The two cases of issue 33's "done when" line (1,000 nodes, 600 virtual seconds; two runs each, their results
+compared byte for byte: ``identical``):
+
+    python benchmarks/membership.py --nodes 1000 --duration 600 --repeat 2                    # idle
+    python benchmarks/membership.py --nodes 1000 --duration 600 --repeat 2 --interval 60 --participation 1  # working
+
+Idle is ``--participation 0.001`` (the default here): a node volunteers at one tick in a thousand. Working: every
+node volunteers once a minute (``--interval 60``, jittered ±50 %) and leads a Def-KT exchange. More than ~350 nodes
+need more samples than the embedded digits has (``--dataset mnist``, the default here); anything after ``--`` goes
+to ``dfl-node simulate`` as is (``--faults FILE``…).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -20,33 +29,49 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
-def one(nodes: int, duration: float, dataset: str, data_dir: str | None, extra: list[str]) -> dict:
+def one(nodes: int, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """One run of ``nodes`` nodes: its membership figures, fusions, wall and CPU time, peak RSS, results' sha256."""
     with tempfile.TemporaryDirectory(prefix="dfl-membership-") as out:
         command = [sys.executable, "-m", "dfl_node", "simulate", "--mode", "async", "--nodes", str(nodes),
-                   "--duration", str(duration), "--participation", "0.001", "--algorithm", "defkt",
-                   "--dataset", dataset, "--test-samples", "200", "--out", out, *extra]
-        env = {**os.environ, **({"DFL_DATA_DIR": data_dir} if data_dir else {})}
+                   "--duration", str(args.duration), "--participation", str(args.participation),
+                   "--algorithm", args.algorithm, "--dataset", args.dataset, "--test-samples", str(args.test_samples),
+                   "--out", out, *(["--interval", str(args.interval)] if args.interval else []), *extra]
+        env = {**os.environ, **({"DFL_DATA_DIR": args.data_dir} if args.data_dir else {})}
         started = time.perf_counter()
         child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - started
         if status != 0:
             raise SystemExit(f"error: {' '.join(command)} failed:\n{child.stderr.read() if child.stderr else ''}")
-        membership = json.loads((Path(out) / "defkt.json").read_text())["membership"]
-    return {**membership, "wall_s": round(wall, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024)}
+        text = (Path(out) / f"{args.algorithm}.json").read_bytes()
+    result = json.loads(text)
+    return {**result["membership"], "rounds": result["rounds"], "wall_s": round(wall, 1),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024),
+            "results_sha256": hashlib.sha256(text).hexdigest()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--duration", type=float, default=120.0)
+    parser.add_argument("--interval", type=float, help="async --interval (default: dfl-node's)")
+    parser.add_argument("--participation", type=float, default=0.001)
+    parser.add_argument("--algorithm", default="defkt")
     parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--test-samples", type=int, default=200)
     parser.add_argument("--data-dir", default=os.environ.get("DFL_DATA_DIR"))
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each size; >1: say whether results match")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
-    runs = {n: one(n, args.duration, args.dataset, args.data_dir, extra) for n in args.nodes}
+    runs: dict[int, Any] = {}
+    for n in args.nodes:
+        tries = [one(n, args, extra) for _ in range(args.repeat)]
+        runs[n] = {**tries[0], "wall_s": [t["wall_s"] for t in tries], "cpu_s": [t["cpu_s"] for t in tries],
+                   "peak_rss_mb": [t["peak_rss_mb"] for t in tries],
+                   **({"identical": len({t["results_sha256"] for t in tries}) == 1} if args.repeat > 1 else {})}
     rates = [runs[n]["messages_per_node_s"] for n in sorted(runs)]
     print(json.dumps({"runs": runs, "messages_ratio": round(max(rates) / min(rates), 3)}, indent=1))
 

@@ -45,3 +45,10 @@ def test_simulate_cli_writes_json_and_csv(tmp_path) -> None:
 def test_bad_flag_is_a_usage_error() -> None:
     result = CliRunner().invoke(cli, ["simulate", "--nodes", "1"])
     assert result.exit_code == 2 and "nodes" in result.output
+
+
+def test_a_fleet_too_large_for_its_dataset_is_one_line_not_a_traceback(tmp_path) -> None:
+    result = CliRunner().invoke(cli, ["simulate", "--nodes", "1000", "--algorithm", "defkt", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "error: cannot split digits's 1437 training samples among 1000 nodes" in result.output
+    assert "Traceback" not in result.output and "--dataset" in result.output

@@ -5,6 +5,7 @@ every start known everywhere in a few periods."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from dfl_node.settings.node import MembershipSettings
 from dfl_node.settings.simulation import FaultSchedule, KillFault, SimulationSettings
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.experiment import run_fleet
+from dfl_node.sim.traffic import message_size
 
 IDLE = ExperimentConfig(nodes=10, partition="iid", seed=3, batch_size=20, mkt_batch_size=20, hidden=[16])
 
@@ -114,6 +116,33 @@ def test_the_gossip_queue_is_bounded_and_sends_each_update_log_n_times() -> None
     assert [u.state for u in gossip.take(10)] == [DEAD]
 
 
+def test_the_gossip_queue_picks_what_a_full_sort_would() -> None:
+    """The queue's heaps against the rule written plainly: fewest sends first, newest first among equals, the most
+    sent (oldest) dropped beyond capacity, each update dropped once sent ``limit`` times."""
+    rng = random.Random(7)
+    gossip = Gossip(retransmit_mult=2, per_message=3, capacity=12)
+    plain: dict[str, list[Any]] = {}  # id -> [update, sent, order]
+    added = 0
+    for _ in range(3000):
+        if rng.random() < 0.45:
+            added += 1
+            update = MemberUpdate(state=rng.choice([ALIVE, SUSPECT, DEAD]), incarnation=added,
+                                  node_id=f"n{rng.randrange(30)}")
+            gossip.add(update)
+            plain[update.node_id] = [update, 0, added]
+            if len(plain) > 12:
+                del plain[max(plain.values(), key=lambda q: (q[1], -q[2]))[0].node_id]
+        else:
+            members = rng.choice([5, 50, 500])
+            chosen = sorted(plain.values(), key=lambda q: (q[1], -q[2]))[:3]
+            for q in chosen:
+                q[1] += 1
+                if q[1] >= gossip.limit(members):
+                    del plain[q[0].node_id]
+            assert gossip.take(members) == [q[0] for q in chosen]
+        assert len(gossip) == len(plain)
+
+
 def test_a_ping_with_its_updates_crosses_the_wire_unchanged() -> None:
     ping = Ping(sender="a", target="b", target_address="b:1", timeout_s=0.4, updates=(
         MemberUpdate(state=ALIVE, incarnation=2**40, node_id="a", hello=hello("a", 3)),
@@ -121,6 +150,35 @@ def test_a_ping_with_its_updates_crosses_the_wire_unchanged() -> None:
     assert from_wire(to_wire(ping)) == ping
     ack = PingAck(ok=True, updates=(MemberUpdate(state=DEAD, incarnation=1, node_id="c", sender="b"),))
     assert from_wire(to_wire(ack)) == ack
+
+
+def test_a_message_is_sized_field_by_field_however_often_its_parts_were_sized() -> None:
+    """The simulator's byte estimate (remembered Hellos, updates written out) against the rule written plainly."""
+    def plain(value: Any) -> int:
+        if value is None:
+            return 0
+        if isinstance(value, dict):
+            return sum(2 + plain(k) + plain(v) for k, v in value.items())
+        if isinstance(value, tuple | list):
+            return sum(map(plain, value))
+        if hasattr(value, "__dataclass_fields__"):
+            return 2 + sum(plain(getattr(value, f)) for f in value.__dataclass_fields__)
+        if not value:  # protobuf leaves a default out
+            return 0
+        if isinstance(value, str | bytes):
+            return 2 + len(value)
+        if isinstance(value, bool | float):
+            return 2 if isinstance(value, bool) else 9
+        return 1 + max(1, (value.bit_length() + 6) // 7)
+
+    shared = hello("a", 3)
+    updates = (MemberUpdate(state=ALIVE, incarnation=2**40, node_id="a", hello=shared),
+               MemberUpdate(state=SUSPECT, incarnation=7, node_id="c", sender="a"),
+               MemberUpdate(state=ALIVE, incarnation=1, node_id="a", sender="b", hello=shared))
+    for message in (Ping(sender="a", target="b", timeout_s=0.4, updates=updates), PingAck(ok=True, updates=updates),
+                    Ping(sender="b", sync=True, updates=updates[::-1]), shared):
+        for _ in range(2):  # the second time from what was remembered
+            assert message_size(message) == 10 + plain(message)
 
 
 def idle(tmp_path: Path, nodes: int, duration: float, faults: FaultSchedule | None = None) -> dict[str, Any]:

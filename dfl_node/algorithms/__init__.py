@@ -31,6 +31,11 @@ def algorithm_names() -> list[str]:
     return sorted({*ALGORITHMS, *installed("algorithms")})
 
 
+def is_algorithm(name: str) -> bool:
+    """Whether ``name`` is a built-in or an installed algorithm (asked of every member a node learns: no sort)."""
+    return name in ALGORITHMS or name in installed("algorithms")
+
+
 def algorithm_class(name: str) -> type[Algorithm]:
     """The class of algorithm ``name``: a built-in, or an installed plugin, imported now."""
     if name in ALGORITHMS:
@@ -53,4 +58,5 @@ def make_algorithm(name: str, config: SharedSettings, options: AlgorithmOptions 
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmError", "Group", "NodeContext", "NodeProfile", "Role", "RoundPlan",
-           "Step", "algorithm_class", "algorithm_names", "make_algorithm"]
+           "Step", "algorithm_class", "algorithm_names", "is_algorithm",
+           "make_algorithm"]

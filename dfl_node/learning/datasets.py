@@ -9,6 +9,7 @@ travels as a safetensors shard (no pickle), validated on load.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import math
 import os
@@ -69,9 +70,9 @@ class ArrayDataset:
         x, y = self.x.to(device), self.y.to(device)
         return self if x is self.x and y is self.y else ArrayDataset(x, y, self.num_classes)
 
-    @property
+    @functools.cached_property
     def input_shape(self) -> tuple[int, ...]:
-        """The shape of one sample: (F,), (C, L), (C, H, W)…"""
+        """The shape of one sample: (F,), (C, L), (C, H, W)… (kept: every Hello a node sends says it)"""
         return tuple(int(d) for d in self.x.shape[1:])
 
     def class_counts(self) -> np.ndarray:

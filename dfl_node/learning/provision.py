@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
+from dfl_node.errors import InputError
 from dfl_node.learning.dataset_refs import BUILTIN_DATASETS
 from dfl_node.learning.datasets import ArrayDataset, save_shard, shard_dataset, shard_metadata
 from dfl_node.learning.models import ModelSpec, spread
@@ -96,11 +97,16 @@ def provision(plan: FleetPlan) -> FleetData:
     into every shard, so that nodes started on them (``dfl-node partition``, then ``start``) resolve the same."""
     data, learning, nodes = plan.shards, plan.learning, plan.nodes
     train, test = subsets(data, learning.seed, *load_any_dataset(data.dataset, data.data_dir, data))
-    splits = client_splits(
-        train.y.numpy(), nodes, data.partition, learning.seed,
-        zeta=data.zeta, beta=data.beta, val_fraction=data.val_fraction,
-        zeta_max=data.zeta_max, samples=data.samples, large_nodes=data.large_nodes,
-    )
+    try:
+        splits = client_splits(
+            train.y.numpy(), nodes, data.partition, learning.seed,
+            zeta=data.zeta, beta=data.beta, val_fraction=data.val_fraction,
+            zeta_max=data.zeta_max, samples=data.samples, large_nodes=data.large_nodes,
+        )
+    except ValueError as exc:  # the operator's numbers (too many nodes for the data, a bad zeta): said in a line
+        raise InputError(f"cannot split {data.dataset}'s {len(train)} training samples among {nodes} nodes "
+                         f"({data.partition} partition): {exc}; give fewer --nodes or a larger --dataset "
+                         "(mnist: 60,000 samples)") from None
     clients = [
         ClientData(node_id, train.subset(split.train), train.subset(split.val))
         for node_id, split in zip(fleet_ids(nodes), splits)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dfl_node import PROTOCOL_VERSION
-from dfl_node.algorithms import algorithm_names
+from dfl_node.algorithms import is_algorithm
 from dfl_node.learning.models import ModelSpec
 from dfl_node.peering.messages import Hello
 from dfl_node.peering.wire_dtypes import EXACT
@@ -56,7 +56,7 @@ def check(ours: Hello, theirs: Hello, fingerprint_of: Callable[[str], str]) -> V
                        "dfl-node version on every node")
     if theirs.swarm != ours.swarm:
         return Verdict("swarm_mismatch", f"theirs {_text(theirs.swarm)}, ours {ours.swarm!r}")
-    if theirs.algorithm not in algorithm_names():
+    if not is_algorithm(theirs.algorithm):
         return Verdict("unknown_algorithm", f"theirs {_text(theirs.algorithm)} is neither built in nor installed "
                        "here (dfl-node plugins)")
     if theirs.algorithm != ours.algorithm:
@@ -64,7 +64,8 @@ def check(ours: Hello, theirs: Hello, fingerprint_of: Callable[[str], str]) -> V
     if (theirs.wire_dtype or EXACT) != ours.wire_dtype:
         return Verdict("wire_dtype_mismatch", f"theirs {_text(theirs.wire_dtype or EXACT)}, ours {ours.wire_dtype!r}")
     try:
-        ModelSpec.parse(theirs.model)
+        if theirs.model != ours.model:  # ours parsed when we started (a thousand members share it: not again)
+            ModelSpec.parse(theirs.model)
     except ValueError:
         return Verdict("unknown_model", f"theirs {_text(theirs.model)} is neither built in, installed here "
                        "(dfl-node plugins), nor the package.module:factory this node runs")

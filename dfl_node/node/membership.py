@@ -67,8 +67,8 @@ class Membership:
         self.handshake = Handshake(hello, fingerprint_of, table=self.table, refusals=self.refusals, tally=tally,
                                    network=network)
         self.swim = Swim(node_id, settings, clock, table=self.table, network=network, hello=hello,
-                         compatible=lambda peer: self.handshake.incompatibility(hello(), peer) is None, seed=seed,
-                         confirmed=lambda update, spread: self.confirmations.confirmed(update, spread))
+                         compatible=lambda peer: self.handshake.incompatibility(self.swim.said(), peer) is None,
+                         seed=seed, confirmed=lambda update, spread: self.confirmations.confirmed(update, spread))
         self.confirmations = Confirmations(self.table)
         self.seeds = Seeds(settings.join, first_wait=settings.heartbeat)
         self._network = network

@@ -93,9 +93,22 @@ class PeerTable:
         self.pending: dict[str, tuple[str, float]] = {}  # id -> (address, when first heard): not yet confirmed
         self.changed = asyncio.Condition()
         self._greeted = 0  # where the round robin of :meth:`next_unknown` stands
+        # Read every probe period by every node, so kept rather than recomputed from the whole table (a thousand
+        # peers): the live ids and the static addresses no live peer serves at (None: to recompute, after a peer
+        # joined, left or moved), and the peers not alive (what :meth:`prune` looks at).
+        self._alive: list[str] | None = None
+        self._unknown: list[str] | None = None
+        self._silent: set[str] = set()
+        self._waking = False  # a wake-up of the table's waiters is scheduled and has not run yet
 
     def alive_ids(self) -> list[str]:
-        return sorted(p.id for p in self.peers.values() if p.alive)
+        if self._alive is None:
+            self._alive = sorted(p.id for p in self.peers.values() if p.alive)
+        return list(self._alive)
+
+    def _moved(self) -> None:
+        """A peer joined, left, or serves elsewhere: what :meth:`alive_ids` and :meth:`next_unknown` keep is stale."""
+        self._alive = self._unknown = None
 
     def incarnations(self, ids: list[str]) -> dict[str, str | None]:
         """Each peer's boot id, None where it is not alive: a change means it crashed, restarted or left."""
@@ -109,7 +122,20 @@ class PeerTable:
         peer = self.peers.get(peer_id)
         return peer.address if peer else None
 
+    def _wake(self) -> None:
+        """Wake whoever waits on the table, once for all the changes made before the wake-up runs: a node learning
+        a thousand peers at once wakes its waiter once, not a thousand times (each woken waiter reads the table as
+        it is then, so none misses a change)."""
+        if not self._waking:
+            self._waking = True
+            asyncio.get_running_loop().create_task(self._notify()).add_done_callback(self._woken)
+
+    def _woken(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():  # cancelled before it ran: the next change wakes the waiters
+            self._waking = False
+
     async def _notify(self) -> None:
+        self._waking = False
         async with self.changed:
             self.changed.notify_all()
 
@@ -141,6 +167,9 @@ class PeerTable:
         peer = self.peers.get(reply.node_id)
         restarted = peer is not None and peer.boot_id != reply.boot_id
         rejoined = peer is None or not peer.alive or restarted
+        if peer is None or rejoined or peer.address != reply.grpc_address:
+            self._moved()
+            self._silent.discard(reply.node_id)
         if peer is None:
             peer = self.peers[reply.node_id] = Peer(reply.node_id, reply.grpc_address, reply.http_port,
                                                     reply.boot_id, reply.algorithm, now, heard_at)
@@ -154,7 +183,7 @@ class PeerTable:
             peer.holding_since = now
         if rejoined:
             log.info("peer %s at %s is alive", peer.id, peer.address)
-            asyncio.get_running_loop().create_task(self._notify())
+            self._wake()
             self.on_join(peer.id, restarted)
         self.on_seen(reply)
 
@@ -180,8 +209,10 @@ class PeerTable:
         peer = self.peers.get(peer_id)
         if peer and peer.alive:
             peer.alive = False
+            self._moved()
+            self._silent.add(peer_id)
             log.info("peer %s left (silent or said goodbye)", peer_id)
-            asyncio.get_running_loop().create_task(self._notify())
+            self._wake()
             self.on_lost(peer_id)
 
     def unanswered(self, address: str, why: str) -> None:
@@ -220,9 +251,10 @@ class PeerTable:
     def prune(self) -> None:
         """Drop the long dead and the pending that never answered."""
         now = self.clock.monotonic()
-        for peer in list(self.peers.values()):
-            if not peer.alive and now - peer.heard_at > self.expiry:
+        for peer in [self.peers[i] for i in sorted(self._silent)]:
+            if now - peer.heard_at > self.expiry:
                 del self.peers[peer.id]
+                self._silent.discard(peer.id)
                 log.info("peer %s forgotten (silent for %.0f s)", peer.id, now - peer.heard_at)
                 self.on_forgotten(peer.id)
                 if not self._in_use(peer.address):
@@ -237,8 +269,10 @@ class PeerTable:
         """The next static address no live peer serves at (round robin): the membership greets one a period, so
         that a thousand nodes listing each other join through the first that answers and learn the rest by gossip,
         rather than saying Hello to all at once."""
-        known = {p.address for p in self.peers.values() if p.alive}
-        unknown = [a for a in self.static if a not in known]
+        if self._unknown is None:
+            known = {p.address for p in self.peers.values() if p.alive}
+            self._unknown = [a for a in self.static if a not in known]
+        unknown = self._unknown
         if not unknown:
             return None
         self._greeted += 1

@@ -1,45 +1,94 @@
 """What a peer-port message other than a model would take on the wire, for the simulator's membership figures
-(:class:`Traffic`); a model's is :func:`~dfl_node.sim.network.wire_size`."""
+(:class:`Traffic`); a model's is :func:`~dfl_node.sim.network.wire_size`.
+
+A thousand nodes size tens of millions of values a virtual minute (a push-pull carries a whole view), so the common
+types are told apart by their exact type before anything else, and a nested message's size is remembered (frozen, it
+never changes): a member's Hello is one object that every node gossips, and so is each update a node passes on. The
+memory is bounded (100,000 sizes): the updates of the push-pulls, each node's own of each member (a million in a
+fleet of a thousand), come and go, and what is gossiped again is sized again once.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass
 
-_SIZES: dict[int, tuple[object, int]] = {}  # id -> (message, its size): a member's Hello rides many messages
+from dfl_node.peering.messages import MemberUpdate
+
+_SIZES: dict[int, tuple[object, int]] = {}  # id -> (message, its size)
 _SIZES_KEPT = 100_000
+_FIELDS: dict[type, tuple[str, ...]] = {}  # a message class -> its fields' names
+
+
+def _size(value: object) -> int:
+    """One value's bytes (see :func:`message_size`)."""
+    kind = type(value)
+    if kind is str or kind is bytes:
+        return 2 + len(value) if value else 0  # type: ignore[arg-type]
+    if kind is int:
+        return 1 + max(1, (value.bit_length() + 6) // 7) if value else 0  # type: ignore[attr-defined]
+    if kind is bool:
+        return 2 if value else 0
+    if kind is float:
+        return 9 if value else 0
+    if kind is tuple or kind is list:
+        return sum(map(_size, value))  # type: ignore[call-overload]
+    known = _SIZES.get(id(value))
+    if known is not None and known[0] is value:
+        return known[1]
+    if kind is MemberUpdate:
+        return _remember(value, _update_size(value))  # type: ignore[arg-type]
+    return _other(value)
+
+
+def _remember(message: object, size: int) -> int:
+    if len(_SIZES) >= _SIZES_KEPT:
+        _SIZES.clear()
+    _SIZES[id(message)] = (message, size)
+    return size
+
+
+def _other(value: object) -> int:
+    """What :func:`_size` did not tell by its exact type: a subclass of those, a mapping, a nested message."""
+    if isinstance(value, str | bytes):
+        return 2 + len(value) if value else 0
+    if isinstance(value, bool):
+        return 2 if value else 0
+    if isinstance(value, int):
+        return 1 + max(1, (value.bit_length() + 6) // 7) if value else 0
+    if isinstance(value, float):
+        return 9 if value else 0
+    if isinstance(value, tuple | list):
+        return sum(map(_size, value))
+    if isinstance(value, Mapping):
+        return sum(2 + _size(k) + _size(v) for k, v in value.items())
+    if is_dataclass(value) and not isinstance(value, type):
+        return _remember(value, 2 + _fields_size(value))
+    return 0
+
+
+def _update_size(update: MemberUpdate) -> int:
+    """A membership update's bytes, its fields written out: sized millions of times (see the module's docstring);
+    ``tests/test_swim.py`` checks it against the field-by-field rule."""
+    return (2 + _size(update.state) + _size(update.incarnation) + _size(update.node_id) + _size(update.sender)
+            + _size(update.hello))
+
+
+def _fields_size(message: object) -> int:
+    """A message's fields' bytes."""
+    names = _FIELDS.get(type(message))
+    if names is None:
+        names = _FIELDS[type(message)] = tuple(f.name for f in fields(message))  # type: ignore[arg-type]
+    return sum(_size(getattr(message, name)) for name in names)
 
 
 def message_size(message: object) -> int:
     """About what a peer-port message takes as protobuf: each field's tag and value (strings and bytes their
     length, numbers a varint's or a double's 8 bytes), nested messages and repeated fields field by field, and a
-    frame's 10 bytes. A nested message's size is remembered (frozen:
-    it never changes), as a thousand nodes gossip the same Hellos."""
-    def size(value: object) -> int:
-        if isinstance(value, str | bytes):
-            return 2 + len(value) if value else 0
-        if isinstance(value, bool):
-            return 2 if value else 0
-        if isinstance(value, int):
-            return 1 + max(1, (value.bit_length() + 6) // 7) if value else 0
-        if isinstance(value, float):
-            return 9 if value else 0
-        if isinstance(value, tuple | list):
-            return sum(size(v) for v in value)
-        if isinstance(value, Mapping):
-            return sum(2 + size(k) + size(v) for k, v in value.items())
-        if is_dataclass(value):
-            known = _SIZES.get(id(value))
-            if known is not None and known[0] is value:
-                return known[1]
-            inner = 2 + sum(size(getattr(value, f.name)) for f in fields(value))
-            if len(_SIZES) >= _SIZES_KEPT:
-                _SIZES.clear()
-            _SIZES[id(value)] = (value, inner)
-            return inner
-        return 0
-
-    return 10 + size(message)
+    frame's 10 bytes. (A ping or an ack is sized once: not remembered, lest it push out the Hellos.)"""
+    if is_dataclass(message) and not isinstance(message, type):
+        return 10 + 2 + _fields_size(message)
+    return 10 + _size(message)
 
 
 @dataclass
