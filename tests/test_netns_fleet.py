@@ -71,7 +71,8 @@ def test_netns_fleet_discovers_by_mdns_survives_a_kill_and_resumes(tmp_path: Pat
             victim.start()  # same namespace, same state dir: resumes from its checkpoint
             back = wait_until([victim], lambda s: s[victim.id] is not None, timeout=60)[victim.id]
             assert back["boot_id"] != before["boot_id"]
-            assert back["round"] >= saved["round"] and back["fusions"] >= saved["counters"]["fusions"]  # from the checkpoint
+            # its state came from the checkpoint
+            assert back["round"] >= saved["round"] and back["fusions"] >= saved["counters"]["fusions"]
             rejoined = wait_until(others, lambda s: all(victim.id in alive_peers(v) for v in s.values()), timeout=30)
 
             # the victim takes part again: it fuses a model after its return, and the others go on fusing
