@@ -183,7 +183,7 @@ async def test_a_duplicate_met_after_start_up_is_reported_once(fleet_shards: Pat
 
         a.membership.table.hello = counted
         with caplog.at_level(logging.ERROR):
-            a.membership.table.static.append(b.address)  # a meets b only now, by heartbeats
+            a.membership.table.static = [*a.membership.table.static, b.address]  # a meets b only now, by probes
             await asyncio.wait_for(enough.wait(), 20)
     assert a.tally.rejected == b.tally.rejected == {"duplicate_id": 1}
     assert not a.membership.table.peers and not b.membership.table.peers

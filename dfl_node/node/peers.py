@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from dfl_node.algorithms.plan import NodeProfile
@@ -86,7 +86,7 @@ class PeerTable:
         # how long a Hello somebody waits on (a refresh, the start's check of static peers) waits for its answer
         self.answer_within = min(heartbeat, 2.0)
         self.max_pending = max_pending
-        self.static = list(static)
+        self._static: tuple[str, ...] = ()
         self.unreachable: dict[str, str] = {}  # static address -> why our last Hello there got no answer
         self._silences = RateLimitedLog(log, clock.monotonic, interval=UNANSWERED_LOG_INTERVAL)
         self.peers: dict[str, Peer] = {}
@@ -100,6 +100,18 @@ class PeerTable:
         self._unknown: list[str] | None = None
         self._silent: set[str] = set()
         self._waking = False  # a wake-up of the table's waiters is scheduled and has not run yet
+        self.static = static
+
+    @property
+    def static(self) -> tuple[str, ...]:
+        """The static addresses (``--peer``)."""
+        return self._static
+
+    @static.setter
+    def static(self, addresses: Iterable[str]) -> None:
+        """Set at start (and by a test at run time): what :meth:`next_unknown` keeps is recomputed."""
+        self._static = tuple(addresses)
+        self._moved()
 
     def alive_ids(self) -> list[str]:
         if self._alive is None:
