@@ -104,9 +104,9 @@ class Membership:
 
     # ----- the rest of the node ----------------------------------------------------------------
     async def run(self) -> None:
-        """The probes and gossip, until cancelled: each period a static address no member serves at is greeted, the
-        seeds are tried if due (until a join through one succeeds), and the table drops the long dead and the
-        pending that never answered."""
+        """The probes and gossip, until cancelled: each period a static address no member serves at and a lost
+        peer are greeted, the seeds are tried if due (until a join through one succeeds), and the table drops the
+        long dead and the pending that never answered."""
         await self.swim.run(self._beat)
 
     def _beat(self) -> None:
@@ -114,6 +114,8 @@ class Membership:
         self.confirmations.settle()
         self.refusals.warn_if_isolated(len(self.table.alive_ids()))
         if (address := self.table.next_unknown()) is not None:
+            self._spawn(self.join(address))
+        if (address := self.table.next_lost()) is not None:  # a healed partition merges again
             self._spawn(self.join(address))
         if self.seeds.due(self.clock.monotonic()):
             self._spawn(self._join_seeds())

@@ -93,6 +93,7 @@ class PeerTable:
         self.pending: dict[str, tuple[str, float]] = {}  # id -> (address, when first heard): not yet confirmed
         self.changed = asyncio.Condition()
         self._greeted = 0  # where the round robin of :meth:`next_unknown` stands
+        self._reconnects = 0  # and that of :meth:`next_lost`
         # Read every probe period by every node, so kept rather than recomputed from the whole table (a thousand
         # peers): the live ids and the static addresses no live peer serves at (None: to recompute, after a peer
         # joined, left or moved), and the peers not alive (what :meth:`prune` looks at).
@@ -289,6 +290,17 @@ class PeerTable:
             return None
         self._greeted += 1
         return unknown[self._greeted % len(unknown)]
+
+    def next_lost(self) -> str | None:
+        """The address of the next peer known but not alive (round robin, until it is forgotten after ``expiry``):
+        the membership greets one a period, so that two halves of a fleet that declared each other dead while cut
+        apart merge again once the cut heals (Serf reconnects to failed members the same way); SWIM probes only the
+        live."""
+        if not self._silent:
+            return None
+        lost = sorted(self._silent)
+        self._reconnects += 1
+        return self.peers[lost[self._reconnects % len(lost)]].address
 
     def progress(self) -> dict[str, Progress]:
         """Round mode: where each live peer stood at its last reply (those that never replied left out)."""
