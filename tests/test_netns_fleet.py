@@ -80,7 +80,10 @@ def test_netns_fleet_discovers_by_mdns_survives_a_kill_and_resumes(tmp_path: Pat
             final = wait_until(nodes, lambda s: all(s.values()) and s[victim.id]["fusions"] > back["fusions"]
                                and all(s[n.id]["fusions"] > rejoined[n.id]["fusions"] for n in others), timeout=120)
             assert all(s["round"] < ROUNDS and not s["done"] for s in final.values())  # the test, not a limit, ends it
-            assert all(not s["rejected"] for s in final.values()), {i: s["rejected"] for i, s in final.items()}
+            # nothing refused but, at most, a transfer that came for a role its aggregator no longer held (a sender
+            # around the kill and restart, as the round protocol refuses it: exactly-once, not lost)
+            assert all(set(s["rejected"]) <= {"not_expected"} for s in final.values()), \
+                {i: s["rejected"] for i, s in final.items()}
         finally:
             for node in nodes:
                 node.stop()
