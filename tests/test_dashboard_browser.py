@@ -32,6 +32,7 @@ import pytest
 from dfl_node.api.app import create_app
 from dfl_node.api.metrics import NodeMetrics
 from dfl_node.testbed.launcher import free_port
+from tests.test_http_token import new_token
 from tests.test_startup_errors import node_config, start_env
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -340,9 +341,7 @@ def test_dashboard_asks_for_the_rest_token_once(fleet_shards: Path, tmp_path: Pa
     from selenium.webdriver.support.ui import WebDriverWait
 
     require_browser()
-    token_file = tmp_path / "http.token"
-    subprocess.run([sys.executable, "-m", "dfl_node", "certs", "http-token", str(token_file)], check=True,
-                   capture_output=True, timeout=60)
+    token_file = new_token(tmp_path / "http.token")
     config = node_config(fleet_shards, tmp_path / "state", http_port=free_port(), http_token_file=token_file)
     url = f"http://127.0.0.1:{config.api.http_port}/"
     log = (tmp_path / "node.log").open("w")

@@ -12,7 +12,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +20,7 @@ import pytest
 import yaml
 
 from tests.deploy_helpers import COMPOSE, DEPLOY, ROOT, SHARED, in_readme
+from tests.test_http_token import new_token
 
 PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
 DASHBOARD = DEPLOY / "grafana" / "dfl-node-dashboard.json"
@@ -102,8 +102,7 @@ def test_commented_fleet_example_passes_promtool(tmp_path: Path) -> None:
     assert list(jobs)[0] == COMPOSE_JOB and "dfl-fleet" in list(jobs)[1:], jobs
     token = jobs["dfl-fleet"]["authorization"]["credentials_file"]  # the REST token, as the comment makes it
     assert "FAILED" in promtool("check", "config", str(config), check=False)  # promtool reads it: none yet
-    subprocess.run([sys.executable, "-m", "dfl_node", "certs", "http-token", str(tmp_path / token)], check=True,
-                   capture_output=True, timeout=60)
+    new_token(tmp_path / token)
     assert "SUCCESS" in promtool("check", "config", str(config))
 
 
