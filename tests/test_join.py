@@ -67,7 +67,8 @@ def ghosts(node: Node, count: int, address: str) -> list[MemberUpdate]:
 
 
 async def test_gossiped_members_are_used_only_once_they_answer_our_hello(fleet_shards: Path, tmp_path: Path) -> None:
-    a_config = node_config(fleet_shards, tmp_path / "a", peer_timeout=1.0)
+    # a Hello to one rumour every other period (lazy confirmation): 64 of them take 128 periods, of 0.05 s here
+    a_config = node_config(fleet_shards, tmp_path / "a", peer_timeout=1.0, heartbeat=0.05)
     b_config = node_config(fleet_shards, tmp_path / "b", id="node-1", data=fleet_shards / "node-1", peer_timeout=1.0)
     async with running(a_config) as a, running(b_config) as b:
         membership, nobody = a.membership, f"127.0.0.1:{free_port()}"

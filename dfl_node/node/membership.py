@@ -104,21 +104,33 @@ class Membership:
 
     # ----- the rest of the node ----------------------------------------------------------------
     async def run(self) -> None:
-        """The probes and gossip, until cancelled: each period a static address no member serves at and a lost
-        peer are greeted, the seeds are tried if due (until a join through one succeeds), and the table drops the
-        long dead and the pending that never answered."""
-        await self.swim.run(self._beat)
+        """The probes and gossip, until cancelled: each period a lost peer is greeted, the seeds are tried if due
+        (until a join through one succeeds), and the table drops the long dead and the pending that never answered;
+        every other period at most, a member we were told of or a static address is greeted in place of the probe
+        (:meth:`_greet_next`)."""
+        await self.swim.run(self._beat, self._greet_next)
 
     def _beat(self) -> None:
         self.table.prune()
         self.confirmations.settle()
         self.refusals.warn_if_isolated(len(self.table.alive_ids()))
-        if (address := self.table.next_unknown()) is not None:
-            self._spawn(self.join(address))
         if (address := self.table.next_lost()) is not None:  # a healed partition merges again
             self._spawn(self.join(address))
         if self.seeds.due(self.clock.monotonic()):
             self._spawn(self._join_seeds())
+
+    def _greet_next(self) -> bool:
+        """A Hello in place of this period's probe (whether one went): to the oldest member we were told of and have
+        not confirmed, else to the next static address no member serves at (a join through it; an address a member
+        we were told of serves at waits for that member's turn)."""
+        if self.confirmations.greet_next():
+            return True
+        if (address := self.table.next_unknown()) is not None and not self.confirmations.serves(address):
+            # a join (a Hello and a push-pull) while we know nobody; then the Hello is enough: gossip and the
+            # periodic push-pulls tell us the rest
+            self._spawn(self.table.probe(address) if self.swim.members else self.join(address))
+            return True
+        return False
 
     def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
         self._joining.add(task := asyncio.get_running_loop().create_task(work))

@@ -61,11 +61,12 @@ def suspicion_timeouts(settings: MembershipSettings, members: int) -> tuple[floa
 
 
 def detection_bound(settings: MembershipSettings, members: int) -> float:
-    """How long after a crash every live member knows it dead, with high probability: three periods for some member
-    to probe it (each period a probe misses it with probability ~1/e), one for the indirect probes, the longest
-    suspicion timeout, and the gossip's retransmission rounds for the news to reach every member."""
+    """How long after a crash every live member knows it dead, with high probability: six periods for some member
+    to probe it (each period a probe misses it with probability ~1/e, ~1/√e while members confirm others in every
+    other period: :meth:`Swim.run`), one for the indirect probes, the longest suspicion timeout, and the gossip's
+    retransmission rounds for the news to reach every member."""
     period, rounds = settings.heartbeat, settings.retransmit_mult * math.ceil(math.log10(members + 1))
-    return (3 + 1) * period + suspicion_timeouts(settings, members)[1] + rounds * period
+    return (6 + 1) * period + suspicion_timeouts(settings, members)[1] + rounds * period
 
 
 def notice_bound(settings: MembershipSettings, members: int) -> float:
@@ -336,15 +337,19 @@ class Swim:
         self.members.pop(node_id, None)
         self._suspects.discard(node_id)
 
-    async def run(self, greet: Callable[[], object]) -> None:
+    async def run(self, greet: Callable[[], object], confirm: Callable[[], bool] = lambda: False) -> None:
         """A probe every period (each a task of its own, so that a slow one delays no other), the suspicions'
         timeouts, ``greet()`` (a Hello to a static address not yet a member, and a push-pull with it: a join) and
-        the periodic push-pulls, until cancelled."""
+        the periodic push-pulls, until cancelled. While members we were told of wait for our Hello, every other
+        period ``confirm()`` says it in place of the probe (True: it did): one exchange of our own a period, however
+        many members a push-pull brought at once."""
+        confirmed_last = False
         async with asyncio.TaskGroup() as tasks:
             while True:
                 self.expire()
                 greet()
-                if (target := self._next_target()) is not None:
+                confirmed_last = not confirmed_last and confirm()
+                if not confirmed_last and (target := self._next_target()) is not None:
                     tasks.create_task(self.probe(target))
                 if self.clock.monotonic() - self._synced_at >= sync_interval(self.settings, len(self.members) + 1):
                     alive = sorted(i for i, m in self.members.items() if m.state == ALIVE)
