@@ -22,7 +22,7 @@ from dfl_node.api.schemas import PeerInfo, RefusedPeer
 from dfl_node.errors import OperatorError
 from dfl_node.node.clock import Clock
 from dfl_node.node.handshake import Handshake
-from dfl_node.node.joins import Confirmations, Seeds
+from dfl_node.node.joins import Seeds
 from dfl_node.node.peers import Peer, PeerTable
 from dfl_node.node.refusals import Refusals
 from dfl_node.node.swim import DEAD, Swim
@@ -68,8 +68,7 @@ class Membership:
                                    network=network)
         self.swim = Swim(node_id, settings, clock, table=self.table, network=network, hello=hello,
                          compatible=lambda peer: self.handshake.incompatibility(self.swim.said(), peer) is None,
-                         seed=seed, confirmed=lambda update, spread: self.confirmations.confirmed(update, spread))
-        self.confirmations = Confirmations(self.table)
+                         seed=seed, confirmed=self.table.knows, greet=self.table.confirm)
         self.seeds = Seeds(settings.join, first_wait=settings.heartbeat)
         self._network = network
         self._joining: set[asyncio.Task[object]] = set()  # joins under way (a task is kept until it ends)
@@ -104,43 +103,28 @@ class Membership:
 
     # ----- the rest of the node ----------------------------------------------------------------
     async def run(self) -> None:
-        """The probes and gossip, until cancelled: each period a lost peer is greeted, the seeds are tried if due
-        (until a join through one succeeds), and the table drops the long dead and the pending that never answered;
-        every other period at most, a member we were told of or a static address is greeted in place of the probe
-        (:meth:`_greet_next`)."""
-        await self.swim.run(self._beat, self._greet_next)
+        """The probes and gossip, until cancelled: each period a static address no member serves at and a lost
+        peer are greeted, the seeds are tried if due (until a join through one succeeds), and the table drops the
+        long dead and the pending that never answered."""
+        await self.swim.run(self._beat)
 
     def _beat(self) -> None:
         self.table.prune()
-        self.confirmations.settle()
         self.refusals.warn_if_isolated(len(self.table.alive_ids()))
+        if (address := self.table.next_unknown()) is not None and address not in self.swim.serving:
+            self._spawn(self.join(address))  # (a member we know of serving there is confirmed by its probe)
         if (address := self.table.next_lost()) is not None:  # a healed partition merges again
             self._spawn(self.join(address))
         if self.seeds.due(self.clock.monotonic()):
             self._spawn(self._join_seeds())
-
-    def _greet_next(self) -> bool:
-        """A Hello in place of this period's probe (whether one went): to the oldest member we were told of and have
-        not confirmed, else to the next static address no member serves at (a join through it; an address a member
-        we were told of serves at waits for that member's turn)."""
-        if self.confirmations.greet_next():
-            return True
-        if (address := self.table.next_unknown()) is not None and not self.confirmations.serves(address):
-            # a join (a Hello and a push-pull) while we know nobody; then the Hello is enough: gossip and the
-            # periodic push-pulls tell us the rest
-            self._spawn(self.table.probe(address) if self.swim.members else self.join(address))
-            return True
-        return False
 
     def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
         self._joining.add(task := asyncio.get_running_loop().create_task(work))
         task.add_done_callback(self._joining.discard)
 
     def _seen(self, peer: Hello) -> None:
-        """A member confirmed alive (its Hello, or its reply to ours): what gossip said of it, merged now."""
+        """A member confirmed alive (its Hello, or its reply to ours): usable, in SWIM's view too."""
         self.swim.seen(peer)
-        if (rumour := self.confirmations.answered(peer)) is not None:
-            self.swim.merge([rumour[0]], spread=rumour[1])
 
     async def join(self, address: str) -> bool:
         """Join the fleet through ``address``: a Hello confirms the member there, then a push-pull swaps views.

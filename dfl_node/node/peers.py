@@ -200,13 +200,17 @@ class PeerTable:
             self.on_join(peer.id, restarted)
         self.on_seen(reply)
 
+    def knows(self, hello: Hello) -> bool:
+        """Whether the peer of ``hello`` is confirmed here: this boot of it, at this address."""
+        peer = self.peers.get(hello.node_id)
+        return peer is not None and peer.boot_id == hello.boot_id and peer.address == hello.grpc_address
+
     def heard(self, request: Hello) -> bool:
         """A Hello a peer sent us. A confirmed peer (same boot, same address) is alive again; anyone else
         is pending until it answers a Hello of ours (probed now). False: the pending table is full."""
         if request.node_id == self.self_id or not request.grpc_address:
             return True
-        peer = self.peers.get(request.node_id)
-        if peer is not None and peer.boot_id == request.boot_id and peer.address == request.grpc_address:
+        if self.knows(request):
             self.seen(request)
             return True
         if request.node_id in self.pending:
@@ -252,6 +256,17 @@ class PeerTable:
             self.pending.pop(reply.node_id, None)
             self.seen(reply)
         return reply
+
+    async def confirm(self, node_id: str, address: str, timeout: float) -> bool | None:
+        """Our Hello to ``node_id``, a member we were told of serving at ``address``, answered within ``timeout``:
+        whether it answered as that node. It is pending meanwhile, so that its own Hello to us, crossing ours, is
+        not answered with yet another. None: no Hello went (one is in flight already, or the pending table is
+        full)."""
+        if node_id in self.pending or len(self.pending) >= self.max_pending:
+            return None
+        self.pending[node_id] = (address, self.clock.monotonic())
+        reply = await self.probe(address, timeout)
+        return reply is not None and reply.node_id == node_id
 
     async def greet_static(self) -> None:
         """One Hello to each static peer, answered within :attr:`answer_within` (a daemon's start-up check)."""
