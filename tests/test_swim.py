@@ -193,9 +193,7 @@ def test_an_idle_fleet_probes_at_a_constant_rate_and_suspects_nobody(tmp_path: P
     small, large = idle(tmp_path / "10", 10, 60), idle(tmp_path / "40", 40, 60)
     for figures in (small, large):
         assert figures["false_suspicions"] == 0 and figures["false_deaths"] == 0, figures
-        # everyone knew everyone: each confirms its N - 1 members by a Hello every other period at most
-        bound = 2 * (figures["nodes"] - 1) * MembershipSettings().heartbeat
-        assert figures["joins_unfinished"] == 0 and figures["join_s"] <= bound, figures
+        assert figures["joins_unfinished"] == 0 and figures["join_s"] <= 10, figures  # everyone knew everyone
     # a probe (ping and ack) a period, plus the start's Hellos and push-pulls: not four times as many at 4x the nodes
     assert 2 <= small["messages_per_node_s"] <= 3 and large["messages_per_node_s"] <= 1.5 * small["messages_per_node_s"]
 

@@ -69,6 +69,7 @@ class Membership:
         self.swim = Swim(node_id, settings, clock, table=self.table, network=network, hello=hello,
                          compatible=lambda peer: self.handshake.incompatibility(self.swim.said(), peer) is None,
                          seed=seed, confirmed=self.table.knows, greet=self.table.confirm)
+        self.table.served = self.swim.serving
         self.seeds = Seeds(settings.join, first_wait=settings.heartbeat)
         self._network = network
         self._joining: set[asyncio.Task[object]] = set()  # joins under way (a task is kept until it ends)
@@ -111,8 +112,8 @@ class Membership:
     def _beat(self) -> None:
         self.table.prune()
         self.refusals.warn_if_isolated(len(self.table.alive_ids()))
-        if (address := self.table.next_unknown()) is not None and address not in self.swim.serving:
-            self._spawn(self.join(address))  # (a member we know of serving there is confirmed by its probe)
+        if (address := self.table.next_unknown()) is not None:
+            self._spawn(self.join(address))
         if (address := self.table.next_lost()) is not None:  # a healed partition merges again
             self._spawn(self.join(address))
         if self.seeds.due(self.clock.monotonic()):

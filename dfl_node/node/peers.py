@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Container, Iterable
 from dataclasses import dataclass
 
 from dfl_node.algorithms.plan import NodeProfile
@@ -87,6 +87,9 @@ class PeerTable:
         self.answer_within = min(heartbeat, 2.0)
         self.max_pending = max_pending
         self._static: tuple[str, ...] = ()
+        # where the members the membership knows of serve (SWIM's view, confirmed or not): static addresses that need
+        # no Hello of :meth:`next_unknown`'s (a member's probe confirms it); :meth:`reconsider` when it changes
+        self.served: Container[str] = ()
         self.unreachable: dict[str, str] = {}  # static address -> why our last Hello there got no answer
         self._silences = RateLimitedLog(log, clock.monotonic, interval=UNANSWERED_LOG_INTERVAL)
         self.peers: dict[str, Peer] = {}
@@ -122,6 +125,10 @@ class PeerTable:
     def _moved(self) -> None:
         """A peer joined, left, or serves elsewhere: what :meth:`alive_ids` and :meth:`next_unknown` keep is stale."""
         self._alive = self._unknown = None
+
+    def reconsider(self) -> None:
+        """The addresses members serve at (:attr:`served`) changed: the static addresses to greet are recomputed."""
+        self._unknown = None
 
     def incarnations(self, ids: list[str]) -> dict[str, str | None]:
         """Each peer's boot id, None where it is not alive: a change means it crashed, restarted or left."""
@@ -294,12 +301,13 @@ class PeerTable:
                     self.on_forget(address)
 
     def next_unknown(self) -> str | None:
-        """The next static address no live peer serves at (round robin): the membership greets one a period, so
+        """The next static address no live peer, nor any member known, serves at (round robin): the membership
+        greets one a period, so
         that a thousand nodes listing each other join through the first that answers and learn the rest by gossip,
         rather than saying Hello to all at once."""
         if self._unknown is None:
             known = {p.address for p in self.peers.values() if p.alive}
-            self._unknown = [a for a in self.static if a not in known]
+            self._unknown = [a for a in self.static if a not in known and a not in self.served]
         unknown = self._unknown
         if not unknown:
             return None

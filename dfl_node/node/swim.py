@@ -191,10 +191,19 @@ class Swim:
             self._set(hello.node_id, member, ALIVE, hello.node_id)
 
     def _serves(self, node_id: str, member: Member, hello: Hello) -> None:
-        if member.hello is not None and self.serving.get(member.hello.grpc_address) == node_id:
-            del self.serving[member.hello.grpc_address]
+        """``node_id`` serves where ``hello`` says (:attr:`serving`, which the table's static greetings skip)."""
+        if member.hello is not None and member.hello.grpc_address == hello.grpc_address:
+            member.hello = hello
+            return
+        self._unserve(node_id, member)
         member.hello = hello
         self.serving[hello.grpc_address] = node_id
+        self.table.reconsider()
+
+    def _unserve(self, node_id: str, member: Member) -> None:
+        if member.hello is not None and self.serving.get(member.hello.grpc_address) == node_id:
+            del self.serving[member.hello.grpc_address]
+            self.table.reconsider()
 
     def merge(self, updates: Iterable[MemberUpdate], *, spread: bool = True) -> None:
         """Take what a peer told us (``spread``: gossip it on; a push-pull's view is not)."""
@@ -362,9 +371,8 @@ class Swim:
 
     def forget(self, node_id: str) -> None:
         """The table forgot ``node_id`` (dead long enough), or it died unconfirmed ``peer_expiry`` ago: so do we."""
-        member = self.members.pop(node_id, None)
-        if member is not None and member.hello is not None and self.serving.get(member.hello.grpc_address) == node_id:
-            del self.serving[member.hello.grpc_address]
+        if (member := self.members.pop(node_id, None)) is not None:
+            self._unserve(node_id, member)
         self._suspects.discard(node_id)
         self._ghosts.discard(node_id)
 
