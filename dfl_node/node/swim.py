@@ -69,6 +69,16 @@ def detection_bound(settings: MembershipSettings, members: int) -> float:
     return (6 + 1) * period + suspicion_timeouts(settings, members)[1] + rounds * period
 
 
+def join_bound(settings: MembershipSettings, members: int) -> float:
+    """How long after a new member starts every member knows it, with high probability: a period for its first
+    Hello and push-pull (a join through a member it was given), then twice the gossip's retransmission rounds for
+    its news to reach every member: an update is sent on ``retransmit_mult · ⌈log10(N + 1)⌉`` messages of each
+    member that learns it, and while members confirm others by Hellos (which carry no gossip) one period in two
+    carries a ping of theirs."""
+    rounds = settings.retransmit_mult * math.ceil(math.log10(members + 1))
+    return (1 + 2 * rounds) * settings.heartbeat
+
+
 def notice_bound(settings: MembershipSettings, members: int) -> float:
     """How long after a crash every member knows a member that restarted within ``peer_timeout`` (never declared
     dead) under its new boot: back by then, its first period's Hello (or probe) to a member, and the gossip's
