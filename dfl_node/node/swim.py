@@ -216,8 +216,15 @@ class Swim:
             self.table.reconsider()
 
     def merge(self, updates: Iterable[MemberUpdate], *, spread: bool = True) -> None:
-        """Take what a peer told us (``spread``: gossip it on; a push-pull's view is not)."""
+        """Take what a peer told us (``spread``: gossip it on; a push-pull's view is not). A member alive at an
+        incarnation we already hold is passed over first: most of a push-pull's view (a thousand members), and
+        dropped whatever else it says."""
+        members = self.members
         for update in updates:
+            member = members.get(update.node_id)
+            if (member is not None and update.state == ALIVE and member.hello is not None
+                    and update.incarnation <= member.incarnation):
+                continue
             if not _valid(update):
                 self.invalid += 1
                 log.debug("%s: membership update about %r dropped (malformed)", self.node_id, update.node_id[:64])
