@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Container, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from dfl_node.algorithms.plan import NodeProfile
@@ -87,9 +87,10 @@ class PeerTable:
         self.answer_within = min(heartbeat, 2.0)
         self.max_pending = max_pending
         self._static: tuple[str, ...] = ()
-        # where the members the membership knows of serve (SWIM's view, confirmed or not): static addresses that need
-        # no Hello of :meth:`next_unknown`'s (a member's probe confirms it); :meth:`reconsider` when it changes
-        self.served: Container[str] = ()
+        # where the members the membership knows of serve -> their ids (SWIM's view, confirmed or not): static
+        # addresses that need no Hello of :meth:`next_unknown`'s, and strangers' Hellos that need none in return (a
+        # member's probe confirms it); :meth:`reconsider` when it changes
+        self.served: Mapping[str, str] = {}
         self.unreachable: dict[str, str] = {}  # static address -> why our last Hello there got no answer
         self._silences = RateLimitedLog(log, clock.monotonic, interval=UNANSWERED_LOG_INTERVAL)
         self.peers: dict[str, Peer] = {}
@@ -213,8 +214,9 @@ class PeerTable:
         return peer is not None and peer.boot_id == hello.boot_id and peer.address == hello.grpc_address
 
     def heard(self, request: Hello) -> bool:
-        """A Hello a peer sent us. A confirmed peer (same boot, same address) is alive again; anyone else
-        is pending until it answers a Hello of ours (probed now). False: the pending table is full."""
+        """A Hello a peer sent us. A confirmed peer (same boot, same address) is alive again; a member the
+        membership knows of but has not confirmed waits for its probe; anyone else is pending until it answers a
+        Hello of ours (probed now). False: the pending table is full."""
         if request.node_id == self.self_id or not request.grpc_address:
             return True
         if self.knows(request):
@@ -222,6 +224,8 @@ class PeerTable:
             return True
         if request.node_id in self.pending:
             return True
+        if request.node_id not in self.peers and self.served.get(request.grpc_address) == request.node_id:
+            return True  # a member we know of, not yet confirmed: our own probe confirms it in its turn
         if len(self.pending) >= self.max_pending:
             return False
         self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())
