@@ -71,7 +71,8 @@ class PeerTable:
                  on_forget: Callable[[str], None] = lambda address: None,
                  on_lost: Callable[[str], None] = lambda peer_id: None,
                  on_seen: Callable[[Hello], None] = lambda hello: None,
-                 on_forgotten: Callable[[str], None] = lambda peer_id: None) -> None:
+                 on_forgotten: Callable[[str], None] = lambda peer_id: None,
+                 served: Mapping[str, str] | None = None) -> None:
         self.self_id = self_id
         self.on_seen = on_seen  # every Hello (or gossiped state) that says a peer is alive
         self.on_forgotten = on_forgotten  # a peer left the table for good (dead for ``expiry``)
@@ -89,8 +90,8 @@ class PeerTable:
         self._static: tuple[str, ...] = ()
         # where the members the membership knows of serve -> their ids (SWIM's view, confirmed or not): static
         # addresses that need no Hello of :meth:`next_unknown`'s, and strangers' Hellos that need none in return (a
-        # member's probe confirms it); :meth:`reconsider` when it changes
-        self.served: Mapping[str, str] = {}
+        # member's probe confirms it); its owner calls :meth:`reconsider` when it changes
+        self.served: Mapping[str, str] = served if served is not None else {}
         self.unreachable: dict[str, str] = {}  # static address -> why our last Hello there got no answer
         self._silences = RateLimitedLog(log, clock.monotonic, interval=UNANSWERED_LOG_INTERVAL)
         self.peers: dict[str, Peer] = {}

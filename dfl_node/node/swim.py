@@ -143,14 +143,16 @@ class Swim:
     def __init__(self, node_id: str, settings: MembershipSettings, clock: Clock, *, table: PeerTable,
                  network: PeerNetwork, hello: Callable[[], Hello], compatible: Callable[[Hello], bool],
                  seed: int, confirmed: Callable[[Hello], bool] = lambda hello: True,
-                 greet: Callable[[str, str, float], Awaitable[bool | None]] | None = None) -> None:
+                 greet: Callable[[str, str, float], Awaitable[bool | None]] | None = None,
+                 serving: dict[str, str] | None = None) -> None:
         self.node_id, self.settings, self.clock = node_id, settings, clock
         self.table, self.network, self._hello, self._compatible = table, network, hello, compatible
         self._confirmed, self._greet = confirmed, greet
         self.rng = random.Random(seed)
         self.incarnation = int(clock.wall() * 1000)  # a restarted node starts above what its last boot said
         self.members: dict[str, Member] = {}
-        self.serving: dict[str, str] = {}  # where each member serves -> its id (the static addresses it covers)
+        # where each member serves -> its id (the static addresses it covers; the table reads it)
+        self.serving: dict[str, str] = serving if serving is not None else {}
         self.gossip = Gossip(settings.retransmit_mult, PER_MESSAGE, capacity=1024)
         self.invalid = 0  # malformed updates peers sent us, dropped
         self.listeners: list[Listener] = []  # told of every change of a member's state here (the simulator's figures)
