@@ -322,7 +322,8 @@ class Roles:
             try:
                 message = await asyncio.to_thread(guarded(ctx, self.learner.algorithm.transmit), ctx, step)
             except NonFinite as exc:  # our training diverged (undone): we have nothing finite to serve
-                raise TransferRejected("diverged", f"round {round_ + 1}: training to serve left {exc}; undone") from None
+                detail = f"round {round_ + 1}: training to serve left {exc}; undone"
+                raise TransferRejected("diverged", detail) from None
             self.tally.count("models_sent")
             await self.exchanged("send", round_ + 1, aggregator)
             return message
