@@ -24,7 +24,7 @@ from dfl_node.algorithms.base import equip, sample_pairs
 from dfl_node.algorithms.defences import Refusal
 from dfl_node.algorithms.guard import NonFinite, first_non_finite, guarded
 from dfl_node.algorithms.messages import ModelMessage
-from dfl_node.algorithms.runner import play_aggregator
+from dfl_node.algorithms.runner import play_aggregator, play_sender
 from dfl_node.learning.provision import fleet_ids
 from dfl_node.node.persistence import MODEL_FILE, PREVIOUS, read_trained
 from dfl_node.settings.experiment import ExperimentConfig
@@ -39,11 +39,18 @@ class Recorded:
     """The round runner's transport, in-process: computes inline, hands over ``messages``, keeps what it is told."""
 
     def __init__(self, messages: list[ModelMessage]) -> None:
-        self.messages, self.refused, self.diverged_ = messages, [], []
+        self.messages = messages
+        self.pushed: list[ModelMessage] = []
+        self.refused: list[Refusal] = []
+        self.warned: list[str] = []  # what diverged() was told
         self.replies: Mapping[str, ModelMessage] | None = None
 
     async def compute(self, fn: Callable[..., Any], *args: object) -> Any:
         return fn(*args)
+
+    async def push(self, step: Step, message: ModelMessage) -> ModelMessage | None:
+        self.pushed.append(message)
+        return None
 
     async def gather(self, step: Step) -> list[ModelMessage]:
         return self.messages
@@ -55,7 +62,7 @@ class Recorded:
         self.refused.append(refusal)
 
     def diverged(self, detail: str) -> None:
-        self.diverged_.append(detail)
+        self.warned.append(detail)
 
 
 def pair(algorithm_name: str) -> tuple[Any, NodeContext, ModelMessage]:
@@ -96,7 +103,20 @@ def test_a_fusion_that_goes_non_finite_is_undone_bit_for_bit_refused_and_answers
     assert same_state(b, before) and b.scalars == trained.scalars  # model, auxiliaries and scalars, bit for bit
     assert transport.replies == {}  # no reply built from the undone fusion
     assert [(r.sender, r.reason, r.kept) for r in transport.refused] == [("a", "non_finite_result", False)]
-    assert not transport.diverged_
+    assert not transport.warned
+
+
+def test_a_sender_whose_own_training_diverges_is_undone_says_so_and_sends_nothing() -> None:
+    config = CONFIG.model_copy(update={"lr": 1e30, "sender_keeps_trained": True})  # SGD that blows up, kept in place
+    a = node("a")
+    a.config = config
+    before = a.snapshot()
+    transport = Recorded([])
+    with pytest.raises(NonFinite, match="1.weight"):
+        asyncio.run(play_sender(make_algorithm("defkt", config), a, FUSE, transport))
+    assert same_state(a, before) and not transport.pushed  # its model as it was, and nothing left the node
+    assert len(transport.warned) == 1 and "training to send left 1.weight; undone" in transport.warned[0]
+    assert not transport.refused  # nobody else to blame
 
 
 def test_a_step_that_adds_a_non_finite_scalar_leaves_no_trace_of_it() -> None:
