@@ -101,7 +101,7 @@ BARE_STREAM_SINK = textwrap.dedent("""
     from dfl_node.net.allocator import tune_for_streaming
     from dfl_node.net.buffers import absorb
     from dfl_node.hashes import HASHES
-    from dfl_node.node.gate import is_finite
+    from dfl_node.learning.tensors import is_finite
     port, hashing, size = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     hash_name, _, least = hashing.partition("_")  # "blake3_least": the least a node must do with each chunk
     tune_for_streaming()  # as the daemon does

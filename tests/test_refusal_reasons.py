@@ -10,6 +10,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from dfl_node.algorithms.defences import REASONS as DEFENCE_REASONS
+from dfl_node.algorithms.guard import REASONS as GUARD_REASONS
 from dfl_node.api.metrics import NodeMetrics
 from dfl_node.hashes import OFFERED_HASHES
 from dfl_node.node.compatibility import REASONS as HELLO_REASONS
@@ -35,7 +36,8 @@ def counted_in_code() -> set[str]:
 
 
 def test_every_reason_the_code_counts_is_in_the_catalogue() -> None:
-    found = counted_in_code() | set(HELLO_REASONS) | set(DEFENCE_REASONS) | {f"bad_{h}" for h in OFFERED_HASHES}
+    found = counted_in_code() | set(HELLO_REASONS) | set(DEFENCE_REASONS) | set(GUARD_REASONS)
+    found |= {f"bad_{h}" for h in OFFERED_HASHES}
     assert len(found) > 40  # the patterns still find the code's reasons
     missing = found - set(REASONS) - (UNCOUNTED_REFUSALS - {"bad_probe"}) - NOT_REFUSALS
     assert not missing, f"count these in dfl_node/peering/reasons.py: {sorted(missing)}"

@@ -14,6 +14,12 @@ gathered — after its own local step, so it compares them with the model it fus
 sender the reply it gets; ``refuse`` counts each refusal, and tells a refused sender so. A group whose
 every message was refused still completes (the aggregator fused none): it is not played again.
 
+Every step that changes the node's own models runs :func:`~dfl_node.algorithms.guard.guarded`: one that leaves a
+NaN or ±Inf is undone. A fusion undone refuses the messages it fused (``non_finite_result``: finite values that
+poison a fusion, a model scaled a millionfold, are no better than NaN) and answers nobody; a reply whose use went
+non-finite is refused as such; a node's own training that diverged is undone and said (``diverged``) — a sender
+then sends nothing (:class:`NonFinite` ends its role), an aggregator fuses into its model as it was.
+
 An **open** group (001's client selection) has no aggregator yet: its sender trains, then chooses
 one (:func:`choose_receiver`) — ``probe`` asks each candidate for its answer to the sender's probe
 (those that do not answer in time are left out), the algorithm ranks the answers, and ``bind`` makes
@@ -30,6 +36,7 @@ from typing import Protocol, TypeVar
 
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext
 from dfl_node.algorithms.defences import Refusal, screen
+from dfl_node.algorithms.guard import NON_FINITE_RESULT, NonFinite, guarded
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectsReceiver
@@ -44,6 +51,7 @@ class Transport(Protocol):
     async def gather(self, step: Step) -> list[ModelMessage]: ...
     async def reply(self, step: Step, replies: Mapping[str, ModelMessage]) -> None: ...
     def refuse(self, refusal: Refusal) -> None: ...  # a defence refused (or bounded) a message of this role
+    def diverged(self, detail: str) -> None: ...  # the node's own training went non-finite and was undone
     # open groups only: each candidate's answer (the silent left out), and whether a candidate took the role
     async def probe(self, step: Step, probe: Probe) -> dict[str, ProbeAnswer]: ...
     async def bind(self, step: Step) -> bool: ...
@@ -60,7 +68,11 @@ async def play_sender(algorithm: Algorithm, ctx: NodeContext, step: Step, transp
                       defences: DefenceSettings = NO_DEFENCES) -> None:
     """Train, choose the aggregator if the group is open, transmit to it, then use its reply (if it passes
     ``defences``)."""
-    message = await transport.compute(algorithm.transmit, ctx, step)
+    try:
+        message = await transport.compute(guarded(ctx, algorithm.transmit), ctx, step)
+    except NonFinite as exc:
+        transport.diverged(f"round {step.round + 1}: training to send left {exc}; undone, nothing sent")
+        raise
     if step.group.open:
         step = await choose_receiver(algorithm, ctx, step, message, transport)
     reply = await transport.push(step, message)
@@ -69,7 +81,14 @@ async def play_sender(algorithm: Algorithm, ctx: NodeContext, step: Step, transp
         if not kept:
             return  # the aggregator's reply refused: this node's own model stands
         reply = kept[0]
-    await transport.compute(algorithm.finish, ctx, step, reply)
+    if reply is None:
+        await transport.compute(algorithm.finish, ctx, step, reply)
+        return
+    try:
+        await transport.compute(guarded(ctx, algorithm.finish), ctx, step, reply)
+    except NonFinite as exc:  # this node's own model stands, as for a reply a defence refused
+        transport.refuse(Refusal(reply.sender, NON_FINITE_RESULT, f"round {step.round + 1}: using {reply.purpose} "
+                                 f"left {exc}; undone"))
 
 
 async def choose_receiver(algorithm: Algorithm, ctx: NodeContext, step: Step, message: ModelMessage,
@@ -96,11 +115,21 @@ async def play_aggregator(algorithm: Algorithm, ctx: NodeContext, step: Step, tr
                           defences: DefenceSettings = NO_DEFENCES) -> int:
     """Own local step, then fuse every message that arrived (and passed ``defences``) and answer their senders;
     returns how many arrived."""
-    await transport.compute(algorithm.local_step, ctx, step)
+    try:
+        await transport.compute(guarded(ctx, algorithm.local_step), ctx, step)
+    except NonFinite as exc:
+        transport.diverged(f"round {step.round + 1}: the local step left {exc}; undone")
     arrived = messages = sorted(await transport.gather(step), key=lambda m: m.sender)
     if messages and defences.on:
         messages = await _screened(ctx, messages, defences, transport)
-    replies = await transport.compute(algorithm.aggregate, ctx, step, messages) if messages else {}
+    replies: Mapping[str, ModelMessage] = {}
+    if messages:
+        try:
+            replies = await transport.compute(guarded(ctx, algorithm.aggregate), ctx, step, messages)
+        except NonFinite as exc:  # the group completes with nothing fused, as when a defence refused all
+            detail = f"round {step.round + 1}: fusing {', '.join(m.sender for m in messages)} left {exc}; undone"
+            for message in messages:
+                transport.refuse(Refusal(message.sender, NON_FINITE_RESULT, detail))
     await transport.reply(step, replies)
     return len(arrived)
 

@@ -15,16 +15,9 @@ import torch
 
 from dfl_node.algorithms.base import NodeContext
 from dfl_node.algorithms.messages import ModelMessage, state_from_parts
+from dfl_node.learning.tensors import is_finite
 from dfl_node.learning.training import evaluate
 from dfl_node.peering.errors import TransferRejected
-
-
-def is_finite(values: torch.Tensor) -> bool:
-    """Whether a floating tensor holds no NaN or ±Inf: its minimum and maximum are finite (both propagate
-    NaN). One read pass and two scalars, where ``isfinite(values).all()`` allocated temporaries larger than
-    the model: measured on a 100 MB model here, 4 ms against 120 ms, before a receiver's verdict."""
-    low, high = torch.aminmax(values)
-    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
 
 
 def check_finite(message: ModelMessage) -> None:

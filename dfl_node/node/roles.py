@@ -16,6 +16,7 @@ import logging
 from typing import Literal
 
 from dfl_node.algorithms import Group, Role, Step
+from dfl_node.algorithms.guard import NonFinite, guarded
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectsReceiver
@@ -272,7 +273,7 @@ class Roles:
         except AlreadyPlayed as exc:
             log.info("%s: round %d: %s", self.node_id, step.round + 1, exc)
             return True
-        except (TransferFailed, SelectionFailed) as exc:
+        except (TransferFailed, SelectionFailed, NonFinite) as exc:  # NonFinite: said already (transport.diverged)
             log.info("%s: round %d: %s", self.node_id, step.round + 1, exc)
             await learner.restore_durable()
         except Exception:  # a bug must not kill the node: the role is given back, the round goes on
@@ -317,7 +318,12 @@ class Roles:
         try:
             await self.learner.settle_evaluation(round_)  # a pull may change the source's model (002 trains it)
             step = Step(round_, Group(aggregator, (self.node_id,), pull=True), state)
-            message = await asyncio.to_thread(self.learner.algorithm.transmit, self.learner.ctx, step)
+            ctx = self.learner.ctx
+            try:
+                message = await asyncio.to_thread(guarded(ctx, self.learner.algorithm.transmit), ctx, step)
+            except NonFinite as exc:  # our training diverged (undone): we have nothing finite to serve
+                detail = f"round {round_ + 1}: training to serve left {exc}; undone"
+                raise TransferRejected("diverged", detail) from None
             self.tally.count("models_sent")
             await self.exchanged("send", round_ + 1, aggregator)
             return message

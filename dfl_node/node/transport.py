@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar
 
 from dfl_node.algorithms import AlgorithmError
 from dfl_node.algorithms.defences import Refusal
+from dfl_node.algorithms.guard import DIVERGED
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.plan import Role, Step
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectionError, check_answer
@@ -176,6 +177,12 @@ class PeerTransport:
         self.roles.tally.reject(refusal.reason, refusal.detail, refusal.sender)
         if not refusal.kept and self.collector is not None:
             self.collector.refuse(refusal.sender, TransferRejected(refusal.reason, refusal.detail))
+
+    def diverged(self, detail: str) -> None:
+        """This node's own training went non-finite and was undone: nobody to blame; counted (``diverged``) and
+        said at WARNING, rate-limited as refusals are."""
+        self.roles.tally.refused(DIVERGED)
+        self.roles.tally.warn(DIVERGED, "%s: %s", self.roles.node_id, detail)
 
     async def probe(self, step: Step, probe: Probe) -> dict[str, ProbeAnswer]:
         request = probe_request(probe, swarm=self.roles.swarm, epoch=self.epoch)

@@ -64,4 +64,7 @@ REASONS: dict[str, str] = {
     "sample_count": "a received sample count over --sample-cap times ours (fused with the capped count)",
     "norm_bound": "a received model farther from ours than --norm-bound times our model's norm",
     "relative_accuracy": "a received model more than --relative-gate below ours on our validation split",
+    # what this node computed from them (algorithms/guard.py, algorithms/runner.py)
+    "non_finite_result": "fusing a received model (or using a reply) left NaN or ±Inf in ours: undone, refused",
+    "diverged": "our own training left NaN or ±Inf in our model: undone (a pull of it refused)",
 }
