@@ -111,13 +111,14 @@ class Membership:
     def _confirm_now(self, ids: list[str], count: int) -> None:
         """A scheduler is about to use members: up to ``count`` of ``ids`` that SWIM knows alive but this node has
         not confirmed are greeted now, not at their probe's turn (confirmation is lazy for a fleet's size, not for
-        a round that waits on them)."""
+        a round that waits on them), their answers awaited as long as a peer may be silent (``peer_timeout``: a
+        loaded node answers late, and a plan made without a member is another fleet's plan)."""
         for node_id in ids:
             if count <= 0:
                 return
             member = self.swim.members.get(node_id)
             if member is not None and not member.confirmed and member.state != DEAD and member.hello is not None:
-                self._spawn(self.table.confirm(node_id, member.hello.grpc_address, self.table.answer_within))
+                self._spawn(self.table.confirm(node_id, member.hello.grpc_address, self.table.timeout))
                 count -= 1
 
     async def refresh(self) -> None:
