@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim.ledger import Ledger, completed_rounds
 from dfl_node.testbed.launcher import poll_status
 from tests.chaos import (
@@ -84,24 +86,30 @@ def storm_async_mode(chaos: Chaos, rng: random.Random) -> None:
     chaos.wait(lambda s: sum(v["fusions"] for v in s.values() if v) >= fused + 4)  # it goes on learning
 
 
+def played(shards: Path, workdir: Path, mode: str, storm: Callable[[Chaos, random.Random], None], seed: int,
+           config: ExperimentConfig = FLEET, **settings: object) -> tuple[Chaos, float]:
+    """A fleet that lives as long as its storm (then stops, gracefully): the fleet and the storm's wall time. A fleet
+    whose storm is over no longer takes the cores from the other one."""
+    started = time.monotonic()
+    with chaos_fleet(shards, workdir, mode, config, **settings) as chaos:
+        storm(chaos, random.Random(seed))
+    return chaos, time.monotonic() - started
+
+
 @pytest.mark.timeout(900)  # one test of the suite's longest; the storm's own waits bound each step
 def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Path) -> None:
     """Two fleets at once, one per mode, each through KILLS random kill -9s (their storms run side by side:
-    the time goes into the victims' restarts, not into the CPU)."""
-    started = time.monotonic()
+    the time goes into the victims' restarts, not into the CPU); each fleet stops when its own storm is over."""
     timeouts = storm_timeouts(daemon_start_s(fleet_shards, tmp_path / "start"))  # sized to this machine's restarts
     # The round fleet's senders train for a while (local_epochs), so a sender's kill mostly lands before its
     # transfer, while its aggregator waits for it.
     round_config = FLEET.model_copy(update={"rounds": 0, "local_epochs": 10})
-    with (chaos_fleet(fleet_shards, tmp_path / "round", "round", round_config, **timeouts) as rounds,
-          chaos_fleet(fleet_shards, tmp_path / "async", "async", interval=0.3, participation=0.8, duration=0,
-                      round_timeout=5.0) as async_,
-          ThreadPoolExecutor(2) as pool):
-        storms = [pool.submit(storm_round_mode, rounds, random.Random(SEED)),
-                  pool.submit(storm_async_mode, async_, random.Random(SEED + 1))]
-        for storm in storms:
-            storm.result()
-    runtime = time.monotonic() - started
+    with ThreadPoolExecutor(2) as pool:
+        round_run = pool.submit(played, fleet_shards, tmp_path / "round", "round", storm_round_mode, SEED,
+                                round_config, **timeouts)
+        async_run = pool.submit(played, fleet_shards, tmp_path / "async", "async", storm_async_mode, SEED + 1,
+                                interval=0.3, participation=0.8, duration=0, round_timeout=5.0)
+        (rounds, runtime), (async_, async_runtime) = round_run.result(), async_run.result()
     fingerprint_ = expected_fingerprint(fleet_shards)
 
     states = durable_states(rounds.nodes, fingerprint_)
@@ -131,7 +139,7 @@ def test_kill_9_storms_in_round_and_async_mode(fleet_shards: Path, tmp_path: Pat
 
     states = durable_states(async_.nodes, fingerprint_)
     ledger = Ledger.of(states)
-    figures("async", async_, ledger, runtime, accepted_models_lost=len(ledger.lost_models()),
+    figures("async", async_, ledger, async_runtime, accepted_models_lost=len(ledger.lost_models()),
             fusions_recorded_twice=len(ledger.repeated_fusions()), checkpoints_verified=len(states))
     assert ledger.lost_models() == [] and ledger.repeated_fusions() == []
 

@@ -51,11 +51,10 @@ UNRELATED = ["mlp:32,32", "cnn-ln:4,8"]  # two unrelated architectures (digits' 
     ("gossip", [], {}),  # pull groups: the aggregator fetches its source's model (the Pull RPC)
     ("dfml", UNRELATED, {"dfml_epochs": 2}),  # 003: mutual learning across an MLP and a CNN, models sent back
     ("fml", UNRELATED, {"meme_model": "mlp:16"}),  # 004: only the shared meme models travel
-    ("defkt-select", [], {}),  # open groups: the sender probes its candidates (class profiles) and chooses
-    ("defkt-select", [], {"selection": "probe-samples"}),  # … by its least certain samples
-    ("fairavg", [], {}),  # 002: pull the pair's model, weight both by accuracy on the own data (eqs. 4–5)
-], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip", "dfml-unrelated", "fml-unrelated", "defkt-select",
-        "defkt-select-probe", "fairavg"])
+    # open groups: the sender probes its candidates (here by its least certain samples) and chooses; the default
+    # selection (class profiles) and fairavg (002: Pull) are test_auth's fleets ≡ the simulator, bit for bit too
+    ("defkt-select", [], {"selection": "probe-samples"}),
+], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip", "dfml-unrelated", "fml-unrelated", "defkt-select-probe"])
 def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm: str, architectures: list[str],
                                   settings: dict) -> None:
     config = FLEET.model_copy(update={"rounds": 20, "architectures": architectures, **settings})
