@@ -33,6 +33,9 @@ from dfl_node.peering.messages import Hello, HelloReply, Progress
 
 log = logging.getLogger(__name__)
 
+# Up to this many members a fleet confirms eagerly — a member learned is greeted at once, a stranger's Hello answered
+# with ours — as a small fleet's rounds want; beyond it, lazily, at the probes' pace (:mod:`.joins`)
+EAGER_FLEET = 32
 UNANSWERED_LOG_INTERVAL = 60.0  # seconds between two WARNINGs about the same silent static peer
 
 HelloFn = Callable[[str, float], Awaitable[HelloReply | None]]  # (address, timeout) -> accepted reply, or None
@@ -225,8 +228,9 @@ class PeerTable:
             return True
         if request.node_id in self.pending:
             return True
-        if request.node_id not in self.peers and self.served.get(request.grpc_address) == request.node_id:
-            return True  # a member we know of, not yet confirmed: our own probe confirms it in its turn
+        if (len(self.served) > EAGER_FLEET and request.node_id not in self.peers
+                and self.served.get(request.grpc_address) == request.node_id):
+            return True  # a large fleet's member we know of, not yet confirmed: our own probe confirms it in its turn
         if len(self.pending) >= self.max_pending:
             return False
         self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())

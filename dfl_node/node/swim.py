@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from dfl_node.node.clock import Clock
 from dfl_node.node.gossip import Gossip
-from dfl_node.node.peers import PeerTable
+from dfl_node.node.peers import EAGER_FLEET, PeerTable
 from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
 from dfl_node.peering.messages import MAX_ADDRESS, MAX_ID, MAX_MEMBERS, MAX_UPDATES, Hello, MemberUpdate, Ping, PingAck
 from dfl_node.peering.port import PeerNetwork
@@ -163,6 +163,7 @@ class Swim:
         self._suspects: set[str] = set()  # the members suspect now (their suspicions time out: :meth:`expire`)
         self._ghosts: set[str] = set()  # unconfirmed members declared dead (forgotten after ``peer_expiry``)
         self._period = self._greeted_in = 0  # probe periods so far; the last in which a probe was a Hello
+        self._greetings: set[asyncio.Future[bool | None]] = set()  # a small fleet's confirmations under way
 
     # ----- what this node says --------------------------------------------------------------
     def own(self) -> MemberUpdate:
@@ -262,6 +263,10 @@ class Swim:
         self._set(update.node_id, member, ALIVE, update.node_id)
         if member.confirmed:
             self.table.seen(hello)
+        elif self._greet is not None and len(self.members) <= EAGER_FLEET:  # a small fleet confirms at once
+            greeting = asyncio.ensure_future(self._greet(update.node_id, hello.grpc_address, self.table.timeout))
+            self._greetings.add(greeting)
+            greeting.add_done_callback(self._greetings.discard)
         if spread:
             self.gossip.add(update)
 
