@@ -31,7 +31,7 @@ class AsyncScheduler:
 
     async def run(self) -> None:
         node, settings = self.node, self.node.settings
-        await node.members.wait_for(1)  # a peer to invite is all an exchange needs (min_peers is round mode's)
+        await node.members.wait_for(settings.min_peers)
         deadline = node.clock.monotonic() + settings.duration if settings.duration else None
         while deadline is None or node.clock.monotonic() < deadline:
             tick = settings.interval * self.rng.uniform(0.5, 1.5)
