@@ -63,12 +63,13 @@ def test_netns_fleet_discovers_by_mdns_survives_a_kill_and_resumes(tmp_path: Pat
             victim.process.send_signal(signal.SIGKILL)
             victim.process.wait(10)
             others = nodes[:-1]
-            wait_until(others, lambda s: all(victim.id not in alive_peers(v) for v in s.values()), timeout=30)
+            after = wait_until(others, lambda s: all(victim.id not in alive_peers(v) for v in s.values()), timeout=30)
 
-            # what it made durable: its status ran ahead of it by the rounds it heard of since its last save
+            # what it made durable is a round the fleet played (the victim went on between our last look at it and
+            # the kill, so its last status is no bound: run 18 saw it save round 12 after saying 11)
             saved = json.loads((victim.state_dir / "state.json").read_text())
             fused = saved["counters"].get("fusions", 0)  # a counter is written once it counted something
-            assert 0 < saved["round"] <= before["round"] and fused <= before["fusions"]
+            assert 0 < saved["round"] <= max(v["round"] for v in after.values())
             victim.start()  # same namespace, same state dir: resumes from its checkpoint
             back = wait_until([victim], lambda s: s[victim.id] is not None, timeout=60)[victim.id]
             assert back["boot_id"] != before["boot_id"]
