@@ -16,7 +16,7 @@ import logging
 from typing import Literal
 
 from dfl_node.algorithms import Group, Role, Step
-from dfl_node.algorithms.guard import NonFinite, guarded
+from dfl_node.algorithms.guard import DIVERGED, NonFinite, guarded
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectsReceiver
@@ -323,7 +323,7 @@ class Roles:
                 message = await asyncio.to_thread(guarded(ctx, self.learner.algorithm.transmit), ctx, step)
             except NonFinite as exc:  # our training diverged (undone): we have nothing finite to serve
                 detail = f"round {round_ + 1}: training to serve left {exc}; undone"
-                raise TransferRejected("diverged", detail) from None
+                raise TransferRejected(DIVERGED, detail) from None
             self.tally.count("models_sent")
             await self.exchanged("send", round_ + 1, aggregator)
             return message
