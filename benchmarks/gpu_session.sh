@@ -42,8 +42,16 @@ session() {
   say "== the machine"
   nvidia-smi || say "(no nvidia-smi here)"
   command -v python3 && python3 --version
-  python3 -m pip show torch numpy grpcio protobuf pydantic click rich pyyaml safetensors matplotlib 2>&1 \
-    | grep -E "^(Name|Version):|not found" | paste - - | sed 's/^/  /'
+  # importlib.metadata, not `pip show`: the same names and versions in 0.1 s instead of pip's 15 s of start-up
+  python3 - <<'PY'
+from importlib.metadata import PackageNotFoundError, version
+for name in ("torch", "numpy", "grpcio", "protobuf", "pydantic", "click", "rich", "pyyaml", "safetensors",
+             "matplotlib"):
+    try:
+        print(f"  {name} {version(name)}")
+    except PackageNotFoundError:
+        print(f"  {name}: not found")
+PY
 
   say "== packages the image lacks ($WHEELS)"
   if compgen -G "$WHEELS/*.whl" > /dev/null; then

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_TLS = ROOT / "docker-compose.tls.yml"
+COMPOSE_SWARM_KEY = ROOT / "docker-compose.swarm-key.yml"
 K8S_TLS = ROOT / "deploy-tls"
 NODE_ENV = DEPLOY / "node.env"
 FIELDS = {f"DFL_{name.upper()}" for name in NodeConfig.flat_fields()}

@@ -1,7 +1,8 @@
 """`docker compose up`, for real: the image builds, 4 nodes find each other by mDNS, learn, and answer
 `dfl-node status --all` through their published ports — the README's "docker-compose" commands; then
 the same fleet with mutual TLS (``docker-compose.tls.yml``: certificates from the real ``dfl-node certs``
-CLI, handed to the nodes as Compose secrets), which must learn exactly as well.
+CLI, handed to the nodes as Compose secrets) and with a swarm key (``docker-compose.swarm-key.yml``), each of
+which must learn exactly as well.
 
 The Docker engine runs inside a network namespace of its own that holds only ``lo``: containers,
 their bridge and the published ports all live there, so nothing can reach beyond this machine
@@ -136,9 +137,26 @@ def tls_certs() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["plain", "mtls"])
+@pytest.fixture
+def swarm_key_dir() -> Iterator[Path]:
+    """docker-compose.swarm-key.yml's header, run: the swarm key and the REST token from the real CLI, in a
+    temporary ``swarm-key`` folder chowned to the image's user."""
+    root = Path(tempfile.mkdtemp(prefix="dfl-swarm-key-"))
+    try:
+        user = re.findall(r"(?m)^USER (\d+):(\d+)\s*$", (REPO / "deploy/Dockerfile").read_text())[-1]
+        cli = [sys.executable, "-m", "dfl_node", "certs"]
+        for argv in ([*cli, "swarm-key", "swarm-key/swarm.key"], [*cli, "http-token", "swarm-key/http.token"],
+                     ["chown", "-R", ":".join(user), "swarm-key"]):
+            done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, f"{argv} exited {done.returncode}: {done.stderr}"
+        yield root / "swarm-key"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("auth", ["none", "mtls", "swarm-key"], ids=["plain", "mtls", "swarm-key"])
 def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published_ports(
-        engine: Engine, tls: bool, request: pytest.FixtureRequest) -> None:
+        engine: Engine, auth: str, request: pytest.FixtureRequest) -> None:
     compose_file = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     node_envs = [svc["environment"] for name, svc in compose_file["services"].items() if name.startswith("node-")]
     shared = dict(line.split("=", 1) for line in (REPO / "deploy/node.env").read_text().splitlines()
@@ -148,11 +166,17 @@ def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published
 
     compose = ["docker", "compose", "--project-directory", str(REPO), "-f", str(REPO / "docker-compose.yml")]
     token: list[str] = []
-    if tls:  # the image built by the plain variant is reused: only the secrets and DFL_TLS_DIR differ
+    # the image built by the plain variant is reused: only the secrets and their settings differ
+    if auth == "mtls":
         compose += ["-f", str(REPO / "docker-compose.tls.yml")]
         certs = request.getfixturevalue("tls_certs")
         engine = replace(engine, env={**engine.env, "CERTS_DIR": str(certs)})
         token = ["--http-token-file", str(certs / "http.token")]
+    elif auth == "swarm-key":
+        compose += ["-f", str(REPO / "docker-compose.swarm-key.yml")]
+        folder = request.getfixturevalue("swarm_key_dir")
+        engine = replace(engine, env={**engine.env, "SWARM_KEY_DIR": str(folder)})
+        token = ["--http-token-file", str(folder / "http.token")]
     try:
         engine.run(*compose, "up", "--build", "--detach", timeout=900)
         deadline, statuses = time.monotonic() + FLEET_TIMEOUT_S, []
@@ -164,8 +188,9 @@ def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published
                                                "--all", "--wide", *token), capture_output=True, text=True, timeout=30,
                                env={**os.environ, "COLUMNS": "160"})
         print(table.stdout)  # the wide table: every node by the URL of its published port
-        if tls:  # file secrets are bind mounts: the host's owner and mode (docker-compose.tls.yml's chown)
-            key = engine.run(*compose, "exec", "-T", "node-0", "stat", "-c", "%u:%g %a", "/run/secrets/node.key")
+        if auth != "none":  # file secrets are bind mounts: the host's owner and mode (the headers' chown)
+            secret = "/run/secrets/node.key" if auth == "mtls" else "/run/secrets/swarm.key"
+            key = engine.run(*compose, "exec", "-T", "node-0", "stat", "-c", "%u:%g %a", secret)
             assert key.stdout.split() == ["10001:10001", "600"], key.stdout
             refused = fleet_status(engine)  # the REST API beyond loopback: nothing but /healthz without the token
             assert refused == [], refused
@@ -182,7 +207,7 @@ def test_compose_up_fleet_discovers_by_mdns_learns_and_reports_through_published
         assert sorted(p["id"] for p in s["peers"] if p["alive"]) == sorted(others)
         assert {p["status_url"] for p in s["peers"]} <= {f"http://127.0.0.1:{8080 + i}" for i in range(4)}
         assert s["round"] == rounds and s["rejected"] == {}
-        assert s["authentication"] == ("mtls" if tls else "none")
+        assert s["authentication"] == auth
     assert sum(s["fusions"] for s in statuses) == rounds  # Def-KT, Q = 1: one fusion per round, none lost
     assert sum(s["global_accuracy"] for s in statuses) / 4 > 0.8, "node.env's settings must learn"
     assert table.returncode == 0 and table.stdout.count("http://127.0.0.1:808") == 4

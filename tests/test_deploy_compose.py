@@ -1,6 +1,6 @@
 """The Compose files: docker-compose.yml is valid for Compose and runs nodes on the shared node command
-line; the mutual-TLS override (docker-compose.tls.yml) adds credentials only, and its documented commands
-make certificates that each node loads where Compose mounts them.
+line; the mutual-TLS and swarm-key overrides (docker-compose.tls.yml, docker-compose.swarm-key.yml) add
+credentials only, and their documented commands make credentials that each node loads where Compose mounts them.
 
 docker-compose.yml validates against the official Compose Specification JSON schema, vendored as
 tests/data/compose-spec.json from github.com/compose-spec/compose-spec, schema/compose-spec.json at
@@ -23,11 +23,13 @@ import yaml
 
 from dfl_node.learning.provision import fleet_ids
 from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY
+from dfl_node.net.swarm_tls import read_swarm_keys
 from dfl_node.net.tls import load_tls
 from dfl_node.secret_file import read_secret
 from dfl_node.testbed.netns import PER_NODE_KEYS
 from tests.deploy_helpers import (
     COMPOSE,
+    COMPOSE_SWARM_KEY,
     COMPOSE_TLS,
     DEPLOY,
     NODE_ENV,
@@ -47,6 +49,8 @@ HTTP_TOKEN = "http.token"
 # node.env's DFL_INSECURE=true cannot be removed by an override, only set back to false; REST beyond loopback then
 # needs its token
 TLS_ENV = {"DFL_TLS_DIR": "/run/secrets", "DFL_INSECURE": "false", "DFL_HTTP_TOKEN_FILE": f"/run/secrets/{HTTP_TOKEN}"}
+SWARM_KEY_ENV = {"DFL_SWARM_KEY_FILE": "/run/secrets/swarm.key", "DFL_INSECURE": "false",
+                 "DFL_HTTP_TOKEN_FILE": f"/run/secrets/{HTTP_TOKEN}"}
 
 
 _VAR = re.compile(r"\$(?:\$|\{(\w+)(?::?-([^}]*))?\}|(\w+))")
@@ -210,6 +214,36 @@ def test_compose_tls_documented_certs_load_where_each_node_reads_them(
         material = load_tls(mounted(tls_of(config), mounts), config.id)
         assert material.node_id == name == config.id
         assert config.api.http_token_file == Path("/run/secrets") / HTTP_TOKEN and not config.api.open_to_network
+        assert len(read_secret(mounts[config.api.http_token_file], "REST token", "http-token")) == 64
+
+
+# ----------------------------------------------------------------------------- the swarm-key override
+def test_compose_swarm_key_override_adds_only_the_key_and_its_documented_key_loads_where_nodes_read_it(
+        raw_compose: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = yaml.safe_load(COMPOSE_SWARM_KEY.read_text())
+    unset: list[str] = []
+    resolved = interpolate(raw, unset)
+    assert unset == [], f"variables without a default: {unset}"
+    validator = jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))
+    for document in (raw, resolved):
+        assert [e.message for e in validator.iter_errors(document)] == []
+    _, _, nodes = split_services(interpolate(raw_compose, []))
+    assert set(resolved["services"]) == set(nodes), "every node, and only nodes, get the key"
+    assert not any(marker in COMPOSE_SWARM_KEY.read_text() for marker in SECRET_MARKERS)
+
+    steps = documented_commands(COMPOSE_SWARM_KEY)
+    setup = [c for c in steps if c.startswith(("dfl-node ", "sudo "))]
+    assert len(setup) == 3 and all(c.startswith("docker compose ") for c in steps if c not in setup)
+    in_readme(steps)
+    run_documented(setup, tmp_path)
+    assert (tmp_path / "swarm-key" / "swarm.key").stat().st_mode & 0o077 == 0  # hence the chown
+    for name, svc in resolved["services"].items():
+        assert set(svc) == {"environment", "secrets"} and svc["environment"] == SWARM_KEY_ENV
+        mounts = {Path("/run/secrets") / s["target"]: tmp_path / resolved["secrets"][s["source"]]["file"]
+                  for s in svc["secrets"]}
+        config = node_config({**SHARED, **nodes[name]["environment"], **svc["environment"]}, monkeypatch)
+        assert not config.network.insecure and not config.network.open_to_network
+        assert len(read_swarm_keys(mounts[config.network.swarm_key_file])) == 1
         assert len(read_secret(mounts[config.api.http_token_file], "REST token", "http-token")) == 64
 
 

@@ -29,9 +29,9 @@ TIMEOUTS = {"heartbeat": 2.0, "peer_timeout": 4.0, "token_timeout": 5.0, "round_
 STORM_FILE = Path(__file__).parent.parent / "experiments" / "sim_storm.yaml"  # its comment says why it is so
 STORM = load_config(ExperimentConfig, STORM_FILE, {})
 DURATION = 1500.0  # async mode: as long as the round-mode storm takes
-# Seeds per run: CI plays 10 round-mode storms and 2 async ones (~2.5 min of one core); DFL_STORM_SEEDS=50 plays
+# Seeds per run: CI plays 6 round-mode storms and 2 async ones (~2 min of one core); DFL_STORM_SEEDS=50 plays
 # the full sweep the issue asked for (50 and 10; ~12 min), run by hand before a change to the node's fault paths.
-ROUND_SEEDS = int(os.environ.get("DFL_STORM_SEEDS", "10"))
+ROUND_SEEDS = int(os.environ.get("DFL_STORM_SEEDS", "6"))
 ASYNC_SEEDS = max(2, ROUND_SEEDS // 5)
 
 
