@@ -168,8 +168,10 @@ def test_compose_nodes_share_the_node_command_line(compose: dict, monkeypatch: p
 
 
 # ----------------------------------------------------------------------------- the mutual-TLS override
-def test_compose_tls_override_is_valid_and_adds_only_tls(raw_compose: dict) -> None:
-    raw = yaml.safe_load(COMPOSE_TLS.read_text())
+def valid_override(path: Path, raw_compose: dict) -> dict:
+    """An override file, resolved: valid for the Compose spec as written and resolved, every variable defaulted,
+    giving every node of docker-compose.yml, and only nodes, credentials, and holding no secret itself."""
+    raw = yaml.safe_load(path.read_text())
     unset: list[str] = []
     resolved = interpolate(raw, unset)
     assert unset == [], f"variables without a default: {unset}"
@@ -178,13 +180,18 @@ def test_compose_tls_override_is_valid_and_adds_only_tls(raw_compose: dict) -> N
         assert [e.message for e in validator.iter_errors(document)] == []
     _, _, nodes = split_services(interpolate(raw_compose, []))
     assert set(resolved["services"]) == set(nodes), "every node, and only nodes, get credentials"
+    assert not any(marker in path.read_text() for marker in SECRET_MARKERS)
+    return resolved
+
+
+def test_compose_tls_override_is_valid_and_adds_only_tls(raw_compose: dict) -> None:
+    resolved = valid_override(COMPOSE_TLS, raw_compose)
     for name, svc in resolved["services"].items():
         assert set(svc) == {"environment", "secrets"}
         assert svc["environment"] == TLS_ENV
         for secret in svc["secrets"]:  # each node's own credentials, and the fleet's REST token
             where = "" if secret["target"] == HTTP_TOKEN else f"{name}/"
             assert resolved["secrets"][secret["source"]] == {"file": f"./certs/{where}{secret['target']}"}
-    assert not any(marker in COMPOSE_TLS.read_text() for marker in SECRET_MARKERS)
 
 
 def test_compose_tls_documented_certs_load_where_each_node_reads_them(
@@ -220,16 +227,8 @@ def test_compose_tls_documented_certs_load_where_each_node_reads_them(
 # ----------------------------------------------------------------------------- the swarm-key override
 def test_compose_swarm_key_override_adds_only_the_key_and_its_documented_key_loads_where_nodes_read_it(
         raw_compose: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    raw = yaml.safe_load(COMPOSE_SWARM_KEY.read_text())
-    unset: list[str] = []
-    resolved = interpolate(raw, unset)
-    assert unset == [], f"variables without a default: {unset}"
-    validator = jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))
-    for document in (raw, resolved):
-        assert [e.message for e in validator.iter_errors(document)] == []
+    resolved = valid_override(COMPOSE_SWARM_KEY, raw_compose)
     _, _, nodes = split_services(interpolate(raw_compose, []))
-    assert set(resolved["services"]) == set(nodes), "every node, and only nodes, get the key"
-    assert not any(marker in COMPOSE_SWARM_KEY.read_text() for marker in SECRET_MARKERS)
 
     steps = documented_commands(COMPOSE_SWARM_KEY)
     setup = [c for c in steps if c.startswith(("dfl-node ", "sudo "))]
