@@ -124,3 +124,29 @@ def test_a_half_open_stream_is_dropped_after_the_stream_timeout(fleet_shards: Pa
     assert ack.ok, ack  # the node took the next role: the silent stream no longer holds it
     assert 3.0 <= held < DEADLINE_S / 2  # freed by --stream-timeout (3 s), long before the group's deadline
     assert status["rejected"] == {"idle_timeout": 1} and status["senders_abandoned"] == 1
+
+
+def test_a_node_stopped_while_it_waits_for_its_senders_stops_at_once(fleet_shards: Path, tmp_path: Path) -> None:
+    """SIGTERM while the node's group waits for a sender that never sends: once the node stops serving, nothing more
+    can arrive, so it stops waiting then — not at the group's deadline (``round_timeout``, 120 s by default: past
+    ``docker stop``'s 10 s and systemd's 90 s, a graceful stop would have become a kill)."""
+    nodes = plan_fleet(FLEET.model_copy(update={"nodes": 2}), "fedavg", fleet_shards, tmp_path,
+                       [Placement("127.0.0.1")] * 2, swarm=f"agg-{uuid.uuid4().hex[:6]}", mdns=False,
+                       extra={"min_peers": 1})
+    aggregator = nodes[0]
+    try:
+        aggregator.start()
+        wait_until([aggregator], lambda s: all(v is not None for v in s.values()), timeout=60)
+        common = dict(round=0, epoch=0, holder="test", aggregator=aggregator.id, deadline_s=DEADLINE_S,
+                      aggregator_address=f"127.0.0.1:{aggregator.grpc_port}", senders=["node-3"])
+        ack = asyncio.run(_assign(common["aggregator_address"], pb.RoundAssignment(role="aggregator", **common)))
+        assert ack.ok, ack
+        assert poll_status([aggregator])[aggregator.id]["role"] == "aggregator"  # waiting for node-3
+        asked = time.monotonic()
+        aggregator.terminate()
+        code = aggregator.process.wait(DEADLINE_S)
+        took = time.monotonic() - asked
+    finally:
+        stop_all([aggregator])
+    assert code == 0 and took < DEADLINE_S / 4, (code, took)
+    assert "stopped at round" in aggregator.log_path.read_text()

@@ -94,6 +94,11 @@ class Collector:
             self.withdraw(sender)
         return never
 
+    def expire(self) -> None:
+        """Nothing more can arrive (the node stopped serving): :meth:`wait` returns now, as at the deadline."""
+        self.deadline = self.clock.monotonic()
+        self._changed.set()
+
     def missing(self) -> set[str]:
         return self.expected - self.messages.keys()
 

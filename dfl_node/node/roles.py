@@ -95,6 +95,12 @@ class Roles:
         self._role = Role.IDLE
         self._idle.set()
 
+    def stop_waiting(self) -> None:
+        """The node stopped serving: no transfer can arrive any more, so a group still waiting for its senders takes
+        what came now, as at its deadline, rather than holding the shutdown for up to ``round_timeout``."""
+        if self._collector is not None:
+            self._collector.expire()
+
     async def settled(self) -> None:
         """Until this node's last role (its fusion, replies, evaluation and checkpoint) is over."""
         if self._settling is not None:

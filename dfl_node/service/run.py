@@ -265,6 +265,7 @@ async def run_node(daemon: Daemon, stop: asyncio.Event) -> None:
         if bound.http_socket:
             bound.http_socket.close()
         await bound.grpc.stop(grace=1.0)
+        node.roles.stop_waiting()  # nothing can arrive now: the checkpoint below must not wait for a group's deadline
         await daemon.network.close()
         try:
             await node.save(copy=True)
