@@ -215,9 +215,11 @@ def pytest_configure(config: pytest.Config) -> None:
                         for spec in tx]
 
 
-# Modules whose tests share what one process holds — a fuzz run's figures across its tests, a sweep run once
-# for the module — stay on one worker.
-ONE_WORKER_MODULES = {"test_fuzz_codec", "test_fuzz_grpc", "test_metrics", "test_sweep"}
+# Modules whose tests share what one process holds — a fuzz run's figures across its tests, a sweep or a fleet
+# run once for the module (a module fixture), models built once — stay on one worker: spread over several, each
+# worker would build the module's fixtures again (the CSV fleet's 24 s, twice).
+ONE_WORKER_MODULES = {"test_fuzz_codec", "test_fuzz_grpc", "test_metrics", "test_sweep", "test_data_fleet",
+                      "test_data_start_errors", "test_export", "test_defences", "test_datasets"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
