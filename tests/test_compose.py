@@ -14,6 +14,7 @@ with no network at all. Needs root, ``dockerd``, the compose and buildx plugins 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -116,42 +117,43 @@ def fleet_status(engine: Engine, *token: str) -> list[dict]:
     return json.loads(done.stdout) if done.returncode == 0 else []
 
 
-@pytest.fixture
-def tls_certs() -> Iterator[Path]:
-    """docker-compose.tls.yml's header, run: a swarm CA, node-0…3's certificates and the REST token from the real
-    CLI, in a temporary ``certs`` folder chowned to the image's user (file secrets keep the host's owner and mode)."""
-    root = Path(tempfile.mkdtemp(prefix="dfl-certs-"))
+CERTS = [sys.executable, "-m", "dfl_node", "certs"]
+IMAGE_USER = ":".join(re.findall(r"(?m)^USER (\d+):(\d+)\s*$", (REPO / "deploy/Dockerfile").read_text())[-1])
+
+
+@contextlib.contextmanager
+def credentials(folder: str, steps: list[list[str]]) -> Iterator[Path]:
+    """An override's header, run in a temporary folder: ``steps`` (the real CLI, then the chown to the image's user:
+    file secrets keep the host's owner and mode); yields the ``folder`` they filled."""
+    root = Path(tempfile.mkdtemp(prefix="dfl-credentials-"))
     try:
-        user = re.findall(r"(?m)^USER (\d+):(\d+)\s*$", (REPO / "deploy/Dockerfile").read_text())[-1]
-        cli = [sys.executable, "-m", "dfl_node", "certs"]
-        steps = [[*cli, "init", "--out", "swarm-ca"],
-                 *([*cli, "issue", f"node-{i}", "--ca", "swarm-ca", "--out", f"certs/node-{i}"] for i in range(4)),
-                 [*cli, "http-token", "certs/http.token"],
-                 ["chown", "-R", ":".join(user), *(f"certs/node-{i}" for i in range(4)), "certs/http.token"]]
         for argv in steps:
             done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=60)
             assert done.returncode == 0, f"{argv} exited {done.returncode}: {done.stderr}"
-        assert (root / "certs/node-0/node.key").stat().st_mode & 0o077 == 0  # only its owner reads it: hence the chown
-        yield root / "certs"
+        yield root / folder
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def tls_certs() -> Iterator[Path]:
+    """docker-compose.tls.yml's header: a swarm CA, node-0…3's certificates and the REST token."""
+    nodes = [f"certs/node-{i}" for i in range(4)]
+    with credentials("certs", [[*CERTS, "init", "--out", "swarm-ca"],
+                               *([*CERTS, "issue", Path(n).name, "--ca", "swarm-ca", "--out", n] for n in nodes),
+                               [*CERTS, "http-token", "certs/http.token"],
+                               ["chown", "-R", IMAGE_USER, *nodes, "certs/http.token"]]) as certs:
+        assert (certs / "node-0/node.key").stat().st_mode & 0o077 == 0  # only its owner reads it: hence the chown
+        yield certs
 
 
 @pytest.fixture
 def swarm_key_dir() -> Iterator[Path]:
-    """docker-compose.swarm-key.yml's header, run: the swarm key and the REST token from the real CLI, in a
-    temporary ``swarm-key`` folder chowned to the image's user."""
-    root = Path(tempfile.mkdtemp(prefix="dfl-swarm-key-"))
-    try:
-        user = re.findall(r"(?m)^USER (\d+):(\d+)\s*$", (REPO / "deploy/Dockerfile").read_text())[-1]
-        cli = [sys.executable, "-m", "dfl_node", "certs"]
-        for argv in ([*cli, "swarm-key", "swarm-key/swarm.key"], [*cli, "http-token", "swarm-key/http.token"],
-                     ["chown", "-R", ":".join(user), "swarm-key"]):
-            done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=60)
-            assert done.returncode == 0, f"{argv} exited {done.returncode}: {done.stderr}"
-        yield root / "swarm-key"
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    """docker-compose.swarm-key.yml's header: the swarm key and the REST token."""
+    with credentials("swarm-key", [[*CERTS, "swarm-key", "swarm-key/swarm.key"],
+                                   [*CERTS, "http-token", "swarm-key/http.token"],
+                                   ["chown", "-R", IMAGE_USER, "swarm-key"]]) as folder:
+        yield folder
 
 
 @pytest.mark.parametrize("auth", ["none", "mtls", "swarm-key"], ids=["plain", "mtls", "swarm-key"])

@@ -168,9 +168,9 @@ def test_compose_nodes_share_the_node_command_line(compose: dict, monkeypatch: p
 
 
 # ----------------------------------------------------------------------------- the mutual-TLS override
-def valid_override(path: Path, raw_compose: dict) -> dict:
-    """An override file, resolved: valid for the Compose spec as written and resolved, every variable defaulted,
-    giving every node of docker-compose.yml, and only nodes, credentials, and holding no secret itself."""
+def valid_override(path: Path, raw_compose: dict) -> tuple[dict, dict[str, dict]]:
+    """An override file, resolved, and docker-compose.yml's nodes: the override valid for the Compose spec as written
+    and resolved, every variable defaulted, giving every node, and only nodes, credentials, and holding no secret."""
     raw = yaml.safe_load(path.read_text())
     unset: list[str] = []
     resolved = interpolate(raw, unset)
@@ -181,11 +181,11 @@ def valid_override(path: Path, raw_compose: dict) -> dict:
     _, _, nodes = split_services(interpolate(raw_compose, []))
     assert set(resolved["services"]) == set(nodes), "every node, and only nodes, get credentials"
     assert not any(marker in path.read_text() for marker in SECRET_MARKERS)
-    return resolved
+    return resolved, nodes
 
 
 def test_compose_tls_override_is_valid_and_adds_only_tls(raw_compose: dict) -> None:
-    resolved = valid_override(COMPOSE_TLS, raw_compose)
+    resolved, _ = valid_override(COMPOSE_TLS, raw_compose)
     for name, svc in resolved["services"].items():
         assert set(svc) == {"environment", "secrets"}
         assert svc["environment"] == TLS_ENV
@@ -227,8 +227,7 @@ def test_compose_tls_documented_certs_load_where_each_node_reads_them(
 # ----------------------------------------------------------------------------- the swarm-key override
 def test_compose_swarm_key_override_adds_only_the_key_and_its_documented_key_loads_where_nodes_read_it(
         raw_compose: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    resolved = valid_override(COMPOSE_SWARM_KEY, raw_compose)
-    _, _, nodes = split_services(interpolate(raw_compose, []))
+    resolved, nodes = valid_override(COMPOSE_SWARM_KEY, raw_compose)
 
     steps = documented_commands(COMPOSE_SWARM_KEY)
     setup = [c for c in steps if c.startswith(("dfl-node ", "sudo "))]
