@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dfl_node.api.client import rest_client
 from dfl_node.api.formatting import format_accuracy, format_bytes, format_data
 from dfl_node.api.urls import normalize_url, peer_url
 
@@ -293,12 +294,6 @@ def show_status(
         return code
 
 
-def _client(timeout: float, headers: dict[str, str]) -> httpx.Client:
-    """The HTTP client of a status query: ``headers`` (the REST token: a fleet shares one) on every request, no
-    proxy from the environment (nodes are on the operator's own network)."""
-    return httpx.Client(timeout=timeout, trust_env=False, headers=headers)
-
-
 def _wait_until_done(base_url: str, all_peers: bool, timeout: float, seconds: float, headers: dict[str, str],
                      every: float = 0.5) -> bool:
     """Poll until the node (with ``all_peers``, every node of the fleet it lists) answers and is done, for at most
@@ -306,7 +301,7 @@ def _wait_until_done(base_url: str, all_peers: bool, timeout: float, seconds: fl
     deadline = time.monotonic() + seconds
     while True:
         try:
-            with _client(min(timeout, PEER_TIMEOUT_S), headers) as client:
+            with rest_client(min(timeout, PEER_TIMEOUT_S), headers) as client:
                 root = fetch_status(client, base_url)
                 rows = _gather_fleet(client, base_url, root) if all_peers else [{"status": root}]
             if all(r["status"] is not None and r["status"].get("done") for r in rows):
@@ -321,7 +316,7 @@ def _wait_until_done(base_url: str, all_peers: bool, timeout: float, seconds: fl
 def _show_once(base_url: str, all_peers: bool, as_json: bool, timeout: float, wide: bool, out: Console,
                err: Console, headers: dict[str, str]) -> int:
     try:
-        with _client(timeout, headers) as client:
+        with rest_client(timeout, headers) as client:
             root = fetch_status(client, base_url)
             if not all_peers:
                 if as_json:

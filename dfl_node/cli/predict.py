@@ -19,6 +19,7 @@ import click
 import httpx
 import numpy as np
 
+from dfl_node.api.client import rest_client
 from dfl_node.api.status_cli import DEFAULT_URL
 from dfl_node.api.urls import normalize_url
 from dfl_node.cli.http_token import http_headers, http_token_option
@@ -108,7 +109,7 @@ def predict(file: str, url: str, fmt: str | None, label_column: str, as_json: bo
     except (OSError, ValueError) as exc:  # InputError, the CSV reader's, is a ValueError
         raise click.BadParameter(str(exc), param_hint="FILE") from None
     base = normalize_url(url)
-    with httpx.Client(timeout=TIMEOUT_S, headers=http_headers(http_token_file)) as client:
+    with rest_client(TIMEOUT_S, http_headers(http_token_file)) as client:
         info = _node(client, "GET", f"{base}/model/info")
         shape = tuple(info["sample_shape"])
         if samples.shape[1:] != shape:

@@ -12,10 +12,12 @@ import sys
 
 import httpx
 
+from dfl_node.api.client import rest_client
+
 
 def fetch_all(urls: list[str], timeout: float) -> list[object | None]:
     values: list[object | None] = []
-    with httpx.Client(timeout=timeout, trust_env=False) as client:
+    with rest_client(timeout) as client:
         for url in urls:
             try:
                 values.append(client.get(url).json())
