@@ -280,8 +280,12 @@ class PeerTable:
         full)."""
         if node_id in self.pending or len(self.pending) >= self.max_pending:
             return None
-        self.pending[node_id] = (address, self.clock.monotonic())
+        entry = self.pending[node_id] = (address, self.clock.monotonic())
         reply = await self.probe(address, timeout)
+        if reply is None and self.pending.get(node_id) == entry:
+            # unanswered (its server not up yet, say): no longer pending, so that its own Hello, when it comes, is
+            # answered with ours at once instead of being taken for the crossing of a Hello still in flight
+            del self.pending[node_id]
         return reply is not None and reply.node_id == node_id
 
     async def greet_static(self) -> None:
