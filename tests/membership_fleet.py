@@ -29,6 +29,13 @@ from dfl_node.sim.network import MemoryFabric
 MODEL, FINGERPRINT, SAMPLES = "mlp:16", "f" * 64, 100  # one architecture for all: every member compatible
 
 
+def member_hello(node_id: str, address: str, boot_id: str) -> Hello:
+    """The Hello of a member of these fleets (every member compatible with every other)."""
+    return Hello(protocol_version=PROTOCOL_VERSION, node_id=node_id, fingerprint=FINGERPRINT, algorithm="defkt",
+                 boot_id=boot_id, grpc_address=address, model=MODEL, num_samples=SAMPLES, wire_dtype=EXACT,
+                 sample_shape=(64,), num_classes=10)
+
+
 @dataclass(frozen=True)
 class Kill:
     """kill -9 of ``node`` at virtual second ``at``; it starts again (a new boot) ``down_for`` seconds later."""
@@ -58,9 +65,7 @@ class Member:
         self.membership.swim.listeners.append(record.observer(node_id))
 
     def says(self) -> Hello:
-        return Hello(protocol_version=PROTOCOL_VERSION, node_id=self.node_id, fingerprint=FINGERPRINT,
-                     algorithm="defkt", boot_id=self.boot_id, grpc_address=self.address, model=MODEL,
-                     num_samples=SAMPLES, wire_dtype=EXACT, sample_shape=(64,), num_classes=10)
+        return member_hello(self.node_id, self.address, self.boot_id)
 
     def profile(self) -> NodeProfile:
         return NodeProfile(self.node_id, MODEL, SAMPLES)

@@ -94,19 +94,26 @@ class Membership:
         return self.table.incarnations(ids)
 
     async def wait_for(self, count: int) -> None:
-        waiting = asyncio.ensure_future(self.table.wait_for(count))
+        await self._greeting(self.table.wait_for(count),  # the members known but not confirmed that the count needs
+                             lambda: (sorted(i for i, m in self.swim.members.items() if not m.confirmed),
+                                      count - len(self.table.alive_ids())))
+
+    async def wait_alive(self, ids: Collection[str], timeout: float) -> None:
+        await self._greeting(self.table.wait_alive(ids, timeout), lambda: (sorted(ids), len(ids)))
+
+    async def _greeting(self, wait: Coroutine[Any, Any, None], wanted: Callable[[], tuple[list[str], int]]) -> None:
+        """``wait`` out, greeting each period the members ``wanted()`` names, as many as it says
+        (:meth:`_confirm_now`): a greeting that went unanswered — our channel to a member that has just started may
+        still be in gRPC's reconnect backoff, which fails a Hello at once — is tried again a period later, not left
+        to the member's probe, which may come after a holder's wait for it is over."""
+        waiting = asyncio.ensure_future(wait)
         try:
-            while not waiting.done():  # each period, the members known but not confirmed that the count needs
-                self._confirm_now(sorted(i for i, m in self.swim.members.items() if not m.confirmed),
-                                  count - len(self.table.alive_ids()))
+            while not waiting.done():
+                self._confirm_now(*wanted())
                 await asyncio.wait([waiting], timeout=self.settings.heartbeat)
         finally:
             waiting.cancel()
         await waiting
-
-    async def wait_alive(self, ids: Collection[str], timeout: float) -> None:
-        self._confirm_now(sorted(ids), len(ids))
-        await self.table.wait_alive(ids, timeout)
 
     def _confirm_now(self, ids: list[str], count: int) -> None:
         """A scheduler is about to use members: up to ``count`` of ``ids`` that SWIM knows alive but this node has

@@ -8,8 +8,8 @@ round plans; it rejoins as soon as it is heard alive again (:meth:`PeerTable.see
 The table is bounded. A peer is *confirmed* only once it answered a Hello of ours at the address it
 gave: a Hello it sends us (anyone can send one, with any id and address) makes it *pending*, at most
 ``max_pending`` at a time (more are refused and counted: ``peer_table_full``); a pending peer is
-probed at once and dropped if it does not answer within ``timeout``. A confirmed peer silent for
-``expiry`` seconds leaves the table (and its channel is closed, ``on_forget``).
+probed at once and dropped as soon as that Hello goes unanswered (within ``timeout``). A confirmed
+peer silent for ``expiry`` seconds leaves the table (and its channel is closed, ``on_forget``).
 
 A static address is the operator's word that a node is there, so one that does not answer (its name does
 not resolve, it refuses connections, it is silent) is not left in silence: it is logged at WARNING when it
@@ -233,8 +233,8 @@ class PeerTable:
             return True  # a large fleet's member we know of, not yet confirmed: our own probe confirms it in its turn
         if len(self.pending) >= self.max_pending:
             return False
-        self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())
-        asyncio.get_running_loop().create_task(self.probe(request.grpc_address))
+        entry = self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())
+        asyncio.get_running_loop().create_task(self._greet_pending(request.node_id, entry, self.timeout))
         return True
 
     def lost(self, peer_id: str) -> None:
@@ -281,10 +281,17 @@ class PeerTable:
         if node_id in self.pending or len(self.pending) >= self.max_pending:
             return None
         entry = self.pending[node_id] = (address, self.clock.monotonic())
-        reply = await self.probe(address, timeout)
+        return await self._greet_pending(node_id, entry, timeout)
+
+    async def _greet_pending(self, node_id: str, entry: tuple[str, float], timeout: float) -> bool:
+        """Our Hello to ``node_id``, pending as ``entry`` (its address, since when), answered within ``timeout``:
+        whether it answered as that node. Unanswered — its server not up yet, or our channel to it still in gRPC's
+        reconnect backoff after its earlier silence, which fails a call at once even though the Hello it just sent
+        us shows it serves — it is no longer pending: the next greeting (its gossip's, a holder's, its own Hello)
+        goes out at once instead of being taken for a Hello still in flight until :meth:`prune` drops it
+        ``timeout`` later, by when a new holder may have planned its round without it."""
+        reply = await self.probe(entry[0], timeout)
         if reply is None and self.pending.get(node_id) == entry:
-            # unanswered (its server not up yet, say): no longer pending, so that its own Hello, when it comes, is
-            # answered with ours at once instead of being taken for the crossing of a Hello still in flight
             del self.pending[node_id]
         return reply is not None and reply.node_id == node_id
 
