@@ -199,11 +199,7 @@ class RoundScheduler:
         role): it is abandoned, logged and counted (``groups_abandoned``), and the round goes on without it.
         """
         node = self.node
-        profiles = node.members.profiles()
-        log.info("%s: DIAG planning round %d epoch %d from %s", node.node_id, round_ + 1, epoch,
-                 [(p.node_id, getattr(p, "num_samples", None)) for p in profiles])
-        plan = node.algorithm.plan_round(round_, profiles, state)
-        log.info("%s: DIAG plan round %d: %s", node.node_id, round_ + 1, [g.members for g in plan])
+        plan = node.algorithm.plan_round(round_, node.members.profiles(), state)
         pending, failed_since = list(plan), None
         calm_since, seen = node.clock.monotonic(), None  # since when the failing groups' members all lived on unchanged
         while node.progress.epoch == epoch:
