@@ -22,7 +22,7 @@ from dfl_node.api.schemas import PeerInfo, RefusedPeer
 from dfl_node.errors import OperatorError
 from dfl_node.node.clock import Clock
 from dfl_node.node.handshake import Handshake
-from dfl_node.node.joins import Confirmations, Seeds
+from dfl_node.node.joins import Seeds
 from dfl_node.node.peers import Peer, PeerTable
 from dfl_node.node.refusals import Refusals
 from dfl_node.node.swim import DEAD, Swim
@@ -59,17 +59,17 @@ class Membership:
         self._profile = profile
         self.refusals = Refusals(node_id, clock, lambda peer, detail: tally.event("refusal", peer, detail),
                                  grace=settings.peer_timeout)
+        serving: dict[str, str] = {}  # SWIM's, where its members serve: read by the table
         self.table = PeerTable(node_id, lambda at, timeout: self.handshake.probe(at, timeout), clock,
                                heartbeat=settings.heartbeat, timeout=settings.peer_timeout, static=settings.peers,
                                on_join=on_join, expiry=settings.peer_expiry, max_pending=settings.max_pending_peers,
                                on_forget=network.forget, on_lost=on_lost,
-                               on_seen=self._seen, on_forgotten=lambda p: self.swim.forget(p))
+                               on_seen=self._seen, on_forgotten=lambda p: self.swim.forget(p), served=serving)
         self.handshake = Handshake(hello, fingerprint_of, table=self.table, refusals=self.refusals, tally=tally,
                                    network=network)
         self.swim = Swim(node_id, settings, clock, table=self.table, network=network, hello=hello,
                          compatible=lambda peer: self.handshake.incompatibility(self.swim.said(), peer) is None,
-                         seed=seed, confirmed=lambda update, spread: self.confirmations.confirmed(update, spread))
-        self.confirmations = Confirmations(self.table)
+                         seed=seed, confirmed=self.table.knows, greet=self.table.confirm, serving=serving)
         self.seeds = Seeds(settings.join, first_wait=settings.heartbeat)
         self._network = network
         self._joining: set[asyncio.Task[object]] = set()  # joins under way (a task is kept until it ends)
@@ -94,10 +94,39 @@ class Membership:
         return self.table.incarnations(ids)
 
     async def wait_for(self, count: int) -> None:
-        await self.table.wait_for(count)
+        await self._greeting(self.table.wait_for(count),  # the members known but not confirmed that the count needs
+                             lambda: (sorted(i for i, m in self.swim.members.items() if not m.confirmed),
+                                      count - len(self.table.alive_ids())))
 
     async def wait_alive(self, ids: Collection[str], timeout: float) -> None:
-        await self.table.wait_alive(ids, timeout)
+        await self._greeting(self.table.wait_alive(ids, timeout), lambda: (sorted(ids), len(ids)))
+
+    async def _greeting(self, wait: Coroutine[Any, Any, None], wanted: Callable[[], tuple[list[str], int]]) -> None:
+        """``wait`` out, greeting each period the members ``wanted()`` names, as many as it says
+        (:meth:`_confirm_now`): a greeting that went unanswered — our channel to a member that has just started may
+        still be in gRPC's reconnect backoff, which fails a Hello at once — is tried again a period later, not left
+        to the member's probe, which may come after a holder's wait for it is over."""
+        waiting = asyncio.ensure_future(wait)
+        try:
+            while not waiting.done():
+                self._confirm_now(*wanted())
+                await asyncio.wait([waiting], timeout=self.settings.heartbeat)
+        finally:
+            waiting.cancel()
+        await waiting
+
+    def _confirm_now(self, ids: list[str], count: int) -> None:
+        """A scheduler is about to use members: up to ``count`` of ``ids`` that SWIM knows alive but this node has
+        not confirmed are greeted now, not at their probe's turn (confirmation is lazy for a fleet's size, not for
+        a round that waits on them), their answers awaited as long as a peer may be silent (``peer_timeout``: a
+        loaded node answers late, and a plan made without a member is another fleet's plan)."""
+        for node_id in ids:
+            if count <= 0:
+                return
+            member = self.swim.members.get(node_id)
+            if member is not None and not member.confirmed and member.state != DEAD and member.hello is not None:
+                self._spawn(self.table.confirm(node_id, member.hello.grpc_address, self.table.timeout))
+                count -= 1
 
     async def refresh(self) -> None:
         await self.table.refresh()
@@ -111,7 +140,6 @@ class Membership:
 
     def _beat(self) -> None:
         self.table.prune()
-        self.confirmations.settle()
         self.refusals.warn_if_isolated(len(self.table.alive_ids()))
         if (address := self.table.next_unknown()) is not None:
             self._spawn(self.join(address))
@@ -125,10 +153,8 @@ class Membership:
         task.add_done_callback(self._joining.discard)
 
     def _seen(self, peer: Hello) -> None:
-        """A member confirmed alive (its Hello, or its reply to ours): what gossip said of it, merged now."""
+        """A member confirmed alive (its Hello, or its reply to ours): usable, in SWIM's view too."""
         self.swim.seen(peer)
-        if (rumour := self.confirmations.answered(peer)) is not None:
-            self.swim.merge([rumour[0]], spread=rumour[1])
 
     async def join(self, address: str) -> bool:
         """Join the fleet through ``address``: a Hello confirms the member there, then a push-pull swaps views.

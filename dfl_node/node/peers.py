@@ -8,8 +8,8 @@ round plans; it rejoins as soon as it is heard alive again (:meth:`PeerTable.see
 The table is bounded. A peer is *confirmed* only once it answered a Hello of ours at the address it
 gave: a Hello it sends us (anyone can send one, with any id and address) makes it *pending*, at most
 ``max_pending`` at a time (more are refused and counted: ``peer_table_full``); a pending peer is
-probed at once and dropped if it does not answer within ``timeout``. A confirmed peer silent for
-``expiry`` seconds leaves the table (and its channel is closed, ``on_forget``).
+probed at once and dropped as soon as that Hello goes unanswered (within ``timeout``). A confirmed
+peer silent for ``expiry`` seconds leaves the table (and its channel is closed, ``on_forget``).
 
 A static address is the operator's word that a node is there, so one that does not answer (its name does
 not resolve, it refuses connections, it is silent) is not left in silence: it is logged at WARNING when it
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from dfl_node.algorithms.plan import NodeProfile
@@ -33,6 +33,9 @@ from dfl_node.peering.messages import Hello, HelloReply, Progress
 
 log = logging.getLogger(__name__)
 
+# Up to this many members a fleet confirms eagerly — a member learned is greeted at once, a stranger's Hello answered
+# with ours — as a small fleet's rounds want; beyond it, lazily, at the probes' pace (:mod:`.joins`)
+EAGER_FLEET = 32
 UNANSWERED_LOG_INTERVAL = 60.0  # seconds between two WARNINGs about the same silent static peer
 
 HelloFn = Callable[[str, float], Awaitable[HelloReply | None]]  # (address, timeout) -> accepted reply, or None
@@ -71,7 +74,8 @@ class PeerTable:
                  on_forget: Callable[[str], None] = lambda address: None,
                  on_lost: Callable[[str], None] = lambda peer_id: None,
                  on_seen: Callable[[Hello], None] = lambda hello: None,
-                 on_forgotten: Callable[[str], None] = lambda peer_id: None) -> None:
+                 on_forgotten: Callable[[str], None] = lambda peer_id: None,
+                 served: Mapping[str, str] | None = None) -> None:
         self.self_id = self_id
         self.on_seen = on_seen  # every Hello (or gossiped state) that says a peer is alive
         self.on_forgotten = on_forgotten  # a peer left the table for good (dead for ``expiry``)
@@ -87,6 +91,10 @@ class PeerTable:
         self.answer_within = min(heartbeat, 2.0)
         self.max_pending = max_pending
         self._static: tuple[str, ...] = ()
+        # where the members the membership knows of serve -> their ids (SWIM's view, confirmed or not): static
+        # addresses that need no Hello of :meth:`next_unknown`'s, and strangers' Hellos that need none in return (a
+        # member's probe confirms it); its owner calls :meth:`reconsider` when it changes
+        self.served: Mapping[str, str] = served if served is not None else {}
         self.unreachable: dict[str, str] = {}  # static address -> why our last Hello there got no answer
         self._silences = RateLimitedLog(log, clock.monotonic, interval=UNANSWERED_LOG_INTERVAL)
         self.peers: dict[str, Peer] = {}
@@ -122,6 +130,10 @@ class PeerTable:
     def _moved(self) -> None:
         """A peer joined, left, or serves elsewhere: what :meth:`alive_ids` and :meth:`next_unknown` keep is stale."""
         self._alive = self._unknown = None
+
+    def reconsider(self) -> None:
+        """The addresses members serve at (:attr:`served`) changed: the static addresses to greet are recomputed."""
+        self._unknown = None
 
     def incarnations(self, ids: list[str]) -> dict[str, str | None]:
         """Each peer's boot id, None where it is not alive: a change means it crashed, restarted or left."""
@@ -200,21 +212,29 @@ class PeerTable:
             self.on_join(peer.id, restarted)
         self.on_seen(reply)
 
+    def knows(self, hello: Hello) -> bool:
+        """Whether the peer of ``hello`` is confirmed here: this boot of it, at this address."""
+        peer = self.peers.get(hello.node_id)
+        return peer is not None and peer.boot_id == hello.boot_id and peer.address == hello.grpc_address
+
     def heard(self, request: Hello) -> bool:
-        """A Hello a peer sent us. A confirmed peer (same boot, same address) is alive again; anyone else
-        is pending until it answers a Hello of ours (probed now). False: the pending table is full."""
+        """A Hello a peer sent us. A confirmed peer (same boot, same address) is alive again; a member the
+        membership knows of but has not confirmed waits for its probe; anyone else is pending until it answers a
+        Hello of ours (probed now). False: the pending table is full."""
         if request.node_id == self.self_id or not request.grpc_address:
             return True
-        peer = self.peers.get(request.node_id)
-        if peer is not None and peer.boot_id == request.boot_id and peer.address == request.grpc_address:
+        if self.knows(request):
             self.seen(request)
             return True
         if request.node_id in self.pending:
             return True
+        if (len(self.served) > EAGER_FLEET and request.node_id not in self.peers
+                and self.served.get(request.grpc_address) == request.node_id):
+            return True  # a large fleet's member we know of, not yet confirmed: our own probe confirms it in its turn
         if len(self.pending) >= self.max_pending:
             return False
-        self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())
-        asyncio.get_running_loop().create_task(self.probe(request.grpc_address))
+        entry = self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())
+        asyncio.get_running_loop().create_task(self._greet_pending(request.node_id, entry, self.timeout))
         return True
 
     def lost(self, peer_id: str) -> None:
@@ -253,6 +273,28 @@ class PeerTable:
             self.seen(reply)
         return reply
 
+    async def confirm(self, node_id: str, address: str, timeout: float) -> bool | None:
+        """Our Hello to ``node_id``, a member we were told of serving at ``address``, answered within ``timeout``:
+        whether it answered as that node. It is pending meanwhile, so that its own Hello to us, crossing ours, is
+        not answered with yet another. None: no Hello went (one is in flight already, or the pending table is
+        full)."""
+        if node_id in self.pending or len(self.pending) >= self.max_pending:
+            return None
+        entry = self.pending[node_id] = (address, self.clock.monotonic())
+        return await self._greet_pending(node_id, entry, timeout)
+
+    async def _greet_pending(self, node_id: str, entry: tuple[str, float], timeout: float) -> bool:
+        """Our Hello to ``node_id``, pending as ``entry`` (its address, since when), answered within ``timeout``:
+        whether it answered as that node. Unanswered — its server not up yet, or our channel to it still in gRPC's
+        reconnect backoff after its earlier silence, which fails a call at once even though the Hello it just sent
+        us shows it serves — it is no longer pending: the next greeting (its gossip's, a holder's, its own Hello)
+        goes out at once instead of being taken for a Hello still in flight until :meth:`prune` drops it
+        ``timeout`` later, by when a new holder may have planned its round without it."""
+        reply = await self.probe(entry[0], timeout)
+        if reply is None and self.pending.get(node_id) == entry:
+            del self.pending[node_id]
+        return reply is not None and reply.node_id == node_id
+
     async def greet_static(self) -> None:
         """One Hello to each static peer, answered within :attr:`answer_within` (a daemon's start-up check)."""
         await asyncio.gather(*(self.probe(address, self.answer_within) for address in self.static))
@@ -279,12 +321,13 @@ class PeerTable:
                     self.on_forget(address)
 
     def next_unknown(self) -> str | None:
-        """The next static address no live peer serves at (round robin): the membership greets one a period, so
+        """The next static address no live peer, nor any member known, serves at (round robin): the membership
+        greets one a period, so
         that a thousand nodes listing each other join through the first that answers and learn the rest by gossip,
         rather than saying Hello to all at once."""
         if self._unknown is None:
             known = {p.address for p in self.peers.values() if p.alive}
-            self._unknown = [a for a in self.static if a not in known]
+            self._unknown = [a for a in self.static if a not in known and a not in self.served]
         unknown = self._unknown
         if not unknown:
             return None

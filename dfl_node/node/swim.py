@@ -34,12 +34,12 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from dfl_node.node.clock import Clock
 from dfl_node.node.gossip import Gossip
-from dfl_node.node.peers import PeerTable
+from dfl_node.node.peers import EAGER_FLEET, PeerTable
 from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
 from dfl_node.peering.messages import MAX_ADDRESS, MAX_ID, MAX_MEMBERS, MAX_UPDATES, Hello, MemberUpdate, Ping, PingAck
 from dfl_node.peering.port import PeerNetwork
@@ -61,11 +61,22 @@ def suspicion_timeouts(settings: MembershipSettings, members: int) -> tuple[floa
 
 
 def detection_bound(settings: MembershipSettings, members: int) -> float:
-    """How long after a crash every live member knows it dead, with high probability: three periods for some member
-    to probe it (each period a probe misses it with probability ~1/e), one for the indirect probes, the longest
-    suspicion timeout, and the gossip's retransmission rounds for the news to reach every member."""
+    """How long after a crash every live member knows it dead, with high probability: six periods for some member
+    to probe it (each period a probe misses it with probability ~1/e, ~1/√e while members confirm others in every
+    other period: :meth:`Swim.run`), one for the indirect probes, the longest suspicion timeout, and the gossip's
+    retransmission rounds for the news to reach every member."""
     period, rounds = settings.heartbeat, settings.retransmit_mult * math.ceil(math.log10(members + 1))
-    return (3 + 1) * period + suspicion_timeouts(settings, members)[1] + rounds * period
+    return (6 + 1) * period + suspicion_timeouts(settings, members)[1] + rounds * period
+
+
+def join_bound(settings: MembershipSettings, members: int) -> float:
+    """How long after a new member starts every member knows it, with high probability: a period for its first
+    Hello and push-pull (a join through a member it was given), then twice the gossip's retransmission rounds for
+    its news to reach every member: an update is sent on ``retransmit_mult · ⌈log10(N + 1)⌉`` messages of each
+    member that learns it, and while members confirm others by Hellos (which carry no gossip) one period in two
+    carries a ping of theirs."""
+    rounds = settings.retransmit_mult * math.ceil(math.log10(members + 1))
+    return (1 + 2 * rounds) * settings.heartbeat
 
 
 def notice_bound(settings: MembershipSettings, members: int) -> float:
@@ -108,6 +119,8 @@ class Member:
     suspected_at: float = 0.0
     suspecters: set[str] = field(default_factory=set)
     said: MemberUpdate | None = None  # what a push-pull says of it (kept while nothing changes)
+    confirmed: bool = True  # our Hello confirmed this boot at its address (the peer table has it): usable
+    died_at: float = 0.0  # when it was declared dead here (an unconfirmed one is forgotten ``peer_expiry`` later)
 
     def view(self, node_id: str, by: str) -> MemberUpdate:
         if (said := self.said) is None or said.state != self.state or said.incarnation != self.incarnation:
@@ -121,20 +134,25 @@ Listener = Callable[[str, str, float, str], None]  # (member, its new state here
 
 
 class Swim:
-    """The failure detector and gossip of node ``node_id``, whose own Hello is ``hello()``; members live in
-    ``table``, and a gossiped member enters it only if ``compatible`` with us (the Hello checks) and ``confirmed``
-    (the membership's: a Hello of ours answered; until then it is neither recorded nor spread, and the membership
-    merges its update again once it answers)."""
+    """The failure detector and gossip of node ``node_id``, whose own Hello is ``hello()``. Every member gossip tells
+    of that is ``compatible`` with us (the Hello checks) enters the view at once, as SWIM has it; the peer table
+    (``table``: what schedulers pick from) takes it only once ``confirmed`` (a Hello of ours answered by this boot at
+    this address, :mod:`.joins`). The first probe of an unconfirmed member is that Hello, ``greet(node_id, address,
+    timeout)`` (None: none went), in one period of two at most: the confirmations ride on the probes."""
 
     def __init__(self, node_id: str, settings: MembershipSettings, clock: Clock, *, table: PeerTable,
                  network: PeerNetwork, hello: Callable[[], Hello], compatible: Callable[[Hello], bool],
-                 seed: int, confirmed: Callable[[MemberUpdate, bool], bool] = lambda update, spread: True) -> None:
+                 seed: int, confirmed: Callable[[Hello], bool] = lambda hello: True,
+                 greet: Callable[[str, str, float], Awaitable[bool | None]] | None = None,
+                 serving: dict[str, str] | None = None) -> None:
         self.node_id, self.settings, self.clock = node_id, settings, clock
         self.table, self.network, self._hello, self._compatible = table, network, hello, compatible
-        self._confirmed = confirmed
+        self._confirmed, self._greet = confirmed, greet
         self.rng = random.Random(seed)
         self.incarnation = int(clock.wall() * 1000)  # a restarted node starts above what its last boot said
         self.members: dict[str, Member] = {}
+        # where each member serves -> its id (the static addresses it covers; the table reads it)
+        self.serving: dict[str, str] = serving if serving is not None else {}
         self.gossip = Gossip(settings.retransmit_mult, PER_MESSAGE, capacity=1024)
         self.invalid = 0  # malformed updates peers sent us, dropped
         self.listeners: list[Listener] = []  # told of every change of a member's state here (the simulator's figures)
@@ -143,6 +161,9 @@ class Swim:
         self._order: list[str] = []  # the probe round robin
         self._synced_at = 0.0
         self._suspects: set[str] = set()  # the members suspect now (their suspicions time out: :meth:`expire`)
+        self._ghosts: set[str] = set()  # unconfirmed members declared dead (forgotten after ``peer_expiry``)
+        self._period = self._greeted_in = 0  # probe periods so far; the last in which a probe was a Hello
+        self._greetings: set[asyncio.Future[bool | None]] = set()  # a small fleet's confirmations under way
 
     # ----- what this node says --------------------------------------------------------------
     def own(self) -> MemberUpdate:
@@ -177,13 +198,36 @@ class Swim:
         """A member the Hello handshake confirmed (alive now, whatever its incarnation said)."""
         new = hello.node_id not in self.members
         member = self.members.setdefault(hello.node_id, Member())
-        member.hello, member.said = _plain(hello), None
+        self._serves(hello.node_id, member, _plain(hello))
+        member.said, member.confirmed = None, True
         if new or member.state != ALIVE:
             self._set(hello.node_id, member, ALIVE, hello.node_id)
 
+    def _serves(self, node_id: str, member: Member, hello: Hello) -> None:
+        """``node_id`` serves where ``hello`` says (:attr:`serving`, which the table's static greetings skip)."""
+        if member.hello is not None and member.hello.grpc_address == hello.grpc_address:
+            member.hello = hello
+            return
+        self._unserve(node_id, member)
+        member.hello = hello
+        self.serving[hello.grpc_address] = node_id
+        self.table.reconsider()
+
+    def _unserve(self, node_id: str, member: Member) -> None:
+        if member.hello is not None and self.serving.get(member.hello.grpc_address) == node_id:
+            del self.serving[member.hello.grpc_address]
+            self.table.reconsider()
+
     def merge(self, updates: Iterable[MemberUpdate], *, spread: bool = True) -> None:
-        """Take what a peer told us (``spread``: gossip it on; a push-pull's view is not)."""
+        """Take what a peer told us (``spread``: gossip it on; a push-pull's view is not). A member alive at an
+        incarnation we already hold is passed over first: most of a push-pull's view (a thousand members), and
+        dropped whatever else it says."""
+        members = self.members
         for update in updates:
+            member = members.get(update.node_id)
+            if (member is not None and update.state == ALIVE and member.hello is not None
+                    and update.incarnation <= member.incarnation):
+                continue
             if not _valid(update):
                 self.invalid += 1
                 log.debug("%s: membership update about %r dropped (malformed)", self.node_id, update.node_id[:64])
@@ -212,13 +256,17 @@ class Swim:
             return
         if member is None:
             self.network.heard(hello.grpc_address, hello.node_id)
-        if not self._confirmed(update, spread):
-            return
-        if member is None:
             member = self.members[update.node_id] = Member()
-        member.incarnation, member.hello, member.said = update.incarnation, hello, update
+        self._serves(update.node_id, member, hello)
+        member.incarnation, member.said, member.confirmed = update.incarnation, update, self._confirmed(hello)
+        self._ghosts.discard(update.node_id)
         self._set(update.node_id, member, ALIVE, update.node_id)
-        self.table.seen(hello)
+        if member.confirmed:
+            self.table.seen(hello)
+        elif self._greet is not None and len(self.members) <= EAGER_FLEET:  # a small fleet confirms at once
+            greeting = asyncio.ensure_future(self._greet(update.node_id, hello.grpc_address, self.table.timeout))
+            self._greetings.add(greeting)
+            greeting.add_done_callback(self._greetings.discard)
         if spread:
             self.gossip.add(update)
 
@@ -249,7 +297,10 @@ class Swim:
         else:
             self._suspects.discard(node_id)
         if state == DEAD:
+            member.died_at = self.clock.monotonic()
             self.table.lost(node_id)
+            if not member.confirmed:
+                self._ghosts.add(node_id)
         for listener in self.listeners:
             listener(node_id, state, self.clock.monotonic(), origin)
 
@@ -258,7 +309,7 @@ class Swim:
         while self._order:
             node_id = self._order.pop()
             member = self.members.get(node_id)
-            if member is not None and member.state != DEAD and self.table.address_of(node_id):
+            if member is not None and member.state != DEAD and member.hello is not None:
                 return node_id
         self._order = sorted(i for i, m in self.members.items() if m.state != DEAD)
         self.rng.shuffle(self._order)
@@ -274,15 +325,26 @@ class Swim:
         self.merge(ack.updates[:MAX_MEMBERS if ping.sync else MAX_UPDATES], spread=not ping.sync)
         return ack
 
+    async def _direct(self, node_id: str, member: Member, address: str) -> bool:
+        """Whether ``node_id`` answered us directly: a ping, or, if we have not confirmed it and no probe of the last
+        period was one, our Hello (``greet``), which confirms it."""
+        if not member.confirmed and self._greet is not None and self._greeted_in < self._period - 1:
+            self._greeted_in = self._period
+            answered = await self._greet(node_id, address, self.settings.ping_timeout)
+            if answered is not None:
+                return answered
+        ack = await self._ping(address, Ping(sender=self.node_id, updates=self._updates()), self.settings.ping_timeout)
+        return ack is not None and ack.ok
+
     async def probe(self, node_id: str) -> bool:
         """Probe ``node_id``: directly, then through ``indirect_probes`` others; suspect it if none answers."""
-        address, settings = self.table.address_of(node_id), self.settings
-        if address is None:
+        member, settings = self.members.get(node_id), self.settings
+        if member is None or member.hello is None:
             return False
-        ack = await self._ping(address, Ping(sender=self.node_id, updates=self._updates()), settings.ping_timeout)
-        if ack is not None and ack.ok:
+        address = member.hello.grpc_address
+        if await self._direct(node_id, member, address):
             return True
-        helpers = [i for i, m in sorted(self.members.items()) if m.state == ALIVE and i != node_id]
+        helpers = [i for i, m in sorted(self.members.items()) if m.state == ALIVE and m.confirmed and i != node_id]
         helpers = self.rng.sample(helpers, min(settings.indirect_probes, len(helpers)))
         wait = max(settings.heartbeat - settings.ping_timeout, settings.ping_timeout)
         asked = [Ping(sender=self.node_id, target=node_id, target_address=address, timeout_s=wait * 0.8,
@@ -313,7 +375,7 @@ class Swim:
     async def sync(self, node_id: str) -> None:
         """Push-pull: our whole view for theirs."""
         self._synced_at = self.clock.monotonic()
-        if (address := self.table.address_of(node_id)) is not None:
+        if (address := self.table.address_of(node_id)) is not None:  # a confirmed member
             ping = Ping(sender=self.node_id, sync=True, updates=self.view())
             await self._ping(address, ping, self.settings.heartbeat)
 
@@ -332,22 +394,34 @@ class Swim:
                                          sender=self.node_id)])
 
     def forget(self, node_id: str) -> None:
-        """The table forgot ``node_id`` (dead long enough): so do we."""
-        self.members.pop(node_id, None)
+        """The table forgot ``node_id`` (dead long enough), or it died unconfirmed ``peer_expiry`` ago: so do we."""
+        if (member := self.members.pop(node_id, None)) is not None:
+            self._unserve(node_id, member)
         self._suspects.discard(node_id)
+        self._ghosts.discard(node_id)
+
+    def _reap(self) -> None:
+        """Forget the members that died before we confirmed them, ``peer_expiry`` after (the table forgets the
+        confirmed): a rumour that nobody serves at its address dies out."""
+        now = self.clock.monotonic()
+        for node_id in [i for i in self._ghosts if now - self.members[i].died_at >= self.settings.peer_expiry]:
+            self.forget(node_id)
 
     async def run(self, greet: Callable[[], object]) -> None:
-        """A probe every period (each a task of its own, so that a slow one delays no other), the suspicions'
-        timeouts, ``greet()`` (a Hello to a static address not yet a member, and a push-pull with it: a join) and
-        the periodic push-pulls, until cancelled."""
+        """A probe every period (each a task of its own, so that a slow one delays no other; a Hello to a member
+        not yet confirmed, in one period of two at most), the suspicions' timeouts, ``greet()`` (a Hello to a static
+        address no member serves at, and a push-pull with it: a join) and the periodic push-pulls, until
+        cancelled: one exchange of our own a period, however many members a push-pull brought at once."""
         async with asyncio.TaskGroup() as tasks:
             while True:
+                self._period += 1
                 self.expire()
+                self._reap()
                 greet()
                 if (target := self._next_target()) is not None:
                     tasks.create_task(self.probe(target))
                 if self.clock.monotonic() - self._synced_at >= sync_interval(self.settings, len(self.members) + 1):
-                    alive = sorted(i for i, m in self.members.items() if m.state == ALIVE)
+                    alive = sorted(i for i, m in self.members.items() if m.state == ALIVE and m.confirmed)
                     if alive:
                         tasks.create_task(self.sync(self.rng.choice(alive)))
                 await asyncio.sleep(self.settings.heartbeat)

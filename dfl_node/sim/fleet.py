@@ -46,7 +46,9 @@ def plan_nodes(config: ExperimentConfig, algorithm: str, shards: Path, state: Pa
         "id": node_id, "model": specs[node_id].name, "hidden": list(specs[node_id].widths or ()),
         "data": shards / node_id, "test_data": test if test.exists() else None, "algorithm": algorithm, "mode": mode,
         "grpc_port": BASE_PORT + i, "http_port": 0, "mdns": False, "state_dir": state / node_id,
-        "rounds": config.rounds, "min_peers": len(ids) - 1, "fsync": False, "data_poll": 0,
+        # round mode starts once every node sees the whole fleet (its plans need it); an async node volunteers
+        # once it sees one peer, as a deployment's does (a thousand nodes would otherwise wait for every one)
+        "rounds": config.rounds, "min_peers": len(ids) - 1 if mode == "round" else 1, "fsync": False, "data_poll": 0,
         "max_pending_peers": max(32, len(ids)),  # every peer says Hello at once at the start
         "peers": [a for other, a in addresses.items() if other != node_id], **settings})
         for i, node_id in enumerate(ids)]

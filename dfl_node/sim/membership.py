@@ -65,7 +65,7 @@ class MembershipRecord:
                         if state == DEAD and self._is_up(m, at)}
         detections = [self._detection(node_id, end, duration) for node_id, lives in sorted(self.up.items())
                       for _, end in lives if end != float("inf")]
-        joins = [self._join(node_id, start) for node_id, lives in sorted(self.up.items()) for start, _ in lives]
+        joins = [self.join_time(node_id, start) for node_id, lives in sorted(self.up.items()) for start, _ in lives]
         known = [j for j in joins if j is not None]
         return {
             "nodes": nodes, "duration_s": round(duration, 3),
@@ -94,7 +94,7 @@ class MembershipRecord:
         return {"node": node_id, "first_s": round(min(first.values()), 3) if first else None,
                 "all_s": None if missing or not first else round(max(first[o] for o in observers), 3)}
 
-    def _join(self, node_id: str, start: float) -> float | None:
+    def join_time(self, node_id: str, start: float) -> float | None:
         """How long after ``start`` every other node up then (and since) knew ``node_id`` alive (None: not all)."""
         seen: dict[str, float] = {}
         for at, observer, state, _ in self.events[node_id]:
