@@ -8,8 +8,11 @@ round plans; it rejoins as soon as it is heard alive again (:meth:`PeerTable.see
 The table is bounded. A peer is *confirmed* only once it answered a Hello of ours at the address it
 gave: a Hello it sends us (anyone can send one, with any id and address) makes it *pending*, at most
 ``max_pending`` at a time (more are refused and counted: ``peer_table_full``); a pending peer is
-probed at once and dropped as soon as that Hello goes unanswered (within ``timeout``). A confirmed
-peer silent for ``expiry`` seconds leaves the table (and its channel is closed, ``on_forget``).
+probed at once and dropped if it does not answer within ``timeout``: its own Hellos meanwhile get no more
+Hellos of ours (a flood of them, from any address, makes this node send at most ``max_pending`` Hellos a
+``timeout``), while a greeting of this node's own — a member's gossip, a holder about to use it — goes again once
+the last one failed. A confirmed peer silent for ``expiry`` seconds leaves the table (and its channel is
+closed, ``on_forget``).
 
 A static address is the operator's word that a node is there, so one that does not answer (its name does
 not resolve, it refuses connections, it is silent) is not left in silence: it is logged at WARNING when it
@@ -99,6 +102,7 @@ class PeerTable:
         self._silences = RateLimitedLog(log, clock.monotonic, interval=UNANSWERED_LOG_INTERVAL)
         self.peers: dict[str, Peer] = {}
         self.pending: dict[str, tuple[str, float]] = {}  # id -> (address, when first heard): not yet confirmed
+        self._greeting: set[str] = set()  # the pending whose Hello of ours is in flight
         self.changed = asyncio.Condition()
         self._greeted = 0  # where the round robin of :meth:`next_unknown` stands
         self._reconnects = 0  # and that of :meth:`next_lost`
@@ -233,8 +237,8 @@ class PeerTable:
             return True  # a large fleet's member we know of, not yet confirmed: our own probe confirms it in its turn
         if len(self.pending) >= self.max_pending:
             return False
-        entry = self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())
-        asyncio.get_running_loop().create_task(self._greet_pending(request.node_id, entry, self.timeout))
+        self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())
+        asyncio.get_running_loop().create_task(self._greet_pending(request.node_id, self.timeout))
         return True
 
     def lost(self, peer_id: str) -> None:
@@ -276,23 +280,27 @@ class PeerTable:
     async def confirm(self, node_id: str, address: str, timeout: float) -> bool | None:
         """Our Hello to ``node_id``, a member we were told of serving at ``address``, answered within ``timeout``:
         whether it answered as that node. It is pending meanwhile, so that its own Hello to us, crossing ours, is
-        not answered with yet another. None: no Hello went (one is in flight already, or the pending table is
-        full)."""
-        if node_id in self.pending or len(self.pending) >= self.max_pending:
+        not answered with yet another. A pending member whose last Hello of ours failed is greeted again: that
+        Hello may have failed at once although the member serves (our channel to it still in gRPC's reconnect
+        backoff after its earlier silence), and taken for one still in flight it would be left out, until
+        :meth:`prune` drops it ``timeout`` later, of the round a new holder plans meanwhile. None: no Hello went
+        (one is in flight already, or the pending table is full)."""
+        if node_id in self._greeting:
             return None
-        entry = self.pending[node_id] = (address, self.clock.monotonic())
-        return await self._greet_pending(node_id, entry, timeout)
+        if node_id not in self.pending:
+            if len(self.pending) >= self.max_pending:
+                return None
+            self.pending[node_id] = (address, self.clock.monotonic())
+        return await self._greet_pending(node_id, timeout)
 
-    async def _greet_pending(self, node_id: str, entry: tuple[str, float], timeout: float) -> bool:
-        """Our Hello to ``node_id``, pending as ``entry`` (its address, since when), answered within ``timeout``:
-        whether it answered as that node. Unanswered — its server not up yet, or our channel to it still in gRPC's
-        reconnect backoff after its earlier silence, which fails a call at once even though the Hello it just sent
-        us shows it serves — it is no longer pending: the next greeting (its gossip's, a holder's, its own Hello)
-        goes out at once instead of being taken for a Hello still in flight until :meth:`prune` drops it
-        ``timeout`` later, by when a new holder may have planned its round without it."""
-        reply = await self.probe(entry[0], timeout)
-        if reply is None and self.pending.get(node_id) == entry:
-            del self.pending[node_id]
+    async def _greet_pending(self, node_id: str, timeout: float) -> bool:
+        """Our Hello to pending ``node_id`` at the address it is pending with, answered within ``timeout``: whether
+        it answered as that node. Unanswered, it stays pending until :meth:`prune`."""
+        self._greeting.add(node_id)
+        try:
+            reply = await self.probe(self.pending[node_id][0], timeout)
+        finally:
+            self._greeting.discard(node_id)
         return reply is not None and reply.node_id == node_id
 
     async def greet_static(self) -> None:
