@@ -50,7 +50,7 @@ def test_netns_fleet_discovers_by_mdns_survives_a_kill_and_resumes(tmp_path: Pat
             env = {**node_environment({**shared, **quick}, i, 4, host, tmp_path / "shards", tmp_path / "state")}
             nodes.append(NodeProcess(env["DFL_ID"], host.address, int(env["DFL_GRPC_PORT"]),
                                      int(env["DFL_HTTP_PORT"]), Path(env["DFL_STATE_DIR"]),
-                                     tmp_path / f"{env['DFL_ID']}.log", env, host.wrap))
+                                     tmp_path / f"{env['DFL_ID']}.log", env, host.name))
         try:
             for node in nodes:
                 node.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dfl_node.testbed.namespaces import run_inside
 from dfl_node.testbed.netns import NetnsTopology, cleanup_stale, list_namespaces, read_env_file
 
 needs_root = pytest.mark.skipif(
@@ -91,6 +93,13 @@ def test_read_env_file(tmp_path: Path) -> None:
         read_env_file(env)
 
 
+def echo(address: str) -> bytes:
+    """:data:`CLIENT`'s exchange, as a function."""
+    with socket.create_connection((address, TPORT), timeout=TIMEOUT_S) as connection:
+        connection.sendall(b"ping")
+        return connection.recv(100)
+
+
 @needs_root
 @pytest.mark.netns
 def test_three_hosts_unicast_multicast_and_cleanup() -> None:
@@ -104,6 +113,15 @@ def test_three_hosts_unicast_multicast_and_cleanup() -> None:
         assert wait_line(server) == "ready"
         assert finish(spawn(h1, CLIENT, h2.address)) == "PING"
         assert finish(server) == h1.address
+
+        # a function of this process in h1's namespace (how the testbeds poll their nodes): its thread alone
+        server, own = spawn(h2, SERVER, h2.address), os.readlink("/proc/thread-self/ns/net")
+        assert wait_line(server) == "ready"
+        assert run_inside(h1.name, echo, h2.address) == b"PING"
+        assert finish(server) == h1.address
+        assert os.readlink("/proc/thread-self/ns/net") == own
+        with pytest.raises(FileNotFoundError):
+            run_inside(f"{topo.tag}-none", echo, h2.address)
 
         receivers = [spawn(h, RECEIVER, h.address) for h in (h2, h3)]
         assert [wait_line(r) for r in receivers] == ["ready", "ready"]

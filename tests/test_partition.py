@@ -42,7 +42,7 @@ def netns_fleet(tmp_path: Path, settings: dict[str, str]):
         for i, host in enumerate(topology.hosts):
             env = node_environment(shared, i, 4, host, tmp_path / "shards", tmp_path / "state")
             nodes.append(NodeProcess(env["DFL_ID"], host.address, int(env["DFL_GRPC_PORT"]), int(env["DFL_HTTP_PORT"]),
-                                     Path(env["DFL_STATE_DIR"]), tmp_path / f"{env['DFL_ID']}.log", env, host.wrap))
+                                     Path(env["DFL_STATE_DIR"]), tmp_path / f"{env['DFL_ID']}.log", env, host.name))
         with running_daemons(nodes, stop_grace=10.0, log_lines=8):
             yield topology, nodes
         tag = topology.tag

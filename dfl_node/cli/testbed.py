@@ -132,10 +132,10 @@ def placements(count: int, netns: bool, sites: int, console: Console) -> Iterato
 
     if sites < 2:
         with NetnsTopology(count) as lan:
-            yield [Placement(h.address, h.wrap) for h in lan.hosts]
+            yield [Placement(h.address, h.name) for h in lan.hosts]
         return
     with SitesTopology(sites, count // sites) as topology, topology.multicast_seen() as seen:
-        yield [Placement(h.address, h.wrap, [topology.join_address(i, GRPC_PORT)])
+        yield [Placement(h.address, h.name, [topology.join_address(i, GRPC_PORT)])
                for i, h in enumerate(topology.hosts)]
     for site, sources in sorted(seen.items()):
         own = {h.address for h in topology.sites[site]}

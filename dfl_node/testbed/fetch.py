@@ -1,14 +1,7 @@
-"""GET JSON from several nodes' REST APIs; also runnable inside a network namespace.
-
-``python -m dfl_node.testbed.fetch TIMEOUT URL…`` prints a JSON list (null for a node that does not
-answer). The testbed runs it with ``ip netns exec`` to reach nodes whose addresses exist only
-inside their namespaces. Deliberately light: no torch import.
-"""
+"""GET JSON from several nodes' REST APIs, with one client: the testbeds' polls (inside a node's network namespace
+where there is one: :func:`dfl_node.testbed.launcher.fetch_json`)."""
 
 from __future__ import annotations
-
-import json
-import sys
 
 import httpx
 
@@ -16,6 +9,7 @@ from dfl_node.api.client import rest_client
 
 
 def fetch_all(urls: list[str], timeout: float) -> list[object | None]:
+    """Each URL's JSON, None for a node that does not answer (or answers no JSON)."""
     values: list[object | None] = []
     with rest_client(timeout) as client:
         for url in urls:
@@ -24,7 +18,3 @@ def fetch_all(urls: list[str], timeout: float) -> list[object | None]:
             except (httpx.HTTPError, ValueError):
                 values.append(None)
     return values
-
-
-if __name__ == "__main__":
-    print(json.dumps(fetch_all(sys.argv[2:], float(sys.argv[1]))))

@@ -8,7 +8,6 @@ testbed run and a simulation of the same config can be compared directly.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -26,9 +25,7 @@ from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.results import RunResult
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.fetch import fetch_all
-
-Wrap = Callable[[list[str]], list[str]]
-
+from dfl_node.testbed.namespaces import inside, run_inside
 
 _HANDED_OUT: set[int] = set()  # ports free_port gave this process: never twice (the kernel may offer one again)
 
@@ -50,10 +47,10 @@ GRPC_PORT = 50051  # where a node of its own address (a namespace) serves its pe
 
 @dataclass
 class Placement:
-    """Where a node runs: the address it serves on and how its command is wrapped (e.g. ``ip netns exec``)."""
+    """Where a node runs: the address it serves on, and the network namespace it runs in (none: this one)."""
 
     host: str
-    wrap: Wrap = field(default=lambda argv: argv)
+    namespace: str | None = None
     join: list[str] = field(default_factory=list)  # its --join addresses (a multi-site testbed's)
 
 
@@ -66,7 +63,7 @@ class NodeProcess:
     state_dir: Path
     log_path: Path
     env: dict[str, str]
-    wrap: Wrap
+    namespace: str | None = None  # the network namespace it runs in (:mod:`dfl_node.testbed.namespaces`)
     process: subprocess.Popen | None = None
 
     @property
@@ -74,7 +71,7 @@ class NodeProcess:
         return f"http://{self.host}:{self.http_port}"
 
     def start(self) -> None:
-        argv = self.wrap([sys.executable, "-m", "dfl_node", "start"])
+        argv = inside(self.namespace, [sys.executable, "-m", "dfl_node", "start"])
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(argv, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT)
 
@@ -132,7 +129,7 @@ def plan_fleet(
         grpc_port = free_port() if shared_host else GRPC_PORT
         http_port = free_port() if shared_host else 8080
         nodes.append(NodeProcess(node_id, place.host, grpc_port, http_port, workdir / "state" / node_id,
-                                 workdir / f"{node_id}.log", {}, place.wrap))
+                                 workdir / f"{node_id}.log", {}, place.namespace))
     specs = architectures(config.architectures, config.learning, config.nodes)  # each its own (a mixed fleet)
     for node in nodes:
         peers = [f"{n.host}:{n.grpc_port}" for n in nodes if n is not node] if static_peers else []
@@ -157,13 +154,7 @@ def plan_fleet(
 
 def fetch_json(nodes: list[NodeProcess], path: str, timeout: float = 2.0) -> dict[str, object]:
     """GET ``path`` from every node's REST API (None where it does not answer), through its namespace if any."""
-    urls = [f"{n.url}{path}" for n in nodes]
-    argv = nodes[0].wrap([sys.executable, "-m", "dfl_node.testbed.fetch", str(timeout), *urls])
-    if argv[0] == sys.executable:  # loopback: no helper process needed
-        values = fetch_all(urls, timeout)
-    else:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout * len(urls) + 30)
-        values = json.loads(done.stdout) if done.returncode == 0 else [None] * len(urls)
+    values = run_inside(nodes[0].namespace, fetch_all, [f"{n.url}{path}" for n in nodes], timeout)
     return dict(zip((n.id for n in nodes), values))
 
 

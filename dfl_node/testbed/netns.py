@@ -36,6 +36,7 @@ from typing import Self
 
 from dfl_node.learning.provision import fleet_ids
 from dfl_node.testbed.launcher import NodeProcess
+from dfl_node.testbed.namespaces import inside
 
 __all__ = ["PER_NODE_KEYS", "NetnsHost", "NetnsTopology", "cleanup_stale", "delete_namespace", "list_namespaces",
            "main", "node_environment", "read_env_file"]
@@ -163,8 +164,8 @@ class NetnsHost:
     address: str
 
     def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` run inside this host's namespace (``ip netns exec`` execs it: same pid)."""
-        return ["ip", "netns", "exec", self.name, *argv]
+        """``argv`` run inside this host's namespace."""
+        return inside(self.name, argv)
 
 
 class NetnsTopology:
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                     env = node_environment(shared, i, args.nodes, host, work / "shards", work / "state")
                     node = NodeProcess(env["DFL_ID"], host.address, int(env.get("DFL_GRPC_PORT", "50051")),
                                        int(env.get("DFL_HTTP_PORT", "8080")), Path(env["DFL_STATE_DIR"]),
-                                       work / "logs" / f"{env['DFL_ID']}.log", env, host.wrap)
+                                       work / "logs" / f"{env['DFL_ID']}.log", env, host.name)
                     node.start()
                     nodes.append(node)
                     print(f"{node.id}: ip netns exec {host.name} dfl-node status {node.url}", flush=True)
