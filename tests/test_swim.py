@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dfl_node.algorithms.plan import NodeProfile
 from dfl_node.api.metrics import NodeMetrics
 from dfl_node.net.convert import from_wire, to_wire
@@ -293,6 +295,7 @@ def test_a_kill_is_known_to_every_live_member_within_the_stated_bound(tmp_path: 
     assert figures["false_deaths"] == 0, figures
 
 
+@pytest.mark.slow  # a minute of one core: first, beside the other long tests, not alone at the end
 def test_at_a_thousand_members_a_kill_and_a_newcomer_are_known_everywhere_within_their_bounds() -> None:
     """Issue 33 at N = 1,000 (the memberships alone: :mod:`tests.membership_fleet`): once the fleet has met (its
     start known everywhere), a kill -9 is known dead by every live member within :func:`detection_bound`, and a new
