@@ -173,6 +173,20 @@ def test_a_hello_back_that_failed_at_once_does_not_hold_off_the_next_greeting() 
     assert run_virtual(main()) == (["node-0"], 2)
 
 
+def test_a_stranger_confirmed_before_our_hello_back_goes_out_is_still_greeted() -> None:
+    """A stranger's Hello schedules ours back; our own probe of it, already under way, confirms it first (its
+    pending entry goes): the Hello back still goes out, to the address it gave, instead of failing on the entry."""
+    async def main() -> tuple[list[str], int]:
+        membership, network = node_one(fails=0)
+        probing = asyncio.ensure_future(membership.table.probe("node-0:1"))
+        assert membership.answer(says("node-0"), "node-0:1").accepted
+        await probing
+        await asyncio.sleep(0.1)
+        return membership.alive_ids(), network.hellos
+
+    assert run_virtual(main()) == (["node-0"], 2)
+
+
 def test_a_holder_greets_the_members_its_token_names_each_period_until_they_answer() -> None:
     """A holder's greetings of a member that has just started may fail at once (our channel to it in its reconnect
     backoff): it greets it again a period later, rather than waiting out peer_timeout without it."""

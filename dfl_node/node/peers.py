@@ -238,7 +238,7 @@ class PeerTable:
         if len(self.pending) >= self.max_pending:
             return False
         self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())
-        asyncio.get_running_loop().create_task(self._greet_pending(request.node_id, self.timeout))
+        asyncio.get_running_loop().create_task(self._greet_pending(request.node_id, request.grpc_address, self.timeout))
         return True
 
     def lost(self, peer_id: str) -> None:
@@ -291,14 +291,14 @@ class PeerTable:
             if len(self.pending) >= self.max_pending:
                 return None
             self.pending[node_id] = (address, self.clock.monotonic())
-        return await self._greet_pending(node_id, timeout)
+        return await self._greet_pending(node_id, self.pending[node_id][0], timeout)
 
-    async def _greet_pending(self, node_id: str, timeout: float) -> bool:
-        """Our Hello to pending ``node_id`` at the address it is pending with, answered within ``timeout``: whether
-        it answered as that node. Unanswered, it stays pending until :meth:`prune`."""
+    async def _greet_pending(self, node_id: str, address: str, timeout: float) -> bool:
+        """Our Hello to pending ``node_id`` at ``address`` (where it is pending), answered within ``timeout``:
+        whether it answered as that node. Unanswered, it stays pending until :meth:`prune`."""
         self._greeting.add(node_id)
         try:
-            reply = await self.probe(self.pending[node_id][0], timeout)
+            reply = await self.probe(address, timeout)
         finally:
             self._greeting.discard(node_id)
         return reply is not None and reply.node_id == node_id
