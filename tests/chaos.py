@@ -29,7 +29,7 @@ from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.models import ModelSpec, fingerprint
 from dfl_node.learning.provision import TRAIN_FILE
 from dfl_node.node.rounds import liveness_bound
-from dfl_node.node.swim import detection_bound, notice_bound
+from dfl_node.node.swim_bounds import detection_bound, notice_bound
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim import ledger
@@ -42,7 +42,7 @@ SEED = 13
 KILLS = int(os.environ.get("DFL_FAULT_KILLS", "8"))
 TIMEOUTS = {"heartbeat": 0.2, "peer_timeout": 1.0, "token_timeout": 2.0, "round_timeout": 15.0, "stream_timeout": 5.0}
 # After a kill the fleet fuses again within: the membership's detection bound (the crash is known everywhere:
-# dfl_node.node.swim.detection_bound), token_timeout (a lost token is
+# dfl_node.node.swim_bounds.detection_bound), token_timeout (a lost token is
 # regenerated), round_timeout (the holder, or the regenerating node, waits that long at most for a crashed
 # member to come back, as it may hold the only record of the newest round), then one round of its own
 # (training, transfer, fusion, checkpoints: a freshly restarted process's first round took up to 6 s on a

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dfl_node.node.daemon import Node
-from dfl_node.node.swim import detection_bound
+from dfl_node.node.swim_bounds import detection_bound
 from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.experiment import run_fleet

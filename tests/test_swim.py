@@ -21,7 +21,8 @@ from dfl_node.node.gossip import Gossip
 from dfl_node.node.membership import Membership
 from dfl_node.node.peers import PeerTable
 from dfl_node.node.progress import RoundProgress
-from dfl_node.node.swim import ALIVE, DEAD, SUSPECT, Swim, detection_bound, join_bound
+from dfl_node.node.swim import ALIVE, DEAD, SUSPECT, Swim
+from dfl_node.node.swim_bounds import detection_bound, join_bound
 from dfl_node.node.tally import Tally
 from dfl_node.peering.errors import PeerUnreachable
 from dfl_node.peering.messages import MAX_ID, Hello, HelloReply, MemberUpdate, Ping, PingAck, Progress

@@ -330,9 +330,8 @@ class PeerTable:
 
     def next_unknown(self) -> str | None:
         """The next static address no live peer, nor any member known, serves at (round robin): the membership
-        greets one a period, so
-        that a thousand nodes listing each other join through the first that answers and learn the rest by gossip,
-        rather than saying Hello to all at once."""
+        greets one a period, so that a thousand nodes listing each other join through the first that answers and
+        learn the rest by gossip, rather than saying Hello to all at once."""
         if self._unknown is None:
             known = {p.address for p in self.peers.values() if p.alive}
             self._unknown = [a for a in self.static if a not in known and a not in self.served]

@@ -36,9 +36,9 @@
   carries a new boot id, and an aggregator that expects it stops waiting as soon as it hears it
   (:meth:`Absences.peer_joined`), as the holder's own Assign to its old incarnation failed with its connection.
   A member that stays down is known dead by every member within the membership's detection bound
-  (:func:`~dfl_node.node.swim.detection_bound`: a few probe periods, the longest suspicion, the gossip's rounds),
+  (:func:`~dfl_node.node.swim_bounds.detection_bound`: a few probe periods, the longest suspicion, the gossip's rounds),
   and one back within ``peer_timeout`` is known under its new boot within
-  :func:`~dfl_node.node.swim.notice_bound`. So the fleet fuses again within
+  :func:`~dfl_node.node.swim_bounds.notice_bound`. So the fleet fuses again within
   ``detection + token_timeout + 2·heartbeat + min(1 s, token_timeout/4)`` plus one round's own work:
   the restart (or the crash) known, a lost token's ``token_timeout`` of silence, the watchdog's
   tick and the holder's replay period. A *holder* that crashes may have assigned an aggregator and not yet

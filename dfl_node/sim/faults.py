@@ -21,7 +21,7 @@ from typing import Any, Literal
 from dfl_node.algorithms.plan import Role
 from dfl_node.node.daemon import Node
 from dfl_node.node.rounds import liveness_bound
-from dfl_node.node.swim import detection_bound, notice_bound
+from dfl_node.node.swim_bounds import detection_bound, notice_bound
 from dfl_node.settings.node import NodeConfig
 from dfl_node.settings.simulation import FaultSchedule, KillFault, LinkFault, PartitionFault, SlowNodeFault
 from dfl_node.sim.costs import CostModel
