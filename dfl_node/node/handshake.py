@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from dfl_node.node.compatibility import REASONS, Verdict, check, their_refusal
 from dfl_node.node.peers import PeerTable
@@ -27,6 +28,12 @@ from dfl_node.peering.messages import Hello, HelloReply, Progress
 from dfl_node.peering.port import PeerNetwork
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Acceptance:
+    ours: Hello  # our Hello as it was
+    reply: HelloReply  # our acceptance, made from it
 
 
 class Handshake:
@@ -41,6 +48,7 @@ class Handshake:
         self._starting = False  # while a daemon starts (:meth:`starting`): a duplicate id then stops it
         self.duplicate: str | None = None  # why start-up must stop: another live node has our id
         self._impostors: set[str] = set()  # boot ids of live nodes with our id, each reported once
+        self._accepted: _Acceptance | None = None  # our last acceptance (:meth:`reply`)
 
     @contextlib.contextmanager
     def starting(self) -> Iterator[None]:
@@ -52,12 +60,16 @@ class Handshake:
         finally:
             self._starting = False
 
-    @staticmethod
-    def reply(ours: Hello, accepted: bool, reason: str = "") -> HelloReply:
+    def reply(self, ours: Hello, accepted: bool, reason: str = "") -> HelloReply:
         """Our answer to a Hello: who we are (``ours``), and our verdict on the peer; where we accept it, our
-        progress too."""
-        return HelloReply(**{**vars(ours), "progress": ours.progress if accepted else Progress()}, accepted=accepted,
-                          reason=reason)
+        progress too. An acceptance is the same object while ``ours`` is (most Hellos are a peer's confirmation)."""
+        if accepted and self._accepted is not None and self._accepted.ours is ours:
+            return self._accepted.reply
+        reply = HelloReply(**{**vars(ours), "progress": ours.progress if accepted else Progress()},
+                           accepted=accepted, reason=reason)
+        if accepted:
+            self._accepted = _Acceptance(ours, reply)
+        return reply
 
     def incompatibility(self, ours: Hello, other: Hello) -> Verdict | None:
         """Why we (``ours``) cannot learn with the sender of ``other`` (None: we can)."""

@@ -96,7 +96,7 @@ class Membership:
     async def wait_for(self, count: int) -> None:
         await self._greeting(self.table.wait_for(count),  # the members known but not confirmed that the count needs
                              lambda: (sorted(i for i, m in self.swim.members.items() if not m.confirmed),
-                                      count - len(self.table.alive_ids())))
+                                      count - self.table.alive_count()))
 
     async def wait_alive(self, ids: Collection[str], timeout: float) -> None:
         await self._greeting(self.table.wait_alive(ids, timeout), lambda: (sorted(ids), len(ids)))
@@ -140,7 +140,7 @@ class Membership:
 
     def _beat(self) -> None:
         self.table.prune()
-        self.refusals.warn_if_isolated(len(self.table.alive_ids()))
+        self.refusals.warn_if_isolated(self.table.alive_count())
         if (address := self.table.next_unknown()) is not None:
             self._spawn(self.join(address))
         if (address := self.table.next_lost()) is not None:  # a healed partition merges again
@@ -174,7 +174,9 @@ class Membership:
     async def ping(self, request: Ping) -> PingAck:
         """A peer's membership probe (the Ping RPC): bounded, then answered by SWIM."""
         limit = MAX_MEMBERS if request.sync else MAX_UPDATES
-        return await self.swim.answer(replace(request, updates=request.updates[:limit]))
+        if len(request.updates) > limit:
+            request = replace(request, updates=request.updates[:limit])
+        return await self.swim.answer(request)
 
     def answer(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply:
         """A peer's Hello (the Hello RPC)."""

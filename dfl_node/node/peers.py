@@ -23,6 +23,7 @@ and greeted again meanwhile (one such address a probe period: :meth:`PeerTable.n
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
@@ -107,9 +108,9 @@ class PeerTable:
         self._greeted = 0  # where the round robin of :meth:`next_unknown` stands
         self._reconnects = 0  # and that of :meth:`next_lost`
         # Read every probe period by every node, so kept rather than recomputed from the whole table (a thousand
-        # peers): the live ids and the static addresses no live peer serves at (None: to recompute, after a peer
-        # joined, left or moved), and the peers not alive (what :meth:`prune` looks at).
-        self._alive: list[str] | None = None
+        # peers): the live ids (sorted), the static addresses no live peer serves at (None: to recompute, after a
+        # peer left or moved), and the peers not alive (what :meth:`prune` looks at).
+        self._alive: list[str] = []
         self._unknown: list[str] | None = None
         self._silent: set[str] = set()
         self._waking = False  # a wake-up of the table's waiters is scheduled and has not run yet
@@ -127,16 +128,18 @@ class PeerTable:
         self._moved()
 
     def alive_ids(self) -> list[str]:
-        if self._alive is None:
-            self._alive = sorted(p.id for p in self.peers.values() if p.alive)
         return list(self._alive)
 
+    def alive_count(self) -> int:
+        return len(self._alive)
+
     def _moved(self) -> None:
-        """A peer joined, left, or serves elsewhere: what :meth:`alive_ids` and :meth:`next_unknown` keep is stale."""
-        self._alive = self._unknown = None
+        """A peer left, or serves elsewhere: what :meth:`next_unknown` keeps is stale."""
+        self._unknown = None
 
     def reconsider(self) -> None:
-        """The addresses members serve at (:attr:`served`) changed: the static addresses to greet are recomputed."""
+        """A member no longer serves where it did (:attr:`served` lost an address): the static addresses to greet
+        are recomputed. (One that gained an address needs nothing: :meth:`next_unknown` drops what it serves at.)"""
         self._unknown = None
 
     def incarnations(self, ids: list[str]) -> dict[str, str | None]:
@@ -196,8 +199,11 @@ class PeerTable:
         peer = self.peers.get(reply.node_id)
         restarted = peer is not None and peer.boot_id != reply.boot_id
         rejoined = peer is None or not peer.alive or restarted
-        if peer is None or rejoined or peer.address != reply.grpc_address:
+        if peer is None or not peer.alive:
+            bisect.insort(self._alive, reply.node_id)
+        if peer is not None and peer.address != reply.grpc_address:
             self._moved()
+        if peer is None or rejoined or peer.address != reply.grpc_address:
             self._silent.discard(reply.node_id)
         if peer is None:
             peer = self.peers[reply.node_id] = Peer(reply.node_id, reply.grpc_address, reply.http_port,
@@ -246,6 +252,7 @@ class PeerTable:
         peer = self.peers.get(peer_id)
         if peer and peer.alive:
             peer.alive = False
+            self._alive.remove(peer_id)
             self._moved()
             self._silent.add(peer_id)
             log.info("peer %s left (silent or said goodbye)", peer_id)
@@ -335,11 +342,14 @@ class PeerTable:
         if self._unknown is None:
             known = {p.address for p in self.peers.values() if p.alive}
             self._unknown = [a for a in self.static if a not in known and a not in self.served]
-        unknown = self._unknown
-        if not unknown:
-            return None
-        self._greeted += 1
-        return unknown[self._greeted % len(unknown)]
+        unknown = self._unknown  # kept while peers join: those that serve at one of them are dropped here
+        while unknown:
+            self._greeted += 1
+            at = self._greeted % len(unknown)
+            if unknown[at] not in self.served:
+                return unknown[at]
+            del unknown[at]
+        return None
 
     def next_lost(self) -> str | None:
         """The address of the next peer known but not alive (round robin, until it is forgotten after ``expiry``):

@@ -54,6 +54,13 @@ class RoundProgress:
         """A copy: the state the next token carries changes only through :meth:`advance`."""
         return dict(self._token_state)
 
+    @property
+    def stamp(self) -> tuple[object, ...]:
+        """Everything a :class:`~dfl_node.peering.messages.Progress` says of it, cheap to compare (its token state
+        the object itself: replaced when it changes, never changed in place): a node's Hello, which every membership
+        message carries, is built again only when this changed."""
+        return self._round, self._epoch, self._holding, self._done, self._token_state
+
     def enter_epoch(self, epoch: int) -> bool:
         """Fencing: False (and nothing changes) for an epoch older than ours."""
         if epoch < self._epoch:

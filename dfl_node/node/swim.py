@@ -126,7 +126,7 @@ class Swim:
     def own(self) -> MemberUpdate:
         """Our own state: a new incarnation, gossiped, whenever our Hello changed since we last said it."""
         hello = _plain(self._hello())
-        if hello != self._announced or self._said is None:
+        if self._said is None or (hello is not self._announced and hello != self._announced):
             if self._announced is not None:
                 self.incarnation += 1
             self._announced = hello
@@ -168,7 +168,6 @@ class Swim:
         self._unserve(node_id, member)
         member.hello = hello
         self.serving[hello.grpc_address] = node_id
-        self.table.reconsider()
 
     def _unserve(self, node_id: str, member: Member) -> None:
         if member.hello is not None and self.serving.get(member.hello.grpc_address) == node_id:
@@ -276,7 +275,8 @@ class Swim:
         """One ping; the ack's gossip taken (None: no answer within ``timeout``, whatever the link does first: a
         swarm-key link may say Hello before it, which must not stretch a probe)."""
         try:
-            ack = await asyncio.wait_for(self.network.link(address).ping(ping, timeout), timeout)
+            async with asyncio.timeout(timeout):  # no task of its own, as wait_for would start: a thousand a second
+                ack = await self.network.link(address).ping(ping, timeout)
         except (PeerUnreachable, PeerUnauthenticated, TimeoutError):
             return None
         self.merge(ack.updates[:MAX_MEMBERS if ping.sync else MAX_UPDATES], spread=not ping.sync)

@@ -113,7 +113,7 @@ class MemoryFabric:
                       coro: Coroutine[Any, Any, T] | Generator[Any, None, T], /, *,
                       context: contextvars.Context | None = None) -> asyncio.Task[T]:
         task = asyncio.Task(coro, loop=loop, context=context)
-        owner = (context or contextvars.copy_context()).get(_OWNER)
+        owner = _OWNER.get(None) if context is None else context.get(_OWNER)  # None: the task runs in a copy of ours
         if owner is not None:
             owned = self.owned[owner]
             owned.add(task)
@@ -200,13 +200,14 @@ class MemoryFabric:
         served.add(task)
         task.add_done_callback(served.discard)
         try:
-            return await asyncio.wait_for(task, timeout)
+            async with asyncio.timeout(timeout):  # cancels the call's task at the deadline, as wait_for would
+                return await task
         except TimeoutError:
             raise PeerUnreachable("deadline_exceeded", f"does not answer within {timeout:g} s") from None
         except asyncio.CancelledError:
             caller = asyncio.current_task()
             if caller is not None and caller.cancelling():
-                raise  # our own task is cancelled (wait_for cancelled the call with it)
+                raise  # our own task is cancelled (the call was cancelled with it)
             raise PeerUnreachable("unavailable", "closed the connection (it stopped)") from None
 
 

@@ -2,10 +2,13 @@
 (:class:`Traffic`); a model's is :func:`~dfl_node.sim.network.wire_size`.
 
 A thousand nodes size tens of millions of values a virtual minute (a push-pull carries a whole view), so the common
-types are told apart by their exact type before anything else, and a nested message's size is remembered (frozen, it
-never changes): a member's Hello is one object that every node gossips, and so is each update a node passes on. The
-memory is bounded (100,000 sizes): the updates of the push-pulls, each node's own of each member (a million in a
-fleet of a thousand), come and go, and what is gossiped again is sized again once.
+types are told apart by their exact type before anything else, and the size of a Hello, a reply to one or a
+membership update is remembered (frozen, it never changes): a node's Hello and its acceptance are each one object while
+it stands where it stood, every node gossips a member's Hello, and each update a node passes on is one object. Other
+messages (a ping, an ack) are built for one call and sized once, so they are not remembered, lest they push out what
+is shared. The memory is bounded (100,000 sizes): the updates of the
+push-pulls, each node's own of each member (a million in a fleet of a thousand), come and go, and what is gossiped
+again is sized again once.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass
 
-from dfl_node.peering.messages import MemberUpdate
+from dfl_node.peering.messages import Hello, HelloReply, MemberUpdate
 
 _SIZES: dict[int, tuple[object, int]] = {}  # id -> (message, its size)
 _SIZES_KEPT = 100_000
@@ -33,11 +36,12 @@ def _size(value: object) -> int:
         return 9 if value else 0
     if kind is tuple or kind is list:
         return sum(map(_size, value))  # type: ignore[call-overload]
-    known = _SIZES.get(id(value))
-    if known is not None and known[0] is value:
-        return known[1]
-    if kind is MemberUpdate:
-        return _remember(value, _update_size(value))  # type: ignore[arg-type]
+    if kind is MemberUpdate or kind is Hello or kind is HelloReply:
+        known = _SIZES.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1]
+        size = _update_size(value) if kind is MemberUpdate else 2 + _fields_size(value)  # type: ignore[arg-type]
+        return _remember(value, size)
     return _other(value)
 
 
@@ -63,7 +67,7 @@ def _other(value: object) -> int:
     if isinstance(value, Mapping):
         return sum(2 + _size(k) + _size(v) for k, v in value.items())
     if is_dataclass(value) and not isinstance(value, type):
-        return _remember(value, 2 + _fields_size(value))
+        return 2 + _fields_size(value)
     return 0
 
 
@@ -85,9 +89,7 @@ def _fields_size(message: object) -> int:
 def message_size(message: object) -> int:
     """About what a peer-port message takes as protobuf: each field's tag and value (strings and bytes their
     length, numbers a varint's or a double's 8 bytes), nested messages and repeated fields field by field, and a
-    frame's 10 bytes. (A ping or an ack is sized once: not remembered, lest it push out the Hellos.)"""
-    if is_dataclass(message) and not isinstance(message, type):
-        return 10 + 2 + _fields_size(message)
+    frame's 10 bytes."""
     return 10 + _size(message)
 
 
