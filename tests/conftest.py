@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import click
 import pytest
+import torch
 from click.testing import CliRunner, Result
 from safetensors.torch import load_file
 
@@ -36,6 +37,10 @@ from dfl_node.sim.network import LinkProfile
 from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, stop_all
 
 T = TypeVar("T")
+
+# One torch thread in each test process, as in each node process: CI runs three workers on two cores, where a
+# second thread of a worker's training only spins, waiting for a core another worker holds.
+torch.set_num_threads(1)
 
 # The fleet every daemon test uses: 4 nodes on digits, quick to train, and what the simulator runs too.
 FLEET = ExperimentConfig(nodes=4, partition="iid", seed=3, rounds=10, eval_every=5, batch_size=20,
