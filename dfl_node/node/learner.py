@@ -70,6 +70,7 @@ class Learner:
         self._accuracy: tuple[float | None, float | None] = (None, None)  # (local, global) of the current model
         self._digest = ""  # sha256 of the current parameters
         self._saving = asyncio.Lock()
+        self._saved: dict[str, Any] | None = None  # the durable state this process last checkpointed (:meth:`save`)
         self.served = ServedModel(algorithm, self.ctx)  # what /model, /predict and exports hold
 
     # ----- what others read ----------------------------------------------------------------
@@ -137,12 +138,19 @@ class Learner:
         temporary files). A role saves the live model without copying it (on a CPU; from another device, a CPU
         copy): it holds the role, so nothing changes the model meanwhile. ``copy`` is for callers that hold no
         role and waited until none runs (the end of a run, shutdown: :meth:`~.daemon.Node.save`): the model is
-        copied right then, so a role taken during the write cannot tear the checkpoint."""
-        snapshot = self.ctx.snapshot() if copy else None
+        copied right then, so a role taken during the write cannot tear the checkpoint. A save that would write
+        what the newest checkpoint of this process holds writes nothing: the model changes only in a role, and a
+        role that changes it records that in the history (:meth:`changed`), which is saved too; so a node stopped
+        after its run's end was checkpointed (a simulated fleet's thousand nodes, a daemon told to stop) does not
+        write it again."""
         durable = {**self._progress.durable(), **self._tally.durable(),
                    "history": [h.model_dump(mode="json") for h in self._history]}
+        if self.checkpoint.generation is not None and durable == self._saved:
+            return
+        snapshot = self.ctx.snapshot() if copy else None
         async with self._saving:
             await asyncio.to_thread(self._save, durable, snapshot)
+            self._saved = durable
 
     def _save(self, durable: dict[str, Any], snapshot: dict[str, torch.Tensor] | None) -> None:
         state = self.ctx.checkpoint_state() if snapshot is None else snapshot

@@ -42,6 +42,8 @@ def _size(value: object) -> int:
             return known[1]
         size = _update_size(value) if kind is MemberUpdate else 2 + _fields_size(value)  # type: ignore[arg-type]
         return _remember(value, size)
+    if kind in _FIELDS:  # a message of a kind sized before (a ping, an ack)
+        return 2 + _fields_size(value)
     return _other(value)
 
 
