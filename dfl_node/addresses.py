@@ -4,6 +4,7 @@ only. Pure parsing, no socket and no resolver: the settings check them as they a
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 
@@ -30,6 +31,11 @@ def parse_peer(spec: str) -> tuple[str, int]:
     """
     if not isinstance(spec, str) or not spec or spec != spec.strip():
         raise ValueError(f"peer {spec!r}: expected HOST:PORT without spaces")
+    return _parsed(spec)
+
+
+@functools.lru_cache(maxsize=4096)  # a simulated fleet of a thousand nodes, each listing the others: a million
+def _parsed(spec: str) -> tuple[str, int]:
     if spec.startswith("["):
         end = spec.find("]")
         if end < 0 or not spec[end + 1 :].startswith(":"):

@@ -52,6 +52,7 @@ class Member:
     def __init__(self, node_id: str, address: str, peers: list[str], boot: int, record: MembershipRecord,
                  fabric: MemoryFabric) -> None:
         self.node_id, self.address, self.boot_id = node_id, address, f"{node_id}/{boot}"
+        self._hello = member_hello(node_id, address, self.boot_id)  # one object, as a node's while it stands still
         clock = VirtualClock()
         progress = RoundProgress(clock)
         tally = Tally(clock, NodeMetrics(node_id, status=lambda: None), progress)  # type: ignore[arg-type,return-value]
@@ -65,7 +66,7 @@ class Member:
         self.membership.swim.listeners.append(record.observer(node_id))
 
     def says(self) -> Hello:
-        return member_hello(self.node_id, self.address, self.boot_id)
+        return self._hello
 
     def profile(self) -> NodeProfile:
         return NodeProfile(self.node_id, MODEL, SAMPLES)
