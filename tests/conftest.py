@@ -33,7 +33,7 @@ from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
-from dfl_node.sim.network import LinkProfile
+from dfl_node.sim.links import LinkProfile
 from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, stop_all
 
 T = TypeVar("T")

@@ -22,7 +22,7 @@ from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.fleet import VirtualFleet
 from dfl_node.sim.ledger import Ledger, completed_rounds
-from dfl_node.sim.network import LinkProfile
+from dfl_node.sim.links import LinkProfile
 from tests.chaos import HISTORY_LIMIT, SEED, STALL_BOUND, TIMEOUTS, stall_bound
 from tests.conftest import FLEET, until, virtual_fleet
 

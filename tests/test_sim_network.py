@@ -24,7 +24,7 @@ from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.experiment import run_fleet
 from dfl_node.sim.fleet import VirtualFleet
-from dfl_node.sim.network import LinkProfile
+from dfl_node.sim.links import LinkProfile
 from tests.conftest import FLEET, simulated, until, virtual_fleet
 
 ROUNDS = 3

@@ -27,8 +27,9 @@ from dfl_node.settings.simulation import Adversaries
 from dfl_node.sim.adversaries import compromised_algorithm
 from dfl_node.sim.clock import VirtualClock
 from dfl_node.sim.ledger import durable_states
+from dfl_node.sim.links import LinkProfile
 from dfl_node.sim.membership import MembershipRecord
-from dfl_node.sim.network import LinkProfile, MemoryFabric, MemoryNetwork
+from dfl_node.sim.network import MemoryFabric, MemoryNetwork
 
 BASE_PORT = 50_000  # the fleet's addresses are 127.0.0.1:50000+i: names on the fabric, never bound
 

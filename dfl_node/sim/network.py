@@ -2,8 +2,8 @@
 
 :class:`MemoryFabric` is the medium every node shares: which address serves which node's handler, which
 addresses are down (a killed node) or cut off from each other (a partition), and what each link costs
-(:class:`LinkProfile`). A node gets its own :class:`MemoryNetwork` from it (its side of every link), and
-passes it to :class:`~dfl_node.node.daemon.Node` in place of the gRPC network.
+(:class:`~dfl_node.sim.links.LinkProfile`). A node gets its own :class:`MemoryNetwork` from it (its side of every
+link), and passes it to :class:`~dfl_node.node.daemon.Node` in place of the gRPC network.
 
 A call on a :class:`MemoryLink` drives the callee's handler exactly as :class:`~dfl_node.net.servicer.DflServicer`
 does — same order, same counting, same errors — so node code cannot tell the two networks apart:
@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import math
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from dfl_node.algorithms.messages import ModelMessage
@@ -42,6 +41,7 @@ from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer,
 from dfl_node.peering.port import PeerHandler
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
 from dfl_node.peering.wire_dtypes import EXACT, payload_bytes, through
+from dfl_node.sim.links import LinkProfile, ProfileFn
 from dfl_node.sim.traffic import Traffic
 
 T = TypeVar("T")
@@ -72,20 +72,6 @@ def _copied(message: ModelMessage, wire_dtype: str = EXACT) -> ModelMessage:
     crossed = through(message, wire_dtype)
     return replace(crossed, parts=tuple(replace(p, values=p.values.detach().clone()) for p in crossed.parts),
                    metadata=dict(message.metadata))
-
-
-@dataclass(frozen=True)
-class LinkProfile:
-    """What one direction of a link costs: ``latency_s`` per message, plus its bytes at ``bandwidth`` bytes/s."""
-
-    latency_s: float = 0.0
-    bandwidth: float = math.inf
-
-    def delay(self, nbytes: int = 0) -> float:
-        return self.latency_s + nbytes / self.bandwidth
-
-
-ProfileFn = Callable[[str, str], LinkProfile]  # (from address, to address) -> that direction's profile
 
 
 class MemoryFabric:
