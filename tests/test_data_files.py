@@ -164,6 +164,15 @@ def test_a_shard_folder_reads_as_it_always_did_bit_for_bit(tmp_path: Path) -> No
         assert read.num_classes == 10 and read.x.dtype == torch.float32
 
 
+def test_an_empty_shard_reads_as_no_samples(tmp_path: Path) -> None:
+    """A shard of no samples (a hand-made validation file left empty) is read, not a reshape's crash: what a node
+    does with no validation samples is its business (its local accuracy stays unknown)."""
+    save_shard(tmp_path / "val.safetensors", ArrayDataset(torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.int64),
+                                                          10), "digits")
+    samples = read_samples(tmp_path / "val.safetensors", DataFormat())
+    assert samples.x.shape == (0, 1, 8, 8) and len(samples.y) == 0
+
+
 def test_hand_made_shards_are_one_line(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 

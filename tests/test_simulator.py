@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from dfl_node.cli import cli
@@ -47,8 +48,14 @@ def test_bad_flag_is_a_usage_error() -> None:
     assert result.exit_code == 2 and "nodes" in result.output
 
 
-def test_a_fleet_too_large_for_its_dataset_is_one_line_not_a_traceback(tmp_path) -> None:
-    result = CliRunner().invoke(cli, ["simulate", "--nodes", "1000", "--algorithm", "defkt", "--out", str(tmp_path)])
+@pytest.mark.parametrize(("partition", "why"), [("shards", "non-empty segments"),
+                                               ("iid", "a node would get 1 of them, too few to train on")])
+def test_a_fleet_too_large_for_its_dataset_is_one_line_not_a_traceback(tmp_path, partition: str, why: str) -> None:
+    """Shards too few for the segments, or an iid split that leaves a node one sample and no validation split (its
+    local accuracy would be undefined): the operator's numbers, said in a line before any node starts."""
+    result = CliRunner().invoke(cli, ["simulate", "--nodes", "1000", "--algorithm", "defkt", "--partition", partition,
+                                      "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
-    assert "error: cannot split digits's 1437 training samples among 1000 nodes" in result.output
+    assert f"error: cannot split digits's 1437 training samples among 1000 nodes ({partition} partition)" \
+        in result.output and why in result.output
     assert "Traceback" not in result.output and "--dataset" in result.output
