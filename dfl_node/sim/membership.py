@@ -35,13 +35,16 @@ class MembershipRecord:
     up: dict[str, list[list[float]]] = field(default_factory=lambda: defaultdict(list))  # node -> [[start, end]...]
     # member -> [(time, observer, state, origin)]: origin is who said so (the observer itself: a first-hand verdict)
     events: dict[str, list[tuple[float, str, str, str]]] = field(default_factory=lambda: defaultdict(list))
+    _up_at_cache: dict[float, list[str]] = field(default_factory=dict, init=False, repr=False)
 
     def started(self, node_id: str, at: float, network: MemoryNetwork) -> None:
         self.up[node_id].append([at, float("inf")])
+        self._up_at_cache.clear()
         self.networks.append(network)
 
     def killed(self, node_id: str, at: float) -> None:
         self.up[node_id][-1][1] = at
+        self._up_at_cache.clear()
 
     def observer(self, node_id: str) -> Any:
         """The listener for ``node_id``'s membership."""
@@ -51,6 +54,13 @@ class MembershipRecord:
 
     def _is_up(self, node_id: str, at: float) -> bool:
         return any(start <= at < end for start, end in self.up[node_id])
+
+    def _up_at(self, at: float) -> list[str]:
+        """The nodes up at ``at``: kept until a node starts or is killed (a fleet's thousand starts at 0 ask the
+        same)."""
+        if (up := self._up_at_cache.get(at)) is None:
+            up = self._up_at_cache[at] = [node_id for node_id in self.up if self._is_up(node_id, at)]
+        return up
 
     def _up_during(self, node_id: str, start: float, end: float) -> bool:
         """Up from ``start`` to ``end`` in one life."""
@@ -101,7 +111,7 @@ class MembershipRecord:
         for at, observer, state, _ in self.events[node_id]:
             if state == ALIVE and at >= start:
                 seen.setdefault(observer, at - start)
-        others = [o for o in self.up if o != node_id and self._is_up(o, start)]
+        others = [o for o in self._up_at(start) if o != node_id]
         if any(o not in seen for o in others):
             return None
         return max((seen[o] for o in others), default=0.0)
