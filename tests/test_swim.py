@@ -49,14 +49,16 @@ class _Network:
 
 
 def lone(run: Any) -> Any:
-    """``run(swim)`` on a loop, for node "a" whose own Hello says round 0 (no peer ever answers)."""
+    """``run(swim)`` (awaited if a coroutine) on a loop, for node "a" whose own Hello says round 0 (no peer ever
+    answers)."""
     async def main() -> Any:
         clock = Clock()
         table = PeerTable("a", hello=None, clock=clock, heartbeat=1.0, timeout=4.0, static=[])  # type: ignore[arg-type]
         swim = Swim("a", MembershipSettings(), clock, table=table, network=_Network(),  # type: ignore[arg-type]
                     hello=lambda: hello("a"), compatible=lambda peer: True, seed=1)
         table.on_seen = swim.seen
-        return run(swim)
+        result = run(swim)
+        return await result if asyncio.iscoroutine(result) else result
     return run_virtual(main())
 
 
@@ -90,6 +92,24 @@ def test_news_is_ordered_by_incarnation_and_worse_news_wins_at_one() -> None:
         return states
 
     assert lone(run) == [ALIVE, ALIVE, SUSPECT, SUSPECT, ALIVE, DEAD, ""]
+
+
+def test_a_push_pull_answers_with_what_the_asker_lacks_or_holds_older() -> None:
+    """The asker's view merged, the answer carries us and each member the asker did not say as we hold it: one it
+    lacks, one it holds at an older incarnation, one it holds alive that we know suspect — not one it said as we
+    hold it, nor the asker itself."""
+    async def run(swim: Swim) -> tuple[list[tuple[str, str, int]], str]:
+        swim.merge([MemberUpdate(state=ALIVE, incarnation=1, node_id=i, hello=hello(i)) for i in "bcde"])
+        swim.merge([MemberUpdate(state=SUSPECT, incarnation=1, node_id="e", sender="b")])
+        asker = [MemberUpdate(state=ALIVE, incarnation=4, node_id="x", hello=hello("x")),
+                 MemberUpdate(state=ALIVE, incarnation=1, node_id="b", sender="x", hello=hello("b")),
+                 MemberUpdate(state=ALIVE, incarnation=0, node_id="c", sender="x", hello=hello("c")),
+                 MemberUpdate(state=ALIVE, incarnation=1, node_id="e", sender="x", hello=hello("e"))]
+        ack = await swim.answer(Ping(sender="x", sync=True, updates=tuple(asker)))
+        return [(u.node_id, u.state, u.incarnation) for u in ack.updates[1:]], ack.updates[0].node_id
+
+    answered, first = lone(run)
+    assert first == "a" and answered == [("c", ALIVE, 1), ("d", ALIVE, 1), ("e", SUSPECT, 1)]
 
 
 def test_gossip_carries_progress_into_the_table() -> None:

@@ -26,6 +26,7 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import random
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -79,7 +80,7 @@ class PeerTable:
                  on_lost: Callable[[str], None] = lambda peer_id: None,
                  on_seen: Callable[[Hello], None] = lambda hello: None,
                  on_forgotten: Callable[[str], None] = lambda peer_id: None,
-                 served: Mapping[str, str] | None = None) -> None:
+                 served: Mapping[str, str] | None = None, seed: int = 0) -> None:
         self.self_id = self_id
         self.on_seen = on_seen  # every Hello (or gossiped state) that says a peer is alive
         self.on_forgotten = on_forgotten  # a peer left the table for good (dead for ``expiry``)
@@ -106,6 +107,7 @@ class PeerTable:
         self._greeting: set[str] = set()  # the pending whose Hello of ours is in flight
         self.changed = asyncio.Condition()
         self._greeted = 0  # where the round robin of :meth:`next_unknown` stands
+        self._order = random.Random(f"{seed}/static")  # and in which order it greets (each node its own)
         self._reconnects = 0  # and that of :meth:`next_lost`
         # Read every probe period by every node, so kept rather than recomputed from the whole table (a thousand
         # peers): the live ids (sorted), the static addresses no live peer serves at (None: to recompute, after a
@@ -238,7 +240,7 @@ class PeerTable:
             return True
         if request.node_id in self.pending:
             return True
-        if (len(self.served) > EAGER_FLEET and request.node_id not in self.peers
+        if (self.large_fleet() and request.node_id not in self.peers
                 and self.served.get(request.grpc_address) == request.node_id):
             return True  # a large fleet's member we know of, not yet confirmed: our own probe confirms it in its turn
         if len(self.pending) >= self.max_pending:
@@ -246,6 +248,12 @@ class PeerTable:
         self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())
         asyncio.get_running_loop().create_task(self._greet_pending(request.node_id, request.grpc_address, self.timeout))
         return True
+
+    def large_fleet(self) -> bool:
+        """Whether this node's fleet is too large to confirm its members eagerly: more than ``EAGER_FLEET`` members
+        known, or static addresses listed (a thousand nodes started together, each listing the others, know few
+        members in their first periods, and greeting each at once would be a thousand Hellos a node)."""
+        return max(len(self.served), len(self._static)) > EAGER_FLEET
 
     def lost(self, peer_id: str) -> None:
         """mDNS said goodbye (or the peer stopped answering)."""
@@ -338,10 +346,14 @@ class PeerTable:
     def next_unknown(self) -> str | None:
         """The next static address no live peer, nor any member known, serves at (round robin): the membership
         greets one a period, so that a thousand nodes listing each other join through the first that answers and
-        learn the rest by gossip, rather than saying Hello to all at once."""
+        learn the rest by gossip, rather than saying Hello to all at once. Each node goes round in an order of its
+        own (seeded): in the list's order, a thousand nodes started together would all join through its first
+        address in their first period, through its second in their next, and so on, each such member answering a
+        thousand push-pulls a period while the others answer none."""
         if self._unknown is None:
             known = {p.address for p in self.peers.values() if p.alive}
             self._unknown = [a for a in self.static if a not in known and a not in self.served]
+            self._order.shuffle(self._unknown)
         unknown = self._unknown  # kept while peers join: those that serve at one of them are dropped here
         while unknown:
             self._greeted += 1
