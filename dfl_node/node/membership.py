@@ -64,8 +64,7 @@ class Membership:
                                heartbeat=settings.heartbeat, timeout=settings.peer_timeout, static=settings.peers,
                                on_join=on_join, expiry=settings.peer_expiry, max_pending=settings.max_pending_peers,
                                on_forget=network.forget, on_lost=on_lost,
-                               on_seen=self._seen, on_forgotten=lambda p: self.swim.forget(p), served=serving,
-                               seed=seed)
+                               on_seen=self._seen, on_forgotten=lambda p: self.swim.forget(p), served=serving)
         self.handshake = Handshake(hello, fingerprint_of, table=self.table, refusals=self.refusals, tally=tally,
                                    network=network)
         self.swim = Swim(node_id, settings, clock, table=self.table, network=network, hello=hello,
