@@ -46,20 +46,33 @@ def accuracy_curve(positions: Positions, points: list[int], started: float) -> l
     (``series``) alike.
 
     A point is left out until every node has been evaluated; its wall time is when the last entry
-    counted at that point happened, relative to ``started`` (on the nodes' clock).
+    counted at that point happened, relative to ``started`` (on the nodes' clock). ``points`` ascend, and so does
+    each node's position along its entries (a node's round, or the fleet's fusions up to an entry's time): one pass
+    over each node's entries serves every point, where a pass per point cost minutes for a thousand nodes'
+    600 s (ten thousand fusions, a point every tenth).
     """
     history = []
+    reached: dict[str, dict] = {}  # each node's last entry at or before the point
+    latest: dict[str, dict] = {}  # and its last evaluated one
+    passed = dict.fromkeys(positions, 0)  # how many of each node's entries are at or before the point
+    last = -float("inf")  # when the last entry counted happened
     for point in points:
-        reached = {i: [h for x, h in entries if x <= point] for i, entries in positions.items()}
-        known = {i: [h for h in hs if h["global_accuracy"] is not None] for i, hs in reached.items()}
-        if not all(known.values()):
+        for i, entries in positions.items():
+            k = passed[i]
+            while k < len(entries) and entries[k][0] <= point:
+                h = reached[i] = entries[k][1]
+                if h["global_accuracy"] is not None:
+                    latest[i] = h
+                last = max(last, h["time"])
+                k += 1
+            passed[i] = k
+        if len(latest) < len(positions):
             continue
-        latest = {i: hs[-1] for i, hs in known.items()}
+        latest = {i: latest[i] for i in positions}  # in the nodes' order: the means add up as they always did
         series = {name: SeriesRecord(**_averaged({i: h["series"][name] for i, h in latest.items()}))
                   for name in next(iter(latest.values())).get("series", {})}
-        last = max(h["time"] for hs in reached.values() for h in hs)
         history.append(EvalRecord(round=point, **_averaged(latest), series=series,
-                                  bytes_transmitted=sum(hs[-1].get("bytes_received", 0) for hs in reached.values()),
+                                  bytes_transmitted=sum(h.get("bytes_received", 0) for h in reached.values()),
                                   wall_time_s=max(0.0, last - started)))
     return history
 
