@@ -49,7 +49,7 @@ def accuracy_curve(positions: Positions, points: list[int], started: float) -> l
     counted at that point happened, relative to ``started`` (on the nodes' clock). ``points`` ascend, and so does
     each node's position along its entries (a node's round, or the fleet's fusions up to an entry's time): one pass
     over each node's entries serves every point, where a pass per point cost minutes for a thousand nodes'
-    600 s (ten thousand fusions, a point every tenth).
+    600 s (ten thousand fusions, a point every ``eval_every``-th).
     """
     history = []
     reached: dict[str, dict] = {}  # each node's last entry at or before the point

@@ -144,7 +144,7 @@ class Ping:
     """A membership probe, with gossip piggybacked. ``target`` empty: the receiver is probed; otherwise the
     receiver is asked to probe ``target`` (at ``target_address``) for us within ``timeout_s`` (an indirect
     probe). ``sync``: ``updates`` are the sender's whole view, and the ack carries the receiver's, less what the
-    sender's already said of a member at the incarnation and state the receiver holds (a push-pull)."""
+    sender's view says of a member at the incarnation and state the receiver holds (a push-pull)."""
 
     sender: str = ""
     target: str = ""

@@ -129,8 +129,9 @@ class DflNodeServicer:
 
     def Ping(self, request, context):
         """Membership (SWIM, dfl_node/node/swim.py): a probe of the receiver, or a request to probe another member
-        (target), or a push-pull of whole views (sync); gossip rides on both ways. Unary, bounded: at most 16
-        updates (2048 in a push-pull), each checked by the receiver.
+        (target), or a push-pull (sync: the sender's whole view, answered with what of the receiver's it lacks or
+        holds older); gossip rides on both ways. Unary, bounded: at most 16 updates (2048 in a push-pull), each
+        checked by the receiver.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
