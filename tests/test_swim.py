@@ -112,6 +112,31 @@ def test_a_push_pull_answers_with_what_the_asker_lacks_or_holds_older() -> None:
     assert first == "a" and answered == [("c", ALIVE, 1), ("d", ALIVE, 1), ("e", SUSPECT, 1)]
 
 
+@pytest.mark.parametrize(("static", "greeted"), [(0, ["b"]), (32, ["b"]), (33, [])])
+def test_a_fleet_listed_as_more_than_32_static_peers_confirms_lazily_from_the_start(static: int,
+                                                                                     greeted: list[str]) -> None:
+    """A member learned is greeted at once only in a small fleet: one whose members known, and static peers
+    listed, are 32 at most (a thousand nodes listing each other know few members in their first periods)."""
+    async def main() -> list[str]:
+        calls: list[str] = []
+
+        async def greet(node_id: str, address: str, timeout: float) -> bool:
+            calls.append(node_id)
+            return True
+
+        clock = Clock()
+        table = PeerTable("a", hello=None, clock=clock, heartbeat=1.0, timeout=4.0,  # type: ignore[arg-type]
+                          static=[f"10.0.0.{i}:1" for i in range(static)])
+        swim = Swim("a", MembershipSettings(), clock, table=table, network=_Network(),  # type: ignore[arg-type]
+                    hello=lambda: hello("a"), compatible=lambda peer: True, seed=1,
+                    confirmed=lambda peer: False, greet=greet)
+        swim.merge([MemberUpdate(state=ALIVE, incarnation=1, node_id="b", hello=hello("b"))])
+        await asyncio.sleep(0)
+        return calls
+
+    assert run_virtual(main()) == greeted
+
+
 def test_gossip_carries_progress_into_the_table() -> None:
     def run(swim: Swim) -> int | None:
         swim.merge([MemberUpdate(state=ALIVE, incarnation=1, node_id="b", hello=hello("b", 7))])
