@@ -68,10 +68,10 @@ def accuracy_curve(positions: Positions, points: list[int], started: float) -> l
             passed[i] = k
         if len(latest) < len(positions):
             continue
-        latest = {i: latest[i] for i in positions}  # in the nodes' order: the means add up as they always did
-        series = {name: SeriesRecord(**_averaged({i: h["series"][name] for i, h in latest.items()}))
-                  for name in next(iter(latest.values())).get("series", {})}
-        history.append(EvalRecord(round=point, **_averaged(latest), series=series,
+        evaluated = {i: latest[i] for i in positions}  # in the nodes' order: the means add up as they always did
+        series = {name: SeriesRecord(**_averaged({i: h["series"][name] for i, h in evaluated.items()}))
+                  for name in next(iter(evaluated.values())).get("series", {})}
+        history.append(EvalRecord(round=point, **_averaged(evaluated), series=series,
                                   bytes_transmitted=sum(h.get("bytes_received", 0) for h in reached.values()),
                                   wall_time_s=max(0.0, last - started)))
     return history

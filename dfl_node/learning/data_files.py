@@ -129,7 +129,9 @@ def _check_labels(y: np.ndarray, num_classes: int | None, where: object) -> None
 
 
 def _check_finite(x: np.ndarray, where: str) -> None:
-    finite = np.isfinite(x).reshape(len(x), -1).all(axis=1) if x.size else np.ones(len(x), dtype=bool)
+    if not x.size:  # no samples (or none with values): nothing to check
+        return
+    finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
     if not finite.all():
         raise InputError(f"{where}: x[{np.flatnonzero(~finite)[0]}] holds NaN or an infinity")
 

@@ -270,8 +270,15 @@ def client_splits(labels: np.ndarray, num_clients: int, scheme: str, seed: int, 
     The partition uses ``default_rng(seed)`` (so ``train ∪ val`` equals ``partition(...)[k]``);
     client k's split uses ``default_rng(SeedSequence(seed).spawn(K)[k])``, an independent
     stream, so a node can compute its own split without the others'. ``options``: ``zeta_max``,
-    ``samples``, ``large_nodes`` of :func:`partition`.
+    ``samples``, ``large_nodes`` of :func:`partition`. A client left without a sample to train on, or (with
+    ``val_fraction`` above 0) without one to validate on, is a ``ValueError``: the operator's numbers, which
+    :func:`~dfl_node.learning.provision.provision` says in a line.
     """
     parts = partition(labels, num_clients, scheme, seed, zeta=zeta, beta=beta, **options)
     streams = np.random.SeedSequence(int(seed)).spawn(num_clients)
-    return [train_val_split(p, val_fraction, np.random.default_rng(s)) for p, s in zip(parts, streams)]
+    splits = [train_val_split(p, val_fraction, np.random.default_rng(s)) for p, s in zip(parts, streams)]
+    small = next((s for s in splits if not len(s.train) or (val_fraction and not len(s.val))), None)
+    if small is not None:  # a node that cannot train, or whose local accuracy would be undefined
+        raise ValueError(f"a node would get {len(small.train) + len(small.val)} of them, too few to train on and "
+                         f"hold {val_fraction:g} back for local validation")
+    return splits

@@ -103,9 +103,6 @@ def provision(plan: FleetPlan) -> FleetData:
             zeta=data.zeta, beta=data.beta, val_fraction=data.val_fraction,
             zeta_max=data.zeta_max, samples=data.samples, large_nodes=data.large_nodes,
         )
-        if (small := next((s for s in splits if not len(s.train) or not len(s.val)), None)) is not None:
-            raise ValueError(f"a node would get {len(small.train) + len(small.val)} of them, too few to train on and "
-                             f"hold {data.val_fraction:g} back for local validation")
     except ValueError as exc:  # the operator's numbers (too many nodes for the data, a bad zeta): said in a line
         raise InputError(f"cannot split {data.dataset}'s {len(train)} training samples among {nodes} nodes "
                          f"({data.partition} partition): {exc}; give fewer --nodes or a larger --dataset "
