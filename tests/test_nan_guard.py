@@ -36,9 +36,12 @@ SCALE = 1e30  # finite in float32 (max 3.4e38); a mutual learning's KL on its lo
 
 
 class Recorded:
-    """The round runner's transport, in-process: computes inline, hands over ``messages``, keeps what it is told."""
+    """The round runner's transport, in-process: computes inline, hands over ``messages``, keeps what it is told;
+    its node ``ctx`` began its role (its durable checkpoint) as it is when the transport is made."""
 
-    def __init__(self, messages: list[ModelMessage]) -> None:
+    def __init__(self, ctx: NodeContext, messages: list[ModelMessage]) -> None:
+        self.ctx, self.durable = ctx, ctx.snapshot()
+        self.restores = 0
         self.messages = messages
         self.pushed: list[ModelMessage] = []
         self.refused: list[Refusal] = []
@@ -63,6 +66,10 @@ class Recorded:
 
     def diverged(self, detail: str) -> None:
         self.warned.append(detail)
+
+    async def restore(self) -> None:
+        self.restores += 1
+        self.ctx.restore_checkpoint(self.durable)
 
 
 def pair(algorithm_name: str) -> tuple[Any, NodeContext, ModelMessage]:
@@ -98,10 +105,11 @@ def test_a_fusion_that_goes_non_finite_is_undone_bit_for_bit_refused_and_answers
     assert not same_state(unguarded, before)  # the fusion changes the node (DFML: its peak model and α_n too) …
     assert first_non_finite(unguarded, replies.values()) is not None  # … and leaves NaN/Inf (DFML: in its reply)
 
-    transport = Recorded([poisoned])
+    transport = Recorded(b, [poisoned])
     assert asyncio.run(play_aggregator(algorithm, b, FUSE, transport)) == 1  # the group completes, fusing nothing
     assert same_state(b, before) and b.scalars == trained.scalars  # model, auxiliaries and scalars, bit for bit
     assert transport.replies == {}  # no reply built from the undone fusion
+    assert transport.restores == 1  # undone from the role's start (and its local step played again), not a copy
     assert [(r.sender, r.reason, r.kept) for r in transport.refused] == [("a", "non_finite_result", False)]
     assert not transport.warned
 
@@ -111,7 +119,7 @@ def test_a_sender_whose_own_training_diverges_is_undone_says_so_and_sends_nothin
     a = node("a")
     a.config = config
     before = a.snapshot()
-    transport = Recorded([])
+    transport = Recorded(a, [])
     with pytest.raises(NonFinite, match="1.weight"):
         asyncio.run(play_sender(make_algorithm("defkt", config), a, FUSE, transport))
     assert same_state(a, before) and not transport.pushed  # its model as it was, and nothing left the node
@@ -119,7 +127,7 @@ def test_a_sender_whose_own_training_diverges_is_undone_says_so_and_sends_nothin
     assert not transport.refused  # nobody else to blame
 
 
-def test_a_step_that_adds_a_non_finite_scalar_leaves_no_trace_of_it() -> None:
+def test_a_step_that_adds_a_non_finite_scalar_is_caught_and_the_restore_leaves_no_trace_of_it() -> None:
     _, b, _ = pair("dfml")
     before = b.snapshot()
 
@@ -129,6 +137,7 @@ def test_a_step_that_adds_a_non_finite_scalar_leaves_no_trace_of_it() -> None:
 
     with pytest.raises(NonFinite, match="scalar new"):
         guarded(b, diverge)()
+    b.restore_checkpoint(before)  # what undoing it does (the runner, through its transport)
     assert b.scalars == {"alpha_n": 0.25} and same_state(b, before)
 
 

@@ -15,10 +15,12 @@ sender the reply it gets; ``refuse`` counts each refusal, and tells a refused se
 every message was refused still completes (the aggregator fused none): it is not played again.
 
 Every step that changes the node's own models runs :func:`~dfl_node.algorithms.guard.guarded`: one that leaves a
-NaN or ±Inf is undone. A fusion undone refuses the messages it fused (``non_finite_result``: finite values that
-poison a fusion, a model scaled a millionfold, are no better than NaN) and answers nobody; a reply whose use went
-non-finite is refused as such; a node's own training that diverged is undone and said (``diverged``) — a sender
-then sends nothing (:class:`NonFinite` ends its role), an aggregator fuses into its model as it was.
+NaN or ±Inf is undone (:func:`_undo`: the transport puts back the state the role began from, its durable checkpoint,
+and the role's earlier steps are played again). A fusion undone refuses the messages it fused
+(``non_finite_result``: finite values that poison a fusion, a model scaled a millionfold, are no better than NaN)
+and answers nobody; a reply whose use went non-finite is refused as such; a node's own training that diverged is
+undone and said (``diverged``) — a sender then sends nothing (:class:`NonFinite` ends its role), an aggregator fuses
+into its model as it was.
 
 An **open** group (001's client selection) has no aggregator yet: its sender trains, then chooses
 one (:func:`choose_receiver`) — ``probe`` asks each candidate for its answer to the sender's probe
@@ -52,6 +54,7 @@ class Transport(Protocol):
     async def reply(self, step: Step, replies: Mapping[str, ModelMessage]) -> None: ...
     def refuse(self, refusal: Refusal) -> None: ...  # a defence refused (or bounded) a message of this role
     def diverged(self, detail: str) -> None: ...  # the node's own training went non-finite and was undone
+    async def restore(self) -> None: ...  # the node's models back as its role began (its durable checkpoint)
     # open groups only: each candidate's answer (the silent left out), and whether a candidate took the role
     async def probe(self, step: Step, probe: Probe) -> dict[str, ProbeAnswer]: ...
     async def bind(self, step: Step) -> bool: ...
@@ -71,6 +74,7 @@ async def play_sender(algorithm: Algorithm, ctx: NodeContext, step: Step, transp
     try:
         message = await transport.compute(guarded(ctx, algorithm.transmit), ctx, step)
     except NonFinite as exc:
+        await _undo(transport, ctx, step)
         transport.diverged(f"round {step.round + 1}: training to send left {exc}; undone, nothing sent")
         raise
     if step.group.open:
@@ -87,8 +91,23 @@ async def play_sender(algorithm: Algorithm, ctx: NodeContext, step: Step, transp
     try:
         await transport.compute(guarded(ctx, algorithm.finish), ctx, step, reply)
     except NonFinite as exc:  # this node's own model stands, as for a reply a defence refused
+        await _undo(transport, ctx, step, algorithm.transmit)
         transport.refuse(Refusal(reply.sender, NON_FINITE_RESULT, f"round {step.round + 1}: using {reply.purpose} "
                                  f"left {exc}; undone"))
+
+
+async def _undo(transport: Transport, ctx: NodeContext, step: Step,
+                earlier: Callable[[NodeContext, Step], object] | None = None) -> None:
+    """Put the node's models back as they were before a step of ``step`` that went non-finite: as its role began
+    (the transport's :meth:`~Transport.restore`), then the role's ``earlier`` step played again. That step is
+    deterministic (its randomness comes from the seed, the round and the node), so this is the state the failed
+    step found, bit for bit, without a copy of the model kept through every step."""
+    await transport.restore()
+    if earlier is not None:
+        try:
+            await transport.compute(guarded(ctx, earlier), ctx, step)
+        except NonFinite:  # it diverged the first time too, and was undone then: undone again
+            await transport.restore()
 
 
 async def choose_receiver(algorithm: Algorithm, ctx: NodeContext, step: Step, message: ModelMessage,
@@ -118,6 +137,7 @@ async def play_aggregator(algorithm: Algorithm, ctx: NodeContext, step: Step, tr
     try:
         await transport.compute(guarded(ctx, algorithm.local_step), ctx, step)
     except NonFinite as exc:
+        await _undo(transport, ctx, step)
         transport.diverged(f"round {step.round + 1}: the local step left {exc}; undone")
     arrived = messages = sorted(await transport.gather(step), key=lambda m: m.sender)
     if messages and defences.on:
@@ -127,6 +147,7 @@ async def play_aggregator(algorithm: Algorithm, ctx: NodeContext, step: Step, tr
         try:
             replies = await transport.compute(guarded(ctx, algorithm.aggregate), ctx, step, messages)
         except NonFinite as exc:  # the group completes with nothing fused, as when a defence refused all
+            await _undo(transport, ctx, step, algorithm.local_step)
             detail = f"round {step.round + 1}: fusing {', '.join(m.sender for m in messages)} left {exc}; undone"
             for message in messages:
                 transport.refuse(Refusal(message.sender, NON_FINITE_RESULT, detail))

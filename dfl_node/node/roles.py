@@ -279,7 +279,9 @@ class Roles:
         except AlreadyPlayed as exc:
             log.info("%s: round %d: %s", self.node_id, step.round + 1, exc)
             return True
-        except (TransferFailed, SelectionFailed, NonFinite) as exc:  # NonFinite: said already (transport.diverged)
+        except NonFinite as exc:  # said and undone already (the runner: transport.diverged, transport.restore)
+            log.info("%s: round %d: %s", self.node_id, step.round + 1, exc)
+        except (TransferFailed, SelectionFailed) as exc:
             log.info("%s: round %d: %s", self.node_id, step.round + 1, exc)
             await learner.restore_durable()
         except Exception:  # a bug must not kill the node: the role is given back, the round goes on
@@ -322,12 +324,14 @@ class Roles:
         """Serve our model to a pulling aggregator (a pull group's source), as the algorithm transmits it."""
         self.take(Role.SOURCE)
         try:
+            await self.learner.checkpointed()  # what a transmit that goes non-finite is undone to
             await self.learner.settle_evaluation(round_)  # a pull may change the source's model (002 trains it)
             step = Step(round_, Group(aggregator, (self.node_id,), pull=True), state)
             ctx = self.learner.ctx
             try:
                 message = await asyncio.to_thread(guarded(ctx, self.learner.algorithm.transmit), ctx, step)
-            except NonFinite as exc:  # our training diverged (undone): we have nothing finite to serve
+            except NonFinite as exc:  # our training diverged: undone, and we have nothing finite to serve
+                await self.learner.restore_durable()
                 detail = f"round {round_ + 1}: training to serve left {exc}; undone"
                 raise TransferRejected(DIVERGED, detail) from None
             self.tally.count("models_sent")

@@ -184,6 +184,10 @@ class PeerTransport:
         self.roles.tally.refused(DIVERGED)
         self.roles.tally.warn(DIVERGED, "%s: %s", self.roles.node_id, detail)
 
+    async def restore(self) -> None:
+        """The models back as the role found them: the newest checkpoint, which every role starts from."""
+        await self.roles.learner.restore_durable()
+
     async def probe(self, step: Step, probe: Probe) -> dict[str, ProbeAnswer]:
         request = probe_request(probe, swarm=self.roles.swarm, epoch=self.epoch)
         candidates = step.group.candidates
