@@ -6,4 +6,4 @@ Layers (dependencies point down only):
 """
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3

@@ -93,18 +93,21 @@ def test_a_storm_is_deterministic_for_its_seed(tmp_path: Path) -> None:
     assert first.faults == again.faults and first.wall_time_s == again.wall_time_s
 
 
-def test_a_node_slowed_past_the_round_timeout_is_left_out_and_a_lossy_link_only_slows(tmp_path: Path) -> None:
-    """A node ten times slower than its device cannot train within ``round_timeout``: the holder plays its
-    group again, then abandons it (rounds.py), and the fleet goes on; a link that loses half its messages
-    only costs retransmissions. Nothing runs twice and no accepted model is lost either way."""
+def test_a_node_slowed_past_the_round_timeout_is_waited_for_and_a_lossy_link_only_slows(tmp_path: Path) -> None:
+    """A node ten times slower than its device cannot train within ``round_timeout``: its group fails once, and is
+    played again with a deadline that follows the node's measured computation (rounds.py), so its work is waited
+    for rather than its group given up; a link that loses half its messages only costs retransmissions. Nothing is
+    lost or runs twice either way."""
     schedule = FaultSchedule(slow_nodes=[SlowNodeFault(at=60, for_s=150, node="node-1", factor=10)],
                              links=[LinkFault(at=300, for_s=100, loss=0.5)])
     config = STORM.model_copy(update={"rounds": 40, "faults": schedule})
     result = run_fleet(config, "defkt", tmp_path, **TIMEOUTS)
     faults = result.faults
     assert faults is not None and faults["nodes_slowed"] == faults["links_degraded"] == 1
-    assert faults["rounds_completed"] == 40 and faults["groups_abandoned"] >= 1, faults
-    assert faults["rounds_lost"] == faults["groups_abandoned"], faults  # no round lost but those given up
-    assert faults["rounds_run_twice"] == 0 and faults["accepted_models_lost"] == 0, faults
+    assert faults["rounds_completed"] == 40 and faults["groups_abandoned"] == 0, faults  # before: 1 given up
+    assert faults["rounds_lost"] == 0 and faults["rounds_run_twice"] == 0, faults
+    assert faults["accepted_models_lost"] == 0, faults
+    slow = next(f for f in faults["faults"] if f["kind"] == "slow")
+    assert slow["stall_s"] <= slow["bound_s"], slow
     link = next(f for f in faults["faults"] if f["kind"] == "link")
     assert link["stall_s"] <= link["bound_s"], link

@@ -50,6 +50,11 @@ COUNTER_METRICS = {
     "probes_sent": ("dfl_probes_sent", "Client-selection probes sent to candidate receivers."),
     "probes_unanswered": ("dfl_probes_unanswered", "Client-selection probes that got no valid answer in time."),
     "probes_answered": ("dfl_probes_answered", "Client-selection probes answered as a candidate."),
+    "transfers_cut": ("dfl_transfers_cut", "Model streams a link cut mid-way, at either end (resumed where they "
+                                           "could be)."),
+    "bytes_resent": ("dfl_resent_bytes", "Bytes sent again because a model stream was cut."),
+    "groups_replanned": ("dfl_groups_replanned", "Round mode: groups that failed group_attempts times with their "
+                                                 "members alive, planned around by the holder."),
 }
 
 Timed = Literal["role", "train", "fusion", "transfer", "model_size", "predict"]
@@ -101,6 +106,21 @@ class StatusCollector(Collector):
         yield gauge("dfl_fusing", "1 while the node is fusing a model.", s.fusing)
         yield gauge("dfl_holding", "Round mode: 1 while the node holds the round token.", s.holding)
         yield gauge("dfl_done", "1 once the node reached its round/time budget.", s.done)
+        yield gauge("dfl_work_seconds", "Seconds of computation the node's last role took (its deadlines follow it).",
+                    s.work_s)
+        links = {(p.id, direction): rate for p in s.peers if p.link is not None
+                 for direction, rate in (("sent", p.link.sent_bytes_per_s), ("received", p.link.received_bytes_per_s))
+                 if rate is not None}
+        throughput = GaugeMetricFamily("dfl_link_throughput_bytes_per_second", "Throughput of the newest model "
+                                       "transfers with each peer, by direction (smoothed).",
+                                       labels=["node", "peer", "direction"])
+        for (peer, direction), rate in sorted(links.items()):
+            throughput.add_metric([s.id, peer, direction], rate)
+        yield throughput
+        for direction, cap in (("upload", s.max_upload), ("download", s.max_download)):
+            if cap:
+                yield gauge(f"dfl_max_{direction}_bytes_per_second", f"The node's {direction} cap for model "
+                            "transfers (--max-" + direction + ").", cap)
 
 
 class _WithNodeLabel(Collector):

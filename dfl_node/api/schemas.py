@@ -17,8 +17,23 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dfl_node import __version__
 
-__all__ = ["Counters", "DataStatus", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "ModelInfo",
-           "NodeStatus", "PeerInfo", "Prediction", "Predictions", "RefusedPeer", "TokenView"]
+__all__ = ["Counters", "DataStatus", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "LinkReport",
+           "ModelInfo", "NodeStatus", "PeerInfo", "Prediction", "Predictions", "RefusedPeer", "TokenView"]
+
+
+class LinkReport(BaseModel):
+    """What a node measured of its link to one peer, from the model transfers between them (docs/fleet.md)."""
+
+    sent_bytes_per_s: float | None = Field(default=None, description="throughput of the newest models sent to the "
+                                           "peer, bytes/s (smoothed; a cap, --max-upload, bounds it)")
+    received_bytes_per_s: float | None = Field(default=None, description="throughput of the newest models received "
+                                               "from it, bytes/s (smoothed; --max-download bounds it)")
+    transfers: int = Field(0, description="model transfers with the peer that arrived whole")
+    failed: int = Field(0, description="model transfers that did not, after their retries (refusals excluded)")
+    cuts: int = Field(0, description="streams the link cut mid-way (each resumed where it could be)")
+    resent_bytes: int = Field(0, description="bytes sent again because a stream was cut")
+    weak: bool = Field(False, description="one of its 4 newest transfers was cut or failed: transfers over it stream "
+                       "small chunks, and async mode invites the peer last")
 
 
 class PeerInfo(BaseModel):
@@ -34,6 +49,9 @@ class PeerInfo(BaseModel):
     alive: bool
     algorithm: str | None = None
     model: str | None = Field(default=None, description="the peer's architecture, a registry spec")
+    work_s: float | None = Field(default=None, description="seconds of computation the peer's last role took, as it "
+                                 "says (its estimate before any role): a holder's deadlines for it follow this")
+    link: LinkReport | None = Field(default=None, description="what this node measured of its link to the peer")
 
 
 class RefusedPeer(BaseModel):
@@ -68,6 +86,9 @@ class Counters(BaseModel):
     probes_sent: int = 0  # client selection (001): probes this node sent to candidate receivers
     probes_unanswered: int = 0  # … of which no valid answer came in time (skipped: silent, refused, invalid)
     probes_answered: int = 0  # probes this node answered as a candidate
+    transfers_cut: int = 0  # model streams a link cut mid-way, at either end (resumed where they could be)
+    bytes_resent: int = 0  # bytes this node sent again because a stream was cut
+    groups_replanned: int = 0  # round mode, as holder: groups that failed group_attempts times, planned around
 
 
 COUNTER_FIELDS = tuple(Counters.model_fields)
@@ -129,6 +150,10 @@ class NodeStatus(Counters):
                           "plays a role itself, when role names that role)")
     done: bool = Field(default=False, description="the node reached its round/time budget")
     data: DataStatus | None = Field(default=None, description="the node's own data: samples, files, last change")
+    work_s: float = Field(default=0.0, description="seconds of computation the node's last role took (its estimate "
+                          "before any role, from its first evaluation; 0: unknown): a holder's deadlines follow it")
+    max_upload: float = Field(default=0.0, description="bytes/s its model transfers may send at most (0: no cap)")
+    max_download: float = Field(default=0.0, description="bytes/s its model transfers may receive at most (0: no cap)")
 
     @property
     def counters(self) -> Counters:
@@ -179,6 +204,8 @@ class FleetMember(BaseModel):
     done: bool = False
     algorithm: str | None = None
     model: str | None = None
+    work_s: float | None = Field(default=None, description="seconds of computation its last role took, as it says")
+    link: LinkReport | None = Field(default=None, description="what the serving node measured of its link to it")
 
 
 class TokenView(BaseModel):
@@ -195,7 +222,7 @@ class FleetEvent(BaseModel):
     """One of this node's recent sends, fusions or refusals (newest last)."""
 
     time: float = Field(description="unix time of the event")
-    event: Literal["send", "fusion", "refusal"]
+    event: Literal["send", "fusion", "refusal", "replan"]
     round: int
     peer: str | None = None
     detail: str = Field(default="", description="bytes and seconds of an exchange; the reason of a refusal")

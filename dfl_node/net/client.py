@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -20,21 +22,23 @@ import grpc
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.hashes import DEFAULT_HASH, negotiate
 from dfl_node.net.auth import NO_SECURITY, Security
-from dfl_node.net.codec import Outgoing, assemble
+from dfl_node.net.codec import MessageAssembler, Outgoing, assemble, chunk_for, copy_header
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.net.frames import ReadFrame, WireFrame, decode_frame, encode_frame, wire_size
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.tls import handshake_failure
-from dfl_node.net.wire import SERVICE_NAME, WireIdentity, channel_options, wire_bytes
+from dfl_node.net.wire import SERVICE_NAME, WireIdentity, channel_options
 from dfl_node.peering.errors import (
     PeerUnauthenticated,
     PeerUnreachable,
+    TransferCut,
     TransferRefused,
     TransferRejected,
 )
 from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Ping, PingAck, PullRequest, Token
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
+from dfl_node.peering.resume import Resume
 
 
 def why_unanswered(exc: grpc.aio.AioRpcError, timeout: float) -> str:
@@ -54,16 +58,13 @@ def _unreachable(exc: grpc.aio.AioRpcError, timeout: float) -> PeerUnreachable:
     return PeerUnreachable(exc.code().name.lower(), why_unanswered(exc, timeout))
 
 
-async def open_transfer(
-    transfer: grpc.aio.StreamStreamMultiCallable, frames: Iterable[WireFrame], timeout: float
-) -> tuple[pb.TransferResult, grpc.aio.StreamStreamCall, int]:
-    """Write ``frames`` while reading the peer's verdict; returns (verdict, call, bytes written).
+async def open_transfer(call: grpc.aio.StreamStreamCall, frames: Iterable[WireFrame]) -> tuple[pb.TransferResult, int]:
+    """Write ``frames`` on ``call`` while reading the peer's verdict; returns (verdict, bytes written).
 
     Writing and reading run concurrently because a receiver may refuse at the header (busy, wrong
     fingerprint…) and close the stream while we are still writing: the verdict must still reach us
     rather than a write error. After an acceptance every frame has been written.
     """
-    call = transfer(timeout=timeout, wait_for_ready=True)
     sent = 0
 
     async def write_all() -> None:
@@ -78,20 +79,58 @@ async def open_transfer(
         first = await call.read()
     except grpc.aio.AioRpcError:
         failed = writer.exception() if writer.done() and not writer.cancelled() else None
-        if failed is not None:
-            raise failed from None
+        if failed is not None and not isinstance(failed, (grpc.aio.AioRpcError, asyncio.InvalidStateError)):
+            raise failed from None  # not the call's end (which the read reports): a bug of ours
+        await _stopped(writer)
         raise
-    if not isinstance(first, pb.Frame) or first.WhichOneof("kind") != "result":
-        writer.cancel()
-        call.cancel()
-        raise TransferRefused("protocol", "peer sent no result frame")
-    if first.result.accepted:
+    if isinstance(first, pb.Frame) and first.WhichOneof("kind") == "result" and first.result.accepted:
         await writer
-    else:
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-            await writer
-    return first.result, call, sent
+        return first.result, sent
+    await _stopped(writer)
+    if not isinstance(first, pb.Frame) or first.WhichOneof("kind") != "result":
+        raise TransferRefused("protocol", "peer sent no result frame")
+    return first.result, sent
+
+
+async def _stopped(writer: asyncio.Task[None]) -> None:
+    """``writer`` cancelled, once its call has ended (refused, cut): what it would still write goes nowhere."""
+    writer.cancel()
+    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        await writer
+
+
+def _cut(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether a call that had begun ended because its connection did (the link dropped, or the peer died): gRPC
+    says so with UNAVAILABLE (or INTERNAL, CANCELLED: a stream reset, a server gone under the call)."""
+    return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What arrived of a reply or a pulled model before its stream was cut: the payload's digest, and its bytes."""
+
+    digest: bytes
+    received: int
+
+
+def _held(resume: Resume) -> _Held | None:
+    """What ``resume`` holds of a reply or a pulled model from a stream that was cut (None: nothing)."""
+    held = resume.held
+    if not isinstance(held, MessageAssembler) or held.header is None:
+        return None
+    return _Held(held.header.digest, held.received)
+
+
+async def _resume_at(call: grpc.aio.StreamStreamCall, total: int) -> int:
+    """The receiver's answer to a resumed push: the payload bytes it holds (we go on from there), or its refusal."""
+    first = await call.read()
+    if first is grpc.aio.EOF:
+        raise TransferRefused("protocol", "the receiver ended a resumed transfer without an answer")
+    if isinstance(first, pb.Frame) and first.WhichOneof("kind") == "result":
+        raise await _refused(call, first.result)
+    if not isinstance(first, pb.Frame) or first.WhichOneof("kind") != "resume" or first.resume.offset > total:
+        raise TransferRefused("protocol", f"a resumed transfer was answered with no offset within {total} bytes")
+    return first.resume.offset
 
 
 async def _remaining(call: grpc.aio.StreamStreamCall | grpc.aio.UnaryStreamCall) -> AsyncIterator[ReadFrame]:
@@ -210,60 +249,96 @@ class PeerClient:
         return await self._unary(self.stub.Ping, ping, timeout)
 
     async def push(self, message: ModelMessage, epoch: int, *, timeout: float,
-                   on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:
-        """Stream ``message`` (encoded off the event loop) to the peer; returns (its reply model or None, bytes
-        sent, bytes received) once the stream ended: the aggregator's confirmation of a durable fusion.
+                   on_accepted: Callable[[], None] | None = None,
+                   resume: Resume | None = None) -> tuple[ModelMessage | None, int, int]:
+        """Stream ``message`` (encoded off the event loop, once for all its attempts) to the peer; returns (its reply
+        model or None, bytes sent, bytes received, over every attempt of ``resume``) once the stream ended: the
+        aggregator's confirmation of a durable fusion.
 
         Raises :class:`TransferRefused` when the peer refuses (``closed``: our channel closed under the call,
-        as our node stops), :class:`PeerUnreachable` when it cannot be reached.
+        as our node stops), :class:`TransferCut` when the stream broke (call again with the same ``resume``: it goes
+        on from what the peer holds), :class:`PeerUnreachable` when it cannot be reached.
         """
-        outgoing = await asyncio.to_thread(self.wire.prepare, message, epoch, self.hash)
-        return await self.send(outgoing, timeout=timeout, on_accepted=on_accepted)
+        resume = resume if resume is not None else Resume()
+        if resume.prepared is None:
+            resume.prepared = await asyncio.to_thread(self.wire.prepare, message, epoch, self.hash)
+        return await self.send(resume.prepared, timeout=timeout, on_accepted=on_accepted, resume=resume)
 
-    async def send(self, outgoing: Outgoing, *, timeout: float,
-                   on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:
+    async def send(self, outgoing: Outgoing, *, timeout: float, on_accepted: Callable[[], None] | None = None,
+                   resume: Resume | None = None) -> tuple[ModelMessage | None, int, int]:
         """:meth:`push` of a message already encoded (:func:`~dfl_node.net.codec.prepare`)."""
+        resume = resume if resume is not None else Resume(prepared=outgoing)
+        resume.size = outgoing.header.ByteSize() + outgoing.header.total_size
         try:
-            return await self._call(lambda: self._push(outgoing, timeout=timeout, on_accepted=on_accepted), timeout)
+            return await self._call(lambda: self._push(outgoing, timeout, on_accepted, resume), timeout)
         except asyncio.CancelledError:  # the call, not the caller's task: our channel closed as the node stops
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise
             raise TransferRefused("closed", "our channel closed before it confirmed") from None
 
-    async def _push(self, outgoing: Outgoing, *, timeout: float,
-                    on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:
+    async def _push(self, outgoing: Outgoing, timeout: float, on_accepted: Callable[[], None] | None,
+                    resume: Resume) -> tuple[ModelMessage | None, int, int]:
+        """One attempt: the whole payload, or (after a cut) what the peer says it still needs; then the verdict and
+        the reply (the rest of it, where a cut stream had brought its start)."""
         await self._reachable()
-        result, call, sent = await open_transfer(self.transfer, outgoing.frames(), timeout)
+        resume.attempts += 1
+        header, held = outgoing.header, _held(resume)
+        if resume.resuming or resume.chunk_bytes:
+            header = copy_header(header, resume=resume.resuming, chunk_size=resume.chunk_bytes,
+                                 reply_digest=held.digest if held else b"", reply_offset=held.received if held else 0)
+        chunk = chunk_for(resume.chunk_bytes)
+        call = self.transfer(timeout=timeout, wait_for_ready=True)
+        sent = 0
         try:
+            if resume.resuming:
+                first = pb.Frame(header=header)
+                sent += wire_size(first)
+                await call.write(first)
+                resume.offset = await _resume_at(call, header.total_size)
+                frames: Iterable[WireFrame] = outgoing.chunks(resume.offset, chunk)
+            else:
+                frames = itertools.chain([pb.Frame(header=header)], outgoing.chunks(0, chunk))
+            result, written = await open_transfer(call, frames)
+            sent += written
             if not result.accepted:
                 raise await _refused(call, result)
+            resume.offset = header.total_size
             if on_accepted is not None:
                 on_accepted()  # the aggregator has the message; its reply (if any) comes after its aggregation
             following = await call.read()
             if following is grpc.aio.EOF:
-                return None, sent, 0  # no reply model: the normal case for Def-KT and FullAvg
-            assembler = self.wire.assembler()
-            assembler.feed(following)
-            header, reply = await assemble(_remaining(call), assembler)
-        except TransferRejected as exc:
-            raise TransferRefused(exc.reason, f"reply from {self.address}: {exc.detail}") from exc
+                return None, resume.sent + sent, resume.received  # no reply model: the normal case (Def-KT, FullAvg)
+            reply = await self._take(call, following, resume, "reply from")
+        except grpc.aio.AioRpcError as exc:
+            if _cut(exc):
+                raise TransferCut(f"{self.address}: {exc.details() or exc.code().name}") from exc
+            raise
         finally:
+            resume.sent += sent
             call.cancel()
-        return reply, sent, wire_bytes(header)
+        return reply, resume.sent, resume.received
 
-    async def pull(self, request: PullRequest, *, timeout: float) -> tuple[ModelMessage, int]:
-        """Fetch the peer's model for a pull group; returns (message, bytes received).
+    async def pull(self, request: PullRequest, *, timeout: float,
+                   resume: Resume | None = None) -> tuple[ModelMessage, int]:
+        """Fetch the peer's model for a pull group; returns (message, bytes received over every attempt of
+        ``resume``).
 
-        Raises :class:`TransferRefused` when the peer refuses or sends something invalid,
-        :class:`PeerUnreachable` when it is unreachable or dies mid-stream.
+        Raises :class:`TransferRefused` when the peer refuses or sends something invalid, :class:`TransferCut` when
+        the stream broke (call again with the same ``resume``: the source goes on from what arrived, if it still
+        serves that model), :class:`PeerUnreachable` when it is unreachable.
         """
+        resume = resume if resume is not None else Resume()
         wire_request = to_wire(request)
         wire_request.hashes[:] = self.wire.hashes  # the source's model comes with a digest we accept
-        return await self._call(lambda: self._pull(wire_request, timeout=timeout), timeout)
+        wire_request.chunk_size = resume.chunk_bytes
+        if held := _held(resume):
+            wire_request.digest, wire_request.offset = held.digest, held.received
+        return await self._call(lambda: self._pull(wire_request, timeout, resume), timeout)
 
-    async def _pull(self, request: pb.PullRequest, *, timeout: float) -> tuple[ModelMessage, int]:
+    async def _pull(self, request: pb.PullRequest, timeout: float, resume: Resume) -> tuple[ModelMessage, int]:
         await self._reachable()
+        resume.attempts += 1
         call = self.pull_call(request, timeout=timeout, wait_for_ready=True)
         try:
             first = await call.read()
@@ -271,14 +346,45 @@ class PeerClient:
                 raise TransferRefused("protocol", "the source sent nothing")
             if isinstance(first, pb.Frame) and first.WhichOneof("kind") == "result":
                 raise await _refused(call, first.result)
-            assembler = self.wire.assembler()
-            assembler.feed(first)
-            header, message = await assemble(_remaining(call), assembler)
-        except TransferRejected as exc:
-            raise TransferRefused(exc.reason, f"pulled from {self.address}: {exc.detail}") from exc
+            message = await self._take(call, first, resume, "pulled from")
+        except grpc.aio.AioRpcError as exc:
+            if _cut(exc):
+                raise TransferCut(f"{self.address}: {exc.details() or exc.code().name}") from exc
+            raise
         finally:
             call.cancel()
-        return message, wire_bytes(header)
+        return message, resume.received
+
+    async def _take(self, call: grpc.aio.StreamStreamCall | grpc.aio.UnaryStreamCall, first: ReadFrame,
+                    resume: Resume, what: str) -> ModelMessage:
+        """The model a stream carries from its ``first`` frame on (a reply, a pulled model), checked as the server
+        checks a push. Where the stream goes on from what a cut one brought (its header's ``start``), that is taken
+        up; where this one is cut too, what arrived is kept in ``resume`` for the next attempt."""
+        held = resume.held if isinstance(resume.held, MessageAssembler) else None
+        assembler = self.wire.assembler()
+        received = 0
+        try:
+            header = first.header if isinstance(first, pb.Frame) and first.HasField("header") else None
+            if header is not None and header.start and held is not None:
+                held.resume(header)  # what we held of it, if this stream goes on from there: else bad_resume
+                assembler = held
+            else:
+                assembler.feed(first)
+            resume.held, start = assembler, assembler.received
+            try:
+                _, message = await assemble(_remaining(call), assembler)
+            finally:
+                if assembler.header is not None:
+                    received = assembler.received - start + assembler.header.ByteSize()
+        except TransferRejected as exc:
+            if exc.reason == "truncated" and assembler.header is not None:
+                raise TransferCut(f"{what} {self.address}: {exc.detail}") from exc
+            resume.held = None
+            raise TransferRefused(exc.reason, f"{what} {self.address}: {exc.detail}") from exc
+        finally:
+            resume.received += received
+        resume.held = None
+        return message
 
     async def close(self) -> None:
         await self.channel.close()

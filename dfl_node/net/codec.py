@@ -35,12 +35,13 @@ from dfl_node.net.buffers import INTAKE, MAX_PENDING_CHUNKS, BufferPool, absorb
 from dfl_node.net.frames import ReadFrame, WireFrame, chunk_frame
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.peering.errors import TransferRejected
+from dfl_node.peering.resume import CHUNK, chunk_size
 from dfl_node.peering.wire_dtypes import ENCODINGS, EXACT, INT8_LEVELS, decode, encode, encoding
 
 if sys.byteorder != "little":  # the payload is the in-memory layout; every supported target is little-endian
     raise ImportError("dfl_node.net.codec requires a little-endian host")
 
-CHUNK_SIZE = 1 << 20
+CHUNK_SIZE = CHUNK
 ALLOWED_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -56,6 +57,9 @@ _ENCODING_NAMES = {dt: name for name, dt in ENCODINGS.items()}
 
 
 Manifest = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
+# What a payload is: a stream that resumes a cut one must name the same (only its resume flags may differ).
+_PAYLOAD_FIELDS = ("sender", "swarm", "protocol_version", "round", "purpose", "fingerprint", "manifest", "total_size",
+                   "digest", "hash", "num_samples", "metadata", "epoch", "model")
 Resolver = Callable[[str], tuple[str, Manifest]]  # another architecture's spec -> (its fingerprint, its manifest)
 
 
@@ -118,14 +122,25 @@ class Outgoing:
     raws: tuple[memoryview, ...]
 
     def frames(self, chunk_size: int = CHUNK_SIZE) -> Iterator[WireFrame]:
-        """The header frame, then encoded chunk frames of at most ``chunk_size`` bytes, cut lazily from the parts."""
+        """The header frame, then the whole payload in chunk frames of at most ``chunk_size`` bytes."""
+        yield pb.Frame(header=self.header)
+        yield from self.chunks(0, chunk_size)
+
+    def chunks(self, start: int = 0, chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
+        """Encoded chunk frames of the payload from byte ``start`` on (what a receiver that holds the bytes before
+        it still needs), of at most ``chunk_size`` bytes, cut lazily from the parts."""
         if chunk_size <= 0:
             raise ValueError("chunk_size must be positive")
-        yield pb.Frame(header=self.header)
+        if not 0 <= start <= self.header.total_size:
+            raise ValueError(f"start {start} is outside the payload's {self.header.total_size} bytes")
         pieces: list[memoryview] = []  # small parts are packed together so that every chunk but the last is full
         filled = 0
+        skip = start
         for raw in self.raws:
-            pos = 0
+            if skip >= raw.nbytes:
+                skip -= raw.nbytes
+                continue
+            pos, skip = skip, 0
             while pos < raw.nbytes:
                 take = min(chunk_size - filled, raw.nbytes - pos)
                 pieces.append(raw[pos : pos + take])
@@ -136,6 +151,20 @@ class Outgoing:
                     pieces, filled = [], 0
         if pieces:
             yield chunk_frame(pieces)
+
+
+def copy_header(header: pb.TransferHeader, **changes: object) -> pb.TransferHeader:
+    """``header`` with ``changes`` (a resumed stream's flags): a copy, the prepared message's own stays as it is."""
+    copied = pb.TransferHeader()
+    copied.CopyFrom(header)
+    for name, value in changes.items():
+        setattr(copied, name, value)
+    return copied
+
+
+def chunk_for(asked: int) -> int:
+    """The chunk size a stream uses for a receiver that asked for chunks of at most ``asked`` bytes (0: ours)."""
+    return chunk_size(asked, CHUNK_SIZE)
 
 
 def prepare(msg: ModelMessage, *, swarm: str, fingerprint: str, epoch: int = 0, hash: str = DEFAULT_HASH,
@@ -209,6 +238,11 @@ class MessageAssembler:
         """True once a valid header arrived and all ``total_size`` payload bytes with it."""
         return self._header is not None and self._received == self._header.total_size
 
+    @property
+    def received(self) -> int:
+        """Payload bytes taken so far, in order (each chunk copied and hashed, or on its way to be)."""
+        return self._received
+
     def _reject(self, reason: str, detail: str) -> TransferRejected:
         self._failed = TransferRejected(reason, detail)
         return self._failed
@@ -220,13 +254,7 @@ class MessageAssembler:
             raise self._failed
         kind = "chunk" if isinstance(frame, memoryview) else frame.WhichOneof("kind")
         if self._header is None:
-            if isinstance(frame, memoryview) or kind != "header":
-                raise self._reject("unexpected_frame", f"expected a header first, got {kind or 'an empty frame'}")
-            self._check_header(frame.header)
-            self._header = frame.header
-            self._digest = HASHES[frame.header.hash or DEFAULT_HASH]()  # checked: one we offered
-            size = frame.header.total_size  # safe to allocate: bounded by the checks
-            self._buf = self._buffers.take(size) if self._buffers is not None else bytearray(size)
+            self.begin(self.first_header(frame))
             return
         assert self._buf is not None  # taken with the header
         if kind != "chunk":
@@ -248,6 +276,43 @@ class MessageAssembler:
         while self._pending and self._pending[0].done():
             self._pending.popleft().result()
         return self._pending[0] if len(self._pending) > MAX_PENDING_CHUNKS else None
+
+    def first_header(self, frame: ReadFrame) -> pb.TransferHeader:
+        """The header a stream's first ``frame`` must be, checked before anything is allocated for it (else the
+        rejection); :meth:`begin` (or :meth:`resume`) takes its payload."""
+        if self._failed is not None:
+            raise self._failed
+        if isinstance(frame, memoryview) or frame.WhichOneof("kind") != "header":
+            kind = "chunk" if isinstance(frame, memoryview) else frame.WhichOneof("kind")
+            raise self._reject("unexpected_frame", f"expected a header first, got {kind or 'an empty frame'}")
+        self._check_header(frame.header)
+        return frame.header
+
+    def begin(self, h: pb.TransferHeader) -> None:
+        """Take the payload of a checked header (:meth:`first_header`) from its first byte: its receive buffer and
+        its digest."""
+        if h.start:
+            raise self._reject("bad_resume", f"the stream goes on from byte {h.start}, but nothing of it is held here")
+        self._header = h
+        self._digest = HASHES[h.hash or DEFAULT_HASH]()  # checked: one we offered
+        size = h.total_size  # safe to allocate: bounded by the checks
+        self._buf = self._buffers.take(size) if self._buffers is not None else bytearray(size)
+
+    def continues(self, h: pb.TransferHeader) -> bool:
+        """Whether ``h`` names the payload this assembler holds part of (a stream that was cut): the same sender,
+        round, purpose, architecture, manifest, size and digest. Only its flags of a resumed stream may differ."""
+        held = self._header
+        return held is not None and all(getattr(h, name) == getattr(held, name) for name in _PAYLOAD_FIELDS)
+
+    def resume(self, h: pb.TransferHeader, start: int | None = None) -> None:
+        """Go on with the payload this assembler holds part of, from where it stopped, under header ``h`` (which
+        :meth:`continues` it); ``start``: where the new stream begins (default: the header's own ``start``)."""
+        start = h.start if start is None else start
+        if not self.continues(h) or start != self._received:
+            raise TransferRejected("bad_resume", f"the stream goes on from byte {start} of another payload or place "
+                                                 f"than the {self._received} bytes held here")
+        self._failed = None  # the cut that stopped it
+        self._header = h
 
     def _check_header(self, h: pb.TransferHeader) -> None:
         lim = self._limits

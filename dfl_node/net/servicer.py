@@ -19,12 +19,12 @@ from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Role
 from dfl_node.hashes import DEFAULT_HASH, negotiate
 from dfl_node.net.auth import Authenticator
-from dfl_node.net.codec import assemble
+from dfl_node.net.codec import MessageAssembler, assemble, chunk_for, copy_header
 from dfl_node.net.convert import from_wire, to_wire, transfer_result
 from dfl_node.net.frames import ReadFrame, WireFrame, wire_size
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.net.wire import WireIdentity, wire_bytes
+from dfl_node.net.wire import WireIdentity
 from dfl_node.peering.errors import UNCOUNTED_REFUSALS, TransferRejected
 from dfl_node.peering.messages import MAX_MEMBERS, MAX_UPDATES, Assignment, Hello, Offer, Ping, PullRequest, Token
 from dfl_node.peering.port import Intake, PeerHandler
@@ -85,6 +85,8 @@ class DflServicer(pb_grpc.DflNodeServicer):
         assembler = wire.assembler()
         frames = _idle_limited(request_iterator, self.idle_timeout)
         intake: Intake | None = None
+        pending_reply: asyncio.Future[ModelMessage | None] | None = None
+        start = 0  # payload bytes this stream need not carry: its receiver holds them from a stream that was cut
         try:
             first = await anext(frames, None)
             if first is None:
@@ -92,22 +94,40 @@ class DflServicer(pb_grpc.DflNodeServicer):
             claimed = first.header.sender if isinstance(first, pb.Frame) and first.HasField("header") else None
             if refused := self._refuse(context, claimed):
                 raise refused  # unauthenticated, or in another's name: nothing more of it is parsed
-            assembler.feed(first)  # the header: swarm, fingerprint, manifest, sizes checked here
-            intake = await self.node.admit(from_wire(assembler.header, Offer))
-            header, message = await assemble(frames, assembler)
-            self.node.on_transferred(0, wire_bytes(header))
-            pending_reply = await intake.deliver(message)
+            header = assembler.first_header(first)  # swarm, fingerprint, manifest, sizes: before the node is asked
+            intake = await self.node.admit(from_wire(header, Offer))
+            if header.resume:
+                assembler, pending_reply = _resumed(assembler, header, intake)
+                start = header.total_size if pending_reply is not None else assembler.received
+                yield pb.Frame(resume=pb.ResumeAt(offset=start))
+            else:
+                assembler.begin(header)
+            if pending_reply is None:
+                header, message = await assemble(frames, assembler)
+                pending_reply = await intake.deliver(message)
+            else:
+                await _ended(frames)  # it had arrived: nothing follows the header
             intake = None  # delivered: from here the aggregator owns the message, even if this RPC is cancelled
         except TransferRejected as exc:
             sender = assembler.header.sender if assembler.header is not None else "?"
-            if exc.reason not in ("unauthenticated", "identity_mismatch"):  # those are counted by _refuse
+            if intake is not None and exc.reason == "truncated" and assembler.header is not None:
+                intake.interrupt(assembler, exc.detail)  # cut, it seems: kept for its sender to resume (or refused)
+                intake = None
+            elif exc.reason not in ("unauthenticated", "identity_mismatch"):  # those are counted by _refuse
                 self.node.on_rejected(exc.reason, exc.detail, sender)
             yield pb.Frame(result=transfer_result(exc))
             return
+        except asyncio.CancelledError:  # the connection dropped (gRPC cancels the call), before or after its end
+            if intake is not None and assembler.header is not None:
+                intake.interrupt(assembler, f"{assembler.received} of {assembler.header.total_size} bytes received")
+                intake = None
+            raise
         except Exception:  # a bug, not the peer's fault: say where (gRPC would only answer UNKNOWN), keep serving
             log.exception("Transfer from %s failed", assembler.header.sender if assembler.header else "?")
             raise
         finally:
+            if assembler.header is not None:  # what this stream carried, cut or not
+                self.node.on_transferred(0, assembler.received - start + assembler.header.ByteSize())
             if intake is not None:
                 intake.abandon()
         yield pb.Frame(result=pb.TransferResult(accepted=True))  # validated and taken for aggregation
@@ -116,15 +136,24 @@ class DflServicer(pb_grpc.DflNodeServicer):
         except TransferRejected as exc:  # the group ended without fusing it: an error status, never a clean end
             await context.abort(grpc.StatusCode.ABORTED, f"{exc.reason}: {exc.detail}")
         if reply is not None:
-            async for frame in self._stream(reply, header.hash or DEFAULT_HASH):  # the sender's own: it takes it
+            hash_ = header.hash or DEFAULT_HASH  # the sender's own: it takes it
+            async for frame in self._stream(reply, hash_, header.reply_digest, header.reply_offset, header.chunk_size):
                 yield frame
 
-    async def _stream(self, message: ModelMessage, hash: str) -> AsyncIterator[WireFrame]:
+    async def _stream(self, message: ModelMessage, hash: str, held_digest: bytes = b"", held: int = 0,
+                      chunk_size: int = 0) -> AsyncIterator[WireFrame]:
+        """``message`` as frames: from byte ``held`` on where its receiver holds that much of this very payload
+        (``held_digest``, from a stream that was cut), else whole; in chunks of at most ``chunk_size`` bytes."""
         outgoing = await asyncio.to_thread(self.wire.prepare, message, 0, hash)
-        sent = 0
-        for frame in outgoing.frames():
-            sent += wire_size(frame)
-            yield frame
+        header = outgoing.header
+        start = held if held_digest == header.digest and 0 < held <= header.total_size else 0
+        if start:
+            header = copy_header(header, start=start)
+        sent = wire_size(frame := pb.Frame(header=header))
+        yield frame
+        for chunk in outgoing.chunks(start, chunk_for(chunk_size)):
+            sent += wire_size(chunk)
+            yield chunk
         self.node.on_transferred(sent, 0)
 
     async def Pull(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[WireFrame]:
@@ -137,7 +166,8 @@ class DflServicer(pb_grpc.DflNodeServicer):
             self._refused(exc.reason, exc.detail, request.aggregator[:64] or context.peer())
             yield pb.Frame(result=transfer_result(exc))
             return
-        async for frame in self._stream(message, negotiate(self.wire.hashes, request.hashes)):
+        async for frame in self._stream(message, negotiate(self.wire.hashes, request.hashes), request.digest,
+                                        request.offset, request.chunk_size):
             yield frame
 
     async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeReply:
@@ -177,6 +207,28 @@ class DflServicer(pb_grpc.DflNodeServicer):
             self._refused(ack.reason, f"token of round {request.round}, epoch {request.epoch}",
                           request.holder[:64] or context.peer())
         return to_wire(ack)
+
+
+def _resumed(assembler: MessageAssembler, header: pb.TransferHeader, intake: Intake
+             ) -> tuple[MessageAssembler, asyncio.Future[ModelMessage | None] | None]:
+    """A push that resumes a cut one: the partial the node kept of it (then the stream goes on from there), or the
+    confirmation of a message that had arrived whole (nothing to receive), or, if nothing of it is held, a fresh
+    start."""
+    if intake.arrived is not None:
+        return assembler, intake.arrived
+    held = intake.held
+    if isinstance(held, MessageAssembler) and held.continues(header):
+        held.resume(header, held.received)
+        return held, None
+    assembler.begin(header)
+    return assembler, None
+
+
+async def _ended(frames: AsyncIterator[ReadFrame]) -> None:
+    """The rest of a stream that should carry nothing more (a resumed push whose payload had arrived whole)."""
+    async for frame in frames:
+        kind = "chunk" if isinstance(frame, memoryview) else frame.WhichOneof("kind")
+        raise TransferRejected("trailing_data", f"a {kind or 'frame'} after a payload that had arrived whole")
 
 
 async def _idle_limited(frames: AsyncIterator[ReadFrame], timeout: float) -> AsyncIterator[ReadFrame]:

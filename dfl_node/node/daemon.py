@@ -11,8 +11,8 @@ owning its state behind a narrow interface, so that only its owner writes a piec
   :class:`~dfl_node.node.transport.PeerTransport`;
 * its scheduler (:mod:`.rounds` for token rounds, :mod:`.async_mode`), given a
   :class:`~dfl_node.node.ports.SchedulerPort` of the parts it works with;
-* :class:`~dfl_node.node.tally.Tally`: what it counts; :class:`~dfl_node.node.requests.PeerRequests`: what it
-  answers its peers.
+* :class:`~dfl_node.node.tally.Tally`: what it counts; :class:`~dfl_node.node.link_quality.LinkQuality`: what its
+  transfers measured of each link; :class:`~dfl_node.node.requests.PeerRequests`: what it answers its peers.
 
 It reaches its peers only through the peer network port (:mod:`dfl_node.peering`), which whoever runs it builds
 from the node's model (a :data:`~dfl_node.node.identity.NetworkFactory`: the daemon's composition root for gRPC,
@@ -43,6 +43,7 @@ from dfl_node.node.data_watch import NodeData
 from dfl_node.node.eval_schedule import EvalSchedule
 from dfl_node.node.identity import NetworkFactory
 from dfl_node.node.learner import Learner
+from dfl_node.node.link_quality import LinkQuality
 from dfl_node.node.membership import Membership
 from dfl_node.node.ports import Scheduler, SchedulerPort
 from dfl_node.node.progress import RoundProgress
@@ -92,9 +93,10 @@ class Node:
                                      on_lost=lambda peer: self.absences.peer_lost(peer),
                                      seed=derive_seed(config.learning.seed, config.id, "membership"))
         self.reporter = Reporter(config.id, schedule, clock, self.started, self.tally)
+        self.links = LinkQuality()
         self.roles = Roles(config.id, self.address, config.roles, schedule, config.swarm, clock, learner=self.learner,
                            progress=self.progress, tally=self.tally, members=self.membership, network=self.network,
-                           reporter=self.reporter, defences=config.defences)
+                           reporter=self.reporter, defences=config.defences, links=self.links)
         self.absences = Absences(self.roles, self.membership)
         port = SchedulerPort(config.id, config.learning.seed, schedule, config.membership, clock, algorithm,
                              self.membership, self.progress, self.roles, self.network, self.tally, self.own_progress,
@@ -137,16 +139,17 @@ class Node:
         changed: every membership message carries it (a thousand a second in a thousand-node simulation), SWIM
         compares it with the last it announced, and a reply to a Hello is made from it."""
         config, ctx, identity, said = self.config, self.learner.ctx, self.identity, self._hello
-        progress, samples, shape, classes = (self.own_progress(), ctx.num_samples, tuple(ctx.train.input_shape),
-                                             ctx.train.num_classes)
-        if said is None or (said.progress, said.num_samples, said.sample_shape, said.num_classes) != (
-                progress, samples, shape, classes):
+        progress, samples, shape, classes, work = (self.own_progress(), ctx.num_samples,
+                                                   tuple(ctx.train.input_shape), ctx.train.num_classes,
+                                                   self.roles.work_s)
+        if said is None or (said.progress, said.num_samples, said.sample_shape, said.num_classes, said.work_s) != (
+                progress, samples, shape, classes, work):
             said = self._hello = Hello(
                 protocol_version=PROTOCOL_VERSION, swarm=config.swarm, node_id=config.id,
                 fingerprint=identity.fingerprint, algorithm=config.algorithm, boot_id=self.boot_id,
                 grpc_address=self.address, http_port=config.api.http_port, status_url=config.api.status_url or "",
                 model=identity.model, num_samples=samples, wire_dtype=identity.wire_dtype, progress=progress,
-                sample_shape=shape, num_classes=classes)
+                sample_shape=shape, num_classes=classes, work_s=work)
         return said
 
     def own_progress(self) -> Progress:

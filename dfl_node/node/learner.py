@@ -69,6 +69,7 @@ class Learner:
         self._history: deque[HistoryEntry] = deque(maxlen=storage.history_limit)  # the newest only
         self._accuracy: tuple[float | None, float | None] = (None, None)  # (local, global) of the current model
         self._digest = ""  # sha256 of the current parameters
+        self._eval_speed: float | None = None  # seconds per sample of the newest evaluation
         self._saving = asyncio.Lock()
         self._saved: dict[str, Any] | None = None  # the durable state this process last checkpointed (:meth:`save`)
         self.served = ServedModel(algorithm, self.ctx)  # what /model, /predict and exports hold
@@ -201,7 +202,10 @@ class Learner:
         returns whether the model was evaluated. ``detail``, called once the model is measured, is what the
         history entry says of the exchange that changed it."""
         evaluated = self._schedule.at_change(round_)
+        started = self._clock.monotonic()
         accuracies, self._digest = await asyncio.to_thread(self._measure, evaluated)
+        if evaluated:
+            self._timed_evaluation(self._clock.monotonic() - started)
         self._record(round_, event, accuracies, peer=peer, detail=detail() if detail is not None else None)
         await self.save()
         return evaluated
@@ -230,6 +234,21 @@ class Learner:
                                           peer=peer, local_accuracy=local, global_accuracy=global_, series=others,
                                           bytes_received=self._tally.counters["bytes_received"],
                                           detail=detail or {}))
+
+    def _timed_evaluation(self, seconds: float) -> None:
+        samples = (len(self.ctx.val) + (len(self.test) if self.test is not None else 0)) * len(
+            self.algorithm.reported_models(self.ctx))
+        if samples:
+            self._eval_speed = seconds / samples
+
+    def work_estimate(self) -> float:
+        """Seconds a role's computation may take here before any role measured it (0: unknown): from the speed of
+        the newest evaluation, a training sample costing about three forward passes, and a fusion (mutual
+        learning) training two models, for the node's epochs over its training samples. Deadlines follow it."""
+        if self._eval_speed is None:
+            return 0.0
+        c = self.ctx.config
+        return 6 * self._eval_speed * self.ctx.num_samples * max(c.local_epochs, c.mkt_epochs)
 
     def _measure(self, evaluated: bool) -> tuple[dict[str, SeriesAccuracy] | None, str]:
         return self.evaluate() if evaluated else None, param_digest(self.ctx.model.state_dict())

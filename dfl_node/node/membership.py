@@ -41,6 +41,7 @@ class Members(Protocol):
     def progress(self) -> dict[str, Progress]: ...  # each live peer's round progress, as of its last word
     def address_of(self, node_id: str) -> str | None: ...  # where a peer (or this node) serves
     def incarnations(self, ids: list[str]) -> dict[str, str | None]: ...  # boot ids; None: not alive
+    def work_of(self, node_id: str) -> float: ...  # seconds of computation a peer's last role took (0: unknown)
     async def wait_for(self, count: int) -> None: ...  # until at least ``count`` peers live
     async def wait_alive(self, ids: Collection[str], timeout: float) -> None: ...  # until those live, or timeout
     async def refresh(self) -> None: ...  # ask every peer afresh, so that progress() is not a heartbeat old
@@ -92,6 +93,9 @@ class Membership:
 
     def incarnations(self, ids: list[str]) -> dict[str, str | None]:
         return self.table.incarnations(ids)
+
+    def work_of(self, node_id: str) -> float:
+        return self.table.work_of(node_id)
 
     async def wait_for(self, count: int) -> None:
         await self._greeting(self.table.wait_for(count),  # the members known but not confirmed that the count needs

@@ -26,6 +26,7 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -57,6 +58,7 @@ class Peer:
     status_url: str = ""
     model: str = ""
     num_samples: int = 0
+    work_s: float = 0.0  # seconds of computation its last role took, as it says (0: unknown)
     alive: bool = True
     progress: Progress | None = None  # where it stood at its last reply to our Hello
     holding_since: float | None = None  # wall clock: since when its replies say it holds the token (its epoch)
@@ -64,7 +66,7 @@ class Peer:
     def info(self) -> PeerInfo:
         return PeerInfo(id=self.id, address=self.address, http_port=self.http_port or None,
                         status_url=self.status_url or None, last_seen=self.last_seen, alive=self.alive,
-                        algorithm=self.algorithm, model=self.model or None)
+                        algorithm=self.algorithm, model=self.model or None, work_s=self.work_s or None)
 
     def profile(self) -> NodeProfile:
         return NodeProfile(self.id, self.model, self.num_samples)
@@ -210,6 +212,7 @@ class PeerTable:
                                                     reply.boot_id, reply.algorithm, now, heard_at)
         peer.address, peer.http_port, peer.boot_id = reply.grpc_address, reply.http_port, reply.boot_id
         peer.status_url, peer.model, peer.num_samples = reply.status_url, reply.model, reply.num_samples
+        peer.work_s = reply.work_s if math.isfinite(reply.work_s) and reply.work_s > 0 else 0.0  # a peer's word
         peer.last_seen, peer.heard_at, peer.alive = now, heard_at, True
         before, peer.progress = peer.progress, reply.progress  # a request's as a reply's: both are news
         if not reply.progress.holding:
@@ -380,6 +383,11 @@ class PeerTable:
         (a peer that does not answer within :attr:`answer_within` keeps what it said last)."""
         peers = sorted(self.peers.values(), key=lambda p: p.id)
         await asyncio.gather(*(self.probe(p.address, self.answer_within) for p in peers))
+
+    def work_of(self, node_id: str) -> float:
+        """Seconds of computation ``node_id``'s last role took, as it said (0: unknown, or not a live peer)."""
+        peer = self.peers.get(node_id)
+        return peer.work_s if peer is not None and peer.alive else 0.0
 
     def profiles(self) -> list[NodeProfile]:
         """The live peers' profiles (architecture, sample count), as their Hellos announced them."""

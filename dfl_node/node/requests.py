@@ -16,7 +16,7 @@ from dfl_node.algorithms import AlgorithmError
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.selection import SelectsReceiver
 from dfl_node.node.clock import Clock
-from dfl_node.node.collector import Collector
+from dfl_node.node.collector import Admitted, Collector
 from dfl_node.node.gate import check_received
 from dfl_node.node.learner import Learner
 from dfl_node.node.membership import Membership
@@ -36,9 +36,14 @@ log = logging.getLogger(__name__)
 class Intake:
     """One transfer admitted into an aggregator's collector (:class:`dfl_node.peering.port.Intake`)."""
 
-    def __init__(self, requests: PeerRequests, collector: Collector, sender: str) -> None:
-        self.requests, self.collector, self.sender = requests, collector, sender
+    def __init__(self, requests: PeerRequests, collector: Collector, offer: Offer, admitted: Admitted) -> None:
+        self.requests, self.collector, self.offer = requests, collector, offer
+        self.held, self.arrived = admitted.held, admitted.arrived
         self.admitted_at = requests.clock.monotonic()  # the transfer's first frame came in
+
+    @property
+    def sender(self) -> str:
+        return self.offer.sender
 
     async def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None:
         requests, learner = self.requests, self.requests.learner
@@ -52,7 +57,21 @@ class Intake:
             raise TransferRejected("stale_epoch", f"epoch {self.collector.epoch} < {requests.progress.epoch}")
         requests.tally.count("models_received")
         requests.tally.observe("transfer", requests.clock.monotonic() - self.admitted_at, direction="received")
-        return self.collector.deliver(message)  # resolved once the fusion is durable: the sender's confirmation
+        return self.collector.deliver(message, self.offer.digest)  # resolved once the fusion is durable
+
+    def interrupt(self, held: object, detail: str) -> None:
+        """The stream ended before its payload did: cut, as far as a receiver can tell (a sender that dies looks the
+        same). A member's transfer is kept for it to resume (:meth:`Collector.interrupt`); a stranger's is refused
+        (``truncated``) and its sender no longer waited for, as a stream that breaks off is."""
+        requests = self.requests
+        if self.sender in requests.membership.alive_ids() and self.collector.resume_window > 0:
+            requests.tally.count("transfers_cut")
+            log.info("%s: round %d: the transfer from %s was cut (%s); kept %g s for it to resume", requests.node_id,
+                     self.offer.round + 1, self.sender, detail, self.collector.resume_window)
+            self.collector.interrupt(self.sender, self.offer.digest, held)
+            return
+        requests.tally.reject("truncated", detail, self.sender)
+        self.abandon()
 
     def abandon(self) -> None:
         self.collector.abandon(self.sender)
@@ -81,14 +100,15 @@ class PeerRequests:
         """A transfer is wanted only by an aggregator whose group names its sender, for that round and epoch."""
         if self.rounds and offer.epoch < self.progress.epoch:
             raise TransferRejected("stale_epoch", f"epoch {offer.epoch} < {self.progress.epoch}")
-        collector = self.roles.collector
-        if collector is None or not collector.matches(offer):
+        collector = self.roles.collector_for(offer)
+        if collector is None:
             raise TransferRejected("not_expected", f"{self.node_id} aggregates no group of round {offer.round} "
                                                    f"(epoch {offer.epoch}) now")
-        collector.admit(offer)
-        log.info("%s: round %d: taking %s (%s) from %s", self.node_id, offer.round + 1, offer.purpose, offer.model,
-                 offer.sender)  # the transfer log: what reached this node, and of which architecture
-        return Intake(self, collector, offer.sender)
+        admitted = collector.admit(offer)
+        log.info("%s: round %d: %s %s (%s) from %s", self.node_id, offer.round + 1,
+                 "confirming" if admitted.arrived else "resuming" if admitted.held else "taking", offer.purpose,
+                 offer.model, offer.sender)  # the transfer log: what reached this node, and of which architecture
+        return Intake(self, collector, offer, admitted)
 
     async def pull(self, request: PullRequest) -> ModelMessage:
         """Serve our model to a pulling aggregator (a pull group's source), as the algorithm transmits it."""

@@ -24,6 +24,7 @@ from dfl_node.learning.settings import DefenceSettings
 from dfl_node.node.clock import Clock
 from dfl_node.node.collector import Collector
 from dfl_node.node.learner import Learner
+from dfl_node.node.link_quality import LinkQuality
 from dfl_node.node.membership import Members
 from dfl_node.node.orders import Order
 from dfl_node.node.progress import RoundProgress
@@ -31,7 +32,7 @@ from dfl_node.node.reports import Reporter
 from dfl_node.node.tally import Tally
 from dfl_node.node.transport import AlreadyPlayed, PeerTransport, TransferFailed
 from dfl_node.peering.errors import PeerUnreachable, TransferRejected
-from dfl_node.peering.messages import Ack
+from dfl_node.peering.messages import Ack, Offer
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.settings.node import RoleSettings, ScheduleSettings
 
@@ -44,15 +45,19 @@ class Roles:
 
     def __init__(self, node_id: str, address: str, settings: RoleSettings, schedule: ScheduleSettings, swarm: str,
                  clock: Clock, *, learner: Learner, progress: RoundProgress, tally: Tally, members: Members,
-                 network: PeerNetwork, reporter: Reporter, defences: DefenceSettings) -> None:
+                 network: PeerNetwork, reporter: Reporter, defences: DefenceSettings, links: LinkQuality) -> None:
         self.node_id, self.address, self.settings, self.swarm, self.clock = node_id, address, settings, swarm, clock
         self.defences = defences  # what its sender and aggregator roles refuse to fuse (algorithms.defences)
+        self.links = links  # what its transfers measured of each link
         self.rounds = schedule.mode == "round"
         self.round_timeout = schedule.round_timeout
+        self.max_round_timeout = schedule.max_round_timeout
+        self._work_s = 0.0  # seconds of computation the last role took (0: none yet)
         self.learner, self.progress, self.tally, self.members, self.network = learner, progress, tally, members, network
         self.reporter = reporter
         self._role = Role.IDLE
         self._collector: Collector | None = None  # the group this node aggregates now
+        self._ended: Collector | None = None  # the group it aggregated last: confirmations a cut stream resumes
         self._settling: asyncio.Task | None = None  # the sender or aggregator role being played, until durable
         self._idle = asyncio.Event()  # set while no role is held
         self._idle.set()
@@ -68,6 +73,24 @@ class Roles:
     def collector(self) -> Collector | None:
         """The group this node aggregates now, if any."""
         return self._collector
+
+    def collector_for(self, offer: Offer) -> Collector | None:
+        """The group a pushed transfer is for: the one this node aggregates now, if the offer's round and epoch are
+        its; for a transfer that resumes a cut one, also the group it aggregated last (its confirmation)."""
+        for collector in (self._collector, self._ended if offer.resume else None):
+            if collector is not None and collector.matches(offer):
+                return collector
+        return None
+
+    @property
+    def work_s(self) -> float:
+        """Seconds of computation this node's last role took, or before any role its estimate (0: unknown)."""
+        return self._work_s or self.learner.work_estimate()
+
+    def worked(self, transport: PeerTransport) -> None:
+        """A role that computed is over: how long its computation took is this node's speed from now on."""
+        if transport.computed > 0:
+            self._work_s = transport.computed
 
     @property
     def fusing(self) -> bool:
@@ -171,7 +194,8 @@ class Roles:
             return Ack(ok=ok, reason="" if ok else "not_fused" if self.rounds else "transfer_failed")
         collector = self._collector = Collector(step, order.epoch, self.clock, max_bytes=self.max_buffered_bytes,
                                                 deadline_s=self.deadline_of(order),
-                                                assigned_by=order.holder if self.rounds and not step.group.pull else "")
+                                                assigned_by=order.holder if self.rounds and not step.group.pull else "",
+                                                resume_window=self.settings.resume_window)
         fusing = self._settling = loop.create_task(self._play_aggregator(step, PeerTransport(self, order, collector)))
         if step.group.pull and self.rounds:
             ok = await asyncio.shield(fusing)
@@ -181,10 +205,12 @@ class Roles:
         return Ack(ok=True)
 
     def deadline_of(self, order: Order) -> float:
-        """How long an aggregator waits for its senders: what the order asks, never longer than our own
-        ``round_timeout`` (an Assign is a peer's request: it cannot hold our only role for as long as it likes)."""
-        asked, ours = order.deadline_s, self.round_timeout
-        return min(asked, ours) if asked > 0 else ours  # 0, < 0, NaN: ours
+        """How long a role of ``order`` may take: an aggregator's wait for its senders, a sender's transfer until its
+        fusion is confirmed. What the order asks (a holder's deadline follows its members' speed), never longer than
+        our own ``max_round_timeout`` (an Assign is a peer's request: it cannot hold our only role for as long as it
+        likes); ``round_timeout`` where it asks none."""
+        asked = order.deadline_s
+        return min(asked, self.max_round_timeout) if asked > 0 else self.round_timeout  # 0, < 0, NaN: ours
 
     @property
     def max_buffered_bytes(self) -> int:
@@ -211,7 +237,8 @@ class Roles:
         except TransferRejected:
             return False
         collector = self._collector = Collector(Step(round_, Group(self.node_id, ())), 0, self.clock, expected=(),
-                                                max_bytes=self.max_buffered_bytes, deadline_s=self.round_timeout)
+                                                max_bytes=self.max_buffered_bytes, deadline_s=self.round_timeout,
+                                                resume_window=self.settings.resume_window)
         came: list[str] = []
         remaining = list(candidates)
         try:
@@ -258,7 +285,7 @@ class Roles:
         if address is None:
             return Ack(ok=False, reason="unreachable")
         try:
-            return await self.network.link(address).assign(order.assignment(), timeout=self.round_timeout)
+            return await self.network.link(address).assign(order.assignment(), timeout=self.deadline_of(order))
         except PeerUnreachable as exc:
             return Ack(ok=False, reason=exc.reason)
 
@@ -289,6 +316,7 @@ class Roles:
             await learner.restore_durable()
         finally:
             transport.verdict(False)
+            self.worked(transport)
             self.release()
         return False
 
@@ -316,8 +344,20 @@ class Roles:
             self._fusing = 0
             collector.close()
             self._collector = None
+            self._keep_ended(collector)
+            self.worked(transport)
             self.release()
         return False
+
+    def _keep_ended(self, collector: Collector) -> None:
+        """Keep the confirmations of the group just over for ``resume_window`` seconds: a sender whose stream was
+        cut while it waited for one resumes, and learns its fate, rather than playing its round again."""
+        self._ended = collector
+        asyncio.get_running_loop().call_later(self.settings.resume_window, self._forget_ended, collector)
+
+    def _forget_ended(self, collector: Collector) -> None:
+        if self._ended is collector:
+            self._ended = None
 
     # ----- roles a peer asks for -------------------------------------------------------------
     async def serve_pull(self, round_: int, aggregator: str, state: dict[str, str]) -> ModelMessage:

@@ -55,15 +55,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Sequence
 
-from dfl_node.algorithms import Group, Role, Step
+from dfl_node.algorithms import Group, Role, RoundPlan, Step
 from dfl_node.node.orders import Order
 from dfl_node.node.ports import SchedulerPort
 from dfl_node.peering.errors import PeerUnreachable
 from dfl_node.peering.messages import Ack, Progress, Token
 
 log = logging.getLogger(__name__)
+DEADLINE_FACTOR = 3.0  # a group's deadline, in multiples of the computation its members' last roles took
 
 
 def liveness_bound(*, detection: float, token_timeout: float, heartbeat: float, round_timeout: float,
@@ -194,27 +196,42 @@ class RoundScheduler:
         """Play round ``round_`` until every group of its plan fused (see "Exactly once"); returns the
         algorithm state for the next round, or None if a newer epoch fenced this token off meanwhile.
 
-        Replays are for crashes. A group whose members all stayed alive, without restarting, and still did
-        not fuse for a whole ``round_timeout`` is refusing, not crashing (a member that will not take its
-        role): it is abandoned, logged and counted (``groups_abandoned``), and the round goes on without it.
+        Replays are for crashes. A group whose members all live on and that failed ``group_attempts`` times (a link
+        that cannot carry its model, a device too slow for its deadline) is planned around: the round is planned
+        again over the members that neither played it nor were in such a group, and those play it
+        (:meth:`_around`). A group whose members all stayed alive, without restarting, and still did not fuse for a
+        whole ``round_timeout`` is refusing, not crashing (a member that will not take its role): it is abandoned,
+        logged and counted (``groups_abandoned``), and the round goes on without it.
         """
         node = self.node
         plan = node.algorithm.plan_round(round_, node.members.profiles(), state)
         pending, failed_since = list(plan), None
+        failures: Counter[Group] = Counter()
+        played: set[str] = set()  # members of the groups that fused: they played this round
+        around: set[str] = set()  # members of the groups planned around
         calm_since, seen = node.clock.monotonic(), None  # since when the failing groups' members all lived on unchanged
         while node.progress.epoch == epoch:
             done = await asyncio.gather(*(self._group(g, round_, epoch, dict(plan.state)) for g in pending))
+            played.update(m for g, ok in zip(pending, done) if ok for m in g.members)
             pending = [g for g, ok in zip(pending, done) if not ok]
             if not pending:
                 return dict(plan.state)
             log.warning("%s: round %d: %d group(s) did not fuse; playing them again", node.node_id, round_ + 1,
                         len(pending))
+            failures.update(pending)
             failed_since = failed_since or node.clock.monotonic()
             await asyncio.sleep(node.membership.heartbeat)  # the membership sees who crashed (or came back)
             pending = await self._unfused(pending, round_, failed_since)
             if any(m not in node.members.alive_ids() and m != node.node_id for g in pending for m in g.members):
                 plan = node.algorithm.plan_round(round_, node.members.profiles(), state)  # a member is gone: re-plan
                 pending = list(plan)
+            stuck = [g for g in pending if failures[g] >= node.settings.group_attempts]
+            if stuck:
+                around.update(m for g in stuck for m in g.members)
+                replanned = self._around(round_, state, stuck, played | around)
+                if replanned is None:
+                    return dict(plan.state)
+                plan, pending = replanned, list(replanned)
             now = self._incarnations(pending)
             if now != seen or None in now.values():
                 seen, calm_since = now, node.clock.monotonic()  # a crash, a restart or a new plan: replays go on
@@ -224,6 +241,28 @@ class RoundScheduler:
                 node.tally.count("groups_abandoned", len(pending))
                 return dict(plan.state)
         return None
+
+    def _around(self, round_: int, state: dict[str, str], stuck: list[Group], left_out: set[str]) -> RoundPlan | None:
+        """Round ``round_`` planned again without ``left_out`` (those that played it, and the members of the groups
+        that kept failing, ``stuck``): the round's exchange happens between members that can make it, as the plan
+        of a fleet without them would have it. None where too few are left for a plan: the round is over with the
+        groups that fused."""
+        node = self.node
+        for group in stuck:
+            who = " → ".join(["/".join(group.senders or group.candidates), group.aggregator or "?"])
+            log.warning("%s: round %d: planning around %s: the group failed %d times with its members alive (a link "
+                        "that cannot carry its model, or a member too slow for its deadline)", node.node_id,
+                        round_ + 1, who, node.settings.group_attempts)
+            node.tally.event("replan", "/".join(group.members)[:64], f"failed {node.settings.group_attempts} times",
+                             round_ + 1)
+        node.tally.count("groups_replanned", len(stuck))
+        try:
+            return node.algorithm.plan_round(
+                round_, [p for p in node.members.profiles() if p.node_id not in left_out], state)
+        except ValueError as exc:  # fewer members left than a plan needs
+            log.warning("%s: round %d: no plan without them (%s); the round ends with the groups that fused",
+                        node.node_id, round_ + 1, exc)
+            return None
 
     def _incarnations(self, groups: list[Group]) -> dict[str, str | None]:
         """The other members' boot ids (None: not alive)."""
@@ -253,10 +292,11 @@ class RoundScheduler:
         group's sender gives the aggregator it chooses its role). Returns whether the group's fusion is durable."""
         node = self.node
         addresses = {m: a for m in group.members if (a := node.members.address_of(m)) is not None}
+        deadline = self._deadline(group)
 
         def order(role: Role) -> Order:
             return Order(role, Step(round_, group, dict(state)), epoch, node.node_id,
-                         addresses.get(group.aggregator, ""), node.settings.round_timeout, addresses)
+                         addresses.get(group.aggregator, ""), deadline, addresses)
 
         try:
             if not group.open:
@@ -275,6 +315,19 @@ class RoundScheduler:
                 log.warning("round %d: %s → %s did not complete: %s", round_ + 1, sender,
                             group.aggregator or "/".join(group.candidates), ack.reason)
         return any(ack.ok for ack in acks)
+
+    def _deadline(self, group: Group) -> float:
+        """How long the roles of ``group`` may take: :data:`DEADLINE_FACTOR` times the computation its slowest
+        sender's last role took, then its (slowest candidate) aggregator's — their profiles, as their Hellos say them
+        — within ``[round_timeout, max_round_timeout]``. So a slow device's training is waited for rather than
+        thrown away, and a fast fleet's deadline stays ``round_timeout``."""
+        node, settings = self.node, self.node.settings
+
+        def work(ids: tuple[str, ...]) -> float:
+            return max((node.roles.work_s if m == node.node_id else node.members.work_of(m) for m in ids), default=0.0)
+
+        expected = work(group.senders) + work((group.aggregator,) if group.aggregator else group.candidates)
+        return min(settings.max_round_timeout, max(settings.round_timeout, DEADLINE_FACTOR * expected))
 
     async def _announce(self, token: Token, skip: str = "") -> dict[str, Ack | None]:
         """Send the token to every other member (but ``skip``); returns each one's ack (None: unreachable)."""

@@ -59,10 +59,10 @@ class Tally:
         """A WARNING about a refusal counted apart, rate-limited by ``reason`` as :meth:`reject`'s lines are."""
         self._refusals.warning(reason, message, *args)
 
-    def event(self, kind: Literal["send", "fusion", "refusal"], peer: str, detail: str,
+    def event(self, kind: Literal["send", "fusion", "refusal", "replan"], peer: str, detail: str,
               round_: int | None = None) -> None:
-        """One of ``/fleet``'s recent events (a send, a fusion, a refusal); ``round_``: the one it completed (by
-        default the node's)."""
+        """One of ``/fleet``'s recent events (a send, a fusion, a refusal, a round planned around); ``round_``: the
+        one it completed (by default the node's)."""
         self._recent.append(FleetEvent(time=self._clock.wall(), event=kind, peer=peer, detail=detail,
                                        round=self._progress.round if round_ is None else round_))
 

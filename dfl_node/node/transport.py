@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, TypeVar
 
 from dfl_node.algorithms import AlgorithmError
@@ -29,12 +29,15 @@ from dfl_node.node.clock import Clock
 from dfl_node.node.collector import Collector
 from dfl_node.node.gate import check_finite, check_received
 from dfl_node.node.learner import Learner
+from dfl_node.node.link_quality import LinkQuality
+from dfl_node.node.membership import Members
 from dfl_node.node.orders import Order
 from dfl_node.node.tally import Tally
-from dfl_node.peering.errors import PeerUnreachable, TransferRefused, TransferRejected
+from dfl_node.peering.errors import PeerUnreachable, TransferCut, TransferRefused, TransferRejected
 from dfl_node.peering.messages import Ack, PullRequest
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.peering.probes import ProbeRequest, answer_from_reply, probe_request
+from dfl_node.peering.resume import SMALL_CHUNK, Resume
 from dfl_node.settings.node import RoleSettings
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,8 @@ class Player(Protocol):
     learner: Learner
     tally: Tally
     network: PeerNetwork
+    links: LinkQuality
+    members: Members
 
     def address_in(self, node_id: str, order: Order) -> str | None: ...
     def deadline_of(self, order: Order) -> float: ...
@@ -83,6 +88,7 @@ class PeerTransport:
         self.collector = collector
         self.accepted = accepted
         self.replies: dict[str, ModelMessage] = {}  # an aggregator's replies, until its fusion is durable
+        self.computed = 0.0  # seconds this role spent in the algorithm's computations
 
     def address_of(self, node_id: str) -> str | None:
         return self.roles.address_in(node_id, self.order)
@@ -92,9 +98,11 @@ class PeerTransport:
         clock = self.roles.clock
         started = clock.monotonic()
         result = await asyncio.to_thread(fn, *args)
+        took = clock.monotonic() - started
+        self.computed += took
         timed = _TIMED.get(getattr(fn, "__name__", ""))
         if timed is not None:
-            self.roles.tally.observe(timed, clock.monotonic() - started)
+            self.roles.tally.observe(timed, took)
         return result
 
     def verdict(self, ok: bool) -> None:
@@ -102,31 +110,76 @@ class PeerTransport:
         if self.accepted is not None and not self.accepted.done():
             self.accepted.set_result(ok)
 
+    @property
+    def timeout(self) -> float:
+        """How long a transfer of this role may take, its retries and its aggregator's fusion included."""
+        return self.roles.deadline_of(self.order)
+
     async def push(self, step: Step, message: ModelMessage) -> ModelMessage | None:
         roles, tally = self.roles, self.roles.tally
+        aggregator = step.group.aggregator
         started = roles.clock.monotonic()
         took: list[float] = []  # until the aggregator held the whole message (then it fuses, and replies)
 
         def accepted() -> None:
-            took.append(roles.clock.monotonic() - started)
+            if not took:  # a resumed transfer may be accepted (confirmed) once more
+                took.append(roles.clock.monotonic() - started)
             self.verdict(True)
 
+        link = roles.network.link(self.aggregator_address)
+        resume = Resume(chunk_bytes=roles.links.chunk_for(aggregator))
+        lost = False  # the link lost it (a refusal is not the link's)
         try:
-            reply, sent, received = await roles.network.link(self.aggregator_address).push(
-                message, self.epoch, timeout=roles.round_timeout, on_accepted=accepted)
+            reply, _, _ = await self._resumed(aggregator, resume, lambda left: link.push(
+                message, self.epoch, timeout=left, on_accepted=accepted, resume=resume))
         except (TransferRefused, PeerUnreachable) as exc:
+            lost = isinstance(exc, PeerUnreachable)
             self.verdict(False)
-            raise TransferFailed(f"{step.group.aggregator} did not take it: {exc.reason}") from exc
+            raise TransferFailed(f"{aggregator} did not take it: {exc.reason}") from exc
+        finally:
+            tally.transferred("sent", resume.sent, took[0] if took else None)
+            tally.transferred("received", resume.received)
+            tally.count("bytes_resent", resume.resent)
+            if took or lost:
+                roles.links.transferred(aggregator, "sent", resume.size, took[0] if took else 0.0,
+                                        resent=resume.resent, ok=bool(took))
         tally.count("models_sent")
-        tally.transferred("sent", sent, took[0] if took else None)
-        tally.transferred("received", received)
         if reply is not None:
             try:
                 await asyncio.to_thread(check_finite, reply)  # a poisoned reply never reaches our model
             except TransferRejected as exc:
-                tally.reject(exc.reason, exc.detail, step.group.aggregator)
-                raise TransferFailed(f"{step.group.aggregator}'s reply was refused: {exc.reason}") from exc
+                tally.reject(exc.reason, exc.detail, aggregator)
+                raise TransferFailed(f"{aggregator}'s reply was refused: {exc.reason}") from exc
         return on_device(reply, roles.learner.device) if reply is not None else None
+
+    async def _resumed(self, peer: str, resume: Resume, attempt: Callable[[float], Awaitable[T]]) -> T:
+        """``attempt(timeout)`` — one try of a model stream with ``peer``, over ``resume`` — and after each cut again,
+        going on from what the receiving end holds (:mod:`dfl_node.peering.resume`): while that end took more within
+        the last ``resume_window`` seconds, the peer lives on unrestarted, and the role's deadline allows. The cut
+        link streams small chunks from then on (a chunk crosses whole or not at all)."""
+        roles, clock = self.roles, self.roles.clock
+        deadline = clock.monotonic() + self.timeout
+        window = roles.settings.resume_window
+        boot = roles.members.incarnations([peer]).get(peer)
+        progress, progressed_at, stalls = -1, clock.monotonic(), 0
+        while True:
+            try:
+                return await attempt(max(0.0, deadline - clock.monotonic()))
+            except TransferCut as exc:
+                roles.tally.count("transfers_cut")
+                roles.links.cut(peer)
+                now = clock.monotonic()
+                if resume.progress > progress:
+                    progress, progressed_at, stalls = resume.progress, now, 0
+                else:
+                    stalls += 1
+                if (window <= 0 or now - progressed_at > window or now >= deadline
+                        or roles.members.incarnations([peer]).get(peer) != boot):
+                    raise
+                resume.chunk_bytes = resume.chunk_bytes or SMALL_CHUNK
+                log.info("%s: the transfer with %s was cut (%s); resuming from what it holds", roles.node_id, peer,
+                         exc.detail)
+                await asyncio.sleep(min(2.0, 0.25 * 2**stalls))
 
     async def gather(self, step: Step) -> list[ModelMessage]:
         assert self.collector is not None
@@ -149,11 +202,16 @@ class PeerTransport:
         roles, learner, tally = self.roles, self.roles.learner, self.roles.tally
         request = PullRequest(aggregator=roles.node_id, swarm=roles.swarm, round=step.round, epoch=self.epoch,
                               state=dict(step.state))
+        resume = Resume(chunk_bytes=roles.links.chunk_for(source))
+        arrived, lost = False, False  # whole, or lost by the link (a refusal is not the link's)
         try:
             address = self.address_of(source)
             if address is None:
                 raise TransferRefused("unreachable", "not in the peer table nor in the assignment")
-            message, received = await roles.network.link(address).pull(request, timeout=roles.round_timeout)
+            link = roles.network.link(address)
+            message, _ = await self._resumed(source, resume, lambda left: link.pull(request, timeout=left,
+                                                                                  resume=resume))
+            arrived = True
             message = on_device(message, learner.device)
             learner.algorithm.check_message(learner.ctx, message)
             await asyncio.to_thread(check_received, learner.ctx, message, roles.settings.min_accuracy)
@@ -161,10 +219,14 @@ class PeerTransport:
             tally.reject(exc.reason, exc.detail, source)
             return None
         except (TransferRefused, PeerUnreachable, AlgorithmError) as exc:
+            lost = isinstance(exc, PeerUnreachable)
             log.warning("%s: pulling from %s failed: %s", roles.node_id, source, exc)
             return None
+        finally:  # not timed: the call's time is mostly the source's training
+            tally.transferred("received", resume.received)
+            if arrived or lost:
+                roles.links.transferred(source, "received", resume.received, 0.0, ok=arrived)
         tally.count("models_received")
-        tally.transferred("received", received)  # not timed: the call's time is mostly the source's training
         return message
 
     async def reply(self, step: Step, replies: Mapping[str, ModelMessage]) -> None:

@@ -31,6 +31,14 @@ class PeerUnreachable(PeerError):
     ``deadline_exceeded``; ``detail``: why, in an operator's words (the rest of "peer ADDRESS …")."""
 
 
+class TransferCut(PeerUnreachable):
+    """A model stream broke after it began (the link dropped, or the peer died): what had arrived may be resumed
+    (:mod:`dfl_node.peering.resume`). ``reason`` is ``cut``."""
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__("cut", detail)
+
+
 class PeerUnauthenticated(PeerError):
     """A peer answered our Hello without proving who it is: ``tls_handshake`` (its certificate failed our
     checks, or ours its), or ``identity_mismatch`` (it answers as another node than its certificate's)."""

@@ -49,6 +49,7 @@ class Hello:
     progress: Progress = field(default_factory=Progress)  # where it stands: a Hello is a heartbeat both ways
     sample_shape: tuple[int, ...] = ()  # one sample's shape in its data; (): an older node
     num_classes: int = 0  # the classes of its data; 0: an older node
+    work_s: float = 0.0  # seconds of computation its last role took (its estimate before any role; 0: unknown)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +119,8 @@ class Offer:
     purpose: str = ""  # e.g. "defkt.model"
     model: str = ""  # the architecture spec of what it carries
     total_size: int = 0  # payload bytes that follow
+    digest: bytes = b""  # what identifies the payload (over gRPC its digest): a resumed transfer names the same
+    resume: bool = False  # it resumes a transfer that was cut: the receiver says what it still holds of it
 
 
 MAX_UPDATES = 16  # updates a membership ping or ack may carry (its sender's own state and at most 8 of gossip)

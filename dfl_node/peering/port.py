@@ -17,6 +17,7 @@ from typing import Protocol
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Ping, PingAck, PullRequest, Token
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
+from dfl_node.peering.resume import Resume
 
 
 class PeerLink(Protocol):
@@ -30,12 +31,16 @@ class PeerLink(Protocol):
     async def probe(self, request: ProbeRequest, timeout: float) -> ProbeReply: ...
     async def ping(self, ping: Ping, timeout: float) -> PingAck: ...  # a membership probe (dfl_node.node.swim)
     # Push a model for round mode's ``epoch`` (0: async); returns (the aggregator's reply or None, bytes sent,
-    # bytes received) once the aggregator confirmed a durable fusion; ``on_accepted`` is called as soon as it
-    # took the message. Raises TransferRefused when it refuses (or never fuses it).
+    # bytes received, over all of ``resume``'s attempts) once the aggregator confirmed a durable fusion; ``on_accepted``
+    # is called as soon as it took the message. Raises TransferRefused when it refuses (or never fuses it), TransferCut
+    # when the stream broke: called again with the same ``resume``, it goes on from what the aggregator holds.
     async def push(self, message: ModelMessage, epoch: int, *, timeout: float,
-                   on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]: ...
-    # A source's model for a pull group; returns (message, bytes received). Raises TransferRefused.
-    async def pull(self, request: PullRequest, *, timeout: float) -> tuple[ModelMessage, int]: ...
+                   on_accepted: Callable[[], None] | None = None,
+                   resume: Resume | None = None) -> tuple[ModelMessage | None, int, int]: ...
+    # A source's model for a pull group; returns (message, bytes received over all of ``resume``'s attempts). Raises
+    # TransferRefused, or TransferCut (called again with the same ``resume``, it goes on from what arrived).
+    async def pull(self, request: PullRequest, *, timeout: float,
+                   resume: Resume | None = None) -> tuple[ModelMessage, int]: ...
     async def close(self) -> None: ...
 
 
@@ -58,11 +63,18 @@ class PeerNetwork(Protocol):
 
 
 class Intake(Protocol):
-    """One admitted transfer: the node takes its message (or learns that it never came)."""
+    """One admitted transfer: the node takes its message (or learns that it never came). One that resumes a cut
+    transfer (``Offer.resume``) comes with what the node kept of it (``held``: what the network left with
+    :meth:`interrupt`), or, where its message had arrived whole, with that message's confirmation (``arrived``:
+    nothing is received, the future is awaited as :meth:`deliver`'s)."""
+
+    held: object | None
+    arrived: asyncio.Future[ModelMessage | None] | None
 
     # Checks the message for the algorithm (raise TransferRejected) and returns a future of the reply (None:
     # no reply), resolved once the fusion is durable, or failed with TransferRejected if it never happens.
     async def deliver(self, message: ModelMessage) -> asyncio.Future[ModelMessage | None] | None: ...
+    def interrupt(self, held: object, detail: str) -> None: ...  # the stream ended before its payload: maybe a cut
     def abandon(self) -> None: ...  # the stream failed after admission
 
 

@@ -150,11 +150,24 @@ class ScheduleSettings(_Part):
                             "(0: until it is stopped)")
     exit_when_done: bool = Field(False, description="exit (code 0) once done: --rounds reached, or --duration over; "
                                  "for a batch job or a script step")
-    round_timeout: float = Field(120.0, gt=0, description="round mode: longest wait for one pairing; also caps "
-                                 "the deadline any Assign may ask of this node")
+    round_timeout: float = Field(120.0, gt=0, description="round mode: the shortest deadline of a group (one "
+                                 "pairing): a holder gives a group 3 times the computation its members' last roles "
+                                 "took (their profile), at least this and at most --max-round-timeout")
+    max_round_timeout: float = Field(1800.0, gt=0, description="the longest deadline a group is given, however slow "
+                                     "its members (it also caps the deadline any Assign may ask of this node)")
+    group_attempts: int = Field(2, ge=1, description="round mode: a group that fails this many times while its "
+                                "members live on (a link that cannot carry its model, a device too slow for its "
+                                "deadline) is planned around: the holder plays the round again without its members")
     round_window: int = Field(1000, ge=1, description="an Assign for a round more than this many rounds ahead of "
                               "the fleet's progress as this node knows it is refused (round_window)")
     token_timeout: float = Field(10.0, gt=0, description="round mode: silence after which a lost token is regenerated")
+
+    @model_validator(mode="after")
+    def _deadlines_in_order(self) -> ScheduleSettings:
+        if self.max_round_timeout < self.round_timeout:
+            raise ValueError(f"--max-round-timeout ({self.max_round_timeout:g} s) is shorter than --round-timeout "
+                             f"({self.round_timeout:g} s)")
+        return self
 
     @model_validator(mode="after")
     def _done_needs_an_end(self) -> ScheduleSettings:
@@ -172,6 +185,9 @@ class RoleSettings(_Part):
                                    "models at once; further senders are refused (over_memory)")
     min_accuracy: float = Field(0.0, ge=0, le=1, description="refuse a received whole model whose accuracy on this "
                                 "node's validation split is below this (low_accuracy); 0: no accuracy gate")
+    resume_window: float = Field(10.0, ge=0, description="a model transfer cut mid-stream resumes: its receiver keeps "
+                                 "what arrived this many seconds, and its sender tries again while the receiver holds "
+                                 "more than it did this many seconds before (0: a cut transfer fails, as a refusal)")
 
 
 class EvaluationSettings(_Part):

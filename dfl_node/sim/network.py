@@ -14,6 +14,11 @@ does — same order, same counting, same errors — so node code cannot tell the
   ``deliver`` (abandoned if anything fails before it returned), then ``on_accepted`` once the verdict is back,
   then the reply future (a failure is the servicer's ``ABORTED``: :class:`PeerUnreachable`); epoch checks
   happen in the handler, as they do over gRPC;
+* a link that drops (its profile's ``mtbf_s``) cuts each push's or pull's connection after a time drawn from the
+  run's seed, and a callee killed mid-stream cuts it too: the caller sees :class:`TransferCut`, the receiving end
+  keeps the whole chunks that arrived (``intake.interrupt``, or the :class:`Resume`), and the next attempt with
+  the same :class:`Resume` carries only the rest, after a new connection's handshake — as over gRPC, with byte
+  counts for bytes (a payload is known by a hash of its values, :func:`payload_key`, where a link can drop);
 * models cross without serialization, but copied (a receiver over gRPC gets tensors of its own; a shared one
   would change under it when the sender trains on), as the codec decodes them on a lossy ``--wire-dtype``
   (:func:`~dfl_node.peering.wire_dtypes.through`), and counted as the wire would count them:
@@ -30,16 +35,28 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
+import math
+import random
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import torch
+
 from dfl_node.algorithms.messages import ModelMessage
-from dfl_node.peering.errors import UNCOUNTED_REFUSALS, PeerUnreachable, TransferRefused, TransferRejected
+from dfl_node.peering.errors import (
+    UNCOUNTED_REFUSALS,
+    PeerUnreachable,
+    TransferCut,
+    TransferRefused,
+    TransferRejected,
+)
 from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Ping, PingAck, PullRequest, Token
 from dfl_node.peering.port import PeerHandler
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
+from dfl_node.peering.resume import CHUNK, Resume
 from dfl_node.peering.wire_dtypes import EXACT, payload_bytes, through
 from dfl_node.sim.links import LinkProfile, ProfileFn
 from dfl_node.sim.traffic import Traffic
@@ -66,6 +83,21 @@ def wire_size(message: ModelMessage, wire_dtype: str = EXACT) -> int:
     return payload_bytes(message, wire_dtype) + HEADER_BYTES + PART_HEADER_BYTES * len(message.parts)
 
 
+def payload_key(message: ModelMessage) -> bytes:
+    """What identifies a message's payload, as its digest does over gRPC: a hash of its parts' values (computed only
+    where a link may cut a transfer, which a resumed one must name)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in message.parts:
+        digest.update(part.name.encode())
+        digest.update(part.values.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().data)
+    return digest.digest()
+
+
+def _whole_chunks(nbytes: int, chunk: int, most: int) -> int:
+    """The bytes of whole chunks among ``nbytes`` that crossed (a gRPC message arrives whole or not at all)."""
+    return min(most, nbytes // chunk * chunk)
+
+
 def _copied(message: ModelMessage, wire_dtype: str = EXACT) -> ModelMessage:
     """``message`` with tensors of its own, as a receiver over gRPC has them (no serialization, one copy), and
     decoded as the codec decodes a lossy ``wire_dtype``."""
@@ -77,8 +109,9 @@ def _copied(message: ModelMessage, wire_dtype: str = EXACT) -> ModelMessage:
 class MemoryFabric:
     """The medium shared by all nodes of a simulation (see the module's docstring)."""
 
-    def __init__(self, profile: ProfileFn | None = None) -> None:
+    def __init__(self, profile: ProfileFn | None = None, seed: int = 0) -> None:
         self.handlers: dict[str, PeerHandler] = {}
+        self.cuts = random.Random(f"{seed}-cuts")  # how long each connection over a link that drops lasts
         self.down: set[str] = set()
         self.groups: dict[str, int] = {}  # a partition: address -> its side (addresses not listed reach everyone)
         self.profile: ProfileFn = profile or (lambda src, dst: LinkProfile())
@@ -179,21 +212,27 @@ class MemoryFabric:
                 return False
         return True
 
-    async def call(self, dst: str, work: Coroutine[Any, Any, T], timeout: float) -> T:
-        """Run ``work`` as a call served by ``dst`` (a task of its own), for at most ``timeout`` seconds."""
+    async def call(self, dst: str, work: Coroutine[Any, Any, T], timeout: float, *, lifetime: float = math.inf,
+                   stream: bool = False) -> T:
+        """Run ``work`` as a call served by ``dst`` (a task of its own), for at most ``timeout`` seconds, over a
+        connection the link cuts after ``lifetime``; a ``stream`` (a push, a pull) whose callee dies is cut too."""
         task = asyncio.get_running_loop().create_task(work, context=self._as(dst))  # the callee's work
         served = self.served[dst]
         served.add(task)
         task.add_done_callback(served.discard)
         try:
-            async with asyncio.timeout(timeout):  # cancels the call's task at the deadline, as wait_for would
+            async with asyncio.timeout(min(timeout, lifetime)):  # cancels the call's task then, as wait_for would
                 return await task
         except TimeoutError:
+            if lifetime < timeout:
+                raise TransferCut(f"the link dropped the connection after {lifetime:.3g} s") from None
             raise PeerUnreachable("deadline_exceeded", f"does not answer within {timeout:g} s") from None
         except asyncio.CancelledError:
             caller = asyncio.current_task()
             if caller is not None and caller.cancelling():
                 raise  # our own task is cancelled (the call was cancelled with it)
+            if stream:
+                raise TransferCut("the connection closed (the peer stopped)") from None
             raise PeerUnreachable("unavailable", "closed the connection (it stopped)") from None
 
 
@@ -319,31 +358,78 @@ class MemoryLink:
         return await self._unary(answer, timeout)
 
     async def push(self, message: ModelMessage, epoch: int, *, timeout: float,
-                   on_accepted: Callable[[], None] | None = None) -> tuple[ModelMessage | None, int, int]:
+                   on_accepted: Callable[[], None] | None = None,
+                   resume: Resume | None = None) -> tuple[ModelMessage | None, int, int]:
+        resume = resume if resume is not None else Resume()
+        lifetime = await self._open(resume)
+        if resume.prepared is None:
+            resume.prepared = payload_key(message) if self._may_cut() else b""
+        resume.size = wire_size(message, self.wire_dtype)
+        work = self._transfer(self._handler(), message, epoch, on_accepted, resume)
+        return await self.fabric.call(self.dst, work, timeout, lifetime=lifetime, stream=True)
+
+    def _may_cut(self) -> bool:
+        return math.isfinite(self.fabric.profile(self.src, self.dst).mtbf_s)
+
+    async def _open(self, resume: Resume) -> float:
+        """A push's or pull's connection: reachable within ``connect_timeout`` (:meth:`_connect`), its handshake
+        when it follows a cut one (the first rides on a connection kept open), and how long it will last."""
         await self._connect()
-        return await self.fabric.call(self.dst, self._transfer(self._handler(), message, epoch, on_accepted), timeout)
+        resume.attempts += 1
+        if resume.resuming:
+            await self._travel()
+            await self._travel(back=True)
+        return self.fabric.profile(self.src, self.dst).lifetime(self.fabric.cuts)
+
+    async def _carry(self, nbytes: int, chunk: int, arrived: _Arrived, back: bool = False) -> None:
+        """``nbytes`` over the link, counted into ``arrived``: all of them, or, if the connection is cut meanwhile
+        (the call cancelled), the whole chunks of ``chunk`` bytes that crossed before (the cancellation goes on)."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            await self._travel(nbytes, back=back)
+        except asyncio.CancelledError:
+            src, dst = (self.dst, self.src) if back else (self.src, self.dst)
+            arrived.bytes += _whole_chunks(self.fabric.profile(src, dst).carried(loop.time() - began), chunk, nbytes)
+            raise
+        arrived.bytes += nbytes
 
     async def _transfer(self, handler: PeerHandler, message: ModelMessage, epoch: int,
-                        on_accepted: Callable[[], None] | None) -> tuple[ModelMessage | None, int, int]:
+                        on_accepted: Callable[[], None] | None, resume: Resume) -> tuple[ModelMessage | None, int, int]:
         """The server's side of a push, in :meth:`DflServicer.Transfer`'s order (see the module's docstring)."""
-        size = wire_size(message, self.wire_dtype)
+        payload = payload_bytes(message, self.wire_dtype)
+        header = wire_size(message, self.wire_dtype) - payload
         offer = Offer(sender=message.sender, round=message.round, epoch=epoch, purpose=message.purpose,
-                      model=message.model, total_size=payload_bytes(message, self.wire_dtype))
+                      model=message.model, total_size=payload, digest=resume.prepared, resume=resume.resuming)
+        chunk = resume.chunk_bytes or CHUNK
         await self._travel()  # the header
-        intake = None
+        intake, pending, start, arrived = None, None, 0, _Arrived()
         try:
             intake = await handler.admit(offer)
-            await self._travel(size - HEADER_BYTES)  # the payload
-            handler.on_transferred(0, size)
-            pending = await intake.deliver(_copied(message, self.wire_dtype))
+            if resume.resuming:
+                pending = intake.arrived
+                start = payload if pending is not None else intake.held if isinstance(intake.held, int) else 0
+                arrived.bytes = resume.offset = start
+                await self._travel(back=True)  # ResumeAt
+            if pending is None:
+                await self._carry(payload - start, chunk, arrived)
+                pending = await intake.deliver(_copied(message, self.wire_dtype))
             intake = None  # delivered: from here the aggregator owns it, even if this call is cancelled
         except TransferRejected as exc:
             handler.on_rejected(exc.reason, exc.detail, message.sender)
             raise TransferRefused(exc.reason, exc.detail) from exc
+        except asyncio.CancelledError:
+            if intake is not None:  # cut (or its sender died) before the payload was whole: as the servicer does
+                intake.interrupt(arrived.bytes, f"{arrived.bytes} of {payload} bytes received")
+                intake = None
+            raise
         finally:
             if intake is not None:
                 intake.abandon()
+            handler.on_transferred(0, header + arrived.bytes - start)  # what this stream carried
+            resume.sent += header + arrived.bytes - start
         await self._travel(back=True)  # the verdict
+        resume.offset = payload
         if on_accepted is not None:
             on_accepted()
         try:
@@ -351,14 +437,32 @@ class MemoryLink:
         except TransferRejected as exc:  # the servicer's ABORTED status, which a PeerClient reports as unreachable
             raise PeerUnreachable("aborted", f"{exc.reason}: {exc.detail}") from exc
         if reply is None:
-            return None, size, 0
-        received = wire_size(reply, self.wire_dtype)
-        handler.on_transferred(received, 0)
-        await self._travel(received, back=True)
-        return _copied(reply, self.wire_dtype), size, received
+            return None, resume.sent, resume.received
+        await self._send_back(handler, reply, resume)
+        return _copied(reply, self.wire_dtype), resume.sent, resume.received
 
-    async def pull(self, request: PullRequest, *, timeout: float) -> tuple[ModelMessage, int]:
-        await self._connect()
+    async def _send_back(self, handler: PeerHandler, message: ModelMessage, resume: Resume) -> None:
+        """A reply or a pulled model, from ``handler``'s node back to us: from what ``resume`` holds of this very
+        payload (a stream that was cut) on; a cut keeps what arrived for the next attempt."""
+        key = payload_key(message) if self._may_cut() else b""
+        size = wire_size(message, self.wire_dtype)
+        held = resume.held if isinstance(resume.held, tuple) and resume.held[0] == key else None
+        start = held[1] if held is not None else 0
+        carried = _Arrived()
+        try:
+            await self._carry(size - start, resume.chunk_bytes or CHUNK, carried, back=True)
+        except asyncio.CancelledError:
+            resume.held = (key, start + carried.bytes)
+            raise
+        finally:
+            handler.on_transferred(carried.bytes, 0)
+            resume.received += carried.bytes
+        resume.held = None
+
+    async def pull(self, request: PullRequest, *, timeout: float,
+                   resume: Resume | None = None) -> tuple[ModelMessage, int]:
+        resume = resume if resume is not None else Resume()
+        lifetime = await self._open(resume)
         handler = self._handler()
 
         async def served() -> tuple[ModelMessage, int]:
@@ -369,15 +473,19 @@ class MemoryLink:
                 if exc.reason not in UNCOUNTED_REFUSALS:
                     handler.on_rejected(exc.reason, exc.detail, request.aggregator[:64] or self.src)
                 raise TransferRefused(exc.reason, exc.detail) from exc
-            size = wire_size(message, self.wire_dtype)
-            handler.on_transferred(size, 0)
-            await self._travel(size, back=True)
-            return _copied(message, self.wire_dtype), size
+            await self._send_back(handler, message, resume)
+            return _copied(message, self.wire_dtype), resume.received
 
-        return await self.fabric.call(self.dst, served(), timeout)
+        return await self.fabric.call(self.dst, served(), timeout, lifetime=lifetime, stream=True)
 
     async def close(self) -> None:
         pass
+
+
+class _Arrived:
+    """The bytes of a payload that crossed so far (in whole chunks, where its connection was cut)."""
+
+    bytes = 0
 
 
 def _counted(handler: PeerHandler, ack: Ack, who: str, what: str) -> Ack:

@@ -45,7 +45,7 @@ class MembershipAck(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., updates: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "wire_dtype", "hashes", "progress", "sample_shape", "num_classes")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "wire_dtype", "hashes", "progress", "sample_shape", "num_classes", "work_s")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class HelloRequest(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    WORK_S_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -78,10 +79,11 @@ class HelloRequest(_message.Message):
     progress: RoundProgress
     sample_shape: _containers.RepeatedScalarFieldContainer[int]
     num_classes: int
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ...) -> None: ...
+    work_s: float
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., work_s: _Optional[float] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "progress", "wire_dtype", "hashes", "sample_shape", "num_classes")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "progress", "wire_dtype", "hashes", "sample_shape", "num_classes", "work_s")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +102,7 @@ class HelloReply(_message.Message):
     HASHES_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    WORK_S_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -118,7 +121,8 @@ class HelloReply(_message.Message):
     hashes: _containers.RepeatedScalarFieldContainer[str]
     sample_shape: _containers.RepeatedScalarFieldContainer[int]
     num_classes: int
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ...) -> None: ...
+    work_s: float
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., work_s: _Optional[float] = ...) -> None: ...
 
 class TensorEntry(_message.Message):
     __slots__ = ("name", "dtype", "shape", "start", "count", "offset", "nbytes", "encoding", "scale")
@@ -143,7 +147,7 @@ class TensorEntry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., encoding: _Optional[str] = ..., scale: _Optional[float] = ...) -> None: ...
 
 class TransferHeader(_message.Message):
-    __slots__ = ("sender", "swarm", "protocol_version", "round", "purpose", "fingerprint", "manifest", "total_size", "digest", "hash", "num_samples", "metadata", "epoch", "model")
+    __slots__ = ("sender", "swarm", "protocol_version", "round", "purpose", "fingerprint", "manifest", "total_size", "digest", "hash", "num_samples", "metadata", "epoch", "model", "resume", "start", "reply_digest", "reply_offset", "chunk_size")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +169,11 @@ class TransferHeader(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    REPLY_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REPLY_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     sender: str
     swarm: str
     protocol_version: int
@@ -179,7 +188,12 @@ class TransferHeader(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     epoch: int
     model: str
-    def __init__(self, sender: _Optional[str] = ..., swarm: _Optional[str] = ..., protocol_version: _Optional[int] = ..., round: _Optional[int] = ..., purpose: _Optional[str] = ..., fingerprint: _Optional[str] = ..., manifest: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., total_size: _Optional[int] = ..., digest: _Optional[bytes] = ..., hash: _Optional[str] = ..., num_samples: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., epoch: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+    resume: bool
+    start: int
+    reply_digest: bytes
+    reply_offset: int
+    chunk_size: int
+    def __init__(self, sender: _Optional[str] = ..., swarm: _Optional[str] = ..., protocol_version: _Optional[int] = ..., round: _Optional[int] = ..., purpose: _Optional[str] = ..., fingerprint: _Optional[str] = ..., manifest: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., total_size: _Optional[int] = ..., digest: _Optional[bytes] = ..., hash: _Optional[str] = ..., num_samples: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., epoch: _Optional[int] = ..., model: _Optional[str] = ..., resume: _Optional[bool] = ..., start: _Optional[int] = ..., reply_digest: _Optional[bytes] = ..., reply_offset: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("data",)
@@ -197,15 +211,23 @@ class TransferResult(_message.Message):
     detail: str
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
+class ResumeAt(_message.Message):
+    __slots__ = ("offset",)
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    def __init__(self, offset: _Optional[int] = ...) -> None: ...
+
 class Frame(_message.Message):
-    __slots__ = ("header", "chunk", "result")
+    __slots__ = ("header", "chunk", "result", "resume")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     header: TransferHeader
     chunk: Chunk
     result: TransferResult
-    def __init__(self, header: _Optional[_Union[TransferHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., result: _Optional[_Union[TransferResult, _Mapping]] = ...) -> None: ...
+    resume: ResumeAt
+    def __init__(self, header: _Optional[_Union[TransferHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., result: _Optional[_Union[TransferResult, _Mapping]] = ..., resume: _Optional[_Union[ResumeAt, _Mapping]] = ...) -> None: ...
 
 class RoundToken(_message.Message):
     __slots__ = ("round", "epoch", "holder", "seed", "state", "members", "done")
@@ -275,7 +297,7 @@ class RoundAssignment(_message.Message):
     def __init__(self, round: _Optional[int] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., role: _Optional[str] = ..., aggregator: _Optional[str] = ..., aggregator_address: _Optional[str] = ..., state: _Optional[_Mapping[str, str]] = ..., senders: _Optional[_Iterable[str]] = ..., pull: _Optional[bool] = ..., deadline_s: _Optional[float] = ..., candidates: _Optional[_Iterable[str]] = ..., addresses: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("aggregator", "swarm", "round", "epoch", "state", "hashes")
+    __slots__ = ("aggregator", "swarm", "round", "epoch", "state", "hashes", "digest", "offset", "chunk_size")
     class StateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -289,13 +311,19 @@ class PullRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     HASHES_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     aggregator: str
     swarm: str
     round: int
     epoch: int
     state: _containers.ScalarMap[str, str]
     hashes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, aggregator: _Optional[str] = ..., swarm: _Optional[str] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., state: _Optional[_Mapping[str, str]] = ..., hashes: _Optional[_Iterable[str]] = ...) -> None: ...
+    digest: bytes
+    offset: int
+    chunk_size: int
+    def __init__(self, aggregator: _Optional[str] = ..., swarm: _Optional[str] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., state: _Optional[_Mapping[str, str]] = ..., hashes: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ..., offset: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
 
 class ProbeRequest(_message.Message):
     __slots__ = ("sender", "swarm", "round", "epoch", "mode", "dtype", "shape", "samples", "labels")

@@ -87,6 +87,9 @@ class DflNodeServicer:
         """Model transfer. Client sends: header, chunk, chunk, ... then half-closes.
         Server replies: result, then optionally header, chunk, ... (a reply model, e.g. Combo's
         returned segment); the client stops reading once the reply's total_size bytes arrived.
+        A header with resume = true: the client sends no chunk before the server's first frame, ResumeAt (the
+        payload bytes it holds; then chunks from there) or a result (refused). ResumeAt at total_size: the payload had
+        arrived whole before the cut; the server answers the result, then the reply, as for an uncut stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -105,7 +108,8 @@ class DflNodeServicer:
 
     def Pull(self, request, context):
         """Pull (a group with pull = true, 002): the aggregator asks a source for its model. The source
-        answers with a TransferResult (refused: busy, stale epoch, …) or with header, chunk, … .
+        answers with a TransferResult (refused: busy, stale epoch, …) or with header, chunk, … (from the header's
+        start: what the aggregator holds of a pull that was cut, if it is still the model the source serves).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
