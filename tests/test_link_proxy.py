@@ -21,7 +21,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from dfl_node.testbed.proxy import AsyncLinkProxy, LinkProxy, TokenBucket, parse_address, parse_rate
+from dfl_node.rates import TokenBucket, parse_rate
+from dfl_node.testbed.proxy import AsyncLinkProxy, LinkProxy, parse_address
 
 LOOPBACK = "127.0.0.1"
 IO_TIMEOUT_S = 5.0  # no socket call of a test blocks longer: a broken proxy fails the test, not hangs it

@@ -25,6 +25,7 @@ from dfl_node.net.auth import NO_SECURITY, Security
 from dfl_node.net.codec import MessageAssembler, Outgoing, assemble, chunk_for, copy_header
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.net.frames import ReadFrame, WireFrame, decode_frame, encode_frame, wire_size
+from dfl_node.net.pacing import NO_PACING, Pacing
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.tls import handshake_failure
@@ -58,8 +59,20 @@ def _unreachable(exc: grpc.aio.AioRpcError, timeout: float) -> PeerUnreachable:
     return PeerUnreachable(exc.code().name.lower(), why_unanswered(exc, timeout))
 
 
-async def open_transfer(call: grpc.aio.StreamStreamCall, frames: Iterable[WireFrame]) -> tuple[pb.TransferResult, int]:
-    """Write ``frames`` on ``call`` while reading the peer's verdict; returns (verdict, bytes written).
+async def open_transfer(
+    transfer: grpc.aio.StreamStreamMultiCallable, frames: Iterable[WireFrame], timeout: float
+) -> tuple[pb.TransferResult, grpc.aio.StreamStreamCall, int]:
+    """A Transfer call that writes ``frames`` while reading the peer's verdict; returns (verdict, call, bytes
+    written): :func:`write_for_verdict` on a call of its own."""
+    call = transfer(timeout=timeout, wait_for_ready=True)
+    result, sent = await write_for_verdict(call, frames)
+    return result, call, sent
+
+
+async def write_for_verdict(call: grpc.aio.StreamStreamCall, frames: Iterable[WireFrame],
+                            pacing: Pacing = NO_PACING) -> tuple[pb.TransferResult, int]:
+    """Write ``frames`` on ``call`` (each as ``pacing``'s upload cap allows) while reading the peer's verdict; returns
+    (verdict, bytes written).
 
     Writing and reading run concurrently because a receiver may refuse at the header (busy, wrong
     fingerprint…) and close the stream while we are still writing: the verdict must still reach us
@@ -70,7 +83,9 @@ async def open_transfer(call: grpc.aio.StreamStreamCall, frames: Iterable[WireFr
     async def write_all() -> None:
         nonlocal sent
         for frame in frames:
-            sent += wire_size(frame)
+            size = wire_size(frame)
+            await pacing.sent(size)
+            sent += size
             await call.write(frame)
         await call.done_writing()
 
@@ -169,8 +184,9 @@ class PeerClient:
 
     def __init__(self, address: str, wire: WireIdentity, security: Security = NO_SECURITY,
                  tls_name: str | None = None, connect_timeout: float = 5.0,
-                 on_wrong_host: Callable[[str], None] | None = None) -> None:
+                 on_wrong_host: Callable[[str], None] | None = None, pacing: Pacing = NO_PACING) -> None:
         self.address = address
+        self.pacing = pacing  # the node's caps: its pushes' chunks, and the replies and pulled models it reads
         self.on_wrong_host = on_wrong_host  # mTLS: told our address when the peer's certificate is not for its host
         self.connect_timeout = connect_timeout
         self.wire = wire
@@ -287,7 +303,7 @@ class PeerClient:
         if resume.resuming or resume.chunk_bytes:
             header = copy_header(header, resume=resume.resuming, chunk_size=resume.chunk_bytes,
                                  reply_digest=held.digest if held else b"", reply_offset=held.received if held else 0)
-        chunk = chunk_for(resume.chunk_bytes)
+        chunk = self.pacing.chunk(chunk_for(resume.chunk_bytes))
         call = self.transfer(timeout=timeout, wait_for_ready=True)
         sent = 0
         try:
@@ -299,7 +315,7 @@ class PeerClient:
                 frames: Iterable[WireFrame] = outgoing.chunks(resume.offset, chunk)
             else:
                 frames = itertools.chain([pb.Frame(header=header)], outgoing.chunks(0, chunk))
-            result, written = await open_transfer(call, frames)
+            result, written = await write_for_verdict(call, frames, self.pacing)
             sent += written
             if not result.accepted:
                 raise await _refused(call, result)
@@ -372,7 +388,7 @@ class PeerClient:
                 assembler.feed(first)
             resume.held, start = assembler, assembler.received
             try:
-                _, message = await assemble(_remaining(call), assembler)
+                _, message = await assemble(_remaining(call), assembler, self.pacing.received)
             finally:
                 if assembler.header is not None:
                     received = assembler.received - start + assembler.header.ByteSize()

@@ -22,7 +22,7 @@ import asyncio
 import collections
 import math
 import sys
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -445,11 +445,13 @@ class MessageAssembler:
 
 
 async def assemble(
-    frames: AsyncIterator[ReadFrame], assembler: MessageAssembler
+    frames: AsyncIterator[ReadFrame], assembler: MessageAssembler,
+    paced: Callable[[int], Awaitable[None]] | None = None,
 ) -> tuple[pb.TransferHeader, ModelMessage]:
     """Feed ``frames`` into ``assembler`` until the stream ends, and return the finished message.
 
-    Both directions read to the end: a frame after the payload is refused (``trailing_data``), and a client
+    ``paced``: awaited for each chunk's bytes (a node's download cap). Both directions read to the end: a frame after
+    the payload is refused (``trailing_data``), and a client
     leaves a call only at its status, never cancelling one whose server is ending it (that race makes gRPC's
     server log ``ExecuteBatchError``). The intake thread's work is awaited, never blocked on: the message is
     built there too, after the stream's chunks (one thread, in order), and a lossy payload decoded there.
@@ -458,5 +460,7 @@ async def assemble(
         assembler.feed(frame)
         if (behind := assembler.behind()) is not None:
             await asyncio.wrap_future(behind)
+        if paced is not None and isinstance(frame, memoryview):
+            await paced(frame.nbytes)  # a download cap: read on only as it allows (the sender waits meanwhile)
     assembler.ended()  # a truncated stream is refused now, before the await below (see ``ended``)
     return await asyncio.wrap_future(INTAKE.submit(assembler.finish))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from dfl_node.net.auth import Security
 from dfl_node.net.client import PeerClient
+from dfl_node.net.pacing import NO_PACING, Pacing
 from dfl_node.net.wire import WireIdentity
 from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
 from dfl_node.peering.messages import Hello, HelloReply
@@ -22,8 +23,9 @@ from dfl_node.peering.messages import Hello, HelloReply
 
 class GrpcNetwork:
     def __init__(self, wire: WireIdentity, security: Security, *, connect_timeout: float,
-                 retire_after: float) -> None:
+                 retire_after: float, pacing: Pacing = NO_PACING) -> None:
         self.wire, self.security = wire, security
+        self.pacing = pacing  # the node's caps on its model transfers, every link's and its server's
         self.connect_timeout = connect_timeout
         self.retire_after = retire_after  # a replaced channel stays open this long: a call may be under way on it
         self.names: dict[str, str] = {}  # mTLS: address -> the node id whose certificate we check there (verified
@@ -43,7 +45,8 @@ class GrpcNetwork:
                 retired = client
                 asyncio.get_running_loop().call_later(self.retire_after, lambda: asyncio.ensure_future(retired.close()))
             client = self.clients[address] = PeerClient(address, self.wire, self.security, name,
-                                                        self.connect_timeout, on_wrong_host=self._wrong_host)
+                                                        self.connect_timeout, on_wrong_host=self._wrong_host,
+                                                        pacing=self.pacing)
         return client
 
     def _wrong_host(self, address: str) -> None:

@@ -22,6 +22,7 @@ from dfl_node.net.auth import Authenticator
 from dfl_node.net.codec import MessageAssembler, assemble, chunk_for, copy_header
 from dfl_node.net.convert import from_wire, to_wire, transfer_result
 from dfl_node.net.frames import ReadFrame, WireFrame, wire_size
+from dfl_node.net.pacing import NO_PACING, Pacing
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.wire import WireIdentity
@@ -49,8 +50,9 @@ class DflServicer(pb_grpc.DflNodeServicer):
     ``idle_timeout`` is dropped (it never holds a role or a buffer)."""
 
     def __init__(self, node: PeerHandler, wire: WireIdentity, idle_timeout: float,
-                 auth: Authenticator | None = None) -> None:
+                 auth: Authenticator | None = None, pacing: Pacing = NO_PACING) -> None:
         self.node, self.wire, self.idle_timeout = node, wire, idle_timeout
+        self.pacing = pacing  # the node's caps: the pushes it reads, the replies and pulled models it streams
         self.auth = auth or Authenticator()  # TLS (mTLS or a swarm key): who may call, as whom (dfl_node.net.auth)
 
     async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloReply:
@@ -103,7 +105,7 @@ class DflServicer(pb_grpc.DflNodeServicer):
             else:
                 assembler.begin(header)
             if pending_reply is None:
-                header, message = await assemble(frames, assembler)
+                header, message = await assemble(frames, assembler, self.pacing.received)
                 pending_reply = await intake.deliver(message)
             else:
                 await _ended(frames)  # it had arrived: nothing follows the header
@@ -151,8 +153,9 @@ class DflServicer(pb_grpc.DflNodeServicer):
             header = copy_header(header, start=start)
         sent = wire_size(frame := pb.Frame(header=header))
         yield frame
-        for chunk in outgoing.chunks(start, chunk_for(chunk_size)):
-            sent += wire_size(chunk)
+        for chunk in outgoing.chunks(start, self.pacing.chunk(chunk_for(chunk_size))):
+            await self.pacing.sent(len(chunk))
+            sent += len(chunk)
             yield chunk
         self.node.on_transferred(sent, 0)
 

@@ -5,7 +5,8 @@ Each tick (``interval`` seconds, jittered) a node volunteers with probability ``
 it invites live peers, in a random order, to send to it — as many as its algorithm wants per
 group (one for Def-KT, FullAvg and Combo; a share of the fleet for FedAvg) — and aggregates what
 the peers that answer within the window send (at least one). A busy peer refuses the invitation
-and the next is asked. Pull algorithms pull from the chosen peers instead of inviting them.
+and the next is asked. Pull algorithms pull from the chosen peers instead of inviting them. Peers over a link that
+was cut or failed lately (:mod:`.link_quality`) are asked last.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class AsyncScheduler:
                 continue
             peers = node.members.alive_ids()
             self.rng.shuffle(peers)
+            peers.sort(key=node.roles.links.weak)  # peers over a weak link last (their order otherwise kept)
             if peers:
                 await node.roles.lead(node.progress.round, peers, node.algorithm.invitations(len(peers)))
         await node.stop_volunteering()

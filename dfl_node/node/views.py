@@ -20,6 +20,7 @@ from dfl_node.api.urls import peer_url
 from dfl_node.node.clock import Clock
 from dfl_node.node.data_watch import NodeData
 from dfl_node.node.learner import Learner
+from dfl_node.node.link_quality import LinkQuality
 from dfl_node.node.membership import Membership
 from dfl_node.node.peers import Peer
 from dfl_node.node.progress import RoundProgress
@@ -43,6 +44,7 @@ class Observed(Protocol):
     learner: Learner
     tally: Tally
     data: NodeData
+    links: LinkQuality
 
 MAX_ROLE_CHARS = 32  # a peer's role is its word: shown, never trusted to be short
 
@@ -52,13 +54,14 @@ def _accuracy(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) and 0.0 <= value <= 1.0 else None
 
 
-def _peer_member(peer: Peer, base_url: str) -> FleetMember:
+def _peer_member(peer: Peer, base_url: str, links: LinkQuality) -> FleetMember:
     progress = peer.progress
     url = peer_url({"status_url": peer.status_url, "http_port": peer.http_port or None, "address": peer.address},
                    base_url)
     return FleetMember(
         id=peer.id, status_url=url, grpc_address=peer.address, alive=peer.alive, last_seen=peer.last_seen,
-        algorithm=peer.algorithm or None, model=peer.model or None,
+        algorithm=peer.algorithm or None, model=peer.model or None, work_s=peer.work_s or None,
+        link=links.report(peer.id),
         **({} if progress is None else {
             "round": progress.round, "role": progress.role[:MAX_ROLE_CHARS] or None, "holding": progress.holding,
             "done": progress.done, "local_accuracy": _accuracy(progress.local_accuracy),
@@ -90,9 +93,9 @@ def fleet_view(node: Observed) -> FleetView:
     me = FleetMember(id=status.id, is_self=True, status_url=own_url, grpc_address=status.grpc_address, alive=True,
                      round=status.round, role=status.role, local_accuracy=status.local_accuracy,
                      global_accuracy=status.global_accuracy, holding=status.holding, done=status.done,
-                     algorithm=status.algorithm, model=status.model or None)
+                     algorithm=status.algorithm, model=status.model or None, work_s=status.work_s or None)
     peers = node.membership.known()
-    members = [me, *(_peer_member(p, own_url or "http://127.0.0.1") for p in peers)]
+    members = [me, *(_peer_member(p, own_url or "http://127.0.0.1", node.links) for p in peers)]
     token = _token(node, peers)
     for member in members:  # one holder: the others' claims are older than the token's last hand-over
         member.holding = token is not None and member.id == token.holder
@@ -114,14 +117,16 @@ def node_status(node: Observed) -> NodeStatus:
         id=config.id, swarm=config.swarm, algorithm=config.algorithm, mode=config.schedule.mode,
         model=str(node.learner.ctx.spec), authentication=node.network.authentication,
         insecure=config.network.open_to_network, round=progress.round, role=role_name(role, progress.holding),
-        peers=node.membership.peers(), unreachable_peers=node.membership.unreachable(),
+        peers=[p.model_copy(update={"link": node.links.report(p.id)}) for p in node.membership.peers()],
+        unreachable_peers=node.membership.unreachable(),
         local_accuracy=local, global_accuracy=global_,
         **{name: tally.counters[name] for name in COUNTER_FIELDS}, rejected=dict(tally.rejected),
         refused_peers=node.membership.refused(),
         boot_id=node.boot_id, uptime_s=node.clock.wall() - node.started, grpc_address=config.network.address,
         http_port=config.api.http_port, param_sha256=node.learner.digest, fusing=node.roles.fusing,
         max_concurrent_fusions=node.roles.max_fusing, epoch=progress.epoch, holding=progress.holding,
-        done=progress.done and role is Role.IDLE, data=node.data.status(),
+        done=progress.done and role is Role.IDLE, data=node.data.status(), work_s=node.roles.work_s,
+        max_upload=config.network.max_upload, max_download=config.network.max_download,
     )
 
 

@@ -15,6 +15,7 @@ from dfl_node.errors import OperatorError
 from dfl_node.net.auth import Security, load_security
 from dfl_node.net.codec import Limits, Manifest, manifest_of
 from dfl_node.net.links import GrpcNetwork
+from dfl_node.net.pacing import Pacing
 from dfl_node.net.wire import WireIdentity
 from dfl_node.node.clock import Clock
 from dfl_node.node.daemon import Node
@@ -62,8 +63,10 @@ def wire_identity(identity: ModelIdentity) -> WireIdentity:
 def grpc_network(config: NodeConfig, security: Security) -> NetworkFactory:
     """The factory of a daemon's network: gRPC with ``security``."""
     def build(identity: ModelIdentity, _hello: Callable[[], Hello]) -> GrpcNetwork:  # TLS proves who we are
-        return GrpcNetwork(wire_identity(identity), security, connect_timeout=config.network.connect_timeout,
-                           retire_after=config.schedule.round_timeout)
+        network = config.network
+        return GrpcNetwork(wire_identity(identity), security, connect_timeout=network.connect_timeout,
+                           retire_after=config.schedule.round_timeout,
+                           pacing=Pacing.of(network.max_upload, network.max_download))
 
     return build
 

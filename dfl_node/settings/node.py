@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from dfl_node.addresses import is_loopback, parse_peer
 from dfl_node.learning.data_format import DataFormat
 from dfl_node.learning.settings import DATASET_DEPENDENT, AlgorithmOptions, DefenceSettings, SharedSettings
+from dfl_node.rates import parse_rate
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.names import WIRE_DTYPE_HELP, AlgorithmName, WireDtype
 from dfl_node.settings.parts import Composite
@@ -71,6 +72,16 @@ class NetworkSettings(_Part):
     stream_timeout: float = Field(30.0, gt=0, description="an incoming model stream silent this long is dropped "
                                   "(it never holds a role or a buffer)")
     wire_dtype: WireDtype = Field("exact", description=WIRE_DTYPE_HELP)
+    max_upload: float = Field(0.0, ge=0, description="bytes/s this node's model transfers may send at most, all "
+                              "peers together (e.g. 100k, 1.5M; 0: no cap): a metered or shared uplink")
+    max_download: float = Field(0.0, ge=0, description="bytes/s its model transfers may receive at most (e.g. 100k, "
+                                "1.5M; 0: no cap)")
+
+    @field_validator("max_upload", "max_download", mode="before")
+    @classmethod
+    def _rate(cls, value: object) -> object:
+        """A rate as written (``100k``, ``1.5M``, or bytes/s)."""
+        return parse_rate(value) if isinstance(value, str) and value.strip() not in ("", "0") else value
 
     @property
     def authenticated(self) -> bool:

@@ -36,6 +36,9 @@ class LinkClass(_Strict):
 
     latency_s: float = Field(0.005, ge=0, description="one-way latency of every message")
     bandwidth_mbps: float = Field(100.0, gt=0, description="megabits per second a model travels at")
+    mtbf_s: float = Field(0.0, ge=0, description="mean seconds a connection over it lasts before the link drops it "
+                          "(a modem that re-attaches, Wi-Fi at its range's edge; exponential, drawn from the run's "
+                          "seed); 0: never. A cut model transfer resumes, as over gRPC")
 
 
 class KillFault(_Strict):
@@ -63,6 +66,8 @@ class LinkFault(_Strict):
     bandwidth_mbps: float = Field(1.0, gt=0, description="megabits per second meanwhile")
     loss: float = Field(0.0, ge=0, lt=1, description="probability that a message is lost (and sent again)")
     retransmit_s: float = Field(0.2, gt=0, description="what each loss adds: TCP's retransmission timeout")
+    mtbf_s: float = Field(0.0, ge=0, description="mean seconds a connection lasts meanwhile before the link drops "
+                          "it (0: as its class says)")
 
 
 class SlowNodeFault(_Strict):

@@ -6,6 +6,7 @@ faults that degrade them for a while (:class:`~dfl_node.settings.simulation.Link
 
 from __future__ import annotations
 
+import math
 import random
 
 from dfl_node.learning.work import Work
@@ -70,8 +71,9 @@ class CostModel:
         return cost
 
     def transfer(self) -> ProfileFn:
-        """The link between two nodes: the slower of their link classes (more latency, less bandwidth), or of a
-        fault either end suffers now; a lossy one adds a retransmission timeout per loss, drawn message by message."""
+        """The link between two nodes: the slower of their link classes (more latency, less bandwidth, shorter
+        connections), or of a fault either end suffers now; a lossy one adds a retransmission timeout per loss, drawn
+        message by message."""
         default = self.devices[DEFAULT].link
         plain: dict[tuple[str, str], LinkProfile] = {}  # by the ends' link classes: a link neither end's fault slows
 
@@ -83,11 +85,13 @@ class CostModel:
                 return known  # every membership message asks: a thousand nodes, thousands of times a virtual second
             a, b = self.links[ends[0]], self.links[ends[1]]
             latency, mbps = max(a.latency_s, b.latency_s), min(a.bandwidth_mbps, b.bandwidth_mbps)
+            mtbf = [a.mtbf_s, b.mtbf_s]
             for fault in faults.values():
                 latency, mbps = max(latency, fault.latency_s), min(mbps, fault.bandwidth_mbps)
+                mtbf.append(fault.mtbf_s)
                 while self._losses.random() < fault.loss:
                     latency += fault.retransmit_s
-            link = LinkProfile(latency, mbps * 1e6 / 8)
+            link = LinkProfile(latency, mbps * 1e6 / 8, min((m for m in mtbf if m > 0), default=math.inf))
             if not faults:
                 plain[ends] = link
             return link

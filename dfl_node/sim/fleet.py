@@ -63,7 +63,7 @@ class VirtualFleet:
                  adversaries: Mapping[str, Adversaries] | None = None) -> None:
         self.configs = {c.id: c for c in configs}
         self.adversaries = dict(adversaries or {})  # compromised nodes: the attack each plays (sim.adversaries)
-        self.fabric = MemoryFabric(links)
+        self.fabric = MemoryFabric(links, seed=configs[0].learning.seed if configs else 0)
         self.fabric.install(asyncio.get_running_loop())
         self.nodes: dict[str, Node] = {}  # the nodes up now
         self.addresses = {c.id: c.network.address for c in configs}
@@ -80,7 +80,8 @@ class VirtualFleet:
 
         def endpoint(identity: ModelIdentity, hello: Callable[[], Hello]) -> MemoryNetwork:
             network = self.fabric.endpoint(address, connect_timeout=config.network.connect_timeout,
-                                           wire_dtype=identity.wire_dtype)
+                                           wire_dtype=identity.wire_dtype, max_upload=config.network.max_upload,
+                                           max_download=config.network.max_download)
             self.membership.started(node_id, asyncio.get_running_loop().time(), network)
             return network
 

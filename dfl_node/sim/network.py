@@ -67,6 +67,7 @@ T = TypeVar("T")
 # and for each call it serves, and inherited by every task they start, so that a kill can find them all.
 _OWNER: contextvars.ContextVar[str | None] = contextvars.ContextVar("dfl_sim_owner", default=None)
 
+_UNCAPPED = (math.inf, math.inf)
 # What a transfer's header adds to its payload on the wire (sender, swarm, fingerprint, sha256…, and a manifest
 # entry per tensor part): an estimate, so that the simulator's byte counts stay close to a daemon's.
 HEADER_BYTES = 160
@@ -112,6 +113,7 @@ class MemoryFabric:
     def __init__(self, profile: ProfileFn | None = None, seed: int = 0) -> None:
         self.handlers: dict[str, PeerHandler] = {}
         self.cuts = random.Random(f"{seed}-cuts")  # how long each connection over a link that drops lasts
+        self.caps: dict[str, tuple[float, float]] = {}  # address -> its node's (upload, download) caps, bytes/s
         self.down: set[str] = set()
         self.groups: dict[str, int] = {}  # a partition: address -> its side (addresses not listed reach everyone)
         self.profile: ProfileFn = profile or (lambda src, dst: LinkProfile())
@@ -151,10 +153,23 @@ class MemoryFabric:
         return asyncio.get_running_loop().create_task(work, context=self._as(address))
 
     # ----- the fleet ----------------------------------------------------------------------
-    def endpoint(self, address: str, *, connect_timeout: float = 5.0, wire_dtype: str = EXACT) -> MemoryNetwork:
+    def endpoint(self, address: str, *, connect_timeout: float = 5.0, wire_dtype: str = EXACT,
+                 max_upload: float = 0.0, max_download: float = 0.0) -> MemoryNetwork:
         """The network of the node that will serve at ``address`` (:meth:`serve` it once it is built); its models
-        and those sent to it cross as a ``wire_dtype`` wire delivers them (the same on every node: Hello)."""
+        and those sent to it cross as a ``wire_dtype`` wire delivers them (the same on every node: Hello), no
+        faster than its caps (bytes/s; 0: none)."""
+        if max_upload or max_download:
+            self.caps[address] = (max_upload or math.inf, max_download or math.inf)
         return MemoryNetwork(self, address, connect_timeout, wire_dtype)
+
+    def cost(self, src: str, dst: str) -> LinkProfile:
+        """What the link from ``src`` to ``dst`` costs now: its profile, its bandwidth held to the sender's upload
+        cap and the receiver's download cap."""
+        link = self.profile(src, dst)
+        if not self.caps:  # every membership message asks: no lookups where no node has a cap
+            return link
+        capped = min(link.bandwidth, self.caps.get(src, _UNCAPPED)[0], self.caps.get(dst, _UNCAPPED)[1])
+        return link if capped == link.bandwidth else replace(link, bandwidth=capped)
 
     def serve(self, address: str, handler: PeerHandler) -> None:
         """``handler`` answers at ``address`` from now on (a node started, or restarted)."""
@@ -283,7 +298,7 @@ class MemoryLink:
     async def _travel(self, nbytes: int = 0, back: bool = False) -> None:
         """One message over the link (``back``: from the peer to us), as its profile says."""
         src, dst = (self.dst, self.src) if back else (self.src, self.dst)
-        delay = self.fabric.profile(src, dst).delay(nbytes)
+        delay = self.fabric.cost(src, dst).delay(nbytes)
         if delay > 0:
             await asyncio.sleep(delay)
 
@@ -369,7 +384,7 @@ class MemoryLink:
         return await self.fabric.call(self.dst, work, timeout, lifetime=lifetime, stream=True)
 
     def _may_cut(self) -> bool:
-        return math.isfinite(self.fabric.profile(self.src, self.dst).mtbf_s)
+        return math.isfinite(self.fabric.cost(self.src, self.dst).mtbf_s)
 
     async def _open(self, resume: Resume) -> float:
         """A push's or pull's connection: reachable within ``connect_timeout`` (:meth:`_connect`), its handshake
@@ -379,7 +394,7 @@ class MemoryLink:
         if resume.resuming:
             await self._travel()
             await self._travel(back=True)
-        return self.fabric.profile(self.src, self.dst).lifetime(self.fabric.cuts)
+        return self.fabric.cost(self.src, self.dst).lifetime(self.fabric.cuts)
 
     async def _carry(self, nbytes: int, chunk: int, arrived: _Arrived, back: bool = False) -> None:
         """``nbytes`` over the link, counted into ``arrived``: all of them, or, if the connection is cut meanwhile
@@ -390,7 +405,7 @@ class MemoryLink:
             await self._travel(nbytes, back=back)
         except asyncio.CancelledError:
             src, dst = (self.dst, self.src) if back else (self.src, self.dst)
-            arrived.bytes += _whole_chunks(self.fabric.profile(src, dst).carried(loop.time() - began), chunk, nbytes)
+            arrived.bytes += _whole_chunks(self.fabric.cost(src, dst).carried(loop.time() - began), chunk, nbytes)
             raise
         arrived.bytes += nbytes
 

@@ -22,7 +22,6 @@ import asyncio
 import concurrent.futures
 import json
 import logging
-import re
 import signal
 import socket
 import struct
@@ -34,8 +33,9 @@ from contextlib import suppress
 from types import TracebackType
 from typing import Any, NoReturn, Self, TypeVar
 
-__all__ = ["AsyncLinkProxy", "LinkCounters", "LinkProxy", "TokenBucket", "format_address", "main", "parse_address",
-           "parse_rate"]
+from dfl_node.rates import TokenBucket, parse_rate
+
+__all__ = ["AsyncLinkProxy", "LinkCounters", "LinkProxy", "format_address", "main", "parse_address"]
 
 log = logging.getLogger("dfl_node.testbed.proxy")  # the same name run with -m (not __main__)
 
@@ -43,44 +43,10 @@ Address = tuple[str, int]
 T = TypeVar("T")
 F = TypeVar("F", bound="asyncio.Future[Any]")
 
-BURST_S = 0.05  # a bucket holds at most this many seconds' worth of bytes: over W s, at most rate * (W + BURST_S)
-PIECE_S = 0.01  # a rate-limited side is read in pieces of at least this many seconds' worth (unless the bucket is
-                # smaller): no sleep-and-read per byte at high rates
 CHUNK = 64 * 1024  # the most read at once, limited or not
 BUFFER = 16 * 1024  # a stream reader stops reading its socket past 2 × this: the proxy's own queue stays small
 START_TIMEOUT_S = 10.0
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, not FIN
-
-
-class TokenBucket:
-    """``rate`` bytes/s, at most ``burst`` bytes at once (default: 1/20 s worth, at least one byte)."""
-
-    def __init__(self, rate: float, burst: float | None = None) -> None:
-        if rate <= 0:
-            raise ValueError(f"rate must be positive, got {rate}")
-        self.rate = float(rate)
-        self.burst = max(self.rate * BURST_S, 1.0) if burst is None else float(burst)
-        self._piece = min(self.burst, max(1.0, self.rate * PIECE_S))
-        self._tokens = self.burst
-        self._stamp = time.monotonic()
-
-    def _refill(self) -> None:
-        now = time.monotonic()
-        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
-        self._stamp = now
-
-    async def allowance(self, most: int) -> int:
-        """How many bytes (1 to ``most``) may pass now, after waiting until a piece may; :meth:`spend` what did."""
-        self._refill()
-        want = min(float(most), self._piece)
-        while self._tokens < want:
-            await asyncio.sleep((want - self._tokens) / self.rate)
-            self._refill()
-        return max(1, min(most, int(self._tokens)))
-
-    def spend(self, n: int) -> None:
-        """Take ``n`` bytes that passed out of the bucket."""
-        self._tokens -= n
 
 
 class LinkCounters:
@@ -517,21 +483,6 @@ class LinkProxy:
 
 
 # --------------------------------------------------------------------------- command line
-_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKM]?)\s*$")
-_SUFFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6}
-
-
-def parse_rate(text: str) -> float:
-    """Bytes/s from ``"2000"``, ``"100k"`` (1e3) or ``"1.5M"`` (1e6); positive."""
-    match = _RATE.match(text)
-    if match is None:
-        raise ValueError(f"not a rate: {text!r} (bytes/s, e.g. 2000, 100k, 1.5M)")
-    rate = float(match[1]) * _SUFFIX[match[2]]
-    if rate <= 0:
-        raise ValueError(f"the rate must be positive, got {text!r}")
-    return rate
-
-
 def parse_address(text: str) -> Address:
     """``(host, port)`` from ``host:port`` or ``[ipv6]:port``; port 0 means any free one."""
     host, sep, port = text.rpartition(":")
