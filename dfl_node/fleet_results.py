@@ -85,6 +85,9 @@ def _averaged(accuracies: dict[str, dict]) -> dict:
             "local_accuracy": sum(per_local.values()) / len(per_local), "per_node_local": per_local}
 
 
+LINK_COUNTERS = ("transfers_cut", "bytes_resent", "groups_replanned")  # what its links cost a fleet
+
+
 def fleet_result(driver: str, statuses: dict[str, dict], histories: dict[str, list[dict]], config: ExperimentConfig,
                  algorithm: str, train_sizes: dict[str, int], started: float, ended: float) -> RunResult:
     """A fleet's result from each node's ``/status`` and ``/history`` (as JSON), in the results schema;
@@ -99,7 +102,8 @@ def fleet_result(driver: str, statuses: dict[str, dict], histories: dict[str, li
         NodeResult(id=node_id, global_accuracy=status["global_accuracy"], local_accuracy=status["local_accuracy"],
                    param_sha256=status["param_sha256"], num_train=train_sizes[node_id],
                    models_sent=status["models_sent"], models_received=status["models_received"],
-                   model=status["model"], rejected=status.get("rejected", {}))
+                   model=status["model"], rejected=status.get("rejected", {}),
+                   **{counter: status.get(counter, 0) for counter in LINK_COUNTERS})
         for node_id, status in statuses.items()
     ]
     points = sorted({*range(0, rounds + 1, config.eval_every), rounds})
@@ -108,4 +112,5 @@ def fleet_result(driver: str, statuses: dict[str, dict], histories: dict[str, li
         history=accuracy_curve(fleet_positions(histories, mode), points, started), nodes=results,
         bytes_transmitted=sum(s["bytes_sent"] for s in statuses.values()),
         models_transmitted=sum(s["models_sent"] for s in statuses.values()), wall_time_s=ended - started,
+        **{counter: sum(getattr(n, counter) for n in results) for counter in LINK_COUNTERS},
     )

@@ -67,3 +67,14 @@ def parse_rate(text: str) -> float:
     if rate <= 0:
         raise ValueError(f"the rate must be positive, got {text!r}")
     return rate
+
+
+def parse_cap(text: str) -> float:
+    """A cap as written: bytes/s (``0``: none), or ``100k``, ``1.5M``."""
+    try:
+        cap = float(text)
+    except ValueError:
+        return parse_rate(text)
+    if not cap >= 0:  # negative, or NaN
+        raise ValueError(f"a cap is bytes/s, 0 or more: got {text!r}")
+    return cap

@@ -52,6 +52,10 @@ class NodeResult(BaseModel):
     models_received: int = 0
     model: str = Field("", description="the node's architecture (registry spec)")
     rejected: dict[str, int] = Field(default_factory=dict, description="what the node refused, by reason")
+    transfers_cut: int = Field(0, description="model streams a link cut mid-way, at either end (resumed where they "
+                               "could be)")
+    bytes_resent: int = Field(0, description="bytes the node sent again because a stream was cut")
+    groups_replanned: int = Field(0, description="round mode, as holder: groups planned around after they kept failing")
 
 
 class ThresholdCount(BaseModel):
@@ -100,6 +104,10 @@ class RunResult(BaseModel):
     nodes: list[NodeResult]
     bytes_transmitted: int
     models_transmitted: int
+    bytes_resent: int = Field(0, description="of bytes_transmitted, those sent again because a link cut a stream")
+    transfers_cut: int = Field(0, description="model streams a link cut, counted at both ends")
+    groups_replanned: int = Field(0, description="round mode: groups planned around after they kept failing (a link "
+                                  "that could not carry their model, a member too slow for its deadline)")
     wall_time_s: float = Field(description="seconds the run took; a simulated fleet's: virtual seconds, as its "
                                            "curve's wall_time_s")
     faults: dict[str, Any] | None = Field(None, description="a simulated fleet's faults and what they cost "

@@ -54,6 +54,9 @@ class TableMembers:
     def incarnations(self, ids: list[str]) -> dict[str, str | None]:
         return self.table.incarnations(ids)
 
+    def work_of(self, node_id: str) -> float:
+        return self.table.work_of(node_id)
+
     async def wait_for(self, count: int) -> None:
         await self.table.wait_for(count)
 
@@ -75,6 +78,7 @@ class MinimalNode:
         self.peers = PeerTable(node_id, self._no_hello, self.clock, heartbeat=0.05, timeout=peer_timeout, static=[])
         self.progress = RoundProgress(self.clock)
         self.dispatched: list[tuple[str, Order]] = []
+        self.work_s = 0.0  # as its roles: it has computed nothing (its groups' deadlines are round_timeout)
         metrics = NodeMetrics(node_id, lambda: None)  # type: ignore[arg-type,return-value]  # never scraped
         self.port = SchedulerPort(
             node_id, FLEET.learning.seed, ScheduleSettings(rounds=2),

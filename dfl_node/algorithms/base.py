@@ -115,15 +115,17 @@ class NodeContext:
         the model back from the newest checkpoint: :meth:`dfl_node.node.daemon.Node.restore_durable`.)"""
         return {name: tensor.detach().clone() for name, tensor in self.checkpoint_state().items()}
 
-    def restore_checkpoint(self, state: dict[str, torch.Tensor]) -> None:
-        """Inverse of :meth:`checkpoint_state`; auxiliary models a checkpoint lacks keep their ``w0``, and the scalars
-        are the checkpoint's alone (one a failed step added since goes)."""
+    def restore_checkpoint(self, state: dict[str, torch.Tensor], *, exact: bool = False) -> None:
+        """Inverse of :meth:`checkpoint_state`; auxiliary models a checkpoint lacks keep their ``w0``, and scalars it
+        lacks their values — unless ``exact`` (a state this node's own :meth:`checkpoint_state` wrote, which has all
+        it had): then the scalars are the checkpoint's alone, and one a failed step added since goes."""
         self.model.load_state_dict(model_entries(state, None))
         for name, model in self.auxiliary.items():
             saved = model_entries(state, name)
             if saved:
                 model.load_state_dict(saved)
-        self.scalars.clear()
+        if exact:
+            self.scalars.clear()
         self.scalars.update({key.removeprefix("scalar:"): float(v) for key, v in state.items()
                              if key.startswith("scalar:")})
 

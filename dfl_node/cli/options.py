@@ -19,6 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from dfl_node.learning.settings import DATASET_DEPENDENT, per_dataset_default
+from dfl_node.rates import parse_cap
 from dfl_node.registered import Registered, registry_of
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.loading import ConfigError, load_config
@@ -142,16 +143,30 @@ def partition_options(func: F) -> F:
     return CONFIG_OPTION(model_options(ExperimentConfig, only=PARTITION_FIELDS)(func))
 
 
-NODE_SETTINGS = ("heartbeat", "peer_timeout", "token_timeout", "round_timeout", "interval", "participation")
+NODE_SETTINGS = ("heartbeat", "peer_timeout", "token_timeout", "round_timeout", "max_round_timeout", "group_attempts",
+                 "resume_window", "max_upload", "max_download", "interval", "participation")
+RATES = ("max_upload", "max_download")  # bytes/s, or 100k, 1.5M: as `dfl-node start` reads them
+
+
+class _Cap(click.ParamType):
+    name = "bytes/s"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            return parse_cap(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def node_options(func: F) -> F:
-    """The nodes' timings, as ``dfl-node start`` takes them, for a fleet the simulator runs as real nodes."""
+    """The nodes' timings, links and caps, as ``dfl-node start`` takes them, for a fleet the simulator runs as real
+    nodes."""
     from dfl_node.settings.node import NodeConfig
 
     for name in reversed(NODE_SETTINGS):
         _, field = NodeConfig.flat_fields()[name]
-        func = click.option(f"--{name.replace('_', '-')}", name, type=float, default=None,
+        kind = _Cap() if name in RATES else int if field.annotation is int else float
+        func = click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None,
                             help=f"the nodes': {field.description} (default: {field.default:g})")(func)
     return func
 

@@ -70,9 +70,11 @@ async def open_transfer(
 
 
 async def write_for_verdict(call: grpc.aio.StreamStreamCall, frames: Iterable[WireFrame],
-                            pacing: Pacing = NO_PACING) -> tuple[pb.TransferResult, int]:
-    """Write ``frames`` on ``call`` (each as ``pacing``'s upload cap allows) while reading the peer's verdict; returns
-    (verdict, bytes written).
+                            pacing: Pacing = NO_PACING,
+                            wrote: Callable[[int], None] | None = None) -> tuple[pb.TransferResult, int]:
+    """Write ``frames`` on ``call`` (each as ``pacing``'s upload cap allows, and told to ``wrote`` once written, so
+    that a stream that breaks counts what it wrote too) while reading the peer's verdict; returns (verdict, bytes
+    written).
 
     Writing and reading run concurrently because a receiver may refuse at the header (busy, wrong
     fingerprint…) and close the stream while we are still writing: the verdict must still reach us
@@ -87,6 +89,8 @@ async def write_for_verdict(call: grpc.aio.StreamStreamCall, frames: Iterable[Wi
             await pacing.sent(size)
             sent += size
             await call.write(frame)
+            if wrote is not None:
+                wrote(size)
         await call.done_writing()
 
     writer = asyncio.get_running_loop().create_task(write_all())
@@ -305,18 +309,20 @@ class PeerClient:
                                  reply_digest=held.digest if held else b"", reply_offset=held.received if held else 0)
         chunk = self.pacing.chunk(chunk_for(resume.chunk_bytes))
         call = self.transfer(timeout=timeout, wait_for_ready=True)
-        sent = 0
+
+        def wrote(nbytes: int) -> None:
+            resume.sent += nbytes
+
         try:
             if resume.resuming:
                 first = pb.Frame(header=header)
-                sent += wire_size(first)
                 await call.write(first)
+                wrote(wire_size(first))
                 resume.offset = await _resume_at(call, header.total_size)
                 frames: Iterable[WireFrame] = outgoing.chunks(resume.offset, chunk)
             else:
                 frames = itertools.chain([pb.Frame(header=header)], outgoing.chunks(0, chunk))
-            result, written = await write_for_verdict(call, frames, self.pacing)
-            sent += written
+            result, _ = await write_for_verdict(call, frames, self.pacing, wrote)
             if not result.accepted:
                 raise await _refused(call, result)
             resume.offset = header.total_size
@@ -324,14 +330,13 @@ class PeerClient:
                 on_accepted()  # the aggregator has the message; its reply (if any) comes after its aggregation
             following = await call.read()
             if following is grpc.aio.EOF:
-                return None, resume.sent + sent, resume.received  # no reply model: the normal case (Def-KT, FullAvg)
+                return None, resume.sent, resume.received  # no reply model: the normal case (Def-KT, FullAvg)
             reply = await self._take(call, following, resume, "reply from")
         except grpc.aio.AioRpcError as exc:
             if _cut(exc):
                 raise TransferCut(f"{self.address}: {exc.details() or exc.code().name}") from exc
             raise
         finally:
-            resume.sent += sent
             call.cancel()
         return reply, resume.sent, resume.received
 

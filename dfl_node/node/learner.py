@@ -175,7 +175,7 @@ class Learner:
         saved = await asyncio.to_thread(self.checkpoint.load, self.fingerprint)
         if saved is None:  # the role waited for one: the folder was emptied under the running node
             raise RuntimeError(f"{self.node_id}: no checkpoint to restore the model from")
-        self.ctx.restore_checkpoint({name: tensor.to(self.device) for name, tensor in saved[0].items()})
+        self.ctx.restore_checkpoint({name: tensor.to(self.device) for name, tensor in saved[0].items()}, exact=True)
 
     async def committed_model(self) -> TrainedModel | None:
         """The committed model, for ``/model`` and ``/predict`` (:mod:`.served`); None before the first checkpoint.

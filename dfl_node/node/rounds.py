@@ -198,7 +198,7 @@ class RoundScheduler:
 
         Replays are for crashes. A group whose members all live on and that failed ``group_attempts`` times (a link
         that cannot carry its model, a device too slow for its deadline) is planned around: the round is planned
-        again over the members that neither played it nor were in such a group, and those play it
+        again over the members that neither played it nor sent or aggregated in such a group, and those play it
         (:meth:`_around`). A group whose members all stayed alive, without restarting, and still did not fuse for a
         whole ``round_timeout`` is refusing, not crashing (a member that will not take its role): it is abandoned,
         logged and counted (``groups_abandoned``), and the round goes on without it.
@@ -226,8 +226,8 @@ class RoundScheduler:
                 plan = node.algorithm.plan_round(round_, node.members.profiles(), state)  # a member is gone: re-plan
                 pending = list(plan)
             stuck = [g for g in pending if failures[g] >= node.settings.group_attempts]
-            if stuck:
-                around.update(m for g in stuck for m in g.members)
+            if stuck:  # its senders and aggregator (an open group's candidates, never bound, may play again)
+                around.update(m for g in stuck for m in (g.aggregator, *g.senders) if m)
                 replanned = self._around(round_, state, stuck, played | around)
                 if replanned is None:
                     return dict(plan.state)
@@ -243,10 +243,10 @@ class RoundScheduler:
         return None
 
     def _around(self, round_: int, state: dict[str, str], stuck: list[Group], left_out: set[str]) -> RoundPlan | None:
-        """Round ``round_`` planned again without ``left_out`` (those that played it, and the members of the groups
-        that kept failing, ``stuck``): the round's exchange happens between members that can make it, as the plan
-        of a fleet without them would have it. None where too few are left for a plan: the round is over with the
-        groups that fused."""
+        """Round ``round_`` planned again without ``left_out`` (those that played it, and the senders and aggregators
+        of the groups that kept failing, ``stuck``): the round's exchange happens between members that can make it,
+        as the plan of a fleet without them would have it. None where too few are left for a plan: the round is
+        over with the groups that fused."""
         node = self.node
         for group in stuck:
             who = " → ".join(["/".join(group.senders or group.candidates), group.aggregator or "?"])

@@ -28,7 +28,8 @@ REASONS: dict[str, str] = {
     # the membership's probes (node/swim.py, net/servicer.py)
     "too_many_updates": "a membership ping with more updates than its bound",
     # a transfer's stream (net/codec.py, net/servicer.py)
-    "truncated": "a transfer's stream ended early",
+    "truncated": "a transfer's stream ended early (from a node that is no member: a member's is kept to resume)",
+    "bad_resume": "a stream that goes on from a place or a payload other than what is held of it",
     "idle_timeout": "a transfer's stream stalled",
     "unexpected_frame": "a frame out of a transfer's order",
     "header_too_large": "a transfer's header over its bound",

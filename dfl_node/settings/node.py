@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from dfl_node.addresses import is_loopback, parse_peer
 from dfl_node.learning.data_format import DataFormat
 from dfl_node.learning.settings import DATASET_DEPENDENT, AlgorithmOptions, DefenceSettings, SharedSettings
-from dfl_node.rates import parse_rate
+from dfl_node.rates import parse_cap
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.names import WIRE_DTYPE_HELP, AlgorithmName, WireDtype
 from dfl_node.settings.parts import Composite
@@ -80,8 +80,8 @@ class NetworkSettings(_Part):
     @field_validator("max_upload", "max_download", mode="before")
     @classmethod
     def _rate(cls, value: object) -> object:
-        """A rate as written (``100k``, ``1.5M``, or bytes/s)."""
-        return parse_rate(value) if isinstance(value, str) and value.strip() not in ("", "0") else value
+        """A cap as written: bytes/s (``0``: none), or ``100k``, ``1.5M``."""
+        return parse_cap(value) if isinstance(value, str) else value
 
     @property
     def authenticated(self) -> bool:

@@ -398,15 +398,19 @@ class MemoryLink:
 
     async def _carry(self, nbytes: int, chunk: int, arrived: _Arrived, back: bool = False) -> None:
         """``nbytes`` over the link, counted into ``arrived``: all of them, or, if the connection is cut meanwhile
-        (the call cancelled), the whole chunks of ``chunk`` bytes that crossed before (the cancellation goes on)."""
+        (the call cancelled), what left before and, of that, the whole chunks of ``chunk`` bytes that arrived (the
+        cancellation goes on)."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         try:
             await self._travel(nbytes, back=back)
         except asyncio.CancelledError:
             src, dst = (self.dst, self.src) if back else (self.src, self.dst)
-            arrived.bytes += _whole_chunks(self.fabric.cost(src, dst).carried(loop.time() - began), chunk, nbytes)
+            left = min(nbytes, self.fabric.cost(src, dst).carried(loop.time() - began))
+            arrived.sent += left
+            arrived.bytes += _whole_chunks(left, chunk, nbytes)
             raise
+        arrived.sent += nbytes
         arrived.bytes += nbytes
 
     async def _transfer(self, handler: PeerHandler, message: ModelMessage, epoch: int,
@@ -441,8 +445,8 @@ class MemoryLink:
         finally:
             if intake is not None:
                 intake.abandon()
-            handler.on_transferred(0, header + arrived.bytes - start)  # what this stream carried
-            resume.sent += header + arrived.bytes - start
+            handler.on_transferred(0, header + arrived.bytes - start)  # what this stream brought
+            resume.sent += header + arrived.sent  # what it carried (a chunk cut halfway left, and is lost)
         await self._travel(back=True)  # the verdict
         resume.offset = payload
         if on_accepted is not None:
@@ -470,7 +474,7 @@ class MemoryLink:
             resume.held = (key, start + carried.bytes)
             raise
         finally:
-            handler.on_transferred(carried.bytes, 0)
+            handler.on_transferred(carried.sent, 0)
             resume.received += carried.bytes
         resume.held = None
 
@@ -498,8 +502,10 @@ class MemoryLink:
 
 
 class _Arrived:
-    """The bytes of a payload that crossed so far (in whole chunks, where its connection was cut)."""
+    """The bytes of a payload that left so far (``sent``), and of those the ones that arrived (``bytes``: whole
+    chunks, where the connection was cut: a chunk cut halfway is lost)."""
 
+    sent = 0
     bytes = 0
 
 
