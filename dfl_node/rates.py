@@ -44,14 +44,14 @@ class TokenBucket:
         self._tokens -= n
 
     async def take(self, n: int) -> None:
-        """Wait until ``n`` bytes may pass, and let them: at once while the bucket holds a burst's worth, then in
-        debt (a chunk larger than the burst waits for the bytes before it, never for itself), so that a stream of
-        chunks holds the rate over any run longer than one chunk."""
+        """``n`` bytes pass: they are taken from the bucket at once, and the caller waits until the bucket is out of
+        debt, that is, until they would have passed at the rate (less the burst it held). A chunk larger than the
+        burst so costs its own time, and a stream of chunks holds the rate from its first chunk on."""
         self._refill()
-        while self._tokens < min(float(n), self.burst):
-            await asyncio.sleep((min(float(n), self.burst) - self._tokens) / self.rate)
-            self._refill()
         self._tokens -= n
+        while self._tokens < 0:
+            await asyncio.sleep(-self._tokens / self.rate)
+            self._refill()
 
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKM]?)\s*$")

@@ -55,8 +55,12 @@ class Intake:
         await asyncio.to_thread(check_received, learner.ctx, message, requests.roles_settings.min_accuracy)
         if requests.rounds and self.collector.epoch < requests.progress.epoch:  # fenced while it streamed
             raise TransferRejected("stale_epoch", f"epoch {self.collector.epoch} < {requests.progress.epoch}")
+        took = requests.clock.monotonic() - self.admitted_at
         requests.tally.count("models_received")
-        requests.tally.observe("transfer", requests.clock.monotonic() - self.admitted_at, direction="received")
+        requests.tally.observe("transfer", took, direction="received")
+        # its throughput, where one stream carried it all (a resumed one's spans its cuts)
+        requests.roles.links.transferred(self.sender, "received", self.offer.total_size, 0.0 if self.offer.resume
+                                         else took)
         return self.collector.deliver(message, self.offer.digest)  # resolved once the fusion is durable
 
     def interrupt(self, held: object, detail: str) -> None:
@@ -66,6 +70,7 @@ class Intake:
         requests = self.requests
         if self.sender in requests.membership.alive_ids() and self.collector.resume_window > 0:
             requests.tally.count("transfers_cut")
+            requests.roles.links.cut(self.sender)
             log.info("%s: round %d: the transfer from %s was cut (%s); kept %g s for it to resume", requests.node_id,
                      self.offer.round + 1, self.sender, detail, self.collector.resume_window)
             self.collector.interrupt(self.sender, self.offer.digest, held)
