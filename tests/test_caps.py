@@ -48,5 +48,6 @@ def test_a_node_holds_its_upload_and_download_caps_within_ten_percent(tmp_path) 
     assert row == link  # /fleet shows the same
     gauges = {(s.labels["peer"], s.labels["direction"]): s.value for family in text_string_to_metric_families(metrics)
               for s in family.samples if family.name == "dfl_link_throughput_bytes_per_second"}
-    assert gauges == {("node-1", "sent"): link["sent_bytes_per_s"], ("node-1", "received"): link["received_bytes_per_s"]}
+    assert gauges == {("node-1", "sent"): link["sent_bytes_per_s"],
+                      ("node-1", "received"): link["received_bytes_per_s"]}
     assert f"dfl_max_upload_bytes_per_second{{node=\"node-0\"}} {float(UP)}" in metrics
