@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402  - after the path above, as every import of dfl_node below
 from safetensors.torch import load_file  # noqa: E402
 
+from dfl_node.algorithms import Group  # noqa: E402
 from dfl_node.algorithms.base import sample_pairs  # noqa: E402
 from dfl_node.learning.provision import fleet_ids, provision, write_fleet  # noqa: E402
 from dfl_node.settings.experiment import ExperimentConfig  # noqa: E402
@@ -93,11 +94,12 @@ def cpu_quota(name: str, quota: float) -> Iterator[Path]:
         group.rmdir()
 
 
-def plan(config: ExperimentConfig, work: Path, extra: dict[str, object]) -> list[NodeProcess]:
+def plan(args: argparse.Namespace, config: ExperimentConfig, work: Path) -> list[NodeProcess]:
     shards = work / "shards"
     write_fleet(provision(config), shards)
     return plan_fleet(config, "defkt", shards, work, [Placement("127.0.0.1")] * config.nodes, swarm="weak",
-                      mdns=False, static_peers=True, extra={"threads": 1, **extra})
+                      mdns=False, static_peers=True, extra={"threads": 1, "round_timeout": args.round_timeout,
+                                                            "resume_window": args.resume_window})
 
 
 def model_bytes(nodes: list[NodeProcess]) -> int:
@@ -114,20 +116,29 @@ def replays(nodes: list[NodeProcess]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: int(kv[0])))
 
 
-def cut(args: argparse.Namespace, config: ExperimentConfig, work: Path) -> dict[str, object]:
-    nodes = plan(config, work, {"resume_window": args.resume_window})
-    into = sum(g.aggregator == "node-1" for r in range(config.rounds)
-               for g in sample_pairs(config.learning.seed, r, fleet_ids(config.nodes), config.learning.pairs))
+def groups(config: ExperimentConfig) -> list[Group]:
+    """Every group of the run's plans (Def-KT's pairs, drawn from the seed as the holders draw them)."""
+    return [g for r in range(config.rounds)
+            for g in sample_pairs(config.learning.seed, r, fleet_ids(config.nodes), config.learning.pairs)]
+
+
+def behind_weak_link(args: argparse.Namespace, config: ExperimentConfig, work: Path, weak: int
+                     ) -> tuple[list[NodeProcess], dict[str, dict], float, dict[str, int]]:
+    """The fleet run to its end with node ``weak`` behind the proxy: its nodes, their final statuses, the wall
+    time it took and the proxy's counters."""
+    nodes = plan(args, config, work)
     began = time.monotonic()
-    with behind_proxy(nodes[1], args.rate, args.cut_after) as proxy, started(nodes):
+    with behind_proxy(nodes[weak], args.rate, args.cut_after) as proxy, started(nodes):
         statuses = wait_until(nodes, all_done, timeout=args.timeout)
-        took = time.monotonic() - began
-        counters = proxy.counters.as_dict()
+        return nodes, statuses, time.monotonic() - began, proxy.counters.as_dict()
+
+
+def cut(args: argparse.Namespace, config: ExperimentConfig, work: Path) -> dict[str, object]:
+    nodes, statuses, took, counters = behind_weak_link(args, config, work, 1)
+    into = sum(g.aggregator == "node-1" for g in groups(config))
     size = model_bytes(nodes)
-    _, sim_models = None, {}
     result = run_fleet(config, "defkt", work / "sim")
-    for node in nodes:
-        sim_models[node.id] = load_file(str(work / "sim" / "defkt" / node.id / "model.safetensors"))
+    sim_models = {n.id: load_file(str(work / "sim" / "defkt" / n.id / "model.safetensors")) for n in nodes}
     equal = all(torch.equal(load_file(str(n.state_dir / "model.safetensors"))[k], sim_models[n.id][k])
                 for n in nodes for k in sim_models[n.id])
     return {"rounds": [s["round"] for s in statuses.values()], "wall_s": round(took, 1), "model_bytes": size,
@@ -143,16 +154,9 @@ def cut(args: argparse.Namespace, config: ExperimentConfig, work: Path) -> dict[
 
 
 def never(args: argparse.Namespace, config: ExperimentConfig, work: Path) -> dict[str, object]:
-    nodes = plan(config, work, {"resume_window": args.resume_window})
-    planned = sum("node-0" in g.members for r in range(config.rounds)
-                  for g in sample_pairs(config.learning.seed, r, fleet_ids(config.nodes), config.learning.pairs))
-    began = time.monotonic()
-    with behind_proxy(nodes[0], args.rate, args.cut_after) as proxy, started(nodes):
-        statuses = wait_until(nodes, all_done, timeout=args.timeout)
-        took = time.monotonic() - began
-        counters = proxy.counters.as_dict()
+    nodes, statuses, took, counters = behind_weak_link(args, config, work, 0)
     return {"rounds": [s["round"] for s in statuses.values()], "wall_s": round(took, 1),
-            "rounds_node_0_was_planned_into": planned, "proxy": counters,
+            "rounds_node_0_was_planned_into": sum("node-0" in g.members for g in groups(config)), "proxy": counters,
             "groups_replanned": sum(s["groups_replanned"] for s in statuses.values()),
             "groups_abandoned": sum(s["groups_abandoned"] for s in statuses.values()),
             "fusions": {n: s["fusions"] for n, s in statuses.items()},
@@ -160,7 +164,7 @@ def never(args: argparse.Namespace, config: ExperimentConfig, work: Path) -> dic
 
 
 def slow(args: argparse.Namespace, config: ExperimentConfig, work: Path) -> dict[str, object]:
-    nodes = plan(config, work, {})
+    nodes = plan(args, config, work)
     began = time.monotonic()
     with cpu_quota(f"dfl-slow-{time.time_ns()}", args.quota) as group, started(nodes):
         for node in nodes[2:]:  # node-2 and node-3: the slow boards
@@ -168,11 +172,9 @@ def slow(args: argparse.Namespace, config: ExperimentConfig, work: Path) -> dict
             (group / "tasks").write_text(str(node.process.pid))
         statuses = wait_until(nodes, all_done, timeout=args.timeout)
         took = time.monotonic() - began
-    plans = [g for r in range(config.rounds)
-             for g in sample_pairs(config.learning.seed, r, fleet_ids(config.nodes), config.learning.pairs)]
     return {"rounds": [s["round"] for s in statuses.values()], "wall_s": round(took, 1), "quota": args.quota,
             "slow": ["node-2", "node-3"],
-            "planned_with_a_slow_node": sum(bool({"node-2", "node-3"} & set(g.members)) for g in plans),
+            "planned_with_a_slow_node": sum(bool({"node-2", "node-3"} & set(g.members)) for g in groups(config)),
             "work_s": {n: round(s["work_s"], 1) for n, s in statuses.items()},
             "sent": {n: s["models_sent"] for n, s in statuses.items()},
             "fusions": {n: s["fusions"] for n, s in statuses.items()},
@@ -190,24 +192,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--hidden", default="256,256", help="the MLP's widths ('' for a CNN's default)")
-    parser.add_argument("--train-samples", type=int, default=0, help="samples of the dataset to use (0: all)")
+    parser.add_argument("--train-samples", type=int, default=0, help="training samples of the dataset (0: all)")
+    parser.add_argument("--test-samples", type=int, default=0, help="test samples, the global test set (0: all)")
     parser.add_argument("--rate", type=float, default=100_000, help="the proxy's bytes/s each way")
     parser.add_argument("--cut-after", type=float, default=5.0, help="the proxy cuts each connection after this")
     parser.add_argument("--resume-window", type=float, default=10.0)
     parser.add_argument("--quota", type=float, default=0.15, help="slow: the share of one core the slow nodes get")
-    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--round-timeout", type=float, default=120.0, help="the nodes' shortest group deadline")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="the whole run's")
     parser.add_argument("--seed", type=int, default=3)
     args = parser.parse_args()
     data_dir = args.data_dir or REPO.parent / "shared" / "datasets"
     config = ExperimentConfig(dataset=args.dataset, data_dir=data_dir if args.dataset != "digits" else None,
                               nodes=args.nodes, rounds=args.rounds, eval_every=args.rounds, partition="iid",
                               seed=args.seed, model=args.model, hidden=[int(h) for h in args.hidden.split(",") if h],
-                              train_samples=args.train_samples or None)
+                              train_samples=args.train_samples, test_samples=args.test_samples)
     with tempfile.TemporaryDirectory(prefix="dfl-weak-") as work:
         report = {"cut": cut, "never": never, "slow": slow}[args.experiment](args, config, Path(work))
     print(json.dumps({"benchmark": "weak_links", "experiment": args.experiment, "config": {
         "dataset": args.dataset, "nodes": args.nodes, "rounds": args.rounds, "model": args.model, "hidden": args.hidden,
-        "train_samples": args.train_samples, "rate": args.rate, "cut_after": args.cut_after}, **report}, indent=1))
+        "train_samples": args.train_samples, "test_samples": args.test_samples, "rate": args.rate,
+        "cut_after": args.cut_after, "round_timeout": args.round_timeout}, **report}, indent=1))
 
 
 if __name__ == "__main__":

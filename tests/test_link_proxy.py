@@ -242,7 +242,7 @@ async def test_async_proxy_inside_a_running_loop() -> None:
             writer.write_eof()
             assert await asyncio.wait_for(reader.read(), IO_TIMEOUT_S) == b"async"
             writer.close()
-            assert proxy.counters.bytes_total == 10
+            assert proxy.counters.now().bytes_total == 10
     finally:
         server.close()
         await server.wait_closed()

@@ -312,14 +312,16 @@ class PeerClient:
 
         def wrote(nbytes: int) -> None:
             resume.sent += nbytes
+            resume.wrote += nbytes
 
         try:
             if resume.resuming:
                 first = pb.Frame(header=header)
                 await call.write(first)
+                offset = await _resume_at(call, header.total_size)
+                resume.landed(offset, chunk)  # what the attempt before carried
                 wrote(wire_size(first))
-                resume.offset = await _resume_at(call, header.total_size)
-                frames: Iterable[WireFrame] = outgoing.chunks(resume.offset, chunk)
+                frames: Iterable[WireFrame] = outgoing.chunks(offset, chunk)
             else:
                 frames = itertools.chain([pb.Frame(header=header)], outgoing.chunks(0, chunk))
             result, _ = await write_for_verdict(call, frames, self.pacing, wrote)

@@ -30,6 +30,7 @@ class Resume:
     size: int = 0  # bytes one whole stream of the payload takes (header and payload): those sent beyond, sent again
     sent: int = 0  # bytes written over all attempts (payloads and headers): what the link carried this way
     received: int = 0  # bytes read over all attempts (a reply, a pulled model)
+    wrote: int = 0  # bytes the newest push attempt wrote (as :meth:`landed` corrects them)
     prepared: Any = None  # the network's encoding of the message, made once for every attempt (gRPC: its digest)
     held: Any = None  # a pull or a reply: what arrived of the peer's payload before a cut (the network's own)
 
@@ -43,6 +44,15 @@ class Resume:
     def resent(self) -> int:
         """Bytes sent again because a stream was cut: those sent beyond one whole stream."""
         return max(0, self.sent - self.size) if self.attempts > 1 else 0
+
+    def landed(self, offset: int, chunk: int) -> None:
+        """A resumed push's receiver holds ``offset`` payload bytes: what the attempt before carried (``offset`` less
+        where it began) and, lost to its cut, at most the chunk under way (of ``chunk`` bytes). What else it wrote
+        never left this machine (flow control and the socket's buffers held it): it is not counted as sent. The
+        newest attempt begins there."""
+        carried = offset - self.offset
+        self.sent -= max(0, self.wrote - carried - chunk)
+        self.offset, self.wrote = offset, 0
 
     @property
     def resuming(self) -> bool:

@@ -30,12 +30,13 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import asdict, dataclass, replace
 from types import TracebackType
 from typing import Any, NoReturn, Self, TypeVar
 
 from dfl_node.rates import TokenBucket, parse_rate
 
-__all__ = ["AsyncLinkProxy", "LinkCounters", "LinkProxy", "format_address", "main", "parse_address"]
+__all__ = ["AsyncLinkProxy", "LinkCounts", "LinkProxy", "format_address", "main", "parse_address"]
 
 log = logging.getLogger("dfl_node.testbed.proxy")  # the same name run with -m (not __main__)
 
@@ -49,65 +50,41 @@ START_TIMEOUT_S = 10.0
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, not FIN
 
 
-class LinkCounters:
-    """A proxy's totals since it started, safe to read from any thread (each read takes a lock)."""
+@dataclass(frozen=True)
+class LinkCounts:
+    """A proxy's totals at one moment: connections accepted, reset (``cut_after`` ran out, or the link was
+    ``down``) and closed because the target could not be reached; bytes each side of the proxy wrote (handed to
+    the kernel, not merely read)."""
 
-    FIELDS = ("accepted", "cut", "failed", "bytes_client_to_target", "bytes_target_to_client")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values = dict.fromkeys(self.FIELDS, 0)
-
-    def add(self, **amounts: int) -> None:
-        """Add to the named counters (the proxy's own bookkeeping)."""
-        with self._lock:
-            for name, amount in amounts.items():
-                self._values[name] += amount
-
-    def _get(self, name: str) -> int:
-        with self._lock:
-            return self._values[name]
-
-    @property
-    def accepted(self) -> int:
-        """Connections accepted (every one, ``down`` or not)."""
-        return self._get("accepted")
-
-    @property
-    def cut(self) -> int:
-        """Connections the proxy reset: ``cut_after`` ran out, or the link was ``down``."""
-        return self._get("cut")
-
-    @property
-    def failed(self) -> int:
-        """Connections closed because the target could not be reached."""
-        return self._get("failed")
-
-    @property
-    def bytes_client_to_target(self) -> int:
-        """Bytes the target's side of the proxy has written (handed to the kernel), not merely read."""
-        return self._get("bytes_client_to_target")
-
-    @property
-    def bytes_target_to_client(self) -> int:
-        """Bytes the client's side of the proxy has written (handed to the kernel), not merely read."""
-        return self._get("bytes_target_to_client")
+    accepted: int = 0
+    cut: int = 0
+    failed: int = 0
+    bytes_client_to_target: int = 0
+    bytes_target_to_client: int = 0
 
     @property
     def bytes_total(self) -> int:
-        """Bytes forwarded both ways."""
-        with self._lock:
-            return self._values["bytes_client_to_target"] + self._values["bytes_target_to_client"]
+        return self.bytes_client_to_target + self.bytes_target_to_client
 
     def as_dict(self) -> dict[str, int]:
-        """One consistent snapshot of every counter, ``bytes_total`` included."""
-        with self._lock:
-            values = dict(self._values)
-        values["bytes_total"] = values["bytes_client_to_target"] + values["bytes_target_to_client"]
-        return values
+        return {**asdict(self), "bytes_total": self.bytes_total}
 
-    def __repr__(self) -> str:
-        return f"LinkCounters({', '.join(f'{k}={v}' for k, v in self.as_dict().items())})"
+
+class LinkCounters:
+    """A proxy's totals since it started, counted from its loop's thread and read from any other (:meth:`now`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = LinkCounts()
+
+    def add(self, **amounts: int) -> None:
+        """Add to the named counts (the proxy's own bookkeeping)."""
+        with self._lock:
+            self._counts = replace(self._counts, **{k: getattr(self._counts, k) + v for k, v in amounts.items()})
+
+    def now(self) -> LinkCounts:
+        with self._lock:
+            return self._counts
 
 
 def _check_rate(rate: float | None) -> float | None:
@@ -342,7 +319,7 @@ class AsyncLinkProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.counters.add(accepted=1)
-        number = self.counters.accepted
+        number = self.counters.now().accepted
         link = _Link(self, number, reader, writer)
         peer = writer.get_extra_info("peername")
         log.info("link %d: accepted from %s", number, format_address(peer[:2]) if peer else "?")
@@ -415,9 +392,9 @@ class LinkProxy:
         return self._proxy.target
 
     @property
-    def counters(self) -> LinkCounters:
-        """Connections accepted and cut, bytes forwarded each way: readable while it runs and after."""
-        return self._proxy.counters
+    def counters(self) -> LinkCounts:
+        """Connections accepted and cut, bytes forwarded each way, now: readable while it runs and after."""
+        return self._proxy.counters.now()
 
     @property
     def address(self) -> Address:
@@ -570,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(json.dumps(proxy.counters.as_dict()), flush=True)
+    print(json.dumps(proxy.counters.now().as_dict()), flush=True)
     return 0
 
 
