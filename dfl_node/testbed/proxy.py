@@ -173,6 +173,8 @@ class _Link:
                 timer.cancel()
             if not self.finished:  # cancelled (the proxy is closing) or broken: nothing may keep running
                 self.finished = True
+                log.info("link %d: stopped after %.2f s: %s", self.number, time.monotonic() - self.accepted_at,
+                         self._bytes())
                 self.abort()
 
     def _child(self, future: F) -> F:
@@ -210,12 +212,12 @@ class _Link:
             log.info("link %d: reset (%s): %s", self.number, errors[0].__class__.__name__, self._bytes())
             self.abort()
             return
+        log.info("link %d: closed after %.2f s: %s", self.number, time.monotonic() - self.accepted_at, self._bytes())
         for writer in self.writers:
             writer.close()
         for writer in self.writers:
             with suppress(OSError):
                 await writer.wait_closed()
-        log.info("link %d: closed after %.2f s: %s", self.number, time.monotonic() - self.accepted_at, self._bytes())
 
     async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, upstream: bool) -> None:
         bucket = None if self.rate is None else TokenBucket(self.rate)
