@@ -130,8 +130,11 @@ class Collector:
         self.withdraw(sender)
 
     def withdraw(self, sender: str) -> None:
-        """A sender that will not send (it refused its invitation, or will not resume what it began)."""
+        """A sender that will not send (it refused its invitation, or will not resume what it began), or whose
+        message is not wanted any more (its invitation's answer said it failed): what it sent is let go, and if it
+        waits for a confirmation it learns, as the group closes, that its model was not fused."""
         self.partials.pop(sender, None)
+        self.messages.pop(sender, None)
         self.expected.discard(sender)
         self._changed.set()
 

@@ -30,7 +30,6 @@ from dfl_node.node.collector import Collector
 from dfl_node.node.gate import check_finite, check_received
 from dfl_node.node.learner import Learner
 from dfl_node.node.link_quality import LinkQuality
-from dfl_node.node.membership import Members
 from dfl_node.node.orders import Order
 from dfl_node.node.tally import Tally
 from dfl_node.peering.errors import PeerUnreachable, TransferCut, TransferRefused, TransferRejected
@@ -67,7 +66,6 @@ class Player(Protocol):
     tally: Tally
     network: PeerNetwork
     links: LinkQuality
-    members: Members
 
     def address_in(self, node_id: str, order: Order) -> str | None: ...
     def deadline_of(self, order: Order) -> float: ...
@@ -155,12 +153,12 @@ class PeerTransport:
     async def _resumed(self, peer: str, resume: Resume, attempt: Callable[[float], Awaitable[T]]) -> T:
         """``attempt(timeout)`` — one try of a model stream with ``peer``, over ``resume`` — and after each cut again,
         going on from what the receiving end holds (:mod:`dfl_node.peering.resume`): while that end took more within
-        the last ``resume_window`` seconds, the peer lives on unrestarted, and the role's deadline allows. The cut
-        link streams small chunks from then on (a chunk crosses whole or not at all)."""
+        the last ``resume_window`` seconds and the role's deadline allows. A peer that died cannot be reached within
+        ``connect_timeout``, and one that restarted holds nothing and refuses: either ends the retries. The cut link
+        streams small chunks from then on (a chunk crosses whole or not at all)."""
         roles, clock = self.roles, self.roles.clock
         deadline = clock.monotonic() + self.timeout
         window = roles.settings.resume_window
-        boot = roles.members.incarnations([peer]).get(peer)
         progress, progressed_at, stalls = -1, clock.monotonic(), 0
         while True:
             try:
@@ -173,9 +171,8 @@ class PeerTransport:
                     progress, progressed_at, stalls = resume.progress, now, 0
                 else:
                     stalls += 1
-                if (window <= 0 or now - progressed_at > window or now >= deadline
-                        or roles.members.incarnations([peer]).get(peer) != boot):
-                    raise
+                if window <= 0 or now - progressed_at > window or now >= deadline:
+                    raise  # stalled, or out of time (a peer that died or restarted refuses the next attempt)
                 resume.chunk_bytes = resume.chunk_bytes or SMALL_CHUNK
                 log.info("%s: the transfer with %s was cut (%s); resuming from what it holds", roles.node_id, peer,
                          exc.detail)
