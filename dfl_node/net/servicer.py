@@ -133,8 +133,9 @@ class DflServicer(pb_grpc.DflNodeServicer):
             if intake is not None:
                 intake.abandon()
         yield pb.Frame(result=pb.TransferResult(accepted=True))  # validated and taken for aggregation
-        try:  # resolves once the fusion is durable: the end of this stream is the sender's confirmation
-            reply = await pending_reply if pending_reply is not None else None
+        try:  # resolves once the fusion is durable: the end of this stream is the sender's confirmation (shielded:
+            # a stream cut meanwhile must leave it to the stream that resumes)
+            reply = await asyncio.shield(pending_reply) if pending_reply is not None else None
         except TransferRejected as exc:  # the group ended without fusing it: an error status, never a clean end
             await context.abort(grpc.StatusCode.ABORTED, f"{exc.reason}: {exc.detail}")
         if reply is not None:

@@ -452,7 +452,7 @@ class MemoryLink:
         if on_accepted is not None:
             on_accepted()
         try:
-            reply = await pending if pending is not None else None
+            reply = await asyncio.shield(pending) if pending is not None else None  # a cut leaves it to a resumption
         except TransferRejected as exc:  # the servicer's ABORTED status, which a PeerClient reports as unreachable
             raise PeerUnreachable("aborted", f"{exc.reason}: {exc.detail}") from exc
         if reply is None:
