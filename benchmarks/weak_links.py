@@ -13,8 +13,8 @@
   small board beside a desktop); Def-KT in round mode with 000's CNN. Reports the rounds, how often each slow node
   took part, how many times a group was played (the holders' logs), and the wall time.
 
-Every daemon serves on 127.0.0.2 where a proxy fronts it (it advertises 127.0.0.1, the proxy's address) and runs one
-torch thread. Prints one JSON object.
+A daemon behind the proxy advertises the proxy's port (``--advertise HOST:PORT``); every daemon runs one torch
+thread. Prints one JSON object.
 
     unshare -n sh -c 'ip link set lo up && exec python benchmarks/weak_links.py cut --dataset mnist --nodes 2 \\
         --hidden 200,200 --rounds 6 --rate 100000 --cut-after 5'
@@ -70,11 +70,14 @@ def started(nodes: list[NodeProcess]) -> Iterator[list[NodeProcess]]:
 
 
 @contextlib.contextmanager
-def behind_proxy(node: NodeProcess, rate: float, cut_after: float) -> Iterator[LinkProxy]:
-    """``node`` serves on 127.0.0.2 and advertises 127.0.0.1, where a proxy on its port forwards to it."""
-    node.env.update({"DFL_HOST": "127.0.0.2", "DFL_ADVERTISE": "127.0.0.1"})
-    with LinkProxy(target=("127.0.0.2", node.grpc_port), listen=("127.0.0.1", node.grpc_port), rate=rate,
-                   cut_after=cut_after) as proxy:
+def behind_proxy(nodes: list[NodeProcess], weak: int, rate: float, cut_after: float) -> Iterator[LinkProxy]:
+    """Node ``weak`` advertises the port of a proxy that forwards to its own: its peers dial it there."""
+    node = nodes[weak]
+    with LinkProxy(target=("127.0.0.1", node.grpc_port), rate=rate, cut_after=cut_after) as proxy:
+        node.env["DFL_ADVERTISE"] = f"127.0.0.1:{proxy.port}"
+        for other in nodes:
+            if other is not node:
+                other.env["DFL_PEERS"] = other.env["DFL_PEERS"].replace(f":{node.grpc_port}", f":{proxy.port}")
         yield proxy
 
 
@@ -128,7 +131,7 @@ def behind_weak_link(args: argparse.Namespace, config: ExperimentConfig, work: P
     time it took and the proxy's counters."""
     nodes = plan(args, config, work)
     began = time.monotonic()
-    with behind_proxy(nodes[weak], args.rate, args.cut_after) as proxy, started(nodes):
+    with behind_proxy(nodes, weak, args.rate, args.cut_after) as proxy, started(nodes):
         statuses = wait_until(nodes, all_done, timeout=args.timeout)
         return nodes, statuses, time.monotonic() - began, proxy.counters.as_dict()
 

@@ -4,8 +4,8 @@ model needs 1.7 connections' lifetimes to cross — more than the 800 kB model a
 stopped a round-mode fleet before transfers resumed. Every round completes, each model crosses in less than 1.5
 times its size, and the fleet ends with the simulator's models for the same seed over perfect links, bit for bit.
 
-node-0 serves on 127.0.0.2 and advertises 127.0.0.1, where the proxy listens on its port: its peers reach it only
-through the proxy, while what it sends goes straight to them."""
+node-0 serves on its port and advertises another (``--advertise HOST:PORT``), where the proxy listens: its peers
+reach it only through the proxy, while what it sends goes straight to them."""
 
 from __future__ import annotations
 
@@ -36,15 +36,17 @@ def test_a_fleet_behind_a_link_that_drops_completes_every_round_as_the_simulator
     nodes = plan_fleet(CONFIG, "defkt", shards, tmp_path, [Placement("127.0.0.1")] * 3, swarm="weak", mdns=False,
                        static_peers=True, extra={"resume_window": 10.0})
     weak = nodes[0]
-    with LinkProxy(target=("127.0.0.2", weak.grpc_port), listen=("127.0.0.1", weak.grpc_port), rate=100_000,
-                   cut_after=2.0) as proxy:
-        weak.env.update({"DFL_HOST": "127.0.0.2", "DFL_ADVERTISE": "127.0.0.1"})  # behind the proxy
+    with LinkProxy(target=("127.0.0.1", weak.grpc_port), rate=100_000, cut_after=2.0) as proxy:
+        weak.env["DFL_ADVERTISE"] = f"127.0.0.1:{proxy.port}"  # behind the proxy
+        for node in nodes[1:]:
+            node.env["DFL_PEERS"] = node.env["DFL_PEERS"].replace(f":{weak.grpc_port}", f":{proxy.port}")
         with running_daemons(nodes):
             statuses = wait_until(nodes, all_done, timeout=120)
         counters = proxy.counters.as_dict()
     result, models = simulated(CONFIG, "defkt", tmp_path / "sim")
     print(json.dumps({"proxy": counters, "models_into_node_0": len(into), "model_bytes": MODEL_BYTES}))
     assert all(s["round"] == CONFIG.rounds for s in statuses.values())  # every round completed
+    assert statuses["node-0"]["grpc_address"] == f"127.0.0.1:{proxy.port}"  # what its peers know and dial
     for node in nodes:  # the simulator's models over perfect links, bit for bit
         mine = load_file(str(node.state_dir / "model.safetensors"))
         assert all(torch.equal(mine[k], models[node.id][k]) for k in models[node.id]), node.id

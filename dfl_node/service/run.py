@@ -73,7 +73,7 @@ class _EmbeddedUvicorn(uvicorn.Server):
 def announcement(node: Node) -> Announcement:
     cfg = node.config
     return Announcement(node_id=cfg.id, swarm=cfg.swarm, host=cfg.network.advertised_host,
-                        grpc_port=cfg.network.grpc_port, http_port=cfg.api.http_port, algorithm=cfg.algorithm,
+                        grpc_port=cfg.network.advertised_port, http_port=cfg.api.http_port, algorithm=cfg.algorithm,
                         fingerprint=node.identity.fingerprint, protocol_version=PROTOCOL_VERSION, boot_id=node.boot_id)
 
 

@@ -32,7 +32,7 @@ def security_of(config: NodeConfig) -> Security:
     try:
         return load_security(config.id, tls_dir=network.tls_dir, tls_ca=network.tls_ca, tls_cert=network.tls_cert,
                              tls_key=network.tls_key, swarm_key_file=network.swarm_key_file,
-                             hosts=(network.host, network.advertise))
+                             hosts=(network.host, network.advertised_host if network.advertise else None))
     except ValueError as exc:
         raise OperatorError(str(exc)) from None
 

@@ -29,6 +29,11 @@ class _Part(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _names_port(address: str) -> bool:
+    """Whether an advertised address names its port (``HOST:PORT``, ``[IPv6]:PORT``) rather than a host alone."""
+    return address.startswith("[") or address.count(":") == 1
+
+
 class DataSettings(DataFormat):
     """This device's data, and how it is read."""
 
@@ -48,7 +53,9 @@ class NetworkSettings(_Part):
     """Where the node serves its peers, how it proves who it is, and what its links may cost."""
 
     host: str = Field("127.0.0.1", description="address to serve on; loopback unless told otherwise")
-    advertise: str | None = Field(None, description="address peers should dial (default: host; required with 0.0.0.0)")
+    advertise: str | None = Field(None, description="address peers should dial, HOST or HOST:PORT (default: host and "
+                                  "--grpc-port; required with 0.0.0.0): a port other than --grpc-port where a router "
+                                  "forwards one, a load balancer or a container publishes it")
     grpc_port: int = Field(50051, ge=1, le=65535, description="port peers stream models to (gRPC)")
     reflection: bool = Field(False, description="serve gRPC server reflection (for grpcurl): a debugging aid that "
                              "describes every service to anyone who reaches the gRPC port")
@@ -94,18 +101,32 @@ class NetworkSettings(_Part):
         """Serving beyond loopback while peers prove nothing (no mTLS, no swarm key)."""
         return not self.authenticated and not is_loopback(self.host)
 
+    @field_validator("advertise")
+    @classmethod
+    def _host_or_address(cls, value: str | None) -> str | None:
+        """``HOST`` or ``HOST:PORT``: a port, if given, must be one (a typo must stop the start)."""
+        if value is not None and _names_port(value):
+            parse_peer(value)
+        return value
+
     @property
     def advertised_host(self) -> str:
         if self.advertise:
-            return self.advertise
+            return parse_peer(self.advertise)[0] if _names_port(self.advertise) else self.advertise
         if self.host in ("0.0.0.0", "::"):
             raise ValueError("--host 0.0.0.0 needs --advertise ADDR: the address peers should dial")
         return self.host
 
     @property
+    def advertised_port(self) -> int:
+        """The port peers dial: ``--advertise``'s, if it names one, else ``--grpc-port``."""
+        return parse_peer(self.advertise)[1] if self.advertise and _names_port(self.advertise) else self.grpc_port
+
+    @property
     def address(self) -> str:
         """host:port where peers reach this node."""
-        return f"{self.advertised_host}:{self.grpc_port}"
+        host = self.advertised_host
+        return f"[{host}]:{self.advertised_port}" if ":" in host else f"{host}:{self.advertised_port}"
 
 
 class MembershipSettings(_Part):
