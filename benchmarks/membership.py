@@ -15,7 +15,8 @@ compared byte for byte: ``identical``):
 Idle is ``--participation 0.001`` (the default here): a node volunteers at one tick in a thousand. Working: every
 node volunteers once a minute (``--interval 60``, jittered ±50 %) and leads a Def-KT exchange. More than ~350 nodes
 need more samples than the embedded digits has (``--dataset mnist``, the default here); anything after ``--`` goes
-to ``dfl-node simulate`` as is (``--faults FILE``…).
+to ``dfl-node simulate`` as is (``--faults FILE``, ``--config experiments/sim_nat_1000.yaml``: 70 % behind NAT, whose
+``relays`` block the run's figures then carry).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def one(nodes: int, args: argparse.Namespace, extra: list[str]) -> dict[str, Any
             raise SystemExit(f"error: {' '.join(command)} failed:\n{child.stderr.read() if child.stderr else ''}")
         text = (Path(out) / f"{args.algorithm}.json").read_bytes()
     result = json.loads(text)
-    return {**result["membership"], "rounds": result["rounds"], "wall_s": round(wall, 1),
+    return {**result["membership"], **({"relays": result["relays"]} if result.get("relays") else {}),
+            "rounds": result["rounds"], "wall_s": round(wall, 1),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024),
             "results_sha256": hashlib.sha256(text).hexdigest()}
 

@@ -6,6 +6,8 @@ simulator's fleet on the virtual clock (:mod:`dfl_node.sim.experiment`) and the 
 
 from __future__ import annotations
 
+from collections import Counter
+
 from dfl_node.results import EvalRecord, NodeResult, RunResult, SeriesRecord
 from dfl_node.settings.experiment import ExperimentConfig
 
@@ -103,7 +105,7 @@ def fleet_result(driver: str, statuses: dict[str, dict], histories: dict[str, li
                    param_sha256=status["param_sha256"], num_train=train_sizes[node_id],
                    models_sent=status["models_sent"], models_received=status["models_received"],
                    model=status["model"], rejected=status.get("rejected", {}),
-                   **{counter: status.get(counter, 0) for counter in LINK_COUNTERS})
+                   **{counter: status.get(counter, 0) for counter in LINK_COUNTERS}, **_reach(status))
         for node_id, status in statuses.items()
     ]
     points = sorted({*range(0, rounds + 1, config.eval_every), rounds})
@@ -113,4 +115,26 @@ def fleet_result(driver: str, statuses: dict[str, dict], histories: dict[str, li
         bytes_transmitted=sum(s["bytes_sent"] for s in statuses.values()),
         models_transmitted=sum(s["models_sent"] for s in statuses.values()), wall_time_s=ended - started,
         **{counter: sum(getattr(n, counter) for n in results) for counter in LINK_COUNTERS},
+        relays=relay_figures(results),
     )
+
+
+def _reach(status: dict) -> dict:
+    """A node's reachability and what it carried as a relay, from its ``/status``."""
+    relaying = status.get("relaying") or {}
+    return {"reachability": status.get("reachability", ""), "relay": status.get("relay"),
+            "relayed_bytes": relaying.get("bytes", 0), "relayed_connections": relaying.get("connections", 0)}
+
+
+def relay_figures(nodes: list[NodeResult]) -> dict[str, int] | None:
+    """What relaying cost a fleet (None: no node was relayed or relayed): nodes relayed, by how many relays, the
+    most one relay held, and the bytes and connections the relays carried."""
+    relayed = [n for n in nodes if n.relay]
+    if not relayed and not any(n.relayed_bytes for n in nodes):
+        return None
+    per_relay = Counter(n.relay for n in relayed)
+    return {"nodes_relayed": len(relayed), "relays": len(per_relay), "most_on_one_relay": max(per_relay.values(),
+                                                                                              default=0),
+            "bytes_relayed": sum(n.relayed_bytes for n in nodes),
+            "connections_relayed": sum(n.relayed_connections for n in nodes),
+            "unreachable": sum(n.reachability == "unreachable" for n in nodes)}

@@ -54,12 +54,12 @@ class TokenBucket:
             self._refill()
 
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKM]?)\s*$")
-_SUFFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6}
+_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKMG]?)\s*$")
+_SUFFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9}
 
 
 def parse_rate(text: str) -> float:
-    """Bytes/s from ``"2000"``, ``"100k"`` (1e3) or ``"1.5M"`` (1e6); positive."""
+    """Bytes/s (or bytes) from ``"2000"``, ``"100k"`` (1e3), ``"1.5M"`` (1e6) or ``"2G"`` (1e9); positive."""
     match = _RATE.match(text)
     if match is None:
         raise ValueError(f"not a rate: {text!r} (bytes/s, e.g. 2000, 100k, 1.5M)")

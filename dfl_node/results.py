@@ -56,6 +56,10 @@ class NodeResult(BaseModel):
                                "could be)")
     bytes_resent: int = Field(0, description="bytes the node sent again because a stream was cut")
     groups_replanned: int = Field(0, description="round mode, as holder: groups planned around after they kept failing")
+    reachability: str = Field("", description="how peers reached the node at the end: direct, relayed, unreachable")
+    relay: str | None = Field(None, description="the member that relayed it (behind NAT)")
+    relayed_bytes: int = Field(0, description="bytes it carried as a relay for others, both ways")
+    relayed_connections: int = Field(0, description="connections it carried as a relay for others")
 
 
 class ThresholdCount(BaseModel):
@@ -108,6 +112,8 @@ class RunResult(BaseModel):
     transfers_cut: int = Field(0, description="model streams a link cut, counted at both ends")
     groups_replanned: int = Field(0, description="round mode: groups planned around after they kept failing (a link "
                                   "that could not carry their model, a member too slow for its deadline)")
+    relays: dict[str, int] | None = Field(None, description="a fleet with nodes behind NAT: how many were relayed, "
+                                          "by how many relays, and what the relays carried (docs/nat.md)")
     wall_time_s: float = Field(description="seconds the run took; a simulated fleet's: virtual seconds, as its "
                                            "curve's wall_time_s")
     faults: dict[str, Any] | None = Field(None, description="a simulated fleet's faults and what they cost "

@@ -45,7 +45,7 @@ async def test_a_node_joins_through_a_seed_that_comes_up_late_and_then_leaves_it
             a = await stack.enter_async_context(running(a_config))
             await until(lambda: seeds.joined, "b joined through a")
             c_config = node_config(fleet_shards, tmp_path / "c", id="node-2", data=fleet_shards / "node-2",
-                                   join=[b.membership.address])
+                                   join=[b.address])
             c = await stack.enter_async_context(running(c_config))
             nodes = {"node-0": a, "node-1": b, "node-2": c}
             await until(lambda: all(n.membership.alive_ids() == sorted(set(nodes) - {i}) for i, n in nodes.items()),

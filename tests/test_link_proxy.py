@@ -254,7 +254,7 @@ def test_parse_rate(text: str, rate: float) -> None:
     assert parse_rate(text) == rate
 
 
-@pytest.mark.parametrize("text", ["nonsense", "", "0", "-5k", "1G", "1.5MB", "k"])
+@pytest.mark.parametrize("text", ["nonsense", "", "0", "-5k", "1T", "1.5MB", "k"])
 def test_parse_rate_refuses(text: str) -> None:
     with pytest.raises(ValueError):
         parse_rate(text)

@@ -24,7 +24,10 @@ COUNTED = [re.compile(p) for p in (
     r'TransferRejected\(\s*"(\w+)"', r'_reject\(\s*"(\w+)"', r'on_rejected\(\s*"(\w+)"', r'rejected\["(\w+)"\]',
     r'PeerUnauthenticated\(\s*"(\w+)"', r'ProbeReply\(ok=False, reason="(\w+)"', r'Ack\(ok=False, reason="(\w+)"',
 )]
-NOT_REFUSALS = {"unreachable"}  # an Ack a node makes for itself when it has no address to call: never counted
+# An Ack a node makes for itself when it has no address to call, or a member's answer to a dial-back (never counted);
+# a relay's answer to a reservation, counted as its own load (/status relaying.refused, dfl_relay_refused_total), not
+# as a refused transfer or Hello.
+NOT_REFUSALS = {"unreachable", "busy", "no_slot"}
 
 
 def counted_in_code() -> set[str]:

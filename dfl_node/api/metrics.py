@@ -55,6 +55,7 @@ COUNTER_METRICS = {
     "bytes_resent": ("dfl_resent_bytes", "Bytes sent again because a model stream was cut."),
     "groups_replanned": ("dfl_groups_replanned", "Round mode: groups that failed group_attempts times with their "
                                                  "members alive, planned around by the holder."),
+    "rounds_held": ("dfl_rounds_held", "Round mode: rounds this node played as the round token's holder."),
 }
 
 Timed = Literal["role", "train", "fusion", "transfer", "model_size", "predict"]
@@ -108,6 +109,18 @@ class StatusCollector(Collector):
         yield gauge("dfl_done", "1 once the node reached its round/time budget.", s.done)
         yield gauge("dfl_work_seconds", "Seconds of computation the node's last role took (its deadlines follow it).",
                     s.work_s)
+        reach = GaugeMetricFamily("dfl_reachability", "1 for how peers reach the node: direct, relayed (behind NAT, "
+                                  "through the member named by relay), unreachable or unknown.",
+                                  labels=["node", "state", "relay"])
+        reach.add_metric([s.id, s.reachability, s.relay or ""], 1)
+        yield reach
+        yield gauge("dfl_relay_slots", "Members this node relays now (their peers cannot dial them).", s.relaying.slots)
+        for field, help_text in (("connections", "Connections this node carried as a relay."),
+                                 ("bytes", "Bytes this node carried as a relay, both ways."),
+                                 ("refused", "Relay reservations this node refused: no slot left.")):
+            counter = CounterMetricFamily(f"dfl_relay_{field}", help_text, labels=["node"])
+            counter.add_metric(node, getattr(s.relaying, field))
+            yield counter
         links = {(p.id, direction): rate for p in s.peers if p.link is not None
                  for direction, rate in (("sent", p.link.sent_bytes_per_s), ("received", p.link.received_bytes_per_s))
                  if rate is not None}

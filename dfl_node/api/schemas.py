@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from dfl_node import __version__
 
 __all__ = ["Counters", "DataStatus", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "LinkReport",
-           "ModelInfo", "NodeStatus", "PeerInfo", "Prediction", "Predictions", "RefusedPeer", "TokenView"]
+           "ModelInfo", "NodeStatus", "PeerInfo", "Prediction", "Predictions", "RefusedPeer", "RelayView",
+           "TokenView"]
 
 
 class LinkReport(BaseModel):
@@ -52,6 +53,8 @@ class PeerInfo(BaseModel):
     work_s: float | None = Field(default=None, description="seconds of computation the peer's last role took, as it "
                                  "says (its estimate before any role): a holder's deadlines for it follow this")
     link: LinkReport | None = Field(default=None, description="what this node measured of its link to the peer")
+    relay: str | None = Field(default=None, description="the member the peer is reached through, as it says (it is "
+                              "behind NAT or a firewall; its address is its slot on that relay); None: directly")
 
 
 class RefusedPeer(BaseModel):
@@ -69,6 +72,16 @@ class RefusedPeer(BaseModel):
     by: Literal["us", "peer"] = Field(description='"us": this node refused the peer; "peer": the peer refused us')
     since: float = Field(description="unix time of the first such refusal")
     last: float = Field(description="unix time of the newest")
+
+
+class RelayView(BaseModel):
+    """What a node carries as a relay for members their peers cannot dial (docs/nat.md)."""
+
+    slots: int = Field(0, description="members it relays now")
+    max_slots: int = Field(0, description="members it may relay at once (--relay-slots; 0: it relays nobody)")
+    connections: int = Field(0, description="connections it carried to them since its start")
+    bytes: int = Field(0, description="bytes it carried for them since its start, both ways")
+    refused: int = Field(0, description="reservations it refused: no slot left")
 
 
 class Counters(BaseModel):
@@ -89,6 +102,7 @@ class Counters(BaseModel):
     transfers_cut: int = 0  # model streams a link cut mid-way, at either end (resumed where they could be)
     bytes_resent: int = 0  # bytes this node sent again because a stream was cut
     groups_replanned: int = 0  # round mode, as holder: groups that failed group_attempts times, planned around
+    rounds_held: int = 0  # round mode: rounds this node played as the token's holder (planned, saw fused)
 
 
 COUNTER_FIELDS = tuple(Counters.model_fields)
@@ -154,6 +168,12 @@ class NodeStatus(Counters):
                           "before any role, from its first evaluation; 0: unknown): a holder's deadlines follow it")
     max_upload: float = Field(default=0.0, description="bytes/s its model transfers may send at most (0: no cap)")
     max_download: float = Field(default=0.0, description="bytes/s its model transfers may receive at most (0: no cap)")
+    reachability: Literal["unknown", "direct", "relayed", "unreachable"] = Field(
+        default="unknown", description='whether peers can dial it: "direct" (a member dialed it back), "relayed" '
+        '(behind NAT: peers reach it through relay, at grpc_address), "unreachable" (no relay found yet), '
+        '"unknown" (not asked yet)')
+    relay: str | None = Field(default=None, description="the member that relays it (reachability relayed)")
+    relaying: RelayView = Field(default_factory=RelayView, description="what it carries as a relay for others")
 
     @property
     def counters(self) -> Counters:
@@ -206,6 +226,8 @@ class FleetMember(BaseModel):
     model: str | None = None
     work_s: float | None = Field(default=None, description="seconds of computation its last role took, as it says")
     link: LinkReport | None = Field(default=None, description="what the serving node measured of its link to it")
+    relay: str | None = Field(default=None, description="the member it is reached through (it is behind NAT), as it "
+                              "says; None: directly")
 
 
 class TokenView(BaseModel):

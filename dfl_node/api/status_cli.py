@@ -102,13 +102,35 @@ def _refusals(s: dict[str, Any]) -> str | None:
 
 
 def _state(s: dict[str, Any]) -> str:
-    """done or ok, and what refusals at Hello made of the node: no compatible peer at all, or peers it lacks (the
-    refused-at-hello table below says who and why)."""
+    """done or ok, how peers reach it if not directly (behind NAT: relayed by whom, or unreachable), and what
+    refusals at Hello made of the node: no compatible peer at all, or peers it lacks (the refused-at-hello table
+    below says who and why)."""
     refused = {r.get("id") for r in s.get("refused_peers") or [] if isinstance(r, dict)}
     if refused and not any(p.get("alive") for p in s.get("peers") or []):
         return "[red]no compatible peer[/]"
     state = "[green]done[/]" if s.get("done") else "[green]ok[/]"
+    if s.get("reachability") == "relayed":
+        state += f", {escape(str(_reach(s)))}"
+    elif s.get("reachability") == "unreachable":
+        state += ", [red]unreachable[/]"
     return f"{state}, [yellow]{len(refused)} refused[/]" if refused else state
+
+
+def _reach(s: dict[str, Any]) -> str | None:
+    """How peers reach the node: ``direct``, ``relayed by node-2``, ``unreachable`` (None: a node too old to say)."""
+    state = s.get("reachability")
+    if state == "relayed":
+        return f"relayed by {s.get('relay')}"
+    return None if state is None else str(state)
+
+
+def _relaying(s: dict[str, Any]) -> str | None:
+    """What the node carries as a relay (None: it relays nobody, and never did)."""
+    r = s.get("relaying")
+    if not isinstance(r, dict) or not (r.get("slots") or r.get("connections")):
+        return None
+    return (f"{r.get('slots')}/{r.get('max_slots')} members, {r.get('connections')} connections, "
+            f"{format_bytes(r.get('bytes'))}" + (f", {r.get('refused')} refused" if r.get("refused") else ""))
 
 
 def _node_table(s: dict[str, Any], url: str) -> Table:
@@ -136,6 +158,8 @@ def _node_table(s: dict[str, Any], url: str) -> Table:
         *([("static peers not answering", ", ".join(map(str, s["unreachable_peers"])))]
           if s.get("unreachable_peers") else []),
         ("gRPC address", s.get("grpc_address")),
+        ("reachability", _reach(s)),
+        *([("relaying", _relaying(s))] if _relaying(s) else []),
         ("version", s.get("version")),
         ("uptime", None if s.get("uptime_s") is None else f"{float(s['uptime_s']):.0f} s"),
     ]

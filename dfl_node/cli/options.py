@@ -28,6 +28,7 @@ from dfl_node.settings.parts import Composite
 F = TypeVar("F", bound=Callable[..., Any])
 M = TypeVar("M", bound=Composite)
 
+RATES = ("max_upload", "max_download", "relay_rate", "relay_bytes")  # bytes(/s), or 100k, 1.5M, 20G
 # List fields whose repeatable option is spelled as one item (``--peer A --peer B`` fills ``peers``).
 ITEM_FLAGS = {"algorithms": "algorithm", "peers": "peer", "architectures": "architecture"}
 
@@ -82,7 +83,8 @@ def field_option(name: str, field: FieldInfo) -> Callable[[F], F]:
     if repeatable:
         [item_type] = typing.get_args(value_type)
         return click.option(flag, name, type=_click_type(field, item_type), multiple=True, help=help_text)
-    return click.option(flag, name, type=_click_type(field, value_type), default=None, help=help_text)
+    kind = _Cap() if name in RATES else _click_type(field, value_type)
+    return click.option(flag, name, type=kind, default=None, help=help_text)
 
 
 def _help_notes(name: str, field: FieldInfo, repeatable: bool) -> str:
@@ -145,11 +147,10 @@ def partition_options(func: F) -> F:
 
 NODE_SETTINGS = ("heartbeat", "peer_timeout", "token_timeout", "round_timeout", "max_round_timeout", "group_attempts",
                  "resume_window", "max_upload", "max_download", "interval", "participation")
-RATES = ("max_upload", "max_download")  # bytes/s, or 100k, 1.5M: as `dfl-node start` reads them
 
 
 class _Cap(click.ParamType):
-    name = "bytes/s"
+    name = "bytes"  # bytes/s or bytes, with k, M or G
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         try:

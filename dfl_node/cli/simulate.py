@@ -209,13 +209,15 @@ def _progress_bar(algorithm: str, mode: str, total: float, quiet: bool) -> Itera
 
 
 def _say_what_happened(result: RunResult) -> None:
-    """One JSON line: virtual seconds, and the faults, the links' cuts and the device classes where the config has
-    them."""
+    """One JSON line: virtual seconds, and the faults, the links' cuts, the relays and the device classes where the
+    config has them."""
     summary: dict[str, Any] = {"algorithm": result.algorithm, "mode": result.mode,
                                "virtual_s": round(result.wall_time_s, 1)}
     if result.transfers_cut or result.groups_replanned:
         summary["links"] = {"transfers_cut": result.transfers_cut, "bytes_resent": result.bytes_resent,
                             "bytes_transmitted": result.bytes_transmitted, "groups_replanned": result.groups_replanned}
+    if result.relays is not None:
+        summary["relays"] = result.relays
     if result.faults is not None:
         summary["faults"] = {k: v for k, v in result.faults.items() if k != "faults"}  # each fault: in --out
     if result.device_classes is not None:

@@ -120,10 +120,11 @@ class KnownAll:
 
 
 @contextlib.contextmanager
-def placements(count: int, netns: bool, sites: int, console: Console) -> Iterator[list[Placement]]:
+def placements(count: int, netns: bool, sites: int, console: Console, nat: int = 0) -> Iterator[list[Placement]]:
     """Loopback addresses, or one namespace per node that is removed however the run ends: on one bridge, or on
-    ``sites`` bridges routed to each other, each node given one ``--join`` address in the next site (and, when
-    the run ends, which sources each site's mDNS came from: its own nodes only)."""
+    ``sites`` bridges routed to each other, the last ``nat`` of them behind NAT, each node given one ``--join``
+    address it can dial, in the next site or a public one (and, when the run ends, which sources each site's mDNS
+    came from: its own nodes only)."""
     if not netns:
         yield [Placement("127.0.0.1") for _ in range(count)]
         return
@@ -134,22 +135,23 @@ def placements(count: int, netns: bool, sites: int, console: Console) -> Iterato
         with NetnsTopology(count) as lan:
             yield [Placement(h.address, h.name) for h in lan.hosts]
         return
-    with SitesTopology(sites, count // sites) as topology, topology.multicast_seen() as seen:
+    with SitesTopology(sites, count // sites, nat=nat) as topology, topology.multicast_seen() as seen:
         yield [Placement(h.address, h.name, [topology.join_address(i, GRPC_PORT)])
                for i, h in enumerate(topology.hosts)]
     for site, sources in sorted(seen.items()):
         own = {h.address for h in topology.sites[site]}
         console.print(f"site {site + 1}: mDNS from {len(set(sources) & own)} of its {len(own)} nodes, "
-                      f"{len(set(sources) - own - {topology.monitors[site].address})} from elsewhere", highlight=False)
+                      f"{len(set(sources) - own - {topology.monitors[site].address})} from elsewhere"
+                      f"{' (behind NAT)' if site in topology.nat_routers else ''}", highlight=False)
 
 
 def run_algorithm(config: ExperimentConfig, algorithm: str, fleet: FleetData, root: Path, *, mode: str, duration: float,
                   netns: bool, sites: int, mdns: bool, static_peers: bool, timeout: float,
-                  console: Console) -> RunResult:
+                  console: Console, nat_sites: int = 0) -> RunResult:
     """Launch one fleet for ``algorithm``, watch it until every node is done, collect, and always stop it."""
     run_dir = root / algorithm
     run_dir.mkdir(parents=True, exist_ok=True)
-    with placements(config.nodes, netns, sites, console) as places:
+    with placements(config.nodes, netns, sites, console, nat_sites) as places:
         nodes = plan_fleet(config, algorithm, root / "shards", run_dir, places, swarm=f"tb-{uuid.uuid4().hex[:8]}",
                            mode=mode, mdns=mdns, static_peers=static_peers,
                            extra={"duration": duration} if mode == "async" else None)
@@ -202,6 +204,9 @@ def save(result: RunResult, out: Path | None) -> None:
 @click.option("--sites", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --netns: this many sites (bridges routed to each other, mDNS confined to each), every "
                    "node given one --join address in the next site; --nodes must be a multiple.")
+@click.option("--nat-sites", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --netns and --sites: the last this many sites are behind NAT (a masquerading router each: "
+                   "their nodes dial out, nobody dials in) and join through a public site; fewer than --sites.")
 @click.option("--mdns/--no-mdns", default=True, show_default=True, help="Discover by mDNS.")
 @click.option("--static-peers", is_flag=True, help="Also give every node the others' addresses.")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
@@ -209,8 +214,8 @@ def save(result: RunResult, out: Path | None) -> None:
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep shards, state and logs here (default: a temp folder; a run that succeeds keeps its logs and "
                    "state there, one that fails everything).")
-def testbed(out: Path | None, mode: str, duration: float, netns: bool, sites: int, mdns: bool, static_peers: bool,
-            timeout: float, workdir: Path | None, config_path: Path | None, **flags: Any) -> None:
+def testbed(out: Path | None, mode: str, duration: float, netns: bool, sites: int, nat_sites: int, mdns: bool,
+            static_peers: bool, timeout: float, workdir: Path | None, config_path: Path | None, **flags: Any) -> None:
     """Run a fleet of real daemons on this machine and collect results in the simulator's schema.
 
     SIGINT and SIGTERM stop every daemon (and namespace) before the testbed exits.
@@ -223,6 +228,8 @@ def testbed(out: Path | None, mode: str, duration: float, netns: bool, sites: in
                                "testbed's daemons are all honest")
     if sites > 1 and (not netns or config.nodes % sites):
         raise click.UsageError("--sites needs --netns and a --nodes that is a multiple of it")
+    if nat_sites and (not netns or nat_sites >= sites):
+        raise click.UsageError("--nat-sites needs --netns and a --sites above it (a public site to join through)")
     console = Console()
     fleet = provision(config)
     results: list[RunResult] = []
@@ -233,8 +240,7 @@ def testbed(out: Path | None, mode: str, duration: float, netns: bool, sites: in
                 for algorithm in config.algorithms:
                     results.append(run_algorithm(config, algorithm, fleet, root, mode=mode, duration=duration,
                                                  netns=netns, sites=sites, mdns=mdns, static_peers=static_peers,
-                                                 timeout=timeout,
-                                                 console=console))
+                                                 timeout=timeout, console=console, nat_sites=nat_sites))
                     save(results[-1], out)
         except Interrupted as exc:
             kept = f"work folder kept: {workdir}" if workdir else "work folder removed"

@@ -37,7 +37,17 @@ from dfl_node.peering.errors import (
     TransferRefused,
     TransferRejected,
 )
-from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Ping, PingAck, PullRequest, Token
+from dfl_node.peering.messages import (
+    Ack,
+    Assignment,
+    DialBackRequest,
+    Hello,
+    HelloReply,
+    Ping,
+    PingAck,
+    PullRequest,
+    Token,
+)
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
 from dfl_node.peering.resume import Resume
 
@@ -231,14 +241,16 @@ class PeerClient:
         self.hash = negotiate(self.wire.hashes, reply.hashes)
         return reply
 
-    async def _reachable(self) -> None:
-        """Until our channel is connected (at once if it is), else :class:`TransferRefused`: ``unreachable``,
-        or ``closed`` when our node closed the channel meanwhile (it stops, or forgot the peer)."""
+    async def _reachable(self, within: float | None = None) -> None:
+        """Until our channel is connected (at once if it is), for at most ``within`` seconds (``connect_timeout``),
+        else :class:`TransferRefused`: ``unreachable``, or ``closed`` when our node closed the channel meanwhile
+        (it stops, or forgot the peer)."""
+        within = self.connect_timeout if within is None else within
         try:
-            await asyncio.wait_for(self.channel.channel_ready(), self.connect_timeout)
+            await asyncio.wait_for(self.channel.channel_ready(), within)
         except TimeoutError:
             raise TransferRefused("unreachable", f"{self.address} did not accept a connection within "
-                                                 f"{self.connect_timeout:g} s") from None
+                                                 f"{within:g} s") from None
         except grpc.aio.UsageError:
             raise TransferRefused("closed", f"our channel to {self.address} was closed") from None
 
@@ -252,9 +264,19 @@ class PeerClient:
             raise _unreachable(exc, timeout) from exc
 
     async def _unary(self, method: grpc.aio.UnaryUnaryMultiCallable, message: Any, timeout: float) -> Any:
-        """One round RPC: ``message`` to the wire, the call, its answer back to the port's type."""
+        """One round RPC: ``message`` to the wire, the call, its answer back to the port's type. The connection
+        comes first, within ``connect_timeout``: an Assign's deadline is its whole role's, and an address that
+        accepts nothing (a relayed peer's old slot, before gossip brings its new one) must not hold the holder's
+        round for it."""
         request = to_wire(message)
-        return from_wire(await self._call(lambda: method(request, timeout=timeout, wait_for_ready=True), timeout))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            await self._reachable(min(timeout, self.connect_timeout))
+        except TransferRefused as exc:
+            raise PeerUnreachable(exc.reason, exc.detail) from None
+        left = max(timeout - (loop.time() - started), 1e-3)
+        return from_wire(await self._call(lambda: method(request, timeout=left, wait_for_ready=True), left))
 
     async def assign(self, assignment: Assignment, timeout: float) -> Ack:
         return await self._unary(self.stub.Assign, assignment, timeout)
@@ -267,6 +289,9 @@ class PeerClient:
 
     async def ping(self, ping: Ping, timeout: float) -> PingAck:
         return await self._unary(self.stub.Ping, ping, timeout)
+
+    async def dial_back(self, request: DialBackRequest, timeout: float) -> Ack:
+        return await self._unary(self.stub.DialBack, request, timeout)
 
     async def push(self, message: ModelMessage, epoch: int, *, timeout: float,
                    on_accepted: Callable[[], None] | None = None,

@@ -19,6 +19,7 @@ from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.messages import (
     Ack,
     Assignment,
+    DialBackRequest,
     Hello,
     HelloReply,
     MemberUpdate,
@@ -27,6 +28,7 @@ from dfl_node.peering.messages import (
     PingAck,
     Progress,
     PullRequest,
+    ReserveRequest,
     Token,
 )
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
@@ -37,6 +39,7 @@ _WIRE: dict[type, type[Message]] = {
     Hello: pb.HelloRequest, HelloReply: pb.HelloReply, Progress: pb.RoundProgress, Assignment: pb.RoundAssignment,
     Token: pb.RoundToken, Ack: pb.Ack, PullRequest: pb.PullRequest, ProbeRequest: pb.ProbeRequest,
     ProbeReply: pb.ProbeReply, MemberUpdate: pb.MemberUpdate, Ping: pb.MembershipPing, PingAck: pb.MembershipAck,
+    DialBackRequest: pb.DialBackRequest, ReserveRequest: pb.ReserveRequest,
 }
 _DOMAIN: dict[type[Message], type] = {wire: domain for domain, wire in _WIRE.items()} | {pb.TransferHeader: Offer}
 

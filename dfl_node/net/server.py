@@ -10,6 +10,7 @@ from dfl_node.net.auth import NO_SECURITY, Authenticator, Security
 from dfl_node.net.handlers import method_handlers, register
 from dfl_node.net.pacing import NO_PACING, Pacing
 from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.net.relay import RelayServer
 from dfl_node.net.servicer import DflServicer
 from dfl_node.net.standard import add_standard_services
 from dfl_node.net.wire import SERVICE_NAME, WireIdentity, channel_options
@@ -18,17 +19,18 @@ from dfl_node.peering.port import PeerHandler
 
 async def start_server(node: PeerHandler, wire: WireIdentity, idle_timeout: float, host: str, port: int,
                        security: Security = NO_SECURITY, *, reflection: bool = False,
-                       pacing: Pacing = NO_PACING) -> tuple[grpc.aio.Server, int]:
+                       pacing: Pacing = NO_PACING, relay: RelayServer | None = None) -> tuple[grpc.aio.Server, int]:
     """Serve the node (plus health, and reflection if asked) on ``host:port``; returns the server and the
     bound port. Received models are checked against ``wire``; a Transfer stream silent for ``idle_timeout`` is
-    dropped; model streams keep to ``pacing``'s caps. With TLS material in ``security`` the port speaks mutual TLS
-    only (a client certificate signed by the swarm CA, from files or derived from a swarm key, is required).
+    dropped; model streams keep to ``pacing``'s caps; ``relay`` holds the slots it relays. With TLS material in
+    ``security`` the port speaks mutual TLS only (a client certificate signed by the swarm CA, from files or derived
+    from a swarm key, is required).
 
     SO_REUSEPORT is off (gRPC turns it on by default): with it, a second node on a port in use
     would bind too, and the kernel would split the connections between the two.
     """
     server = grpc.aio.server(options=[*channel_options(wire.limits), ("grpc.so_reuseport", 0)])
-    handlers = method_handlers(DflServicer(node, wire, idle_timeout, Authenticator(security), pacing))
+    handlers = method_handlers(DflServicer(node, wire, idle_timeout, Authenticator(security), pacing, relay))
     register(server, pb.DESCRIPTOR.services_by_name["DflNode"], handlers)
     add_standard_services(server, (SERVICE_NAME,), node.on_rejected, reflection=reflection)
     if security.tls is not None:

@@ -25,13 +25,26 @@ from dfl_node.net.frames import ReadFrame, WireFrame, wire_size
 from dfl_node.net.pacing import NO_PACING, Pacing
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
+from dfl_node.net.relay import RelayServer
 from dfl_node.net.wire import WireIdentity
 from dfl_node.peering.errors import UNCOUNTED_REFUSALS, TransferRejected
-from dfl_node.peering.messages import MAX_MEMBERS, MAX_UPDATES, Assignment, Hello, Offer, Ping, PullRequest, Token
+from dfl_node.peering.messages import (
+    MAX_MEMBERS,
+    MAX_UPDATES,
+    Assignment,
+    DialBackRequest,
+    Hello,
+    Offer,
+    Ping,
+    PullRequest,
+    ReserveRequest,
+    Token,
+)
 from dfl_node.peering.port import Intake, PeerHandler
 from dfl_node.peering.probes import ProbeRequest
 
 log = logging.getLogger(__name__)
+RELAY_HEARTBEAT_S = 5.0  # a relay's empty event on a reservation's stream: its node knows the slot is held
 
 
 def _assignment_problem(request: pb.RoundAssignment) -> str | None:
@@ -50,9 +63,11 @@ class DflServicer(pb_grpc.DflNodeServicer):
     ``idle_timeout`` is dropped (it never holds a role or a buffer)."""
 
     def __init__(self, node: PeerHandler, wire: WireIdentity, idle_timeout: float,
-                 auth: Authenticator | None = None, pacing: Pacing = NO_PACING) -> None:
+                 auth: Authenticator | None = None, pacing: Pacing = NO_PACING,
+                 relay: RelayServer | None = None) -> None:
         self.node, self.wire, self.idle_timeout = node, wire, idle_timeout
         self.pacing = pacing  # the node's caps: the pushes it reads, the replies and pulled models it streams
+        self.relay = relay  # its relay slots for members their peers cannot dial (None: it relays nobody)
         self.auth = auth or Authenticator()  # TLS (mTLS or a swarm key): who may call, as whom (dfl_node.net.auth)
 
     async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloReply:
@@ -191,6 +206,35 @@ class DflServicer(pb_grpc.DflNodeServicer):
                                   f"(at most {limit})", request.sender[:64] or context.peer())
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "too_many_updates")
         return to_wire(await self.node.ping(from_wire(request, Ping)))
+
+    async def DialBack(self, request: pb.DialBackRequest, context: grpc.aio.ServicerContext) -> pb.Ack:
+        await self._check_unary(context, request.sender)
+        return to_wire(await self.node.dial_back(from_wire(request, DialBackRequest)))
+
+    async def Reserve(self, request: pb.ReserveRequest,
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RelayEvent]:
+        """A relay slot for an authenticated member (the node says whether it may have one), held for as long as
+        the call lasts: its port first, then an announcement per incoming connection, and heartbeats."""
+        await self._check_unary(context, request.sender)
+        ack = await self.node.reserve(from_wire(request, ReserveRequest))
+        slot = await self.relay.open(request.sender) if ack.ok and self.relay is not None else None
+        if slot is None:
+            yield pb.RelayEvent(reason=ack.reason if not ack.ok else "no_slot")
+            return
+        assert self.relay is not None
+        try:
+            yield pb.RelayEvent(address=slot.address, heartbeat_s=RELAY_HEARTBEAT_S, relay=self.relay.node_id)
+            while True:
+                try:
+                    token = await asyncio.wait_for(slot.incoming.get(), RELAY_HEARTBEAT_S)
+                except TimeoutError:
+                    yield pb.RelayEvent()  # the slot is held: a heartbeat
+                    continue
+                if token is None:  # the relay gave the slot back (its --relay-bytes spent)
+                    return
+                yield pb.RelayEvent(token=token)
+        finally:
+            await self.relay.close(slot)
 
     # Assign and PassToken name no caller: a selecting sender binds its choice in its holder's name.
     async def Assign(self, request: pb.RoundAssignment, context: grpc.aio.ServicerContext) -> pb.Ack:

@@ -47,6 +47,7 @@ from dfl_node.node.link_quality import LinkQuality
 from dfl_node.node.membership import Membership
 from dfl_node.node.ports import Scheduler, SchedulerPort
 from dfl_node.node.progress import RoundProgress
+from dfl_node.node.reach import Reach
 from dfl_node.node.reports import Reporter
 from dfl_node.node.requests import PeerRequests
 from dfl_node.node.roles import Roles
@@ -70,7 +71,6 @@ class Node:
         self.boot_id = uuid.uuid4().hex
         self._hello: Hello | None = None  # our Hello as last built (:meth:`hello`)
         self._progress: tuple[tuple[object, ...], Progress] | None = None  # and our progress (:meth:`own_progress`)
-        self.address = config.network.address  # where peers reach it
         self.ready = asyncio.Event()  # set once it serves and its start is evaluated and checkpointed
         self._finished = False  # finish() ran in this process
         self.progress = RoundProgress(clock)
@@ -87,14 +87,17 @@ class Node:
                                role=lambda: self.roles.role.value)
         self.identity = self.learner.identity(config.swarm, config.network.wire_dtype)
         self.network = network(self.identity, self.hello)
-        self.membership = Membership(config.id, self.address, config.membership, clock, hello=self.hello,
+        self.reach = Reach(config.id, config.network.address, config.swarm, config.network.relay,
+                           config.network.relay_slots, clock, self.network, changed=lambda: None)
+        self.membership = Membership(config.id, lambda: self.reach.address, config.membership, clock, hello=self.hello,
                                      profile=self.learner.profile, fingerprint_of=self.identity.fingerprint_of,
                                      network=self.network, tally=self.tally, on_join=self._peer_joined,
                                      on_lost=lambda peer: self.absences.peer_lost(peer),
                                      seed=derive_seed(config.learning.seed, config.id, "membership"))
         self.reporter = Reporter(config.id, schedule, clock, self.started, self.tally)
         self.links = LinkQuality()
-        self.roles = Roles(config.id, self.address, config.roles, schedule, config.swarm, clock, learner=self.learner,
+        self.roles = Roles(config.id, lambda: self.reach.address, config.roles, schedule, config.swarm, clock,
+                           learner=self.learner,
                            progress=self.progress, tally=self.tally, members=self.membership, network=self.network,
                            reporter=self.reporter, defences=config.defences, links=self.links)
         self.absences = Absences(self.roles, self.membership)
@@ -104,7 +107,8 @@ class Node:
         self.scheduler: Scheduler = RoundScheduler(port) if schedule.mode == "round" else AsyncScheduler(port)
         self.requests = PeerRequests(config.id, config.swarm, schedule, config.roles, clock,
                                      membership=self.membership, roles=self.roles, scheduler=self.scheduler,
-                                     progress=self.progress, learner=self.learner, tally=self.tally)
+                                     progress=self.progress, learner=self.learner, tally=self.tally,
+                                     reach=self.reach)
         # The state dir is locked before anything reads it, and held until the node stops: a second node started on
         # it stops with the one-line error, having read (and logged) nothing of the first's state.
         self.learner.checkpoint.lock.acquire()
@@ -117,6 +121,11 @@ class Node:
     @property
     def node_id(self) -> str:
         return self.config.id
+
+    @property
+    def address(self) -> str:
+        """Where peers reach it: its own address, or its slot on its relay (:class:`~dfl_node.node.reach.Reach`)."""
+        return self.reach.address
 
     def _restore(self) -> None:
         """Resume from the newest checkpoint, if any: the learner's models and history, then the other parts'."""
@@ -137,19 +146,20 @@ class Node:
     def hello(self) -> Hello:
         """Our Hello: who we are, and where we stand. The same object while neither where we stand nor our data
         changed: every membership message carries it (a thousand a second in a thousand-node simulation), SWIM
-        compares it with the last it announced, and a reply to a Hello is made from it."""
+        compares it with the last it announced, and a reply to a Hello is made from it. Its address is where peers
+        reach it (:class:`~dfl_node.node.reach.Reach`): a change is a new incarnation, which gossip spreads."""
         config, ctx, identity, said = self.config, self.learner.ctx, self.identity, self._hello
-        progress, samples, shape, classes, work = (self.own_progress(), ctx.num_samples,
-                                                   tuple(ctx.train.input_shape), ctx.train.num_classes,
-                                                   self.roles.work_s)
-        if said is None or (said.progress, said.num_samples, said.sample_shape, said.num_classes, said.work_s) != (
-                progress, samples, shape, classes, work):
+        now = (self.own_progress(), ctx.num_samples, tuple(ctx.train.input_shape), ctx.train.num_classes,
+               self.roles.work_s, self.reach.address, self.reach.relay, self.reach.state == "direct")
+        if said is None or (said.progress, said.num_samples, said.sample_shape, said.num_classes, said.work_s,
+                            said.grpc_address, said.relay, said.direct) != now:
+            progress, samples, shape, classes, work, address, relay, direct = now
             said = self._hello = Hello(
                 protocol_version=PROTOCOL_VERSION, swarm=config.swarm, node_id=config.id,
                 fingerprint=identity.fingerprint, algorithm=config.algorithm, boot_id=self.boot_id,
-                grpc_address=self.address, http_port=config.api.http_port, status_url=config.api.status_url or "",
+                grpc_address=address, http_port=config.api.http_port, status_url=config.api.status_url or "",
                 model=identity.model, num_samples=samples, wire_dtype=identity.wire_dtype, progress=progress,
-                sample_shape=shape, num_classes=classes, work_s=work)
+                sample_shape=shape, num_classes=classes, work_s=work, relay=relay, direct=direct)
         return said
 
     def own_progress(self) -> Progress:
@@ -173,8 +183,14 @@ class Node:
     async def run(self) -> None:
         """What a serving node does once started: its heartbeats, its scheduler and its look at its data, until
         cancelled (:func:`~dfl_node.service.run.run_node`, and the simulator's fleet)."""
-        await asyncio.gather(self.membership.run(), self.scheduler.run(),
-                             self.data.watch(self.roles.quiesce, self._take_data))
+        reaching = asyncio.ensure_future(self.reach.run(self.membership, [*self.config.membership.join,
+                                                                           *self.config.membership.peers]))
+        try:
+            await self.reach.settled.wait()  # no Hello before it knows how peers reach it: none knows a dead address
+            await asyncio.gather(self.membership.run(), self.scheduler.run(),
+                                 self.data.watch(self.roles.quiesce, self._take_data), reaching)
+        finally:
+            reaching.cancel()
 
     def _take_data(self, view: DataView) -> None:
         self.learner.use_data(view.train, view.val)

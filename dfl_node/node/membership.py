@@ -42,17 +42,18 @@ class Members(Protocol):
     def address_of(self, node_id: str) -> str | None: ...  # where a peer (or this node) serves
     def incarnations(self, ids: list[str]) -> dict[str, str | None]: ...  # boot ids; None: not alive
     def work_of(self, node_id: str) -> float: ...  # seconds of computation a peer's last role took (0: unknown)
+    def is_direct(self, node_id: str) -> bool: ...  # a member dialed the peer back, as it says
     async def wait_for(self, count: int) -> None: ...  # until at least ``count`` peers live
     async def wait_alive(self, ids: Collection[str], timeout: float) -> None: ...  # until those live, or timeout
     async def refresh(self) -> None: ...  # ask every peer afresh, so that progress() is not a heartbeat old
 
 
 class Membership:
-    """The membership of node ``node_id`` (serving at ``address``), by Hellos: its Hello is ``hello()``, its
-    profile ``profile()``; ``fingerprint_of`` gives the fingerprint a model spec has here. A peer that (re)joins
-    is told to ``on_join(peer, restarted)``, one that leaves to ``on_lost(peer)``."""
+    """The membership of node ``node_id`` (serving at ``address()``: its own, or its slot on a relay), by Hellos:
+    its Hello is ``hello()``, its profile ``profile()``; ``fingerprint_of`` gives the fingerprint a model spec has
+    here. A peer that (re)joins is told to ``on_join(peer, restarted)``, one that leaves to ``on_lost(peer)``."""
 
-    def __init__(self, node_id: str, address: str, settings: MembershipSettings, clock: Clock, *,
+    def __init__(self, node_id: str, address: Callable[[], str], settings: MembershipSettings, clock: Clock, *,
                  hello: Callable[[], Hello], profile: Callable[[], NodeProfile],
                  fingerprint_of: Callable[[str], str], network: PeerNetwork, tally: Tally,
                  on_join: Callable[[str, bool], None], on_lost: Callable[[str], None], seed: int) -> None:
@@ -89,13 +90,20 @@ class Membership:
         return self.table.progress()
 
     def address_of(self, node_id: str) -> str | None:
-        return self.address if node_id == self.node_id else self.table.address_of(node_id)
+        return self.address() if node_id == self.node_id else self.table.address_of(node_id)
 
     def incarnations(self, ids: list[str]) -> dict[str, str | None]:
         return self.table.incarnations(ids)
 
     def work_of(self, node_id: str) -> float:
         return self.table.work_of(node_id)
+
+    async def dial(self, address: str, timeout: float) -> HelloReply | None:
+        """One Hello to ``address`` (a member's dial-back): its compatible reply, else None."""
+        return await self.handshake.probe(address, timeout)
+
+    def is_direct(self, node_id: str) -> bool:
+        return self.table.is_direct(node_id)
 
     async def wait_for(self, count: int) -> None:
         await self._greeting(self.table.wait_for(count),  # the members known but not confirmed that the count needs

@@ -34,7 +34,7 @@ from dfl_node.algorithms.plan import NodeProfile
 from dfl_node.api.schemas import PeerInfo
 from dfl_node.node.clock import Clock
 from dfl_node.node.logs import RateLimitedLog
-from dfl_node.peering.messages import Hello, HelloReply, Progress
+from dfl_node.peering.messages import MAX_ID, Hello, HelloReply, Progress
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ class Peer:
     model: str = ""
     num_samples: int = 0
     work_s: float = 0.0  # seconds of computation its last role took, as it says (0: unknown)
+    relay: str = ""  # the member it is reached through, as it says ("": directly)
+    direct: bool = False  # a member dialed it back, as it says: it may dial others back, and relay them
     alive: bool = True
     progress: Progress | None = None  # where it stood at its last reply to our Hello
     holding_since: float | None = None  # wall clock: since when its replies say it holds the token (its epoch)
@@ -66,7 +68,8 @@ class Peer:
     def info(self) -> PeerInfo:
         return PeerInfo(id=self.id, address=self.address, http_port=self.http_port or None,
                         status_url=self.status_url or None, last_seen=self.last_seen, alive=self.alive,
-                        algorithm=self.algorithm, model=self.model or None, work_s=self.work_s or None)
+                        algorithm=self.algorithm, model=self.model or None, work_s=self.work_s or None,
+                        relay=self.relay or None)
 
     def profile(self) -> NodeProfile:
         return NodeProfile(self.id, self.model, self.num_samples)
@@ -105,7 +108,7 @@ class PeerTable:
         self._silences = RateLimitedLog(log, clock.monotonic, interval=UNANSWERED_LOG_INTERVAL)
         self.peers: dict[str, Peer] = {}
         self.pending: dict[str, tuple[str, float]] = {}  # id -> (address, when first heard): not yet confirmed
-        self._greeting: set[str] = set()  # the pending whose Hello of ours is in flight
+        self._greeting: dict[str, str] = {}  # the pending whose Hello of ours is in flight: the address it went to
         self.changed = asyncio.Condition()
         self._greeted = 0  # where the round robin of :meth:`next_unknown` stands
         self._reconnects = 0  # and that of :meth:`next_lost`
@@ -204,6 +207,7 @@ class PeerTable:
         if peer is None or not peer.alive:
             bisect.insort(self._alive, reply.node_id)
         if peer is not None and peer.address != reply.grpc_address:
+            log.info("peer %s moved to %s (from %s)", peer.id, reply.grpc_address, peer.address)
             self._moved()
         if peer is None or rejoined or peer.address != reply.grpc_address:
             self._silent.discard(reply.node_id)
@@ -213,6 +217,7 @@ class PeerTable:
         peer.address, peer.http_port, peer.boot_id = reply.grpc_address, reply.http_port, reply.boot_id
         peer.status_url, peer.model, peer.num_samples = reply.status_url, reply.model, reply.num_samples
         peer.work_s = reply.work_s if math.isfinite(reply.work_s) and reply.work_s > 0 else 0.0  # a peer's word
+        peer.relay, peer.direct = reply.relay[:MAX_ID], reply.direct
         peer.last_seen, peer.heard_at, peer.alive = now, heard_at, True
         before, peer.progress = peer.progress, reply.progress  # a request's as a reply's: both are news
         if not reply.progress.holding:
@@ -239,13 +244,14 @@ class PeerTable:
         if self.knows(request):
             self.seen(request)
             return True
-        if request.node_id in self.pending:
-            return True
+        if request.node_id in self.pending and self.pending[request.node_id][0] == request.grpc_address:
+            return True  # greeted there already
         if (self.large_fleet() and request.node_id not in self.peers
                 and self.served.get(request.grpc_address) == request.node_id):
             return True  # a large fleet's member we know of, not yet confirmed: our own probe confirms it in its turn
-        if len(self.pending) >= self.max_pending:
+        if len(self.pending) >= self.max_pending and request.node_id not in self.pending:
             return False
+        # pending anew where it says it serves now: a node that moved (to a relay's slot) is greeted there
         self.pending[request.node_id] = (request.grpc_address, self.clock.monotonic())
         asyncio.get_running_loop().create_task(self._greet_pending(request.node_id, request.grpc_address, self.timeout))
         return True
@@ -299,24 +305,28 @@ class PeerTable:
         not answered with yet another. A pending member whose last Hello of ours failed is greeted again: that
         Hello may have failed at once although the member serves (our channel to it still in gRPC's reconnect
         backoff after its earlier silence), and taken for one still in flight it would be left out, until
-        :meth:`prune` drops it ``timeout`` later, of the round a new holder plans meanwhile. None: no Hello went
-        (one is in flight already, or the pending table is full)."""
-        if node_id in self._greeting:
+        :meth:`prune` drops it ``timeout`` later, of the round a new holder plans meanwhile. A member that moved
+        (a relayed member's new slot) is pending at its new address, and greeted there even while a Hello to the old
+        one is in flight. None: no Hello went (one to that address is in flight already, or the pending table is
+        full)."""
+        if self._greeting.get(node_id) == address:
             return None
-        if node_id not in self.pending:
-            if len(self.pending) >= self.max_pending:
-                return None
+        pending = self.pending.get(node_id)
+        if pending is None and len(self.pending) >= self.max_pending:
+            return None
+        if pending is None or pending[0] != address:
             self.pending[node_id] = (address, self.clock.monotonic())
-        return await self._greet_pending(node_id, self.pending[node_id][0], timeout)
+        return await self._greet_pending(node_id, address, timeout)
 
     async def _greet_pending(self, node_id: str, address: str, timeout: float) -> bool:
         """Our Hello to pending ``node_id`` at ``address`` (where it is pending), answered within ``timeout``:
         whether it answered as that node. Unanswered, it stays pending until :meth:`prune`."""
-        self._greeting.add(node_id)
+        self._greeting[node_id] = address
         try:
             reply = await self.probe(address, timeout)
         finally:
-            self._greeting.discard(node_id)
+            if self._greeting.get(node_id) == address:
+                del self._greeting[node_id]
         return reply is not None and reply.node_id == node_id
 
     async def greet_static(self) -> None:
@@ -383,6 +393,11 @@ class PeerTable:
         (a peer that does not answer within :attr:`answer_within` keeps what it said last)."""
         peers = sorted(self.peers.values(), key=lambda p: p.id)
         await asyncio.gather(*(self.probe(p.address, self.answer_within) for p in peers))
+
+    def is_direct(self, node_id: str) -> bool:
+        """Whether live peer ``node_id`` said a member dialed it back (it can dial us back, and relay us)."""
+        peer = self.peers.get(node_id)
+        return peer is not None and peer.alive and peer.direct
 
     def work_of(self, node_id: str) -> float:
         """Seconds of computation ``node_id``'s last role took, as it said (0: unknown, or not a live peer)."""

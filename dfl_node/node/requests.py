@@ -23,14 +23,30 @@ from dfl_node.node.membership import Membership
 from dfl_node.node.orders import Order
 from dfl_node.node.ports import Scheduler
 from dfl_node.node.progress import RoundProgress
+from dfl_node.node.reach import Reach
 from dfl_node.node.roles import Roles
 from dfl_node.node.tally import Tally
 from dfl_node.peering.errors import TransferRejected
-from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Ping, PingAck, PullRequest, Token
+from dfl_node.peering.messages import (
+    Ack,
+    Assignment,
+    DialBackRequest,
+    Hello,
+    HelloReply,
+    Offer,
+    Ping,
+    PingAck,
+    PullRequest,
+    ReserveRequest,
+    Token,
+)
 from dfl_node.peering.probes import ProbeReply, ProbeRequest, probe_from_request, probe_reply
 from dfl_node.settings.node import RoleSettings, ScheduleSettings
 
 log = logging.getLogger(__name__)
+DIAL_BACK_MAX_S = 5.0  # the longest a dial-back may take, whatever the caller asks
+DIAL_BACK_RETRY_S = 0.5  # between two Hellos of one dial-back
+DIAL_BACKS = 4  # dial-backs a node makes at once, at most: one more is answered "busy" (its caller asks another)
 
 
 class Intake:
@@ -88,18 +104,42 @@ class PeerRequests:
 
     def __init__(self, node_id: str, swarm: str, schedule: ScheduleSettings, roles_settings: RoleSettings,
                  clock: Clock, *, membership: Membership, roles: Roles, scheduler: Scheduler, progress: RoundProgress,
-                 learner: Learner, tally: Tally) -> None:
+                 learner: Learner, tally: Tally, reach: Reach) -> None:
         self.node_id, self.swarm, self.schedule, self.roles_settings, self.clock = (node_id, swarm, schedule,
                                                                                     roles_settings, clock)
         self.rounds = schedule.mode == "round"
         self.membership, self.roles, self.scheduler, self.progress = membership, roles, scheduler, progress
         self.learner, self.tally = learner, tally
+        self.reach = reach  # whether it relays others
+        self._dialing = 0  # dial-backs under way
 
     def hello(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply:
         return self.membership.answer(request, peer, refused)
 
     async def ping(self, request: Ping) -> PingAck:
         return await self.membership.ping(request)
+
+    async def dial_back(self, request: DialBackRequest) -> Ack:
+        """Dial the caller back at the address it says it serves (one Hello, answered by the caller itself): whether
+        peers can reach it. At most :data:`DIAL_BACKS` at once, each within :data:`DIAL_BACK_MAX_S`: a node is no
+        tool to dial anywhere, and a fleet starting at once is answered "busy" rather than kept waiting."""
+        if self._dialing >= DIAL_BACKS:
+            return Ack(ok=False, reason="busy")
+        self._dialing += 1
+        deadline = self.clock.monotonic() + min(max(request.timeout_s, 0.1), DIAL_BACK_MAX_S)
+        try:
+            # tried again until the deadline: our channel there may still back off from the caller's last life
+            while (reply := await self.membership.dial(request.address, deadline - self.clock.monotonic())) is None:
+                if self.clock.monotonic() + DIAL_BACK_RETRY_S >= deadline:
+                    return Ack(ok=False, reason="unreachable")
+                await asyncio.sleep(DIAL_BACK_RETRY_S)
+        finally:
+            self._dialing -= 1
+        return Ack(ok=True) if reply.node_id == request.sender else Ack(ok=False, reason="unreachable")
+
+    async def reserve(self, request: ReserveRequest) -> Ack:
+        """Whether the caller may hold a relay slot here (the bytes are the network's)."""
+        return self.reach.may_relay(request.swarm)
 
     async def admit(self, offer: Offer) -> Intake:
         """A transfer is wanted only by an aggregator whose group names its sender, for that round and epoch."""

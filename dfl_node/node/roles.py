@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 from dfl_node.algorithms import Group, Role, Step
@@ -40,10 +41,12 @@ log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, whe
 
 
 class Roles:
-    """The roles of node ``node_id`` (serving at ``address``). It reads its peers from ``members`` and reaches
-    them over ``network``; the model is ``learner``'s; ``progress`` and ``tally`` are told what each role did."""
+    """The roles of node ``node_id`` (serving at ``address()``: its own, or its relay slot). It reads its peers from
+    ``members`` and reaches them over ``network``; the model is ``learner``'s; ``progress`` and ``tally`` are told
+    what each role did."""
 
-    def __init__(self, node_id: str, address: str, settings: RoleSettings, schedule: ScheduleSettings, swarm: str,
+    def __init__(self, node_id: str, address: Callable[[], str], settings: RoleSettings, schedule: ScheduleSettings,
+                 swarm: str,
                  clock: Clock, *, learner: Learner, progress: RoundProgress, tally: Tally, members: Members,
                  network: PeerNetwork, reporter: Reporter, defences: DefenceSettings, links: LinkQuality) -> None:
         self.node_id, self.address, self.settings, self.swarm, self.clock = node_id, address, settings, swarm, clock
@@ -178,6 +181,7 @@ class Roles:
         """
         step = order.step
         if self.rounds:
+            self._give_up_stale(order)
             await self.settled()  # the plan chose us: the last role's checkpoint first, then this one
             if step.round <= self.progress.played:
                 return Ack(ok=True, reason="already_played")
@@ -203,6 +207,22 @@ class Roles:
         if step.group.pull:
             await asyncio.shield(collector.gathered.wait())
         return Ack(ok=True)
+
+    def _give_up_stale(self, order: Order) -> None:
+        """Round mode: a holder's Assign for a later round, or for our own group again, while our group still waits
+        for senders none of which began to send. The holder moves on from a group only once it fused or was given
+        up, and plays a group again only once it failed: our Assign's answer was lost on the way (a relay that died
+        cut it), and its senders were never told. So the group stops waiting now (not fused), rather than at its
+        deadline, and this role is played."""
+        collector = self._collector
+        if (collector is None or not collector.assigned_by or collector.gathered.is_set() or collector.messages
+                or collector.receiving or collector.partials or order.epoch < collector.epoch):
+            return
+        step = order.step
+        if step.round > collector.round or (step.round == collector.round and step.group == collector.step.group):
+            log.info("%s: round %d: the holder moved on (an Assign for round %d); not waiting for %s any more",
+                     self.node_id, collector.round + 1, step.round + 1, ", ".join(sorted(collector.missing())))
+            collector.expire()
 
     def deadline_of(self, order: Order) -> float:
         """How long a role of ``order`` may take: an aggregator's wait for its senders, a sender's transfer until its
@@ -269,7 +289,7 @@ class Roles:
 
     def _invitation(self, round_: int, peer: str) -> Order:
         group = Group(self.node_id, (peer,))
-        return Order(Role.SENDER, Step(round_, group), holder=self.node_id, aggregator_address=self.address)
+        return Order(Role.SENDER, Step(round_, group), holder=self.node_id, aggregator_address=self.address())
 
     def address_in(self, node_id: str, order: Order) -> str | None:
         """Where ``node_id`` serves: as our membership knows it, else as the holder that planned the round knew

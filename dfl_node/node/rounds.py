@@ -164,6 +164,7 @@ class RoundScheduler:
                 if next_state is None:
                     log.warning("%s: fenced off by a newer epoch; dropping token", node.node_id)
                     return
+                node.tally.count("rounds_held")
                 round_ += 1
                 node.progress.advance(round_, next_state)
                 members = sorted(p.node_id for p in node.members.profiles())
@@ -207,11 +208,12 @@ class RoundScheduler:
         plan = node.algorithm.plan_round(round_, node.members.profiles(), state)
         pending, failed_since = list(plan), None
         failures: Counter[Group] = Counter()
+        told: set[Group] = set()  # groups whose fusion may have begun: a sender was dispatched (a pull: its aggregator)
         played: set[str] = set()  # members of the groups that fused: they played this round
         around: set[str] = set()  # members of the groups planned around
         calm_since, seen = node.clock.monotonic(), None  # since when the failing groups' members all lived on unchanged
         while node.progress.epoch == epoch:
-            done = await asyncio.gather(*(self._group(g, round_, epoch, dict(plan.state)) for g in pending))
+            done = await asyncio.gather(*(self._group(g, round_, epoch, dict(plan.state), told) for g in pending))
             played.update(m for g, ok in zip(pending, done) if ok for m in g.members)
             pending = [g for g, ok in zip(pending, done) if not ok]
             if not pending:
@@ -221,7 +223,8 @@ class RoundScheduler:
             failures.update(pending)
             failed_since = failed_since or node.clock.monotonic()
             await asyncio.sleep(node.membership.heartbeat)  # the membership sees who crashed (or came back)
-            pending = await self._unfused(pending, round_, failed_since)
+            maybe = await self._unfused([g for g in pending if g in told], round_, failed_since)
+            pending = [g for g in pending if g not in told or g in maybe]  # no sender told: it cannot have fused
             if any(m not in node.members.alive_ids() and m != node.node_id for g in pending for m in g.members):
                 plan = node.algorithm.plan_round(round_, node.members.profiles(), state)  # a member is gone: re-plan
                 pending = list(plan)
@@ -275,21 +278,23 @@ class RoundScheduler:
         it answers and plays no role any more — waited for up to ``round_timeout`` since the round failed."""
         node = self.node
         deadline = failed_since + node.settings.round_timeout
-        while True:
+        while groups:
             await node.members.refresh()
             known = {g.aggregator: self._progress_of(g.aggregator) for g in groups if g.aggregator}
             if all(p is not None and not p.busy for p in known.values()) or node.clock.monotonic() > deadline:
                 return [g for g in groups if (p := known.get(g.aggregator)) is None or p.round <= round_]
             await asyncio.sleep(node.membership.heartbeat)
+        return []
 
     def _progress_of(self, node_id: str) -> Progress | None:
         """Where ``node_id`` stands (None: it does not answer)."""
         node = self.node
         return node.own_progress() if node_id == node.node_id else node.members.progress().get(node_id)
 
-    async def _group(self, group: Group, round_: int, epoch: int, state: dict[str, str]) -> bool:
+    async def _group(self, group: Group, round_: int, epoch: int, state: dict[str, str], told: set[Group]) -> bool:
         """Give one group its roles: its aggregator first (so it expects its senders), then the senders (an open
-        group's sender gives the aggregator it chooses its role). Returns whether the group's fusion is durable."""
+        group's sender gives the aggregator it chooses its role). Returns whether the group's fusion is durable; the
+        group joins ``told`` once a role that can fuse it went out (a sender's, or a pulling aggregator's)."""
         node = self.node
         addresses = {m: a for m in group.members if (a := node.members.address_of(m)) is not None}
         deadline = self._deadline(group)
@@ -299,6 +304,8 @@ class RoundScheduler:
                          addresses.get(group.aggregator, ""), deadline, addresses)
 
         try:
+            if group.pull:
+                told.add(group)
             if not group.open:
                 ack = await node.roles.dispatch(group.aggregator, order(Role.AGGREGATOR))
                 if ack.ok and (group.pull or ack.reason == "already_played"):
@@ -306,6 +313,7 @@ class RoundScheduler:
                 if not ack.ok:
                     log.warning("round %d: aggregator %s refused: %s", round_ + 1, group.aggregator, ack.reason)
                     return False
+            told.add(group)
             acks = await asyncio.gather(*(node.roles.dispatch(s, order(Role.SENDER)) for s in group.senders))
         except Exception:  # a bug in one group must not kill the token: log it and play the round again
             log.exception("round %d: the group of %s crashed", round_ + 1, group.aggregator)

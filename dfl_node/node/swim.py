@@ -173,13 +173,15 @@ class Swim:
             self._set(hello.node_id, member, ALIVE, hello.node_id)
 
     def _serves(self, node_id: str, member: Member, hello: Hello) -> None:
-        """``node_id`` serves where ``hello`` says (:attr:`serving`, which the table's static greetings skip)."""
+        """``node_id`` serves where ``hello`` says (:attr:`serving`, which the table's static greetings skip): a new
+        member, or one that moved (to another relay's slot)."""
         if member.hello is not None and member.hello.grpc_address == hello.grpc_address:
             member.hello = hello
             return
         self._unserve(node_id, member)
         member.hello = hello
         self.serving[hello.grpc_address] = node_id
+        self.network.heard(hello.grpc_address, node_id)  # mTLS: the id to check there (a relay's slot names no host)
 
     def _unserve(self, node_id: str, member: Member) -> None:
         if member.hello is not None and self.serving.get(member.hello.grpc_address) == node_id:
@@ -223,7 +225,6 @@ class Swim:
         if hello.node_id != update.node_id or not hello.grpc_address or not self._compatible(hello):
             return
         if member is None:
-            self.network.heard(hello.grpc_address, hello.node_id)
             member = self.members[update.node_id] = Member()
         self._serves(update.node_id, member, hello)
         member.incarnation, member.said, member.confirmed = update.incarnation, update, self._confirmed(hello)

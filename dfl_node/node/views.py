@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import asdict
 from typing import Protocol
 
 from dfl_node.algorithms.plan import Role
-from dfl_node.api.schemas import COUNTER_FIELDS, FleetMember, FleetView, NodeStatus, TokenView
+from dfl_node.api.schemas import COUNTER_FIELDS, FleetMember, FleetView, NodeStatus, RelayView, TokenView
 from dfl_node.api.urls import peer_url
 from dfl_node.node.clock import Clock
 from dfl_node.node.data_watch import NodeData
@@ -24,6 +25,7 @@ from dfl_node.node.link_quality import LinkQuality
 from dfl_node.node.membership import Membership
 from dfl_node.node.peers import Peer
 from dfl_node.node.progress import RoundProgress
+from dfl_node.node.reach import Reach
 from dfl_node.node.roles import Roles
 from dfl_node.node.tally import Tally
 from dfl_node.peering.port import PeerNetwork
@@ -45,6 +47,7 @@ class Observed(Protocol):
     tally: Tally
     data: NodeData
     links: LinkQuality
+    reach: Reach
 
 MAX_ROLE_CHARS = 32  # a peer's role is its word: shown, never trusted to be short
 
@@ -61,7 +64,7 @@ def _peer_member(peer: Peer, base_url: str, links: LinkQuality) -> FleetMember:
     return FleetMember(
         id=peer.id, status_url=url, grpc_address=peer.address, alive=peer.alive, last_seen=peer.last_seen,
         algorithm=peer.algorithm or None, model=peer.model or None, work_s=peer.work_s or None,
-        link=links.report(peer.id),
+        link=links.report(peer.id), relay=peer.relay or None,
         **({} if progress is None else {
             "round": progress.round, "role": progress.role[:MAX_ROLE_CHARS] or None, "holding": progress.holding,
             "done": progress.done, "local_accuracy": _accuracy(progress.local_accuracy),
@@ -93,7 +96,8 @@ def fleet_view(node: Observed) -> FleetView:
     me = FleetMember(id=status.id, is_self=True, status_url=own_url, grpc_address=status.grpc_address, alive=True,
                      round=status.round, role=status.role, local_accuracy=status.local_accuracy,
                      global_accuracy=status.global_accuracy, holding=status.holding, done=status.done,
-                     algorithm=status.algorithm, model=status.model or None, work_s=status.work_s or None)
+                     algorithm=status.algorithm, model=status.model or None, work_s=status.work_s or None,
+                     relay=status.relay)
     peers = node.membership.known()
     members = [me, *(_peer_member(p, own_url or "http://127.0.0.1", node.links) for p in peers)]
     token = _token(node, peers)
@@ -122,11 +126,13 @@ def node_status(node: Observed) -> NodeStatus:
         local_accuracy=local, global_accuracy=global_,
         **{name: tally.counters[name] for name in COUNTER_FIELDS}, rejected=dict(tally.rejected),
         refused_peers=node.membership.refused(),
-        boot_id=node.boot_id, uptime_s=node.clock.wall() - node.started, grpc_address=config.network.address,
+        boot_id=node.boot_id, uptime_s=node.clock.wall() - node.started, grpc_address=node.reach.address,
         http_port=config.api.http_port, param_sha256=node.learner.digest, fusing=node.roles.fusing,
         max_concurrent_fusions=node.roles.max_fusing, epoch=progress.epoch, holding=progress.holding,
         done=progress.done and role is Role.IDLE, data=node.data.status(), work_s=node.roles.work_s,
         max_upload=config.network.max_upload, max_download=config.network.max_download,
+        reachability=node.reach.state, relay=node.reach.relay or None,
+        relaying=RelayView(**asdict(node.network.relay_load()), max_slots=config.network.relay_slots),
     )
 
 

@@ -50,6 +50,8 @@ class Hello:
     sample_shape: tuple[int, ...] = ()  # one sample's shape in its data; (): an older node
     num_classes: int = 0  # the classes of its data; 0: an older node
     work_s: float = 0.0  # seconds of computation its last role took (its estimate before any role; 0: unknown)
+    relay: str = ""  # the member through which it is reached ("": directly); grpc_address is then its slot there
+    direct: bool = False  # a member dialed it back at grpc_address: it may dial others back, and relay them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +123,23 @@ class Offer:
     total_size: int = 0  # payload bytes that follow
     digest: bytes = b""  # what identifies the payload (over gRPC its digest): a resumed transfer names the same
     resume: bool = False  # it resumes a transfer that was cut: the receiver says what it still holds of it
+
+
+@dataclass(frozen=True, kw_only=True)
+class DialBackRequest:
+    """A node asks a member to dial it back at ``address`` (where it says it serves): whether peers can reach it."""
+
+    sender: str = ""
+    address: str = ""
+    timeout_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReserveRequest:
+    """A member its peers cannot dial asks a reachable one for a relay slot."""
+
+    sender: str = ""
+    swarm: str = ""
 
 
 MAX_UPDATES = 16  # updates a membership ping or ack may carry (its sender's own state and at most 8 of gossip)

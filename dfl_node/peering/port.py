@@ -15,8 +15,21 @@ from collections.abc import Callable
 from typing import Protocol
 
 from dfl_node.algorithms.messages import ModelMessage
-from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Ping, PingAck, PullRequest, Token
+from dfl_node.peering.messages import (
+    Ack,
+    Assignment,
+    DialBackRequest,
+    Hello,
+    HelloReply,
+    Offer,
+    Ping,
+    PingAck,
+    PullRequest,
+    ReserveRequest,
+    Token,
+)
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
+from dfl_node.peering.relays import RelayLoad, Reservation
 from dfl_node.peering.resume import Resume
 
 
@@ -30,6 +43,8 @@ class PeerLink(Protocol):
     async def pass_token(self, token: Token, timeout: float) -> Ack: ...
     async def probe(self, request: ProbeRequest, timeout: float) -> ProbeReply: ...
     async def ping(self, ping: Ping, timeout: float) -> PingAck: ...  # a membership probe (dfl_node.node.swim)
+    # Ask the peer to dial us back at the address we say we serve: whether peers can reach us (ok).
+    async def dial_back(self, request: DialBackRequest, timeout: float) -> Ack: ...
     # Push a model for round mode's ``epoch`` (0: async); returns (the aggregator's reply or None, bytes sent,
     # bytes received, over all of ``resume``'s attempts) once the aggregator confirmed a durable fusion; ``on_accepted``
     # is called as soon as it took the message. Raises TransferRefused when it refuses (or never fuses it), TransferCut
@@ -59,6 +74,10 @@ class PeerNetwork(Protocol):
     # PeerUnauthenticated (which the node counts) for a peer caught answering as another. ``hello``: ours, should
     # the network need to ask again.
     async def confirm(self, address: str, reply: HelloReply, hello: Callable[[], Hello], timeout: float) -> bool: ...
+    # A relay slot on the member at ``relay`` (its peers cannot dial this node); raises TransferRefused when the relay
+    # refuses (no slot left, not a member), PeerUnreachable when it does not answer within ``timeout``.
+    async def reserve(self, relay: str, request: ReserveRequest, timeout: float) -> Reservation: ...
+    def relay_load(self) -> RelayLoad: ...  # what this node carries as a relay for others
     async def close(self) -> None: ...
 
 
@@ -90,6 +109,8 @@ class PeerHandler(Protocol):
     async def probe(self, request: ProbeRequest) -> ProbeReply: ...  # a selection probe (001); never raises
     async def assign(self, request: Assignment) -> Ack: ...
     async def ping(self, request: Ping) -> PingAck: ...  # a membership probe, its gossip; never raises
+    async def dial_back(self, request: DialBackRequest) -> Ack: ...  # dial the caller back; ok: it answered
+    async def reserve(self, request: ReserveRequest) -> Ack: ...  # whether the caller may hold a relay slot here
     async def token(self, request: Token) -> Ack: ...
     def on_rejected(self, reason: str, detail: str, sender: str) -> None: ...  # count a refusal
     def on_transferred(self, sent: int, received: int) -> None: ...  # byte counters

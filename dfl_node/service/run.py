@@ -118,7 +118,8 @@ async def _serve_grpc(daemon: Daemon) -> grpc.aio.Server:
     try:
         _listen(host, port).close()
         server, _ = await start_server(daemon.node.requests, daemon.network.wire, network.stream_timeout, host, port,
-                                       daemon.security, reflection=network.reflection, pacing=daemon.network.pacing)
+                                       daemon.security, reflection=network.reflection, pacing=daemon.network.pacing,
+                                       relay=daemon.network.relay)
     except OSError as exc:
         raise _bind_failure("gRPC", "--grpc-port", host, port, exc) from None
     except RuntimeError as exc:  # grpc: "Failed to bind to address …"

@@ -16,6 +16,7 @@ from dfl_node.net.auth import Security, load_security
 from dfl_node.net.codec import Limits, Manifest, manifest_of
 from dfl_node.net.links import GrpcNetwork
 from dfl_node.net.pacing import Pacing
+from dfl_node.net.relay import RelayServer
 from dfl_node.net.wire import WireIdentity
 from dfl_node.node.clock import Clock
 from dfl_node.node.daemon import Node
@@ -64,9 +65,13 @@ def grpc_network(config: NodeConfig, security: Security) -> NetworkFactory:
     """The factory of a daemon's network: gRPC with ``security``."""
     def build(identity: ModelIdentity, _hello: Callable[[], Hello]) -> GrpcNetwork:  # TLS proves who we are
         network = config.network
+        local = "127.0.0.1" if network.host in ("0.0.0.0", "::") else network.host  # where its own server listens
+        relay = (RelayServer(config.id, network.host, network.advertised_host, network.relay_slots, network.relay_rate,
+                             network.relay_bytes) if network.relay_slots else None)
         return GrpcNetwork(wire_identity(identity), security, connect_timeout=network.connect_timeout,
                            retire_after=config.schedule.round_timeout,
-                           pacing=Pacing.of(network.max_upload, network.max_download))
+                           pacing=Pacing.of(network.max_upload, network.max_download),
+                           local=(local, network.grpc_port), relay=relay)
 
     return build
 

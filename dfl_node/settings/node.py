@@ -79,15 +79,32 @@ class NetworkSettings(_Part):
     stream_timeout: float = Field(30.0, gt=0, description="an incoming model stream silent this long is dropped "
                                   "(it never holds a role or a buffer)")
     wire_dtype: WireDtype = Field("exact", description=WIRE_DTYPE_HELP)
+    relay: str = Field("auto", description="auto: find out whether peers can dial this node (a member dials it "
+                       "back) and, if not, hold a slot on a member that peers can dial, and be reached through it; "
+                       "off: do not ask (peers dial it directly); HOST:PORT: always through this relay")
+    relay_slots: int = Field(16, ge=0, description="members that peers cannot dial this node relays at most (it "
+                             "relays only when peers dial it directly; 0: never)")
+    relay_rate: float = Field(0.0, ge=0, description="bytes/s the connections it relays carry at most, all together "
+                              "(e.g. 1M; 0: no cap)")
+    relay_bytes: float = Field(0.0, ge=0, description="bytes it carries as a relay at most since its start (e.g. "
+                               "20G; 0: no bound): spent, it gives its slots back and takes no more, and the members "
+                               "it relayed move to another relay")
     max_upload: float = Field(0.0, ge=0, description="bytes/s this node's model transfers may send at most, all "
                               "peers together (e.g. 100k, 1.5M; 0: no cap): a metered or shared uplink")
     max_download: float = Field(0.0, ge=0, description="bytes/s its model transfers may receive at most (e.g. 100k, "
                                 "1.5M; 0: no cap)")
 
-    @field_validator("max_upload", "max_download", mode="before")
+    @field_validator("relay")
+    @classmethod
+    def _relay(cls, value: str) -> str:
+        if value not in ("auto", "off"):
+            parse_peer(value)
+        return value
+
+    @field_validator("max_upload", "max_download", "relay_rate", "relay_bytes", mode="before")
     @classmethod
     def _rate(cls, value: object) -> object:
-        """A cap as written: bytes/s (``0``: none), or ``100k``, ``1.5M``."""
+        """A cap as written: bytes/s or bytes (``0``: none), or ``100k``, ``1.5M``, ``20G``."""
         return parse_cap(value) if isinstance(value, str) else value
 
     @property

@@ -29,6 +29,8 @@ class DeviceClass(_Strict):
     step_s: float = Field(0.002, ge=0, description="seconds per training step (a batch through each model it trains)")
     eval_sample_s: float = Field(2e-6, ge=0, description="seconds per evaluated sample")
     link: str = Field("default", description="its link class (links:)")
+    nat: bool = Field(False, description="behind NAT: nobody can dial it; it finds that out, and is reached through "
+                      "a relay (a member that can be dialed), as a daemon is")
 
 
 class LinkClass(_Strict):

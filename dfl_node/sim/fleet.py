@@ -26,12 +26,16 @@ from dfl_node.settings.node import NodeConfig
 from dfl_node.settings.simulation import Adversaries
 from dfl_node.sim.adversaries import compromised_algorithm
 from dfl_node.sim.clock import VirtualClock
+from dfl_node.sim.costs import classes_of
 from dfl_node.sim.ledger import durable_states
 from dfl_node.sim.links import LinkProfile
 from dfl_node.sim.membership import MembershipRecord
 from dfl_node.sim.network import MemoryFabric, MemoryNetwork
 
 BASE_PORT = 50_000  # the fleet's addresses are 127.0.0.1:50000+i: names on the fabric, never bound
+# A node behind NAT serves at a private address (the same host, its own port): not loopback, so it asks whether peers
+# can dial it (:mod:`dfl_node.node.reach`), and the fabric says they cannot; its node relays nobody.
+NAT_HOST = "192.168.0.1"
 
 
 def plan_nodes(config: ExperimentConfig, algorithm: str, shards: Path, state: Path, *, mode: str = "round",
@@ -40,18 +44,23 @@ def plan_nodes(config: ExperimentConfig, algorithm: str, shards: Path, state: Pa
     mDNS, no REST), but checkpoints not fsynced (a kill here is in-process: the kernel keeps what was written);
     ``settings`` override any of them for every node."""
     ids = fleet_ids(config.nodes)
-    addresses = {node_id: f"127.0.0.1:{BASE_PORT + i}" for i, node_id in enumerate(ids)}
+    classes = classes_of(ids, config.simulation.devices)
+    nat = {n for n in ids if classes[n] in config.simulation.devices and config.simulation.devices[classes[n]].nat}
+    hosts = {node_id: NAT_HOST if node_id in nat else "127.0.0.1" for node_id in ids}
+    addresses = {node_id: f"{hosts[node_id]}:{BASE_PORT + i}" for i, node_id in enumerate(ids)}
     specs = architectures(config.architectures, config.learning, config.nodes)
     test = shards / TEST_FILE
     return [NodeConfig.for_experiment(config, **{
         "id": node_id, "model": specs[node_id].name, "hidden": list(specs[node_id].widths or ()),
         "data": shards / node_id, "test_data": test if test.exists() else None, "algorithm": algorithm, "mode": mode,
+        "host": hosts[node_id], "insecure": node_id in nat, "relay_slots": 0 if node_id in nat else 16,
         "grpc_port": BASE_PORT + i, "http_port": 0, "mdns": False, "state_dir": state / node_id,
         # round mode starts once every node sees the whole fleet (its plans need it); an async node volunteers
         # once it sees one peer, as a deployment's does (a thousand nodes would otherwise wait for every one)
         "rounds": config.rounds, "min_peers": len(ids) - 1 if mode == "round" else 1, "fsync": False, "data_poll": 0,
         "max_pending_peers": max(32, len(ids)),  # every peer says Hello at once at the start
-        "peers": [a for other, a in addresses.items() if other != node_id], **settings})
+        # the addresses it can dial: a node behind NAT is known by the slot its relay gives it, through gossip
+        "peers": [a for other, a in addresses.items() if other != node_id and other not in nat], **settings})
         for i, node_id in enumerate(ids)]
 
 
@@ -81,7 +90,9 @@ class VirtualFleet:
         def endpoint(identity: ModelIdentity, hello: Callable[[], Hello]) -> MemoryNetwork:
             network = self.fabric.endpoint(address, connect_timeout=config.network.connect_timeout,
                                            wire_dtype=identity.wire_dtype, max_upload=config.network.max_upload,
-                                           max_download=config.network.max_download)
+                                           max_download=config.network.max_download,
+                                           relay_slots=config.network.relay_slots,
+                                           behind_nat=config.network.host == NAT_HOST)
             self.membership.started(node_id, asyncio.get_running_loop().time(), network)
             return network
 
@@ -90,7 +101,7 @@ class VirtualFleet:
                                           adversary) if adversary else None
         node = Node(config, endpoint, self.clock, algorithm=algorithm)
         node.membership.swim.listeners.append(self.membership.observer(node_id))
-        self.fabric.serve(address, node.requests)
+        self.fabric.serve(address, node.requests, node.node_id)
         self.nodes[node_id] = node
         self.fingerprints[node_id] = node.identity.fingerprint
         self.fabric.spawn(address, _serve(node))

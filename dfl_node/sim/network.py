@@ -53,9 +53,22 @@ from dfl_node.peering.errors import (
     TransferRefused,
     TransferRejected,
 )
-from dfl_node.peering.messages import Ack, Assignment, Hello, HelloReply, Offer, Ping, PingAck, PullRequest, Token
+from dfl_node.peering.messages import (
+    Ack,
+    Assignment,
+    DialBackRequest,
+    Hello,
+    HelloReply,
+    Offer,
+    Ping,
+    PingAck,
+    PullRequest,
+    ReserveRequest,
+    Token,
+)
 from dfl_node.peering.port import PeerHandler
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
+from dfl_node.peering.relays import RelayLoad
 from dfl_node.peering.resume import CHUNK, Resume
 from dfl_node.peering.wire_dtypes import EXACT, payload_bytes, through
 from dfl_node.sim.links import LinkProfile, ProfileFn
@@ -68,6 +81,7 @@ T = TypeVar("T")
 _OWNER: contextvars.ContextVar[str | None] = contextvars.ContextVar("dfl_sim_owner", default=None)
 
 _UNCAPPED = (math.inf, math.inf)
+SLOT_PORTS = 40_000  # a relay slot is the relay's host and a port from here on: an address like any other
 # What a transfer's header adds to its payload on the wire (sender, swarm, fingerprint, sha256…, and a manifest
 # entry per tensor part): an estimate, so that the simulator's byte counts stay close to a daemon's.
 HEADER_BYTES = 160
@@ -112,8 +126,14 @@ class MemoryFabric:
 
     def __init__(self, profile: ProfileFn | None = None, seed: int = 0) -> None:
         self.handlers: dict[str, PeerHandler] = {}
+        self.ids: dict[str, str] = {}  # address -> the id of the node serving there (a relay says its id)
         self.cuts = random.Random(f"{seed}-cuts")  # how long each connection over a link that drops lasts
         self.caps: dict[str, tuple[float, float]] = {}  # address -> its node's (upload, download) caps, bytes/s
+        self.nat: set[str] = set()  # addresses behind NAT: nobody dials them; their nodes are reached by relays
+        self.slots: dict[str, tuple[str, str]] = {}  # a relay slot's address -> (its relay's, its node's)
+        self.relay_slots: dict[str, int] = {}  # address -> the slots its node gives at most (--relay-slots)
+        self.loads: dict[str, RelayLoad] = defaultdict(RelayLoad)  # address -> what it carried as a relay
+        self._slot_ports = 0
         self.down: set[str] = set()
         self.groups: dict[str, int] = {}  # a partition: address -> its side (addresses not listed reach everyone)
         self.profile: ProfileFn = profile or (lambda src, dst: LinkProfile())
@@ -154,26 +174,41 @@ class MemoryFabric:
 
     # ----- the fleet ----------------------------------------------------------------------
     def endpoint(self, address: str, *, connect_timeout: float = 5.0, wire_dtype: str = EXACT,
-                 max_upload: float = 0.0, max_download: float = 0.0) -> MemoryNetwork:
+                 max_upload: float = 0.0, max_download: float = 0.0, relay_slots: int = 0,
+                 behind_nat: bool = False) -> MemoryNetwork:
         """The network of the node that will serve at ``address`` (:meth:`serve` it once it is built); its models
         and those sent to it cross as a ``wire_dtype`` wire delivers them (the same on every node: Hello), no
-        faster than its caps (bytes/s; 0: none)."""
+        faster than its caps (bytes/s; 0: none); it relays up to ``relay_slots`` nodes; ``behind_nat``: nobody
+        can dial it."""
         if max_upload or max_download:
             self.caps[address] = (max_upload or math.inf, max_download or math.inf)
+        self.relay_slots[address] = relay_slots
+        if behind_nat:
+            self.nat.add(address)
         return MemoryNetwork(self, address, connect_timeout, wire_dtype)
 
     def cost(self, src: str, dst: str) -> LinkProfile:
         """What the link from ``src`` to ``dst`` costs now: its profile, its bandwidth held to the sender's upload
-        cap and the receiver's download cap."""
+        cap and the receiver's download cap; through a slot, both hops (their latencies added, the slower's
+        bandwidth, the shorter-lived's connections)."""
+        if dst in self.slots:
+            relay, node = self.slots[dst]
+            a, b = self.cost(src, relay), self.cost(relay, node)
+            return LinkProfile(a.latency_s + b.latency_s, min(a.bandwidth, b.bandwidth), min(a.mtbf_s, b.mtbf_s))
+        if src in self.slots:  # an answer back through a slot: the way it came
+            relay, node = self.slots[src]
+            a, b = self.cost(node, relay), self.cost(relay, dst)
+            return LinkProfile(a.latency_s + b.latency_s, min(a.bandwidth, b.bandwidth), min(a.mtbf_s, b.mtbf_s))
         link = self.profile(src, dst)
         if not self.caps:  # every membership message asks: no lookups where no node has a cap
             return link
         capped = min(link.bandwidth, self.caps.get(src, _UNCAPPED)[0], self.caps.get(dst, _UNCAPPED)[1])
         return link if capped == link.bandwidth else replace(link, bandwidth=capped)
 
-    def serve(self, address: str, handler: PeerHandler) -> None:
-        """``handler`` answers at ``address`` from now on (a node started, or restarted)."""
+    def serve(self, address: str, handler: PeerHandler, node_id: str = "") -> None:
+        """``handler`` (node ``node_id``'s) answers at ``address`` from now on (a node started, or restarted)."""
         self.handlers[address] = handler
+        self.ids[address] = node_id
         self.down.discard(address)
         self._notify()
 
@@ -204,14 +239,65 @@ class MemoryFabric:
 
     # ----- reachability -------------------------------------------------------------------
     def listening(self, address: str) -> bool:
+        """Whether anything answers a connection to ``address``: its node (through its relay, for a slot)."""
+        if address in self.slots:
+            relay, node = self.slots[address]
+            return self.listening(relay) and self.listening(node) and not self.cut(node, relay)
         return address in self.handlers and address not in self.down
 
     def cut(self, src: str, dst: str) -> bool:
+        """Whether a connection from ``src`` to ``dst`` cannot be made: a partition between them (or between a slot's
+        relay and its node), or ``dst`` behind NAT."""
+        if dst in self.slots:
+            relay, node = self.slots[dst]
+            return self.cut(src, relay) or self.cut(node, relay)
+        if dst in self.nat and src != dst:
+            return True
         a, b = self.groups.get(src), self.groups.get(dst)
         return a is not None and b is not None and a != b
 
     def reachable(self, src: str, dst: str) -> bool:
         return self.listening(dst) and not self.cut(src, dst)
+
+    # ----- relays -------------------------------------------------------------------------
+    def reserve(self, relay: str, node: str) -> str | None:
+        """A slot on ``relay`` for ``node`` (one it held before replaced): its address, or None where ``relay`` has
+        none left (its node's ``--relay-slots``)."""
+        for held in [a for a, (r, n) in self.slots.items() if n == node]:
+            self.release(held)
+        if sum(r == relay for r, _ in self.slots.values()) >= self.relay_slots.get(relay, 0):
+            self.loads[relay].refused += 1
+            return None
+        self._slot_ports += 1
+        slot = f"{relay.rpartition(':')[0]}:{SLOT_PORTS + self._slot_ports}"
+        self.slots[slot] = (relay, node)
+        self.loads[relay].slots += 1
+        self._notify()
+        return slot
+
+    def release(self, slot: str) -> None:
+        relay, _ = self.slots.pop(slot, (None, None))
+        if relay is not None:
+            self.loads[relay].slots -= 1
+            self._notify()
+
+    def relayed(self, slot: str, nbytes: int) -> None:
+        """A message of ``nbytes`` through ``slot``: counted by its relay."""
+        relay, _ = self.slots[slot]
+        self.loads[relay].connections += 1
+        self.loads[relay].bytes += nbytes
+
+    async def until_lost(self, slot: str) -> str:
+        """Until ``slot`` stops carrying: its relay or its node died, or a partition cut them apart; why."""
+        while True:
+            if slot not in self.slots:
+                return "released"
+            relay, node = self.slots[slot]
+            if not self.listening(relay):
+                return "the relay stopped"
+            if self.cut(node, relay):
+                return "cut off from the relay"
+            await self._changed.wait()
 
     async def until_reachable(self, src: str, dst: str, timeout: float) -> bool:
         """Whether ``dst`` became reachable from ``src`` within ``timeout`` (at once if it is)."""
@@ -231,10 +317,12 @@ class MemoryFabric:
                    stream: bool = False) -> T:
         """Run ``work`` as a call served by ``dst`` (a task of its own), for at most ``timeout`` seconds, over a
         connection the link cuts after ``lifetime``; a ``stream`` (a push, a pull) whose callee dies is cut too."""
-        task = asyncio.get_running_loop().create_task(work, context=self._as(dst))  # the callee's work
-        served = self.served[dst]
-        served.add(task)
-        task.add_done_callback(served.discard)
+        relay, callee = self.slots.get(dst, (None, dst))  # through a slot: its node serves it, over its relay
+        task = asyncio.get_running_loop().create_task(work, context=self._as(callee))  # the callee's work
+        for carrier in (callee, relay) if relay is not None else (callee,):  # either one's death drops it
+            served = self.served[carrier]
+            served.add(task)
+            task.add_done_callback(served.discard)
         try:
             async with asyncio.timeout(min(timeout, lifetime)):  # cancels the call's task then, as wait_for would
                 return await task
@@ -276,8 +364,34 @@ class MemoryNetwork:
     async def confirm(self, address: str, reply: HelloReply, hello: Callable[[], Hello], timeout: float) -> bool:
         return True
 
+    async def reserve(self, relay: str, request: ReserveRequest, timeout: float) -> MemoryReservation:
+        """A slot on ``relay``: asked of its node (a member of our swarm, reached directly), then held on the
+        fabric, which routes every call to the slot through the relay (:meth:`MemoryFabric.cost`)."""
+        ack = await self.link(relay).ask_slot(request, timeout)
+        slot = self.fabric.reserve(relay, self.address) if ack.ok else None
+        if slot is None:
+            raise TransferRefused(ack.reason or "no_slot", f"{relay} refused a relay slot")
+        return MemoryReservation(self.fabric, relay, slot, self.fabric.ids.get(relay, ""))
+
+    def relay_load(self) -> RelayLoad:
+        return self.fabric.loads[self.address]
+
     async def close(self) -> None:
         self.links.clear()
+
+
+class MemoryReservation:
+    """A relay slot on the fabric (:class:`~dfl_node.peering.relays.Reservation`): lost when the relay stops or a
+    partition cuts its node from it."""
+
+    def __init__(self, fabric: MemoryFabric, relay: str, address: str, relay_id: str) -> None:
+        self.fabric, self.relay, self.address, self.relay_id = fabric, relay, address, relay_id
+
+    async def lost(self) -> str:
+        return await self.fabric.until_lost(self.address)
+
+    async def close(self) -> None:
+        self.fabric.release(self.address)
 
 
 class MemoryLink:
@@ -290,13 +404,17 @@ class MemoryLink:
         self.wire_dtype = network.wire_dtype
 
     def _handler(self) -> PeerHandler:
-        handler = self.fabric.handlers.get(self.dst)
+        node = self.fabric.slots[self.dst][1] if self.dst in self.fabric.slots else self.dst
+        handler = self.fabric.handlers.get(node)
         if handler is None:  # it died between our check and now
             raise PeerUnreachable("unavailable", "refuses connections (nothing listens on that port)")
         return handler
 
     async def _travel(self, nbytes: int = 0, back: bool = False) -> None:
-        """One message over the link (``back``: from the peer to us), as its profile says."""
+        """One message over the link (``back``: from the peer to us), as its profile says (through a slot: counted
+        by its relay)."""
+        if self.dst in self.fabric.slots:
+            self.fabric.relayed(self.dst, nbytes)
         src, dst = (self.dst, self.src) if back else (self.src, self.dst)
         delay = self.fabric.cost(src, dst).delay(nbytes)
         if delay > 0:
@@ -352,6 +470,17 @@ class MemoryLink:
         async def answer(h: PeerHandler) -> PingAck:
             return await h.ping(ping)
         return await self._membership(ping, answer, timeout)
+
+    async def dial_back(self, request: DialBackRequest, timeout: float) -> Ack:
+        async def answer(h: PeerHandler) -> Ack:
+            return await h.dial_back(request)
+        return await self._unary(answer, timeout)
+
+    async def ask_slot(self, request: ReserveRequest, timeout: float) -> Ack:
+        """A relay's node asked for a slot (the fabric then holds it: :meth:`MemoryNetwork.reserve`)."""
+        async def answer(h: PeerHandler) -> Ack:
+            return await h.reserve(request)
+        return await self._unary(answer, timeout)
 
     async def assign(self, assignment: Assignment, timeout: float) -> Ack:
         async def answer(h: PeerHandler) -> Ack:

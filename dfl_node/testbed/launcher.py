@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,9 +154,16 @@ def plan_fleet(
 
 
 def fetch_json(nodes: list[NodeProcess], path: str, timeout: float = 2.0) -> dict[str, object]:
-    """GET ``path`` from every node's REST API (None where it does not answer), through its namespace if any."""
-    values = run_inside(nodes[0].namespace, fetch_all, [f"{n.url}{path}" for n in nodes], timeout)
-    return dict(zip((n.id for n in nodes), values))
+    """GET ``path`` from every node's REST API (None where it does not answer), from inside its own namespace if it
+    has one (a node behind a testbed's NAT serves where no other namespace reaches), the namespaces side by side."""
+    spaces: dict[str | None, list[NodeProcess]] = {}
+    for node in nodes:
+        spaces.setdefault(node.namespace, []).append(node)
+    with ThreadPoolExecutor(max_workers=min(16, len(spaces))) as pool:
+        answers = pool.map(lambda group: run_inside(group[0].namespace, fetch_all, [f"{n.url}{path}" for n in group],
+                                                    timeout), spaces.values())
+        values = {n.id: v for group, got in zip(spaces.values(), answers) for n, v in zip(group, got)}
+    return {n.id: values[n.id] for n in nodes}
 
 
 def poll_status(nodes: list[NodeProcess], timeout: float = 2.0) -> dict[str, dict | None]:

@@ -6,6 +6,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DialBackRequest(_message.Message):
+    __slots__ = ("sender", "address", "timeout_s")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    address: str
+    timeout_s: float
+    def __init__(self, sender: _Optional[str] = ..., address: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class ReserveRequest(_message.Message):
+    __slots__ = ("sender", "swarm")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    SWARM_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    swarm: str
+    def __init__(self, sender: _Optional[str] = ..., swarm: _Optional[str] = ...) -> None: ...
+
+class RelayEvent(_message.Message):
+    __slots__ = ("address", "token", "heartbeat_s", "reason", "relay")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    token: bytes
+    heartbeat_s: float
+    reason: str
+    relay: str
+    def __init__(self, address: _Optional[str] = ..., token: _Optional[bytes] = ..., heartbeat_s: _Optional[float] = ..., reason: _Optional[str] = ..., relay: _Optional[str] = ...) -> None: ...
+
 class MemberUpdate(_message.Message):
     __slots__ = ("state", "incarnation", "node_id", "sender", "hello")
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -45,7 +77,7 @@ class MembershipAck(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., updates: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "wire_dtype", "hashes", "progress", "sample_shape", "num_classes", "work_s")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "wire_dtype", "hashes", "progress", "sample_shape", "num_classes", "work_s", "relay", "direct")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +95,8 @@ class HelloRequest(_message.Message):
     SAMPLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
     WORK_S_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -80,10 +114,12 @@ class HelloRequest(_message.Message):
     sample_shape: _containers.RepeatedScalarFieldContainer[int]
     num_classes: int
     work_s: float
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., work_s: _Optional[float] = ...) -> None: ...
+    relay: str
+    direct: bool
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., work_s: _Optional[float] = ..., relay: _Optional[str] = ..., direct: _Optional[bool] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "progress", "wire_dtype", "hashes", "sample_shape", "num_classes", "work_s")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "progress", "wire_dtype", "hashes", "sample_shape", "num_classes", "work_s", "relay", "direct")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +139,8 @@ class HelloReply(_message.Message):
     SAMPLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
     WORK_S_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -122,7 +160,9 @@ class HelloReply(_message.Message):
     sample_shape: _containers.RepeatedScalarFieldContainer[int]
     num_classes: int
     work_s: float
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., work_s: _Optional[float] = ...) -> None: ...
+    relay: str
+    direct: bool
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., work_s: _Optional[float] = ..., relay: _Optional[str] = ..., direct: _Optional[bool] = ...) -> None: ...
 
 class TensorEntry(_message.Message):
     __slots__ = ("name", "dtype", "shape", "start", "count", "offset", "nbytes", "encoding", "scale")

@@ -70,6 +70,16 @@ class DflNodeStub:
                 request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipPing.SerializeToString,
                 response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipAck.FromString,
                 _registered_method=True)
+        self.DialBack = channel.unary_unary(
+                '/dfl.v1.DflNode/DialBack',
+                request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.DialBackRequest.SerializeToString,
+                response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.FromString,
+                _registered_method=True)
+        self.Reserve = channel.unary_stream(
+                '/dfl.v1.DflNode/Reserve',
+                request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RelayEvent.FromString,
+                _registered_method=True)
 
 
 class DflNodeServicer:
@@ -141,6 +151,24 @@ class DflNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DialBack(self, request, context):
+        """Reachability: the caller asks to be dialed back at the address it advertises (a Hello, within timeout_s); ok
+        says whether that worked: whether peers can dial it, or it sits behind NAT or a firewall.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reserve(self, request, context):
+        """A relay slot: a member that peers cannot dial reserves a port on this reachable member, which it advertises as
+        its address. The first event says the port; then each connection a peer opens there is announced (incoming),
+        and the relayed node dials the port back with the event's token to carry it: the relay splices the two TCP
+        connections and reads nothing (TLS runs end to end). Heartbeats keep the slot; the stream's end releases it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DflNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +206,16 @@ def add_DflNodeServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipPing.FromString,
                     response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipAck.SerializeToString,
+            ),
+            'DialBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.DialBack,
+                    request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.DialBackRequest.FromString,
+                    response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.SerializeToString,
+            ),
+            'Reserve': grpc.unary_stream_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ReserveRequest.FromString,
+                    response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RelayEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -370,6 +408,60 @@ class DflNode:
             '/dfl.v1.DflNode/Ping',
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipPing.SerializeToString,
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.MembershipAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DialBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dfl.v1.DflNode/DialBack',
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.DialBackRequest.SerializeToString,
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dfl.v1.DflNode/Reserve',
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.ReserveRequest.SerializeToString,
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.RelayEvent.FromString,
             options,
             channel_credentials,
             insecure,
