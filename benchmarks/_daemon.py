@@ -93,7 +93,7 @@ def daemon(work: Path, algorithm: str, *, node_id: str = RECEIVER_ID, env: dict[
         [sys.executable, "-m", "dfl_node", "--log-level", "WARNING", "start", "--id", node_id,
          "--data", str(work / "shards" / node_id), "--algorithm", algorithm, "--swarm", SWARM, "--no-mdns",
          "--no-evaluate", "--grpc-port", str(grpc_port), "--http-port", str(http_port),
-         "--state-dir", str(work / "state")], env=environ)
+         "--state-dir", str(work / "state" / node_id)], env=environ)
     try:
         yield Daemon(process, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}/status")
     finally:

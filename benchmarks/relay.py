@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import httpx
-from _daemon import RECEIVER_ID, bench_model, daemon  # benchmarks/_daemon.py
+from _daemon import RECEIVER_ID, Daemon, bench_model, daemon  # benchmarks/_daemon.py
 from transfer import Push, measure_stream  # benchmarks/transfer.py
 
 from dfl_node.net.allocator import tune_for_streaming
@@ -33,18 +33,19 @@ from dfl_node.net.allocator import tune_for_streaming
 RELAY_ID = "node-0"  # the benchmark fleet's other shard
 
 
-def wait_for_slot(status_url: str, timeout: float = 120.0) -> str:
+def wait_for_slot(receiver: Daemon, timeout: float = 120.0) -> str:
     """The receiver's advertised address once it holds a slot on its relay."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and receiver.process.poll() is None:
         try:
-            status = httpx.get(status_url, trust_env=False).json()
+            status = httpx.get(receiver.status_url, trust_env=False).json()
         except httpx.HTTPError:
             status = {}
         if status.get("reachability") == "relayed":
             return str(status["grpc_address"])
         time.sleep(0.2)
-    raise TimeoutError(f"the receiver held no relay slot within {timeout:g} s")
+    raise SystemExit(f"error: the receiver held no relay slot within {timeout:g} s (exit code "
+                     f"{receiver.process.poll()})")
 
 
 def main() -> None:
@@ -57,7 +58,7 @@ def main() -> None:
     series: dict[str, list[Push]] = {"direct": [], "relayed": []}
     with (daemon(work, "fullavg", node_id=RELAY_ID) as relay,
           daemon(work, "fullavg", env={"DFL_RELAY": relay.address}) as receiver):
-        slot = wait_for_slot(receiver.status_url)
+        slot = wait_for_slot(receiver)
         addresses = {"direct": receiver.address, "relayed": slot}
         for i in range(args.repeat):
             for j, (way, address) in enumerate(addresses.items()):

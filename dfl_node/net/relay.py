@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import secrets
+import socket
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -200,30 +204,81 @@ async def splice(a_reader: asyncio.StreamReader, a_writer: asyncio.StreamWriter,
 
 class Tunnels:
     """The relayed node's side of one reservation: each announced token answered by a connection to the slot
-    (``slot``: host:port) spliced to the node's own server (``local``: host:port)."""
+    (``slot``: host:port) spliced to the node's own server (``local``: host:port).
+
+    Each tunnel's bytes move in threads of their own, by the kernel (:func:`pump`), not through the node's event
+    loop: the node's server, hashing and fusing what arrives, would otherwise share one core with the copying."""
 
     def __init__(self, slot: str, local: tuple[str, int]) -> None:
         host, _, port = slot.rpartition(":")
         self.slot = (host.strip("[]"), int(port))
         self.local = local
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
 
     def answer(self, token: bytes) -> None:
-        task = asyncio.get_running_loop().create_task(self._carry(token))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        threading.Thread(target=self._carry, args=(token,), name="dfl-tunnel", daemon=True).start()
 
-    async def _carry(self, token: bytes) -> None:
+    def _carry(self, token: bytes) -> None:
+        held: list[socket.socket] = []
         try:
-            tunnel_reader, tunnel_writer = await asyncio.open_connection(*self.slot)
-            tunnel_writer.write(MAGIC + token + b"\n")
-            local_reader, local_writer = await asyncio.open_connection(*self.local)
+            held.append(socket.create_connection(self.slot, timeout=TUNNEL_WAIT_S))
+            held[0].sendall(MAGIC + token + b"\n")
+            held.append(socket.create_connection(self.local, timeout=TUNNEL_WAIT_S))
         except OSError as exc:
             log.info("relayed: cannot carry a connection through %s:%d: %s", *self.slot, exc)
+            for sock in held:
+                sock.close()
             return
-        await splice(tunnel_reader, tunnel_writer, local_reader, local_writer)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._open.update(held)
+        if closed:
+            for sock in held:
+                sock.close()
+            return
+        for sock in held:
+            sock.settimeout(None)
+        pump(*held)
+        with self._lock:
+            self._open.difference_update(held)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Every tunnel ends (their threads see their sockets shut)."""
+        with self._lock:
+            self._closed = True
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+def pump(a: socket.socket, b: socket.socket) -> None:
+    """Both ways between two connected sockets until both directions ended (each end's half-close passed on) or one
+    broke; both closed at the end. One direction in this thread, the other in a second one, each moved by
+    ``splice(2)`` through a pipe: the kernel copies, nothing is held in Python."""
+    back = threading.Thread(target=_one_way, args=(b, a), name="dfl-tunnel-back", daemon=True)
+    back.start()
+    _one_way(a, b)
+    back.join()
+    a.close()
+    b.close()
+
+
+def _one_way(src: socket.socket, dst: socket.socket) -> None:
+    read_end, write_end = os.pipe()
+    try:
+        with contextlib.suppress(OSError):  # a larger pipe, fewer calls (the system's bound may refuse it)
+            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        while moved := os.splice(src.fileno(), write_end, PIPE_BYTES):
+            while moved:
+                moved -= os.splice(read_end, dst.fileno(), moved)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:  # reset, or shut by close(): the other direction ends too
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -35,7 +35,7 @@ from dfl_node.peering.relays import Reservation
 log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
 
 State = Literal["unknown", "direct", "relayed", "unreachable"]
-DIAL_BACK_S = 5.0  # how long a member may take to dial us back (a member's bound: DIAL_BACK_MAX_S)
+DIAL_BACK_S = 2.0  # how long a member may take to dial us back (a member's bound: DIAL_BACK_MAX_S)
 ASKED = 2  # members asked to dial back: one that cannot (its own link is down) must not make us relayed
 RECHECK_S = 300.0  # how often a node asks again whether it is reachable
 RESERVE_S = 5.0  # how long a relay may take to give a slot

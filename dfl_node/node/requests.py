@@ -46,7 +46,7 @@ from dfl_node.settings.node import RoleSettings, ScheduleSettings
 log = logging.getLogger(__name__)
 DIAL_BACK_MAX_S = 5.0  # the longest a dial-back may take, whatever the caller asks
 DIAL_BACK_RETRY_S = 0.5  # between two Hellos of one dial-back
-DIAL_BACKS = 4  # dial-backs a node makes at once, at most: one more is answered "busy" (its caller asks another)
+DIAL_BACKS = 8  # dial-backs a node makes at once, at most: one more is answered "busy" (its caller asks another)
 
 
 class Intake:
