@@ -74,8 +74,9 @@ class NetworkSettings(_Part):
                            "that anyone who reaches --host can push a model into this node (and REST with no "
                            "token): only on a private network (a testbed's bridge). Without it such a node refuses "
                            "to start")
-    connect_timeout: float = Field(5.0, gt=0, description="a sender (or pulling aggregator) whose peer does not "
-                                   "accept a connection within this many seconds gives its role back")
+    connect_timeout: float = Field(5.0, gt=0, description="a call to a peer that accepts no connection within this "
+                                   "many seconds fails: a sender (or pulling aggregator) gives its role back, a "
+                                   "holder plays the group again")
     stream_timeout: float = Field(30.0, gt=0, description="an incoming model stream silent this long is dropped "
                                   "(it never holds a role or a buffer)")
     wire_dtype: WireDtype = Field("exact", description=WIRE_DTYPE_HELP)
