@@ -6,7 +6,8 @@ routers (no port forwarding, no route in: ``tests/test_nat_sites.py`` checks tha
   home nodes find out that nobody can dial them and are relayed by the three public ones; mid-run the busiest relay
   is killed with SIGKILL: the nodes it relayed take slots on the other relays within :data:`RELAYED_AGAIN_S`, and
   the relay, restarted, plays on. The 30 rounds complete with home nodes as holder, sender and aggregator (Def-KT's
-  receiver), and the durable record shows no round lost or fused twice, no accepted model lost.
+  receiver), and the durable record shows no round lost or fused twice, no accepted model lost; no node but the
+  killed relay was ever declared dead (in any of the three runs).
 - **Round mode, mutual TLS.** The same fleet, undisturbed, ends with the simulator's models (the same fleet on one
   LAN) bit for bit.
 - **Async mode.** Home nodes fuse at a rate within 1.5× of the public ones.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import statistics
 import time
@@ -102,6 +104,11 @@ def relayed_as_known(statuses: dict[str, dict | None], relayed: set[str]) -> boo
                    for p in s["peers"]) for r in relayed for i, s in statuses.items() if i != r and s is not None)
 
 
+def declared_dead(nodes: list[NodeProcess]) -> set[str]:
+    """The members some node's SWIM declared dead, from the nodes' logs (``node-2: node-0 dead (suspect for …)``)."""
+    return {m[1] for n in nodes for m in re.finditer(r": (\S+) dead \(suspect", n.log_path.read_text())}
+
+
 def test_round_mode_across_nat_through_a_relay_killed_mid_run(shards: Path, tmp_path: Path) -> None:
     with nat_fleet(shards, tmp_path, "round", "swarm-key") as (topology, nodes):
         started = time.monotonic()
@@ -135,6 +142,7 @@ def test_round_mode_across_nat_through_a_relay_killed_mid_run(shards: Path, tmp_
                       "rounds_held": held, "relaying": {i: final[i]["relaying"] for i in final if i not in behind},
                       "global_accuracy": statistics.fmean(s["global_accuracy"] for s in final.values())}))
     assert known_s <= KNOWN_WITHIN_S and relayed_again_s <= RELAYED_AGAIN_S
+    assert declared_dead(nodes) <= {victim.id}  # no false death: a relayed node that moved was never given up
     assert all(after[i]["relay"] != victim.id for i in moved)
     assert completed == FLEET9.rounds
     assert ledger.lost_rounds(completed) == [] and ledger.repeated_rounds() == [] and ledger.lost_models() == []
@@ -152,6 +160,7 @@ def test_round_mode_across_nat_under_mutual_tls_learns_as_on_one_lan(shards: Pat
         assert max(float((mine[k] - models[node.id][k]).abs().max()) for k in mine) == 0.0, node.id
     assert {i for i, s in statuses.items() if s["reachability"] == "relayed"} == behind
     assert all(s["rejected"] == {} for s in statuses.values()), {i: s["rejected"] for i, s in statuses.items()}
+    assert declared_dead(nodes) == set()
     print(json.dumps({"global_accuracy": {"nat": statistics.fmean(s["global_accuracy"] for s in statuses.values()),
                                           "one_lan_simulated": result.global_accuracy}}))
 
@@ -163,5 +172,5 @@ def test_async_mode_across_nat_home_nodes_fuse_as_often_as_public_ones(shards: P
     rate = {side: statistics.fmean(s["fusions"] for i, s in statuses.items() if (i in behind) == (side == "home"))
             for side in ("home", "public")}
     print(json.dumps({"fusions_per_node": rate, "relaying": {i: s["relaying"] for i, s in statuses.items()}}))
-    assert rate["home"] > 0 and rate["public"] > 0
+    assert rate["home"] > 0 and rate["public"] > 0 and declared_dead(nodes) == set()
     assert max(rate.values()) / min(rate.values()) <= 1.5, rate

@@ -88,7 +88,7 @@ class Node:
         self.identity = self.learner.identity(config.swarm, config.network.wire_dtype)
         self.network = network(self.identity, self.hello)
         self.reach = Reach(config.id, config.network.address, config.swarm, config.network.relay,
-                           config.network.relay_slots, clock, self.network, changed=lambda: None)
+                           config.network.relay_slots, clock, self.network, changed=lambda: self.membership.moved())
         self.membership = Membership(config.id, lambda: self.reach.address, config.membership, clock, hello=self.hello,
                                      profile=self.learner.profile, fingerprint_of=self.identity.fingerprint_of,
                                      network=self.network, tally=self.tally, on_join=self._peer_joined,

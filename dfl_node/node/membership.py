@@ -160,6 +160,11 @@ class Membership:
         if self.seeds.due(self.clock.monotonic()):
             self._spawn(self._join_seeds())
 
+    def moved(self) -> None:
+        """This node serves at another address now (a relay's slot): its members hear it at once
+        (:meth:`Swim.announce`)."""
+        self._spawn(self.swim.announce())
+
     def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
         self._joining.add(task := asyncio.get_running_loop().create_task(work))
         task.add_done_callback(self._joining.discard)

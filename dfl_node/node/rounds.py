@@ -275,13 +275,22 @@ class RoundScheduler:
     async def _unfused(self, groups: list[Group], round_: int, failed_since: float) -> list[Group]:
         """The groups whose aggregator did not fuse ``round_`` after all. A sender's confirmation can be lost
         after its aggregator fused (the sender crashed), so each aggregator is asked, by its progress, once
-        it answers and plays no role any more — waited for up to ``round_timeout`` since the round failed."""
+        it answers and plays no role any more — waited for up to ``round_timeout`` since the round failed. An
+        aggregator still busy while none of its senders is (each gave its role up: none can still deliver) is not
+        waited for: played again, it is assigned again, and either gives up its wait (it holds nothing) or, fusing
+        what arrived, answers that it played the round."""
         node = self.node
         deadline = failed_since + node.settings.round_timeout
+
+        def waited_for(group: Group, progress: Progress) -> bool:
+            return progress.busy and any((p := self._progress_of(s)) is not None and p.busy for s in group.senders)
+
         while groups:
             await node.members.refresh()
             known = {g.aggregator: self._progress_of(g.aggregator) for g in groups if g.aggregator}
-            if all(p is not None and not p.busy for p in known.values()) or node.clock.monotonic() > deadline:
+            answered = all((p := known.get(g.aggregator)) is not None and not waited_for(g, p)
+                           for g in groups if g.aggregator)
+            if answered or node.clock.monotonic() > deadline:
                 return [g for g in groups if (p := known.get(g.aggregator)) is None or p.round <= round_]
             await asyncio.sleep(node.membership.heartbeat)
         return []

@@ -28,6 +28,7 @@ Its bounds (how soon a crash, a restart, a newcomer is known everywhere): :mod:`
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import random
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 ALIVE, SUSPECT, DEAD = "alive", "suspect", "dead"
 RANK = {ALIVE: 0, SUSPECT: 1, DEAD: 2}  # at one incarnation, the worse news wins
 CONFIRMATIONS = 2  # k: independent suspicions that bring the timeout down to its minimum (memberlist: mult − 2)
+ANNOUNCE_TO = 8  # members a node that moved tells at once (the rest hear it by gossip)
 PER_MESSAGE = 8  # updates of gossip a message carries besides its sender's own (MAX_UPDATES bounds what we take)
 
 
@@ -341,6 +343,19 @@ class Swim:
             ack = await self._ping(ping.target_address, Ping(sender=self.node_id, updates=self._updates()), timeout)
             return PingAck(ok=ack is not None and ack.ok, updates=self._updates())
         return PingAck(ok=True, updates=self._updates())
+
+    async def announce(self) -> None:
+        """We serve elsewhere now (a relayed node's new slot, after its relay died): our new incarnation goes at once
+        to up to :data:`ANNOUNCE_TO` live members (in a fleet that small, all of them), not one a period: until it
+        reaches a member, its probes of our old address fail, and a suspicion spread meanwhile must be refuted before
+        its timeout, or we are declared dead. Which members: an order of our own (a hash), so the probes' random
+        sequence is the same whether a node moves or not."""
+        updates = self._updates()
+        alive = [i for i, m in self.members.items() if m.state != DEAD and m.hello is not None]
+        alive.sort(key=lambda i: hashlib.sha256(f"{self.node_id}\x1f{i}\x1f{self.incarnation}".encode()).digest())
+        await asyncio.gather(*(self._ping(self.members[i].hello.grpc_address,  # type: ignore[union-attr]
+                                          Ping(sender=self.node_id, updates=updates), self.settings.ping_timeout)
+                               for i in alive[:ANNOUNCE_TO]))
 
     async def sync(self, node_id: str) -> None:
         """Push-pull: our whole view, for what of theirs we lack or hold older."""

@@ -124,7 +124,9 @@ class PeerTransport:
                 took.append(roles.clock.monotonic() - started)
             self.verdict(True)
 
-        link = roles.network.link(self.aggregator_address)
+        # where the aggregator serves as our membership knows it now, else as the holder knew it when it planned: a
+        # relayed aggregator whose relay died since is at its new slot (it announced the move), not at the old one
+        link = roles.network.link(self.address_of(aggregator) or self.aggregator_address)
         resume = Resume(chunk_bytes=roles.links.chunk_for(aggregator))
         lost = False  # the link lost it (a refusal is not the link's)
         try:
