@@ -21,14 +21,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from dfl_node.addresses import is_loopback, parse_peer
 from dfl_node.node.clock import Clock
 from dfl_node.node.membership import Members
 from dfl_node.peering.errors import PeerUnreachable, TransferRefused
-from dfl_node.peering.messages import Ack, DialBackRequest, ReserveRequest
+from dfl_node.peering.messages import Ack, DialBackRequest, HelloReply, ReserveRequest
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.peering.relays import Reservation
 
@@ -36,6 +36,9 @@ log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, whe
 
 State = Literal["unknown", "direct", "relayed", "unreachable"]
 DIAL_BACK_S = 2.0  # how long a member may take to dial us back (a member's bound: DIAL_BACK_MAX_S)
+DIAL_BACK_MAX_S = 5.0  # the longest a dial-back we make for a member may take, whatever it asks
+DIAL_BACK_RETRY_S = 0.5  # between two Hellos of one dial-back
+DIAL_BACKS = 8  # dial-backs a node makes at once, at most: one more is answered "busy" (its caller asks another)
 ASKED = 2  # members asked to dial back: one that cannot (its own link is down) must not make us relayed
 RECHECK_S = 300.0  # how often a node asks again whether it is reachable
 RESERVE_S = 5.0  # how long a relay may take to give a slot
@@ -60,6 +63,7 @@ class Reach:
         self.settled = asyncio.Event()  # set once it knows it is direct, or holds a slot, or found no way to know
         self._shunned: dict[str, float] = {}  # relays not to ask again before then (the node's clock)
         self._held: Reservation | None = None  # the slot it holds
+        self._dialing = 0  # dial-backs it makes for members now
 
     def _set(self, state: State, address: str, relay: str = "") -> None:
         moved = (address, relay) != (self.address, self.relay)
@@ -201,7 +205,26 @@ class Reach:
         self._held = None
         await held.close()
 
-    # ----- a relay for others ----------------------------------------------------------------
+    # ----- for others: dial-backs and slots ---------------------------------------------------
+    async def dial_back(self, request: DialBackRequest,
+                        dial: Callable[[str, float], Awaitable[HelloReply | None]]) -> Ack:
+        """Dial a member back at the address it says it serves (``dial``: one Hello, answered by the member itself):
+        whether peers can reach it. At most :data:`DIAL_BACKS` at once, each within :data:`DIAL_BACK_MAX_S`: a node
+        is no tool to dial anywhere, and a fleet starting at once is answered "busy" rather than kept waiting."""
+        if self._dialing >= DIAL_BACKS:
+            return Ack(ok=False, reason="busy")
+        self._dialing += 1
+        deadline = self.clock.monotonic() + min(max(request.timeout_s, 0.1), DIAL_BACK_MAX_S)
+        try:
+            # tried again until the deadline: our channel there may still back off from the caller's last life
+            while (reply := await dial(request.address, deadline - self.clock.monotonic())) is None:
+                if self.clock.monotonic() + DIAL_BACK_RETRY_S >= deadline:
+                    return Ack(ok=False, reason="unreachable")
+                await asyncio.sleep(DIAL_BACK_RETRY_S)
+        finally:
+            self._dialing -= 1
+        return Ack(ok=True) if reply.node_id == request.sender else Ack(ok=False, reason="unreachable")
+
     def may_relay(self, swarm: str) -> Ack:
         """Whether a node of ``swarm`` may hold a slot here (who it is, the network proved: mutual TLS, the swarm
         key): a member dialed us back (we are direct), and we relay (the slots left are the network's count)."""

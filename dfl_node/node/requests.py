@@ -44,9 +44,6 @@ from dfl_node.peering.probes import ProbeReply, ProbeRequest, probe_from_request
 from dfl_node.settings.node import RoleSettings, ScheduleSettings
 
 log = logging.getLogger(__name__)
-DIAL_BACK_MAX_S = 5.0  # the longest a dial-back may take, whatever the caller asks
-DIAL_BACK_RETRY_S = 0.5  # between two Hellos of one dial-back
-DIAL_BACKS = 8  # dial-backs a node makes at once, at most: one more is answered "busy" (its caller asks another)
 
 
 class Intake:
@@ -110,8 +107,7 @@ class PeerRequests:
         self.rounds = schedule.mode == "round"
         self.membership, self.roles, self.scheduler, self.progress = membership, roles, scheduler, progress
         self.learner, self.tally = learner, tally
-        self.reach = reach  # whether it relays others
-        self._dialing = 0  # dial-backs under way
+        self.reach = reach  # dial-backs it makes for others, and whether it relays them
 
     def hello(self, request: Hello, peer: str, refused: str | None = None) -> HelloReply:
         return self.membership.answer(request, peer, refused)
@@ -120,22 +116,7 @@ class PeerRequests:
         return await self.membership.ping(request)
 
     async def dial_back(self, request: DialBackRequest) -> Ack:
-        """Dial the caller back at the address it says it serves (one Hello, answered by the caller itself): whether
-        peers can reach it. At most :data:`DIAL_BACKS` at once, each within :data:`DIAL_BACK_MAX_S`: a node is no
-        tool to dial anywhere, and a fleet starting at once is answered "busy" rather than kept waiting."""
-        if self._dialing >= DIAL_BACKS:
-            return Ack(ok=False, reason="busy")
-        self._dialing += 1
-        deadline = self.clock.monotonic() + min(max(request.timeout_s, 0.1), DIAL_BACK_MAX_S)
-        try:
-            # tried again until the deadline: our channel there may still back off from the caller's last life
-            while (reply := await self.membership.dial(request.address, deadline - self.clock.monotonic())) is None:
-                if self.clock.monotonic() + DIAL_BACK_RETRY_S >= deadline:
-                    return Ack(ok=False, reason="unreachable")
-                await asyncio.sleep(DIAL_BACK_RETRY_S)
-        finally:
-            self._dialing -= 1
-        return Ack(ok=True) if reply.node_id == request.sender else Ack(ok=False, reason="unreachable")
+        return await self.reach.dial_back(request, self.membership.dial)
 
     async def reserve(self, request: ReserveRequest) -> Ack:
         """Whether the caller may hold a relay slot here (the bytes are the network's)."""
