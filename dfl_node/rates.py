@@ -47,11 +47,17 @@ class TokenBucket:
         """``n`` bytes pass: they are taken from the bucket at once, and the caller waits until the bucket is out of
         debt, that is, until they would have passed at the rate (less the burst it held). A chunk larger than the
         burst so costs its own time, and a stream of chunks holds the rate from its first chunk on."""
+        owed = self.owe(n)
+        while owed > 0:
+            await asyncio.sleep(owed)
+            owed = self.owe(0)
+
+    def owe(self, n: int) -> float:
+        """:meth:`take` for a thread, which sleeps itself: ``n`` bytes taken, the seconds until the bucket is out
+        of debt."""
         self._refill()
         self._tokens -= n
-        while self._tokens < 0:
-            await asyncio.sleep(-self._tokens / self.rate)
-            self._refill()
+        return max(0.0, -self._tokens / self.rate)
 
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKMG]?)\s*$")

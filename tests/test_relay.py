@@ -16,18 +16,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 from safetensors.torch import load_file
 
+from dfl_node.net import relay as relay_module
 from dfl_node.net.auth import Security
 from dfl_node.net.certs import new_secret
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.net.relay import MAGIC, RelayServer, splice
+from dfl_node.net.relay import MAGIC, RelayServer, Tunnels, pump
 from dfl_node.net.swarm_tls import read_swarm_keys, swarm_tls
 from dfl_node.testbed.launcher import Placement, all_done, free_port, plan_fleet, wait_until
 from tests.conftest import FLEET, running_daemons, simulated, until
@@ -83,16 +87,37 @@ def test_relayed_nodes_learn_bit_for_bit_as_on_one_lan(fleet_shards: Path, pki: 
     assert {statuses[n]["reachability"] for n in ("node-0", "node-2")} == {"direct"}
 
 
-class Recorded:
-    """A stream reader whose bytes are kept as they are read (what the relay sees)."""
+def recording_pump(seen: list[tuple[bytearray, bytearray]]) -> Callable[..., None]:
+    """:func:`~dfl_node.net.relay.pump`, but the relay's connections (those it counts) copied in Python, their bytes
+    kept in ``seen`` as the relay sees them: per connection, the peer's and the relayed node's."""
 
-    def __init__(self, reader: asyncio.StreamReader, into: bytearray) -> None:
-        self.reader, self.into = reader, into
+    def carry(a: socket.socket, b: socket.socket, first: bytes = b"",
+              carried: Callable[[int], None] | None = None) -> None:
+        if carried is None:  # a relayed node's tunnel, not the relay
+            return pump(a, b, first, carried)
+        peer, node = bytearray(), bytearray()  # ``first`` is the peer's too: one_way keeps it as it passes it on
+        seen.append((peer, node))
 
-    async def read(self, n: int) -> bytes:
-        data = await self.reader.read(n)
-        self.into += data
-        return data
+        def one_way(src: socket.socket, dst: socket.socket, into: bytearray, data: bytes = b"") -> None:
+            try:
+                while data or (data := src.recv(1 << 16)):
+                    into += data
+                    carried(len(data))
+                    dst.sendall(data)
+                    data = b""
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                for sock in (src, dst):
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+
+        back = threading.Thread(target=one_way, args=(b, a, node))
+        back.start()
+        one_way(a, b, peer, first)
+        back.join()
+        return None
+
+    return carry
 
 
 def tls_records(stream: bytes) -> list[int]:
@@ -113,16 +138,7 @@ def tls_records(stream: bytes) -> list[int]:
 async def test_a_relay_sees_only_tls_and_a_stranger_gets_neither_a_slot_nor_the_node(
         fleet_shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[bytearray, bytearray]] = []  # per connection: the peer's bytes, the relayed node's
-    carried = RelayServer.splice
-
-    async def recording(self: RelayServer, a_reader: asyncio.StreamReader, a_writer: asyncio.StreamWriter,
-                        b_reader: asyncio.StreamReader, b_writer: asyncio.StreamWriter, first: bytes = b"") -> None:
-        peer, node = bytearray(first), bytearray()
-        seen.append((peer, node))
-        await carried(self, Recorded(a_reader, peer), a_writer, Recorded(b_reader, node), b_writer,  # type: ignore[arg-type]
-                      first)
-
-    monkeypatch.setattr(RelayServer, "splice", recording)
+    monkeypatch.setattr(relay_module, "pump", recording_pump(seen))
     key, other = new_secret(tmp_path / "swarm.key"), new_secret(tmp_path / "other.key")
     ports = [free_port() for _ in range(2)]
     relay_at = f"127.0.0.1:{ports[0]}"
@@ -183,24 +199,22 @@ async def test_a_relay_holds_its_slots_and_gives_them_back_once_its_bytes_are_sp
     relay = RelayServer("relay", "127.0.0.1", "127.0.0.1", slots=1, rate=1e6, max_bytes=1000)
     slot = await relay.open("node-1")
     assert slot is not None and await relay.open("node-2") is None and relay.load.refused == 1
-    server = await asyncio.start_server(_echo, "127.0.0.1", 0)  # the relayed node's own server
-    local = server.sockets[0].getsockname()[:2]
+    local = f"dfl-test-{uuid.uuid4().hex}"  # the relayed node's own server, on its abstract Unix socket
+    server = await asyncio.start_unix_server(_echo, "\0" + local)
     host, _, port = slot.address.rpartition(":")
     peer_reader, peer_writer = await asyncio.open_connection(host, int(port))
     peer_writer.write(b"x" * 600)
     token = await asyncio.wait_for(slot.incoming.get(), 5)  # the relay announces the peer on the reservation
     assert token is not None
-    tunnel_reader, tunnel_writer = await asyncio.open_connection(host, int(port))
-    tunnel_writer.write(MAGIC + token + b"\n")
-    local_reader, local_writer = await asyncio.open_connection(*local)
-    carrying = asyncio.ensure_future(splice(tunnel_reader, tunnel_writer, local_reader, local_writer))
+    tunnels = Tunnels(slot.address, local)
+    tunnels.answer(token)  # the relayed node dials its slot back and carries the peer to its server
     assert await asyncio.wait_for(peer_reader.readexactly(600), 5) == b"x" * 600  # there and back: 1,200 bytes
     assert await asyncio.wait_for(slot.incoming.get(), 5) is None  # spent: the reservation ends
     assert relay.load.bytes >= 1000 and relay.load.connections == 1 and not relay.slots
     assert await relay.open("node-1") is None  # and no slot is given again
     peer_writer.close()
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(carrying, 5)
+    await relay.stop()
+    tunnels.close()
     server.close()
 
 

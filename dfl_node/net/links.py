@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Callable
 
 import grpc
@@ -32,7 +33,7 @@ class GrpcReservation:
     whose announcements it answers with tunnels to its own server at ``local`` (:class:`~dfl_node.net.relay.Tunnels`),
     lost when the stream ends or falls silent for three of the relay's heartbeats."""
 
-    def __init__(self, relay: str, call: grpc.aio.UnaryStreamCall, local: tuple[str, int]) -> None:
+    def __init__(self, relay: str, call: grpc.aio.UnaryStreamCall, local: str) -> None:
         self.relay, self._call, self._local = relay, call, local
         self.address = self.relay_id = ""
         self._lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -83,16 +84,16 @@ class GrpcReservation:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._following
         if self._tunnels is not None:
-            await self._tunnels.close()
+            self._tunnels.close()
 
 
 class GrpcNetwork:
     def __init__(self, wire: WireIdentity, security: Security, *, connect_timeout: float,
-                 retire_after: float, pacing: Pacing = NO_PACING, local: tuple[str, int] = ("127.0.0.1", 0),
-                 relay: RelayServer | None = None) -> None:
+                 retire_after: float, pacing: Pacing = NO_PACING, relay: RelayServer | None = None) -> None:
         self.wire, self.security = wire, security
         self.pacing = pacing  # the node's caps on its model transfers, every link's and its server's
-        self.local = local  # where this node's own server listens, for the tunnels a relay asks for
+        self.local = f"dfl-node-{secrets.token_hex(8)}"  # the abstract Unix socket its own server also listens on,
+        # for the tunnels a relay asks for (:class:`~dfl_node.net.relay.Tunnels`)
         self.relay = relay  # the relay it is for others (its server serves it), if it relays
         self.connect_timeout = connect_timeout
         self.retire_after = retire_after  # a replaced channel stays open this long: a call may be under way on it
@@ -168,3 +169,5 @@ class GrpcNetwork:
     async def close(self) -> None:
         for client in self.clients.values():
             await client.close()
+        if self.relay is not None:
+            await self.relay.stop()

@@ -24,7 +24,8 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dfl_node.peering.relays import RelayLoad
@@ -34,19 +35,11 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"DFL-TUNNEL "  # how a relayed node's connection to its slot begins (a peer's begins with TLS or HTTP/2)
 TOKEN_BYTES = 16  # random, sent as hex: a token is one line, with no newline in it
+TOKEN_LINE = 2 * TOKEN_BYTES + 1  # a token's line: its hex and a newline
 TUNNEL_WAIT_S = 10.0  # a peer's connection waits this long for the relayed node to answer its announcement
 FIRST_BYTES_WAIT_S = 10.0  # a connection to a slot says what it is within this long (a peer speaks first)
-PIPE_BYTES = 256 << 10  # what one read moves at most
+PIPE_BYTES = 1 << 20  # what one read moves at most
 MAX_ANNOUNCED = 64  # connections a slot announces and waits for its node to answer, at most at once
-
-
-@dataclass
-class _Pending:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    first: bytes  # what the peer sent before we knew it was a peer
-    tunnel: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class Slot:
@@ -57,69 +50,112 @@ class Slot:
         self.relay, self.node_id = relay, node_id
         self.incoming: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._pending: dict[bytes, _Pending] = {}
-        self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._talks: set[asyncio.Task[None]] = set()
         self.address = ""
 
     async def open(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.relay.host, 0)
-        port = self._server.sockets[0].getsockname()[1]
+        self._listener = listen(self.relay.host)
+        port = self._listener.getsockname()[1]
         host = self.relay.advertised_host
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._accepting = asyncio.ensure_future(self._accept_all(self._listener))
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(FIRST_BYTES_WAIT_S):
-                first = await reader.readexactly(len(MAGIC))
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-            return
-        if first == MAGIC:
-            await self._tunnel(reader, writer)
-            return
-        if len(self._pending) >= MAX_ANNOUNCED:  # a flood of connections its node could not answer
-            writer.close()
-            return
+    async def _accept_all(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError:  # the slot closed
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            talk = asyncio.ensure_future(self._accept(conn))
+            self._talks.add(talk)
+            talk.add_done_callback(self._talks.discard)
+
+    async def _accept(self, conn: socket.socket) -> None:
+        first = await _read_exactly(conn, len(MAGIC))
+        if first is None:
+            conn.close()
+        elif first == MAGIC:
+            self._tunnel(conn, await _read_exactly(conn, TOKEN_LINE, line=True))
+        elif len(self._pending) >= MAX_ANNOUNCED:  # a flood of connections its node could not answer
+            conn.close()
+        else:
+            await self._announce(conn, first)
+
+    async def _announce(self, conn: socket.socket, first: bytes) -> None:
+        """A peer's connection: announced on the reservation, carried once its node dialed back with the token."""
         token = secrets.token_hex(TOKEN_BYTES).encode()
-        pending = self._pending[token] = _Pending(reader, writer, first)
+        pending = self._pending[token] = _Pending(conn)
         await self.incoming.put(token)
         try:
             async with asyncio.timeout(TUNNEL_WAIT_S):
-                tunnel_reader, tunnel_writer = await pending.tunnel
+                tunnel = await pending.tunnel
         except TimeoutError:
             log.info("relay: %s did not answer an incoming connection within %g s", self.node_id, TUNNEL_WAIT_S)
-            writer.close()
+            conn.close()
             return
         finally:
             self._pending.pop(token, None)
-        self.relay.load.connections += 1
-        await self.relay.splice(reader, writer, tunnel_reader, tunnel_writer, first=pending.first)
+        self.relay.carry(conn, tunnel, first)
 
-    async def _tunnel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """The relayed node's connection for one announced peer: its token, then the bytes."""
-        try:
-            async with asyncio.timeout(FIRST_BYTES_WAIT_S):
-                line = await reader.readline()
-        except (TimeoutError, ValueError, ConnectionError):
-            writer.close()
-            return
-        pending = self._pending.get(line.rstrip(b"\n"))
+    def _tunnel(self, conn: socket.socket, line: bytes | None) -> None:
+        """The relayed node's connection for one announced peer: its token's line, then the bytes."""
+        pending = self._pending.get(line.rstrip(b"\n")) if line is not None else None
         if pending is None or pending.tunnel.done():  # not a token of ours: a stranger guessing
-            writer.close()
+            conn.close()
             return
-        pending.tunnel.set_result((reader, writer))
+        pending.tunnel.set_result(conn)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            self._listener.close()
+        for task in (self._accepting, *self._talks):
+            if task is not None:
+                task.cancel()
         for pending in self._pending.values():
-            pending.writer.close()
+            pending.peer.close()
         self.incoming.put_nowait(None)  # the reservation's stream ends: its node finds another relay
+
+
+@dataclass
+class _Pending:
+    peer: socket.socket
+    tunnel: asyncio.Future[socket.socket] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def listen(host: str) -> socket.socket:
+    """A non-blocking listening socket on ``host`` (IPv4 or IPv6), on a port the system picks."""
+    family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    sock = socket.create_server((host, 0), family=family)
+    sock.setblocking(False)
+    return sock
+
+
+async def _read_exactly(conn: socket.socket, n: int, line: bool = False) -> bytes | None:
+    """``n`` bytes from ``conn`` and not one more (what follows is carried by the kernel), or with ``line`` up to a
+    newline within ``n``; None where the connection ended or said nothing for :data:`FIRST_BYTES_WAIT_S`."""
+    loop, data = asyncio.get_running_loop(), b""
+    try:
+        async with asyncio.timeout(FIRST_BYTES_WAIT_S):
+            while len(data) < n and not (line and data.endswith(b"\n")):
+                if not (piece := await loop.sock_recv(conn, 1 if line else n - len(data))):
+                    return None
+                data += piece
+    except (TimeoutError, OSError):
+        return None
+    return data
 
 
 class RelayServer:
     """Node ``node_id``'s relay (it is reachable): at most ``slots`` reservations, their connections' bytes held to
     ``rate`` bytes/s all together (0: no cap) and to ``max_bytes`` in all (0: no bound; spent, the relay gives its
-    slots back and takes no more), on ``host`` (the node's serving address), advertised as ``advertised_host``."""
+    slots back and takes no more), on ``host`` (the node's serving address), advertised as ``advertised_host``.
+
+    The bytes move as a relayed node's do (:class:`Carrier`): by the kernel, in threads, off the relay's event
+    loop, which serves the relay's own rounds meanwhile."""
 
     def __init__(self, node_id: str, host: str, advertised_host: str, slots: int, rate: float = 0.0,
                  max_bytes: float = 0.0) -> None:
@@ -128,9 +164,13 @@ class RelayServer:
         self.bucket = TokenBucket(rate) if rate else None
         self.slots: dict[str, Slot] = {}
         self.load = RelayLoad()
+        self.carrier = Carrier()
+        self._counting = threading.Lock()  # the carrier's threads count into load and take from the bucket
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def open(self, node_id: str) -> Slot | None:
         """A slot for ``node_id`` (a reservation it made again replaces its last), or None where none is left."""
+        self._loop = asyncio.get_running_loop()
         old = self.slots.pop(node_id, None)
         if old is not None:
             await old.close()
@@ -148,105 +188,76 @@ class RelayServer:
         self.load.slots = len(self.slots)
         await slot.close()
 
-    async def splice(self, a_reader: asyncio.StreamReader, a_writer: asyncio.StreamWriter,
-                     b_reader: asyncio.StreamReader, b_writer: asyncio.StreamWriter, first: bytes = b"") -> None:
-        """A peer's connection (``a``, which sent ``first`` already) and its relayed node's (``b``), both ways until
-        either side ends (its half-close passed on), counted in :attr:`load`."""
-        await splice(a_reader, a_writer, b_reader, b_writer, self._carried, first)
+    def carry(self, peer: socket.socket, tunnel: socket.socket, first: bytes) -> None:
+        """A peer's connection (which sent ``first`` already) and its relayed node's, spliced both ways until
+        either side ends, counted in :attr:`load`."""
+        self.load.connections += 1
+        self.carrier.carry(peer, tunnel, first, self._carried)
+
+    async def stop(self) -> None:
+        """Every slot closed, every connection it carries ended."""
+        for slot in list(self.slots.values()):
+            await self.close(slot)
+        self.carrier.close()
 
     @property
     def spent(self) -> bool:
         """Whether it carried its ``max_bytes``."""
         return bool(self.max_bytes) and self.load.bytes >= self.max_bytes
 
-    async def _carried(self, data: bytes) -> None:
-        self.load.bytes += len(data)
-        if self.spent and self.slots:
-            log.warning("relay: carried %d bytes, its bound (--relay-bytes): giving its %d slot(s) back",
-                        self.load.bytes, len(self.slots))
-            for slot in list(self.slots.values()):
-                await self.close(slot)
-        if self.bucket is not None:
-            await self.bucket.take(len(data))
+    def _carried(self, n: int) -> None:
+        """``n`` bytes moved (in a carrier's thread): counted, and held to the rate before the next move."""
+        with self._counting:
+            self.load.bytes += n
+            owed = self.bucket.owe(n) if self.bucket is not None else 0.0
+            give_back = self.spent and bool(self.slots)
+        if give_back and self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._give_back()))
+        if owed > 0:
+            time.sleep(owed)
+
+    async def _give_back(self) -> None:
+        if not self.slots:
+            return
+        log.warning("relay: carried %d bytes, its bound (--relay-bytes): giving its %d slot(s) back",
+                    self.load.bytes, len(self.slots))
+        for slot in list(self.slots.values()):
+            await self.close(slot)
 
 
-async def splice(a_reader: asyncio.StreamReader, a_writer: asyncio.StreamWriter, b_reader: asyncio.StreamReader,
-                 b_writer: asyncio.StreamWriter, carried: Callable[[bytes], Awaitable[None]] | None = None,
-                 first: bytes = b"") -> None:
-    """Pipe two connections into each other until both directions ended (or one broke), ``first`` (what ``a`` sent
-    before) passed on ahead of ``a``'s bytes; ``carried`` is shown each piece (and may hold it back) before it is
-    passed on. Both are closed at the end."""
+class Carrier:
+    """Connections spliced in pairs, each pair's bytes moved in threads of their own by the kernel (:func:`pump`),
+    not through an event loop: a node's server, hashing and fusing what arrives, would otherwise share one core
+    with the copying. :meth:`close` ends them all."""
 
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes = b"") -> None:
-        try:
-            while data or (data := await reader.read(PIPE_BYTES)):
-                if carried is not None:
-                    await carried(data)
-                writer.write(data)
-                await writer.drain()
-                data = b""
-            if writer.can_write_eof():
-                writer.write_eof()
-        except (ConnectionError, OSError):
-            writer.transport.abort()
-            raise
-
-    try:
-        await asyncio.gather(pipe(a_reader, b_writer, first), pipe(b_reader, a_writer))
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        for writer in (a_writer, b_writer):
-            writer.close()
-            with contextlib.suppress(ConnectionError, OSError):
-                await writer.wait_closed()
-
-
-class Tunnels:
-    """The relayed node's side of one reservation: each announced token answered by a connection to the slot
-    (``slot``: host:port) spliced to the node's own server (``local``: host:port).
-
-    Each tunnel's bytes move in threads of their own, by the kernel (:func:`pump`), not through the node's event
-    loop: the node's server, hashing and fusing what arrives, would otherwise share one core with the copying."""
-
-    def __init__(self, slot: str, local: tuple[str, int]) -> None:
-        host, _, port = slot.rpartition(":")
-        self.slot = (host.strip("[]"), int(port))
-        self.local = local
+    def __init__(self) -> None:
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
 
-    def answer(self, token: bytes) -> None:
-        threading.Thread(target=self._carry, args=(token,), name="dfl-tunnel", daemon=True).start()
+    def carry(self, a: socket.socket, b: socket.socket, first: bytes = b"",
+              carried: Callable[[int], None] | None = None) -> None:
+        """``a`` and ``b`` spliced in a thread of their own (``first``, what ``a`` sent already, passed on ahead),
+        ``carried`` shown the bytes each move passed; both closed at the end."""
+        threading.Thread(target=self._carry, args=(a, b, first, carried), name="dfl-carry", daemon=True).start()
 
-    def _carry(self, token: bytes) -> None:
-        held: list[socket.socket] = []
-        try:
-            held.append(socket.create_connection(self.slot, timeout=TUNNEL_WAIT_S))
-            held[0].sendall(MAGIC + token + b"\n")
-            held.append(socket.create_connection(self.local, timeout=TUNNEL_WAIT_S))
-        except OSError as exc:
-            log.info("relayed: cannot carry a connection through %s:%d: %s", *self.slot, exc)
-            for sock in held:
-                sock.close()
-            return
+    def _carry(self, a: socket.socket, b: socket.socket, first: bytes,
+               carried: Callable[[int], None] | None) -> None:
         with self._lock:
             closed = self._closed
             if not closed:
-                self._open.update(held)
-        if closed:
-            for sock in held:
-                sock.close()
-            return
-        for sock in held:
-            sock.settimeout(None)
-        pump(*held)
+                self._open.update((a, b))
+        if not closed:
+            for sock in (a, b):
+                sock.setblocking(True)
+            pump(a, b, first, carried)
+        a.close()
+        b.close()
         with self._lock:
-            self._open.difference_update(held)
+            self._open.difference_update((a, b))
 
-    async def close(self) -> None:
-        """Every tunnel ends (their threads see their sockets shut)."""
+    def close(self) -> None:
+        """Every pair ends (their threads see their sockets shut), and no more are carried."""
         with self._lock:
             self._closed = True
             for sock in self._open:
@@ -254,24 +265,65 @@ class Tunnels:
                     sock.shutdown(socket.SHUT_RDWR)
 
 
-def pump(a: socket.socket, b: socket.socket) -> None:
-    """Both ways between two connected sockets until both directions ended (each end's half-close passed on) or one
-    broke; both closed at the end. One direction in this thread, the other in a second one, each moved by
-    ``splice(2)`` through a pipe: the kernel copies, nothing is held in Python."""
-    back = threading.Thread(target=_one_way, args=(b, a), name="dfl-tunnel-back", daemon=True)
+class Tunnels:
+    """The relayed node's side of one reservation: each announced token answered by a connection to the slot
+    (``slot``: host:port) spliced to the node's own server, by a :class:`Carrier`. The server is reached on an
+    abstract Unix socket (``local``, its name), not over loopback TCP: that hop costs a third less there."""
+
+    def __init__(self, slot: str, local: str) -> None:
+        host, _, port = slot.rpartition(":")
+        self.slot = (host.strip("[]"), int(port))
+        self.local = local
+        self.carrier = Carrier()
+
+    def answer(self, token: bytes) -> None:
+        threading.Thread(target=self._dial, args=(token,), name="dfl-tunnel", daemon=True).start()
+
+    def _dial(self, token: bytes) -> None:
+        held: list[socket.socket] = []
+        try:
+            held.append(socket.create_connection(self.slot, timeout=TUNNEL_WAIT_S))
+            held[0].sendall(MAGIC + token + b"\n")
+            held[0].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            held.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            held[1].settimeout(TUNNEL_WAIT_S)
+            held[1].connect("\0" + self.local)
+        except OSError as exc:
+            log.info("relayed: cannot carry a connection through %s:%d: %s", *self.slot, exc)
+            for sock in held:
+                sock.close()
+            return
+        self.carrier.carry(held[0], held[1])
+
+    def close(self) -> None:
+        """Every tunnel ends."""
+        self.carrier.close()
+
+
+def pump(a: socket.socket, b: socket.socket, first: bytes = b"", carried: Callable[[int], None] | None = None) -> None:
+    """Both ways between two connected, blocking sockets until both directions ended (each end's half-close passed
+    on) or one broke, ``first`` sent to ``b`` ahead of ``a``'s bytes. One direction in this thread, the other in a
+    second one, each moved by ``splice(2)`` through a pipe: the kernel copies, nothing is held in Python; ``carried``
+    is shown each move's count (it may hold the next one back)."""
+    back = threading.Thread(target=_one_way, args=(b, a, carried), name="dfl-carry-back", daemon=True)
     back.start()
-    _one_way(a, b)
+    try:
+        b.sendall(first)
+    except OSError:
+        pass
+    else:
+        _one_way(a, b, carried)
     back.join()
-    a.close()
-    b.close()
 
 
-def _one_way(src: socket.socket, dst: socket.socket) -> None:
+def _one_way(src: socket.socket, dst: socket.socket, carried: Callable[[int], None] | None) -> None:
     read_end, write_end = os.pipe()
     try:
         with contextlib.suppress(OSError):  # a larger pipe, fewer calls (the system's bound may refuse it)
             fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         while moved := os.splice(src.fileno(), write_end, PIPE_BYTES):
+            if carried is not None:
+                carried(moved)
             while moved:
                 moved -= os.splice(read_end, dst.fileno(), moved)
         dst.shutdown(socket.SHUT_WR)

@@ -119,7 +119,7 @@ async def _serve_grpc(daemon: Daemon) -> grpc.aio.Server:
         _listen(host, port).close()
         server, _ = await start_server(daemon.node.requests, daemon.network.wire, network.stream_timeout, host, port,
                                        daemon.security, reflection=network.reflection, pacing=daemon.network.pacing,
-                                       relay=daemon.network.relay)
+                                       relay=daemon.network.relay, tunnels=daemon.network.local)
     except OSError as exc:
         raise _bind_failure("gRPC", "--grpc-port", host, port, exc) from None
     except RuntimeError as exc:  # grpc: "Failed to bind to address …"

@@ -65,13 +65,12 @@ def grpc_network(config: NodeConfig, security: Security) -> NetworkFactory:
     """The factory of a daemon's network: gRPC with ``security``."""
     def build(identity: ModelIdentity, _hello: Callable[[], Hello]) -> GrpcNetwork:  # TLS proves who we are
         network = config.network
-        local = "127.0.0.1" if network.host in ("0.0.0.0", "::") else network.host  # where its own server listens
         relay = (RelayServer(config.id, network.host, network.advertised_host, network.relay_slots, network.relay_rate,
                              network.relay_bytes) if network.relay_slots else None)
         return GrpcNetwork(wire_identity(identity), security, connect_timeout=network.connect_timeout,
                            retire_after=config.schedule.round_timeout,
                            pacing=Pacing.of(network.max_upload, network.max_download),
-                           local=(local, network.grpc_port), relay=relay)
+                           relay=relay)
 
     return build
 
