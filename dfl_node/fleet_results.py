@@ -109,8 +109,12 @@ def fleet_result(driver: str, statuses: dict[str, dict], histories: dict[str, li
         for node_id, status in statuses.items()
     ]
     points = sorted({*range(0, rounds + 1, config.eval_every), rounds})
+    from dfl_node.learning.tasks import task_of  # noqa: PLC0415 - torch only where a result is made
+
+    task = task_of(config.learning)
     return RunResult(
-        driver=driver, algorithm=algorithm, mode=mode, config=config.flat(mode="json"), rounds=rounds,
+        driver=driver, algorithm=algorithm, task=task.name, metric=task.metric, mode=mode,
+        config=config.flat(mode="json"), rounds=rounds,
         history=accuracy_curve(fleet_positions(histories, mode), points, started), nodes=results,
         bytes_transmitted=sum(s["bytes_sent"] for s in statuses.values()),
         models_transmitted=sum(s["models_sent"] for s in statuses.values()), wall_time_s=ended - started,

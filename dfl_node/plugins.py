@@ -1,7 +1,7 @@
-"""A user's own models, algorithms and datasets, found in this installation: Python entry points, or a
+"""A user's own models, algorithms, datasets and tasks, found in this installation: Python entry points, or a
 ``package.module:attribute`` reference named on the command line.
 
-Three entry-point groups, declared by a plugin package in its own ``pyproject.toml``::
+Four entry-point groups, declared by a plugin package in its own ``pyproject.toml``::
 
     [project.entry-points."dfl_node.models"]
     tiny-cnn = "my_fleet.models:tiny_cnn"
@@ -22,7 +22,8 @@ import re
 import sys
 from typing import Any
 
-GROUPS = {"models": "dfl_node.models", "algorithms": "dfl_node.algorithms", "datasets": "dfl_node.datasets"}
+GROUPS = {"models": "dfl_node.models", "algorithms": "dfl_node.algorithms", "datasets": "dfl_node.datasets",
+          "tasks": "dfl_node.tasks"}
 
 # package.module:attribute, as uvicorn, gunicorn and console scripts name a callable
 _REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")

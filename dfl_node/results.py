@@ -101,6 +101,10 @@ def fairness(local_accuracies: list[float]) -> Fairness:
 class RunResult(BaseModel):
     driver: str = Field(description="simulate or testbed")
     algorithm: str
+    task: str = Field("classification", description="what the fleet learned (dfl_node.learning.tasks)")
+    metric: str = Field("accuracy", description="the task's headline metric, which every *_accuracy figure of the "
+                        "results holds (rmse for regression, auc for anomaly): one schema for every task, so that "
+                        "results read, plot and compare alike")
     mode: str = Field("round", description="round (simulate, testbed) or async (testbed)")
     config: dict
     rounds: int = Field(description="what the run did: rounds reached, or in async mode completed exchanges (fusions)")
@@ -168,7 +172,8 @@ def write_results(result: RunResult, out_dir: Path) -> tuple[Path, Path]:
     json_path.write_text(json.dumps(payload, indent=1))
     with csv_path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["round", "global_accuracy", "local_accuracy", "bytes_transmitted", "wall_time_s"])
+        writer.writerow(["round", f"global_{result.metric}", f"local_{result.metric}", "bytes_transmitted",
+                         "wall_time_s"])
         for r in result.history:
             writer.writerow([r.round, f"{r.global_accuracy:.6f}", f"{r.local_accuracy:.6f}", r.bytes_transmitted,
                              f"{r.wall_time_s:.3f}"])

@@ -21,7 +21,7 @@ from dfl_node.algorithms import ALGORITHMS
 from dfl_node.cli.options import PARTITION_FIELDS, experiment_config, structured
 from dfl_node.learning.datasets import DATASETS
 from dfl_node.learning.partitions import PARTITIONS
-from dfl_node.learning.shard_settings import ShardSettings
+from dfl_node.learning.shard_settings import AS_RECORDED, ShardSettings
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.loading import load_config
 from dfl_node.settings.node import NodeConfig
@@ -31,6 +31,7 @@ EXPERIMENT_VERBS = ("simulate", "testbed")
 VERB_MODELS: list[tuple[str, type[BaseModel]]] = [*((verb, ExperimentConfig) for verb in EXPERIMENT_VERBS),
                                                   ("start", NodeConfig), ("partition", ExperimentConfig)]
 START = ("start", "--id", "node-0", "--data", "shards/node-0")
+PARTITION_NAMES = (*PARTITIONS, AS_RECORDED)  # the partition setting's: the schemes, and a recorded fleet as it is
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -116,13 +117,13 @@ def test_flags_keep_their_spellings(verb: str, model: type[BaseModel]) -> None:
 
 def test_help_lists_the_registries_names() -> None:
     shown = invoke("simulate", "--help").output
-    for names in (ALGORITHMS, DATASETS, PARTITIONS):
+    for names in (ALGORITHMS, DATASETS, PARTITION_NAMES):
         assert f"[{'|'.join(sorted(names))}]" in shown
     schema = ExperimentConfig.model_json_schema()["properties"]
     assert schema["algorithms"]["items"]["enum"] == sorted(ALGORITHMS)
     shards = ShardSettings.model_json_schema()["properties"]  # the experiment's data part
     # a dataset is a name, or a path of the user's own files: the names are examples, not an enum
-    assert shards["dataset"]["examples"] == sorted(DATASETS) and shards["partition"]["enum"] == sorted(PARTITIONS)
+    assert shards["dataset"]["examples"] == sorted(DATASETS) and shards["partition"]["enum"] == sorted(PARTITION_NAMES)
     assert NodeConfig.model_json_schema()["properties"]["algorithm"]["enum"] == sorted(ALGORITHMS)
 
 
@@ -194,7 +195,7 @@ def test_an_unknown_algorithm_is_one_line(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize(("setting", "kind", "names"), [("dataset", "dataset", DATASETS),
-                                                        ("partition", "partition", PARTITIONS)])
+                                                        ("partition", "partition", PARTITION_NAMES)])
 def test_every_layer_checks_names_against_the_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        setting: str, kind: str, names: tuple[str, ...]) -> None:
     monkeypatch.chdir(tmp_path)

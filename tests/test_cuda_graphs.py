@@ -217,7 +217,7 @@ def test_evaluation_reads_its_sums_once_and_gives_the_per_batch_figures() -> Non
             loss += float(F.cross_entropy(logits, shard.y[start:start + 128], reduction="sum"))
             correct += int((logits.argmax(1) == shard.y[start:start + 128]).sum())
     result = evaluate(net, shard, batch_size=128)
-    assert (result.accuracy, result.loss) == (correct / 300, loss / 300)
+    assert (result.score, result.loss) == (correct / 300, loss / 300)
 
 
 def test_work_counters_and_model_builds_are_per_thread() -> None:

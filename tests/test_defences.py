@@ -71,7 +71,7 @@ def test_the_sample_cap_bounds_a_claim_and_fuses_the_message_all_the_same(traine
 def test_the_relative_gate_refuses_a_model_far_worse_on_our_validation_split(trained: torch.nn.Module) -> None:
     ctx = receiver(trained)
     untrained = SPEC.build((1, 8, 8), 10, seed=5)
-    assert evaluate(trained, ctx.val).accuracy - evaluate(untrained, ctx.val).accuracy > 0.5  # the premise
+    assert evaluate(trained, ctx.val).score - evaluate(untrained, ctx.val).score > 0.5  # the premise
     kept, refused = screen(ctx, [message(untrained, "poor"), message(trained, "good")],
                            DefenceSettings(relative_gate=0.2))
     assert [m.sender for m in kept] == ["good"] and [(r.sender, r.reason) for r in refused] == [("poor",

@@ -6,6 +6,8 @@ declares in the entry-point group ``dfl_node.algorithms`` (:mod:`dfl_node.plugin
 everywhere (``--algorithm NAME``), and imported only when a node runs it.
 """
 
+from collections.abc import Iterable
+
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext
 from dfl_node.algorithms.combo import Combo
 from dfl_node.algorithms.defkt import DefKT
@@ -47,6 +49,14 @@ def algorithm_class(name: str) -> type[Algorithm]:
         raise PluginError(f"algorithm plugin {name!r}: {origin(installed('algorithms')[name])} is not a subclass of "
                           "dfl_node.algorithms.Algorithm")
     return found
+
+
+def check_task(algorithms: Iterable[str], task: str) -> None:
+    """A ``ValueError`` (one line) where one of ``algorithms`` cannot learn ``task``: checked at start (where the
+    task is not classification, which every algorithm learns)."""
+    refusals = [refusal for name in algorithms if (refusal := algorithm_class(name).task_refusal(task))]
+    if refusals:
+        raise ValueError("; ".join(refusals))
 
 
 def make_algorithm(name: str, config: SharedSettings, options: AlgorithmOptions | None = None) -> Algorithm:

@@ -13,6 +13,7 @@ drawn from :func:`derive_seed` of (seed, round, node, purpose), so both networks
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import random
 from abc import ABC, abstractmethod
@@ -28,6 +29,7 @@ from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.settings import AlgorithmSettings, NoSettings, SharedSettings
+from dfl_node.learning.tasks import Task, task_of
 from dfl_node.learning.training import SgdParams, local_sgd
 
 
@@ -57,6 +59,14 @@ class NodeContext:
     auxiliary: dict[str, nn.Module] = field(default_factory=dict, repr=False, compare=False)
     scalars: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        self.train = self.task.supervised(self.train)
+
+    @functools.cached_property
+    def task(self) -> Task:
+        """What the node learns (its ``task`` setting), one object for the node's life."""
+        return task_of(self.config)
+
     @property
     def num_samples(self) -> int:
         """N_k of eq. 9: the number of *training* samples (after the 80/20 split)."""
@@ -67,7 +77,7 @@ class NodeContext:
 
     def use_data(self, train: ArrayDataset, val: ArrayDataset) -> None:
         """New training and validation sets (the node's data grew), from the next step on; the models stay."""
-        self.train, self.val = train, val
+        self.train, self.val = self.task.supervised(train), val
 
     def local_params(self) -> SgdParams:
         c = self.config
@@ -96,7 +106,7 @@ class NodeContext:
         The copy is the node's ``trained`` spare: valid until the next call."""
         model = self.spare("trained")
         model.load_state_dict(self.model.state_dict())
-        local_sgd(model, self.train, self.local_params(), self.local_generator(round_))
+        local_sgd(model, self.train, self.local_params(), self.local_generator(round_), loss_fn=self.task.loss)
         return model
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
@@ -199,6 +209,10 @@ class Algorithm(ABC):
     pulls: ClassVar[bool] = False
     settings_model: ClassVar[type[AlgorithmSettings]] = NoSettings  # its own settings (dfl_node.learning.settings)
     settings: AlgorithmSettings  # an instance of settings_model: a subclass narrows the type
+    # The tasks it learns (dfl_node.learning.tasks): None, any (it trains, distils and judges through the node's
+    # task); else those named, ``classes_only`` saying why (a node refuses the others at start)
+    tasks: ClassVar[frozenset[str] | None] = frozenset({"classification"})
+    classes_only: ClassVar[str] = "its fusion reads class labels"
 
     def __init__(self, config: SharedSettings, settings: AlgorithmSettings | None = None) -> None:
         self.config = config  # what every algorithm shares: seed, Q, local training, supervision …
@@ -217,6 +231,13 @@ class Algorithm(ABC):
         (:attr:`selects`); ``pull``, a volunteering aggregator pulls from ``invitations`` sources
         (:attr:`pulls`); ``invite``, it invites ``invitations`` senders to push to it."""
         return "select" if self.selects else "pull" if self.pulls else "invite"
+
+    @classmethod
+    def task_refusal(cls, task: str) -> str | None:
+        """Why this algorithm cannot learn ``task``, in one line; None where it can."""
+        if cls.tasks is None or task in cls.tasks:
+            return None
+        return f"{cls.name} learns {', '.join(sorted(cls.tasks))} only ({cls.classes_only}), not {task}"
 
     def fuses(self, mine: str, theirs: str) -> bool:
         """Whether a node running architecture ``mine`` can take part with a peer running ``theirs``."""

@@ -62,8 +62,8 @@ def screen(ctx: NodeContext, messages: Sequence[ModelMessage],
                 continue
         if settings.relative_gate is not None and len(ctx.val) and carries_whole_model(ctx, message):
             if own_accuracy is None:
-                own_accuracy = evaluate(ctx.model, ctx.val).accuracy
-            accuracy = evaluate(received_model(ctx, message), ctx.val).accuracy
+                own_accuracy = evaluate(ctx.model, ctx.val).score
+            accuracy = evaluate(received_model(ctx, message), ctx.val).score
             if accuracy < own_accuracy - settings.relative_gate:
                 refused.append(Refusal(message.sender, "relative_accuracy", f"{message.purpose}: {accuracy:.4f} on "
                                        f"our validation split, ours {own_accuracy:.4f}, margin "

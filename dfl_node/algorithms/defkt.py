@@ -16,6 +16,7 @@ class SendsTrainedModel(PairAlgorithm):
     """The sender side shared by Def-KT and FullAvg: train a copy, keep it if the variant says so, send it."""
 
     sender_keeps_trained_default: ClassVar[bool] = False
+    tasks: ClassVar[frozenset[str] | None] = None  # MKT distils with the task's distance; averaging knows no task
 
     @property
     def sender_keeps_trained(self) -> bool:
@@ -42,6 +43,7 @@ class DefKT(SendsTrainedModel):
             received.load_state_dict(state_from_parts(message.parts))
             params = ctx.mkt_params()
             generator = generator_for(self.config.seed, message.round, ctx.node_id, "mkt")
-            mutual_knowledge_transfer(received, ctx.model, ctx.train, params, params, generator)
+            mutual_knowledge_transfer(received, ctx.model, ctx.train, params, params, generator,
+                                      ctx.task.mutual_losses)
             ctx.model.load_state_dict(received.state_dict())
         return {}

@@ -53,6 +53,8 @@ def candidate_pools(seed: int, round_: int, others: Sequence[str], pools: int, l
 
 
 class DefKTSelect(SelectsReceiver, DefKT):
+    tasks = frozenset({"classification"})
+    classes_only = "a sender chooses its receiver by their class scores on probes (001)"
     settings_model = SelectionSettings
     settings: SelectionSettings
     name = "defkt-select"

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class FairAvg(Algorithm):
+    classes_only = "its weights (002 eqs. 4-5) are accuracies in [0, 1]"
     settings_model = FairAvgSettings
     settings: FairAvgSettings
     name = "fairavg"
@@ -52,7 +53,7 @@ class FairAvg(Algorithm):
         other = copy.deepcopy(ctx.model)
         other.load_state_dict(state_from_parts(pulled.parts))
         s = self.settings
-        return fairness_weight(evaluate(ctx.model, data).accuracy, evaluate(other, data).accuracy, s.fair_c,
+        return fairness_weight(evaluate(ctx.model, data).score, evaluate(other, data).score, s.fair_c,
                                s.fair_weight_min, s.fair_weight_max)
 
     def aggregate(self, ctx: NodeContext, step: Step, messages: Sequence[ModelMessage]) -> dict[str, ModelMessage]:

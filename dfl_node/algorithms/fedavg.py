@@ -32,6 +32,7 @@ class FedAvg(Algorithm):
     architectures = "any"  # it receives any registry model, and averages each architecture on its own
     replies = True
     proximal_mu = 0.0
+    tasks = None  # averaging knows no task (--supervision wsm, which weights classes, needs classification)
 
     def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
         group = sample_gather(self.config.seed, round_, [p.node_id for p in profiles], self.settings.senders)
@@ -42,7 +43,8 @@ class FedAvg(Algorithm):
 
     def _train(self, ctx: NodeContext, step: Step) -> None:
         kind = self.config.supervision or "ce"  # 003 trains its baselines with WSM too (``supervision: wsm``)
-        loss = supervision(kind, class_proportions(ctx.train.y, ctx.train.num_classes) if kind == "wsm" else None)
+        loss = (supervision(kind, class_proportions(ctx.train.y, ctx.train.num_classes)) if kind == "wsm"
+                else ctx.task.loss)
         local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round), self.proximal_mu, loss)
 
     def local_step(self, ctx: NodeContext, step: Step) -> None:

@@ -25,6 +25,7 @@ from dfl_node.learning.training import local_sgd
 
 
 class GatherAlgorithm(Algorithm):
+    classes_only = "its mutual learning distils class probabilities, and 003's WSM loss weights classes"
     settings_model = GroupSettings
     settings: GroupSettings
     architectures = "any"

@@ -18,6 +18,7 @@ from dfl_node.learning.training import local_sgd
 
 class Gossip(Algorithm):
     name = "gossip"
+    tasks = None  # averaging knows no task
     pulls = True  # the aggregator fetches its senders' models (gRPC Pull in the daemon)
 
     def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
@@ -25,7 +26,7 @@ class Gossip(Algorithm):
         return RoundPlan(round_, tuple(Group(g.aggregator, g.senders, pull=True) for g in pairs))
 
     def local_step(self, ctx: NodeContext, step: Step) -> None:
-        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round))
+        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round), loss_fn=ctx.task.loss)
 
     def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
         return ctx.message(step.round, "gossip.model", parts_from_state(ctx.model.state_dict()))

@@ -6,8 +6,9 @@ never the global one) holding
 - the histograms the node observes as it works (role, training, fusion and transfer durations, model
   sizes): :meth:`NodeMetrics.observe`;
 - a collector over the node's status snapshot (:class:`StatusCollector`): its counters, round, peers,
-  accuracy, read fresh at every scrape, so they can never disagree with ``/status``; its refusals by reason,
-  every known reason (:mod:`dfl_node.peering.reasons`) from 0, so a healthy node's count reads 0, not nothing;
+  headline figures (:func:`figure_metric`), read fresh at every scrape, so they can never disagree with
+  ``/status``; its refusals by reason, every known reason (:mod:`dfl_node.peering.reasons`) from 0, so a
+  healthy node's count reads 0, not nothing;
 - the ``process_*`` metrics (resident memory, CPU, open fds, start time) once the node serves REST as its
   own process (:meth:`NodeMetrics.add_process_metrics`): what an IoT operator watches first.
 
@@ -17,6 +18,7 @@ Names follow Prometheus' conventions: base units in the name (``_seconds``, ``_b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Literal
 
@@ -25,10 +27,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from dfl_node.api.formatting import Figure, figure
 from dfl_node.api.schemas import NodeStatus
 from dfl_node.peering.reasons import REASONS
 
-__all__ = ["CONTENT_TYPE", "COUNTER_METRICS", "EXPOSITION_VERSION", "NodeMetrics", "StatusCollector"]
+__all__ = ["CONTENT_TYPE", "COUNTER_METRICS", "EXPOSITION_VERSION", "NodeMetrics", "StatusCollector", "figure_metric"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # The exposition format's version, as the Content-Type header names it (prometheus_client 0.26: 1.0.0)
@@ -67,6 +70,19 @@ _BYTES = tuple(float(4**k * 1024) for k in range(1, 11))  # 4 KiB … 1 GiB, ×4
 _REQUEST_SECONDS = (0.0005, 0.001, 0.0025, *_SECONDS[:11])  # /predict: one sample of an MLP takes a millisecond
 
 
+def figure_metric(headline: Figure, scope: Literal["local", "global"]) -> str:
+    """The gauge of a node's ``scope`` figure: ``dfl_{scope}_{metric}``, ``_ratio`` where the metric is a fraction
+    (``dfl_global_accuracy_ratio``, ``dfl_global_auc_ratio``, ``dfl_global_rmse``).
+
+    A metric name of its own per task's metric, not one gauge with a ``metric`` label: Prometheus names a metric
+    by what it measures, in its unit, so that the series of one name can be compared, averaged and given one
+    axis (an RMSE is in the targets' unit and better lower, an accuracy a fraction better higher: one panel or
+    ``avg()`` over both means nothing); so a classification fleet's gauges keep their names and its dashboards
+    their queries, and a query names the figure it means. A plugin's metric is named by its own name (characters
+    a metric name cannot hold as ``_``), with no unit suffix: nothing says what its unit is."""
+    return f"dfl_{scope}_{re.sub(r'[^a-zA-Z0-9_]', '_', headline.metric)}" + ("_ratio" if headline.ratio else "")
+
+
 class StatusCollector(Collector):
     """The node's status snapshot as metrics, built afresh at every scrape."""
 
@@ -98,12 +114,13 @@ class StatusCollector(Collector):
         yield rejected
         yield gauge("dfl_peers_alive", "Peers in the peer table that are alive.", sum(p.alive for p in s.peers))
         yield gauge("dfl_peers_known", "Peers in the peer table, alive or not.", len(s.peers))
+        headline = figure(s.metric)
         if s.local_accuracy is not None:  # absent, not 0, until the node has evaluated
-            yield gauge("dfl_local_accuracy_ratio", "Accuracy of the node's model on its local validation split.",
-                        s.local_accuracy)
+            yield gauge(figure_metric(headline, "local"), f"{headline.title} of the node's model on its local "
+                        "validation split.", s.local_accuracy)
         if s.global_accuracy is not None:
-            yield gauge("dfl_global_accuracy_ratio", "Accuracy of the node's model on the global test set.",
-                        s.global_accuracy)
+            yield gauge(figure_metric(headline, "global"), f"{headline.title} of the node's model on the global "
+                        "test set.", s.global_accuracy)
         yield gauge("dfl_fusing", "1 while the node is fusing a model.", s.fusing)
         yield gauge("dfl_holding", "Round mode: 1 while the node holds the round token.", s.holding)
         yield gauge("dfl_done", "1 once the node reached its round/time budget.", s.done)

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dfl_node import __version__
 
-__all__ = ["Counters", "DataStatus", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry", "LinkReport",
-           "ModelInfo", "NodeStatus", "PeerInfo", "Prediction", "Predictions", "RefusedPeer", "RelayView",
+__all__ = ["Counters", "DataStatus", "Detection", "Estimate", "FleetEvent", "FleetMember", "FleetView", "HistoryEntry",
+           "LinkReport", "ModelInfo", "NodeStatus", "PeerInfo", "Prediction", "Predictions", "RefusedPeer", "RelayView",
            "TokenView"]
 
 
@@ -144,8 +144,14 @@ class NodeStatus(Counters):
     unreachable_peers: list[str] = Field(default_factory=list, description="static peers (--peer) whose last Hello "
                                          "got no answer (the name does not resolve, the port refuses, or silence); "
                                          "retried every heartbeat, the reason is in the log")
-    local_accuracy: float | None = None
-    global_accuracy: float | None = None
+    task: str = Field(default="classification", description="what the node learns (--task): classification, "
+                      "regression, anomaly, or a plugin's")
+    metric: str = Field(default="accuracy", description="the task's headline metric, which local_accuracy and "
+                        "global_accuracy hold (their names predate tasks): accuracy, rmse (lower is better), auc")
+    local_accuracy: float | None = Field(default=None, description="the model's metric on its local validation "
+                                         "split (None until evaluated)")
+    global_accuracy: float | None = Field(default=None, description="the model's metric on the global test set "
+                                          "(--test-data; None without one, or until evaluated)")
 
     rejected: dict[str, int] = Field(default_factory=dict, description="rejected transfers/hellos by reason")
     refused_peers: list[RefusedPeer] = Field(default_factory=list, description="peers refused at Hello (bounded), "
@@ -255,6 +261,8 @@ class FleetView(BaseModel):
 
     node: str
     mode: Literal["round", "async"]
+    metric: str = Field(default="accuracy", description="the headline metric the members' local_accuracy and "
+                        "global_accuracy hold (the serving node's task's: a fleet learns one task)")
     members: list[FleetMember] = Field(description="this node first, then its peers by id")
     token: TokenView | None = Field(default=None, description="round mode only")
     recent: list[FleetEvent] = Field(default_factory=list)
@@ -265,7 +273,12 @@ class ModelInfo(BaseModel):
 
     spec: str = Field(description="the architecture, a registry spec (e.g. mlp:32,32)")
     sample_shape: list[int] = Field(description="the shape of one sample: (F,), (C, L), (C, H, W)…")
-    num_classes: int
+    num_classes: int = Field(description="the model's output width: classes (classification), targets (regression), "
+                             "a sample's values (anomaly: an autoencoder's reconstruction)")
+    task: str = Field(default="classification", description="what /predict answers: classification (a class and "
+                      "probabilities), anomaly (a score and a flag), regression or another task (the values)")
+    threshold: float | None = Field(default=None, description="anomaly: a sample is flagged where its score exceeds "
+                                    "it (a quantile of the node's validation scores for this model)")
     fingerprint: str = Field(description="sha256 of the architecture and its tensor names, shapes and dtypes")
     node: str
     round: int = Field(description="rounds the node had completed when this model was checkpointed")
@@ -275,7 +288,7 @@ class ModelInfo(BaseModel):
 
 
 class Prediction(BaseModel):
-    """One sample's answer."""
+    """One sample's answer of a classifier."""
 
     model_config = ConfigDict(populate_by_name=True)
 
@@ -284,10 +297,24 @@ class Prediction(BaseModel):
     probabilities: list[float] = Field(description="every class's probability (softmax of the logits)")
 
 
+class Estimate(BaseModel):
+    """One sample's answer of a regressor (or of a plugin's task): the model's outputs."""
+
+    values: list[float] = Field(description="the predicted targets (num_classes of /model/info)")
+
+
+class Detection(BaseModel):
+    """One sample's answer of an anomaly detector."""
+
+    score: float = Field(description="its anomaly score: the mean squared error of the model's reconstruction")
+    flag: bool = Field(description="anomalous: the score exceeds the model's threshold (/model/info)")
+
+
 class Predictions(BaseModel):
     """``POST /predict``'s answer: per sample, in the request's order, and the model that gave it."""
 
     node: str
     round: int
     sha256: str = Field(description="digest of the weights that answered (as /model/info says)")
-    predictions: list[Prediction]
+    predictions: list[Prediction] | list[Estimate] | list[Detection] = Field(description="by the model's task "
+                                                                             "(/model/info): one kind for all")

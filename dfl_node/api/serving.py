@@ -4,11 +4,16 @@ All three read the node's *committed* model (:class:`~dfl_node.node.served.Serve
 checkpoint holds, never one a role is changing, so an answer is that of one whole model, named by its digest.
 
 ``POST /predict`` takes JSON ``{"samples": [...]}``: 1 to :data:`MAX_BATCH` samples, each a nested list of the
-node's sample shape, of finite numbers. A request is hostile input: its body is read up to :data:`MAX_BODY`
-bytes (more is 413, unread), it is validated in one pass that stops at the first problem (422, one line that
-names where), and nothing of the node changes either way — the model, its counters, its state. Validation and
-inference run in a worker thread (with the node's torch threads), so the node keeps answering its peers, and at
-most :data:`CONCURRENT` requests are worked on at once, so memory stays bounded however many clients call.
+node's sample shape, of finite numbers. It answers per sample what the node's task makes of it (the task is the
+model card's, as ``/model/info`` says): a classifier the class, its probability and every class's; an anomaly
+detector the sample's score (its reconstruction error) and whether it is flagged (the score exceeds the card's
+threshold); a regressor, or a plugin's task, the model's values.
+
+A request is hostile input: its body is read up to :data:`MAX_BODY` bytes (more is 413, unread), it is validated
+in one pass that stops at the first problem (422, one line that names where), and nothing of the node changes
+either way — the model, its counters, its state. Validation and inference run in a worker thread (with the node's
+torch threads), so the node keeps answering its peers, and at most :data:`CONCURRENT` requests are worked on at
+once, so memory stays bounded however many clients call.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from dfl_node.api.metrics import NodeMetrics
-from dfl_node.api.schemas import ModelInfo, Prediction, Predictions
-from dfl_node.learning.export import TrainedModel, probabilities
+from dfl_node.api.schemas import Detection, Estimate, ModelInfo, Prediction, Predictions
+from dfl_node.learning.export import ANOMALY, CLASSIFICATION, TrainedModel, answers
 
 __all__ = ["MAX_BATCH", "MAX_BODY", "add_model_routes"]
 
@@ -89,16 +94,23 @@ def read_samples(body: bytes, sample_shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def answer(model: TrainedModel, body: bytes) -> tuple[bytes, int]:
-    """``model``'s classes and probabilities for the samples of a /predict ``body`` (:func:`read_samples`), as the
-    JSON of :class:`Predictions` (serialized here, in the worker thread, rather than on the event loop), and how
-    many samples it answers."""
+    """``model``'s answers for the samples of a /predict ``body`` (:func:`read_samples`), as the JSON of
+    :class:`Predictions` (serialized here, in the worker thread, rather than on the event loop), and how many
+    samples it answers."""
     card = model.card
-    probs = probabilities(model.module, read_samples(body, card.sample_shape), card.num_classes)
-    best, classes = probs.max(dim=1)
-    result = Predictions(node=card.node, round=card.round, sha256=card.sha256, predictions=[
-        Prediction(class_=c, probability=p, probabilities=row)
-        for c, p, row in zip(classes.tolist(), best.tolist(), probs.tolist())])
-    return result.model_dump_json(by_alias=True).encode(), len(probs)
+    answered = answers(model, read_samples(body, card.sample_shape))
+    predictions: list[Prediction] | list[Estimate] | list[Detection]
+    if card.task == CLASSIFICATION:
+        best, classes = answered.max(dim=1)
+        predictions = [Prediction(class_=c, probability=p, probabilities=row)
+                       for c, p, row in zip(classes.tolist(), best.tolist(), answered.tolist())]
+    elif card.task == ANOMALY:
+        assert card.threshold is not None  # an anomaly card has one (ModelCard.from_metadata, ServedModel)
+        predictions = [Detection(score=score, flag=score > card.threshold) for score in answered.tolist()]
+    else:
+        predictions = [Estimate(values=row) for row in answered.tolist()]
+    result = Predictions(node=card.node, round=card.round, sha256=card.sha256, predictions=predictions)
+    return result.model_dump_json(by_alias=True).encode(), len(answered)
 
 
 async def _read_body(request: Request) -> bytes:
@@ -145,11 +157,11 @@ def add_model_routes(app: FastAPI, committed: Committed, metrics: NodeMetrics) -
     async def get_model_info() -> ModelInfo:
         card = (await current()).card
         return ModelInfo(spec=card.spec, sample_shape=list(card.sample_shape), num_classes=card.num_classes,
-                         fingerprint=card.fingerprint, node=card.node, round=card.round, sha256=card.sha256,
-                         max_batch=MAX_BATCH, max_body_bytes=MAX_BODY)
+                         task=card.task, threshold=card.threshold, fingerprint=card.fingerprint, node=card.node,
+                         round=card.round, sha256=card.sha256, max_batch=MAX_BATCH, max_body_bytes=MAX_BODY)
 
     @app.post("/predict", response_model=Predictions, response_class=Response,
-              summary=f"Classes and probabilities of a JSON batch of samples (at most {MAX_BATCH})",
+              summary=f"The model's answers (by its task) for a JSON batch of samples (at most {MAX_BATCH})",
               responses={200: {"content": {"application/json": {}}},
                          413: {"description": f"body over {MAX_BODY} bytes"},
                          422: {"description": "not a batch of this model's samples (one line says where)"}})

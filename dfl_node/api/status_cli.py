@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dfl_node.api.client import rest_client
-from dfl_node.api.formatting import format_accuracy, format_bytes, format_data
+from dfl_node.api.formatting import Figure, figure, format_bytes, format_data
 from dfl_node.api.urls import normalize_url, peer_url
 
 __all__ = ["fetch_status", "normalize_url", "peer_url", "show_status"]
@@ -133,20 +133,31 @@ def _relaying(s: dict[str, Any]) -> str | None:
             f"{format_bytes(r.get('bytes'))}" + (f", {r.get('refused')} refused" if r.get("refused") else ""))
 
 
+def _figure_of(s: dict[str, Any]) -> Figure:
+    """The figure a node's local_accuracy and global_accuracy hold: its task's metric (accuracy: a node that
+    predates tasks). The name is the node's word: escaped where it is shown."""
+    metric = s.get("metric")
+    return figure(metric if isinstance(metric, str) else None)
+
+
 def _node_table(s: dict[str, Any], url: str) -> Table:
     table = Table(title=f"dfl-node {_dash(s.get('id'))} @ {escape(url)}", show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value")
+    headline = _figure_of(s)
+    task = s.get("task")
     rows = [
         ("id", s.get("id")),
         ("swarm", s.get("swarm")),
         ("algorithm", s.get("algorithm")),
+        # what the node learns: said where it is not the classes every node learned before tasks
+        *([("task", task)] if task not in (None, "classification") else []),
         ("mode", s.get("mode")),
         ("round", s.get("round")),
         ("role", f"{s['role']}{' (fusing)' if s.get('fusing') else ''}" if s.get("role") else None),
         ("done", s.get("done")),
-        ("local accuracy", format_accuracy(s.get("local_accuracy"))),
-        ("global accuracy", format_accuracy(s.get("global_accuracy"))),
+        (f"local {headline.metric}", headline.format(s.get("local_accuracy"))),
+        (f"global {headline.metric}", headline.format(s.get("global_accuracy"))),
         ("models sent/received", f"{_dash(s.get('models_sent'))} / {_dash(s.get('models_received'))}"),
         ("bytes sent/received", f"{format_bytes(s.get('bytes_sent'))} / {format_bytes(s.get('bytes_received'))}"),
         ("fusions", s.get("fusions")),
@@ -164,7 +175,7 @@ def _node_table(s: dict[str, Any], url: str) -> Table:
         ("uptime", None if s.get("uptime_s") is None else f"{float(s['uptime_s']):.0f} s"),
     ]
     for key, value in rows:
-        table.add_row(key, _dash(value))
+        table.add_row(escape(key), _dash(value))
     return table
 
 
@@ -206,14 +217,21 @@ def _peer_table(s: dict[str, Any]) -> Table:
 
 
 # The fleet table's columns, (header, cell): the narrow set fits 80 columns (a terminal's default, and a
-# pipe's); --wide adds the rest.
-NARROW = (("id", "id"), ("round", "round"), ("role", "role"), ("local", "local acc"), ("global", "global acc"),
+# pipe's); --wide adds the rest. "local"/"global": the figures, named by the queried node's metric (_fleet_table).
+NARROW = (("id", "id"), ("round", "round"), ("role", "role"), ("local", "local"), ("global", "global"),
           ("fusions", "fusions"), ("alive", "peers alive"), ("state", "state"))
-WIDE = tuple((c, c) for c in ("id", "url", "algorithm", "mode", "round", "role", "local acc", "global acc",
-                              "sent/recv", "fusions", "rejected", "peers", "state"))
+WIDE = tuple((c, c) for c in ("id", "url", "algorithm", "mode", "round", "role", "local", "global", "sent/recv",
+                              "fusions", "rejected", "peers", "state"))
 
 
-def _fleet_row(r: dict[str, Any]) -> dict[str, str]:
+def _figure_cell(s: dict[str, Any], key: str, headline: Figure) -> str:
+    """A node's figure in a column of ``headline``'s: named as well where the node's metric is another."""
+    own = _figure_of(s)
+    value = own.format(s.get(key))
+    return value if own == headline or value == "–" else f"{value} {escape(own.metric)}"
+
+
+def _fleet_row(r: dict[str, Any], headline: Figure) -> dict[str, str]:
     s = r.get("status")
     if s is None:
         label = "not queried" if r.get("url") is None else "unreachable"
@@ -221,7 +239,7 @@ def _fleet_row(r: dict[str, Any]) -> dict[str, str]:
     return {
         "id": _dash(s.get("id")), "url": _dash(r.get("url")), "algorithm": _dash(s.get("algorithm")),
         "mode": _dash(s.get("mode")), "round": _dash(s.get("round")), "role": _dash(s.get("role")),
-        "local acc": format_accuracy(s.get("local_accuracy")), "global acc": format_accuracy(s.get("global_accuracy")),
+        "local": _figure_cell(s, "local_accuracy", headline), "global": _figure_cell(s, "global_accuracy", headline),
         "sent/recv": f"{_dash(s.get('models_sent'))}/{_dash(s.get('models_received'))}",
         "fusions": _dash(s.get("fusions")), "rejected": _rejected(s.get("rejected")),
         "peers": _peers_summary(s.get("peers")), "peers alive": _alive(s.get("peers")), "state": _state(s),
@@ -229,12 +247,18 @@ def _fleet_row(r: dict[str, Any]) -> dict[str, str]:
 
 
 def _fleet_table(rows: list[dict[str, Any]], wide: bool = False) -> Table:
+    """The fleet's rows, the queried node's first: its metric names the figures' columns (``global acc``,
+    ``global rmse``); the narrow table's ``local`` and ``global`` only where they hold percentages, which read as
+    accuracies by themselves."""
     columns = WIDE if wide else NARROW
+    root = rows[0].get("status") if rows else None
+    headline = _figure_of(root if isinstance(root, dict) else {})
+    named = {scope: f"{scope} {headline.short}" for scope in ("local", "global") if wide or not headline.percent}
     table = Table(title="dfl-node fleet" + ("" if wide else " (--wide: every column)"), title_justify="left")
     for header, _ in columns:
-        table.add_column(header, no_wrap=header != "state")
+        table.add_column(escape(named.get(header, header)), no_wrap=header != "state")
     for r in rows:
-        cells = _fleet_row(r)
+        cells = _fleet_row(r, headline)
         table.add_row(*(cells.get(cell, "–") for _, cell in columns))
     return table
 

@@ -9,7 +9,7 @@ from typing import get_args
 import click
 
 from dfl_node.errors import OperatorError
-from dfl_node.learning.export import ExportFormat, export
+from dfl_node.learning.export import ANOMALY, CLASSIFICATION, ExportFormat, ModelCard, export
 from dfl_node.node.persistence import read_trained
 
 SUFFIXES: dict[str, ExportFormat] = {".safetensors": "safetensors", ".pt": "torchscript", ".ts": "torchscript",
@@ -26,9 +26,13 @@ SUFFIXES: dict[str, ExportFormat] = {".safetensors": "safetensors", ".pt": "torc
                    f"[default: from --out's suffix: {', '.join(SUFFIXES)}]")
 def export_model(state_dir: Path, out: Path, fmt: ExportFormat | None) -> None:
     """Write a node's trained model as a file: the model of the node whose --state-dir is STATE_DIR (its newest
-    checkpoint that verifies; the node may be running), to --out. Every format computes logits (N, classes) from
-    samples (N, *sample shape), float32, for any batch size N; the file says the spec, sample shape, classes,
-    node, round and digest of the weights."""
+    checkpoint that verifies; the node may be running), to --out. Every format computes, from samples (N, *sample
+    shape) float32 for any batch size N, what the node's POST /predict answers from, by its task: logits
+    (N, classes) of a classifier; the values (N, targets) of a regressor; the anomaly scores (N,) float64 of an
+    anomaly detector (each sample's mean squared reconstruction error: flag those above the file's threshold).
+    The file says the spec, sample shape, outputs, task (and threshold), node, round and digest of the weights.
+    A model of your own is imported as the node imported it: an installed plugin, or a package.module:factory
+    from PYTHONPATH."""
     fmt = fmt or SUFFIXES.get(out.suffix.lower())
     if fmt is None:
         raise click.BadParameter(f"cannot tell the format from {out.name!r}: give --format or a suffix of "
@@ -42,5 +46,15 @@ def export_model(state_dir: Path, out: Path, fmt: ExportFormat | None) -> None:
     except (ValueError, OSError) as exc:  # no [export] extra, an architecture the exporter cannot take, the disk
         raise OperatorError(f"cannot export to {out}: {exc}") from None
     card = model.card
-    click.echo(f"wrote {out} ({fmt}): {card.spec} for samples {list(card.sample_shape)}, {card.num_classes} classes; "
+    click.echo(f"wrote {out} ({fmt}): {card.spec} for samples {list(card.sample_shape)}, {_answers(card)}; "
                f"{card.node} at round {card.round}, weights sha256 {card.sha256[:16]}…")
+
+
+def _answers(card: ModelCard) -> str:
+    """What the exported model answers, in a few words: ``10 classes``, ``2 values (regression)``, ``anomaly
+    scores, flagged above 0.0123``."""
+    if card.task == CLASSIFICATION:
+        return f"{card.num_classes} classes"
+    if card.task == ANOMALY:
+        return f"anomaly scores, flagged above {card.threshold:.4g}"
+    return f"{card.num_classes} value{'' if card.num_classes == 1 else 's'} ({card.task})"

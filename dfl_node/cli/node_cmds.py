@@ -17,6 +17,8 @@ from dfl_node.cli.options import experiment_config, load_settings, model_options
 from dfl_node.cli.plugins import EPILOG
 from dfl_node.errors import OperatorError
 from dfl_node.learning.provision import provision, write_fleet
+from dfl_node.learning.shard_settings import AS_RECORDED
+from dfl_node.learning.user_datasets import recorded_devices
 from dfl_node.settings.node import NodeConfig
 
 
@@ -50,5 +52,8 @@ def partition(out: Path, config_path: Path | None, **flags: Any) -> None:
     folders = write_fleet(fleet, out)
     shards = config.shards
     click.echo(f"wrote {len(folders)} shards ({shards.dataset}, {shards.partition}) and test set to {out}")
+    if shards.partition == AS_RECORDED:  # which shard is which device: node i is the i-th by name
+        devices = recorded_devices(Path(shards.dataset))
+        click.echo("devices: " + ", ".join(f"{c.node_id} {d.name}" for c, d in zip(fleet.clients, devices)))
     if fleet.learning:  # a dataset of the user's own: the values every node started on these shards takes
         click.echo("learning settings in every shard: " + ", ".join(f"{k} {v:g}" for k, v in fleet.learning.items()))

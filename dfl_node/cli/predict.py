@@ -1,5 +1,6 @@
-"""``dfl-node predict [FILE] [--url URL] [--json]``: a running node's classes for the samples of a CSV, NPZ or JSON
-file (or stdin), from its ``POST /predict``.
+"""``dfl-node predict [FILE] [--url URL] [--json]``: a running node's answers for the samples of a CSV, NPZ or JSON
+file (or stdin), from its ``POST /predict``: classes, a regressor's values, or an anomaly detector's scores and flags
+(the node's task, as ``GET /model/info`` says).
 
 Light on purpose, as ``status`` is: numpy and httpx, no torch, so an application's shell script on a small
 device pays for its HTTP requests only. The samples are read and checked here (numbers, finite, one shape),
@@ -96,13 +97,15 @@ def _batches(samples: np.ndarray, most: int, max_bytes: int) -> list[bytes]:
               help="How FILE is written  [default: its suffix; stdin: JSON if it starts with { or [, else CSV]")
 @click.option("--label-column", default="label", show_default=True,
               help="CSV with a header: the column left out (a training file's label).")
-@click.option("--json", "as_json", is_flag=True, help='One JSON document: {"predictions": [{"class", "probability", '
-                                                      '"probabilities"}, ...], and the model that answered.')
+@click.option("--json", "as_json", is_flag=True, help='One JSON document: {"predictions": [...]} (each {"class", '
+                                                      '"probability", "probabilities"}; regression: {"values"}; '
+                                                      'anomaly: {"score", "flag"}), and the model that answered.')
 @http_token_option
 def predict(file: str, url: str, fmt: str | None, label_column: str, as_json: bool,
             http_token_file: Path | None) -> None:
-    """Ask a running node for the classes of samples: those of FILE (default: stdin), one line each, the class and
-    its probability. FILE is a CSV (one sample a row, an optional header), an NPZ (array x) or JSON
+    """Ask a running node for the classes of samples (or what its task answers instead): those of FILE (default:
+    stdin), one line each: the class and its probability; a regressor's values; an anomaly detector's score and
+    "anomaly" or "normal". FILE is a CSV (one sample a row, an optional header), an NPZ (array x) or JSON
     ({"samples": [...]} or a list); each sample has the node's sample shape, or as many values."""
     try:
         samples = read_input(file, fmt, label_column)
@@ -130,4 +133,14 @@ def predict(file: str, url: str, fmt: str | None, label_column: str, as_json: bo
                                "predictions": answers}))
         return
     for answer in answers:
-        click.echo(f"{answer['class']} {answer['probability']:.4f}")
+        click.echo(_line(answer))
+
+
+def _line(answer: dict[str, Any]) -> str:
+    """One sample's answer in a line: ``3 0.9712`` (class, probability), ``0.4123 1.5`` (values), ``0.0031 normal``
+    (anomaly score, flag)."""
+    if "class" in answer:
+        return f"{answer['class']} {answer['probability']:.4f}"
+    if "score" in answer:
+        return f"{answer['score']:.4g} {'anomaly' if answer['flag'] else 'normal'}"
+    return " ".join(f"{value:.6g}" for value in answer["values"])

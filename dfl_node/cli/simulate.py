@@ -41,7 +41,8 @@ def summary_table(results: list[RunResult], title: str, seconds: str = "wall s")
     attacked = any(r.adversaries for r in results)
     table = Table(title=title)
     honest = ("honest global", "honest local") if attacked else ()
-    for col in ("algorithm", "driver", "rounds", "global acc", "local acc", *honest, "MB sent", seconds):
+    metric = short_metric(results[0].metric)
+    for col in ("algorithm", "driver", "rounds", f"global {metric}", f"local {metric}", *honest, "MB sent", seconds):
         table.add_column(col, justify="right" if col != "algorithm" else "left")
     for r in results:
         figures = (f"{r.honest_global_accuracy:.4f}", f"{r.honest_local_accuracy:.4f}") if attacked else ()
@@ -52,9 +53,15 @@ def summary_table(results: list[RunResult], title: str, seconds: str = "wall s")
     return table
 
 
+def short_metric(metric: str) -> str:
+    """A metric as a table's column names it (classification's accuracy, "acc", as it always was)."""
+    return "acc" if metric == "accuracy" else metric
+
+
 def node_table(results: list[RunResult]) -> Table:
-    """Each node's final global / local accuracy under each algorithm; a compromised node's attack beside its id."""
-    table = Table(title="per node: global / local accuracy")
+    """Each node's final global / local figure (the task's metric) under each algorithm; a compromised node's attack
+    beside its id."""
+    table = Table(title=f"per node: global / local {results[0].metric}")
     table.add_column("node")
     for r in results:
         table.add_column(r.algorithm, justify="right")

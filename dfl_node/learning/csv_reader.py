@@ -1,4 +1,4 @@
-"""A CSV file of numeric columns → float32 features and int64 labels: fast, lean and strict.
+"""A CSV file of numeric columns → float32 features and int64 labels (or float32 targets): fast, lean and strict.
 
 Fast: numpy's C parser (``numpy.loadtxt``) reads the file block by block, within 1.2× of pandas' ``read_csv``
 into float32 here (``benchmarks/read_csv.py``), with no dependency beyond numpy. Lean: the rows are counted first,
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -33,8 +33,8 @@ _LARGEST_LABEL = 1 << 24  # labels travel as float32 through the parser: exact u
 
 @dataclass(frozen=True)
 class CsvTable:
-    x: np.ndarray  # float32 (N, F): every column but the label's
-    y: np.ndarray  # int64 (N,): the label column
+    x: np.ndarray  # float32 (N, F): every column but the label's (the targets')
+    y: np.ndarray  # int64 (N,): the label column; or float32 (N, T): the target columns, in the order named
     header: tuple[str, ...] | None  # the header's cells, if the file has one
 
 
@@ -42,52 +42,62 @@ class CsvTable:
 class _Layout:
     path: Path | str  # what the messages name
     columns: int
-    label: int | None  # the label's column; None: every column is a feature (samples to classify)
+    labels: tuple[int, ...]  # the label's column, or the targets'; none: every column is a feature (to predict)
     header: tuple[str, ...] | None
     num_classes: int | None
+    targets: bool = False  # float targets (regression), not class labels
 
     def name(self, column: int) -> str:
         return repr(self.header[column]) if self.header else str(column + 1)
 
 
 def read_csv(path: Path, label_column: str = DEFAULT_LABEL_COLUMN, *, num_classes: int | None = None,
-             complete_lines: bool = False) -> CsvTable:
-    """Read ``path``; labels must be whole numbers ≥ 0 (and < ``num_classes``, if given). ``complete_lines``: a
+             complete_lines: bool = False, targets: Sequence[str] = ()) -> CsvTable:
+    """Read ``path``; labels must be whole numbers ≥ 0 (and < ``num_classes``, if given); or, with ``targets``
+    (column names or numbers), those columns are read as float targets, in that order. ``complete_lines``: a
     last line without its newline is left out, as one a writer has not finished (a file read while it grows).
     Raises :class:`InputError` naming the file and row."""
-    def label(header: tuple[str, ...] | None, columns: int) -> int:
-        if columns < 2:
-            raise InputError(f"{path}: {columns} column: a label and at least one feature are needed")
-        return _label_index(path, label_column, header, columns)
+    def columns_of(header: tuple[str, ...] | None, columns: int) -> tuple[int, ...]:
+        wanted = list(targets) or [label_column]
+        if columns <= len(wanted):
+            what = "the targets" if targets else "a label"
+            raise InputError(f"{path}: {columns} column{'s' * (columns != 1)}: {what} and at least one feature are "
+                             "needed")
+        found = tuple(_label_index(path, name, header, columns, "--target-column" if targets else "--label-column")
+                      for name in wanted)
+        if len(set(found)) != len(found):
+            raise InputError(f"{path}: a target column is named twice ({', '.join(wanted)})")
+        return found
 
     with open(path, "rb") as f:
-        return _read(f, path, label, num_classes, complete_lines)
+        return _read(f, path, columns_of, num_classes, complete_lines, bool(targets))
 
 
 def read_features(f: BinaryIO, name: str, drop_column: str = DEFAULT_LABEL_COLUMN) -> np.ndarray:
     """Samples to classify, float32 (N, F): every column of ``f`` (a seekable binary file named ``name`` in the
     messages) but the one its header names ``drop_column`` (a training file's label), checked as :func:`read_csv`
     checks its features."""
-    def label(header: tuple[str, ...] | None, columns: int) -> int | None:
-        return header.index(drop_column) if header is not None and drop_column in header else None
+    def label(header: tuple[str, ...] | None, columns: int) -> tuple[int, ...]:
+        return (header.index(drop_column),) if header is not None and drop_column in header else ()
 
     return _read(f, name, label, None, False).x
 
 
-def _read(f: BinaryIO, path: Path | str, label_of: Callable[[tuple[str, ...] | None, int], int | None],
-          num_classes: int | None, complete_lines: bool) -> CsvTable:
+def _read(f: BinaryIO, path: Path | str, labels_of: Callable[[tuple[str, ...] | None, int], tuple[int, ...]],
+          num_classes: int | None, complete_lines: bool, targets: bool = False) -> CsvTable:
     first, first_row, data_start, after_first = _first_line(f, path)
     cells = _cells(first, path, first_row)
     header = tuple(c.strip().strip('"') for c in cells) if not any(_number(c) is not None for c in cells) else None
     columns = len(cells)
-    layout = _Layout(path, columns, label_of(header, columns), header, num_classes)
+    layout = _Layout(path, columns, labels_of(header, columns), header, num_classes, targets)
     if header is not None:
         data_start, first_row = after_first, first_row + 1
     rows = _count_rows(f, data_start)
     if rows == 0:
         raise InputError(f"{path}: no rows of data" + (" (a header only)" if header else ""))
-    x = np.empty((rows, columns - (layout.label is not None)), np.float32)
-    y = np.empty(rows if layout.label is not None else 0, np.int64)
+    x = np.empty((rows, columns - len(layout.labels)), np.float32)
+    y = (np.empty((rows, len(layout.labels)), np.float32) if targets
+         else np.empty(rows if layout.labels else 0, np.int64))
     f.seek(data_start)
     done = _parse(f, layout, x, y, complete_lines, lambda offset: first_row + _newlines(f, data_start, offset))
     if done == 0:
@@ -116,8 +126,10 @@ def _cells(line: bytes, path: Path | str, row: int) -> list[str]:
         raise InputError(f"{path} row {row}: not UTF-8 text (is it a CSV file?)") from None
 
 
-def _label_index(path: Path, label_column: str, header: tuple[str, ...] | None, columns: int) -> int:
-    """The label's column: named in the header, else a column number, else (no header, default name) the last."""
+def _label_index(path: Path, label_column: str, header: tuple[str, ...] | None, columns: int,
+                 flag: str = "--label-column") -> int:
+    """The label's (a target's) column: named in the header, else a column number, else (no header, default name)
+    the last."""
     if header is not None and label_column in header:
         return header.index(label_column)
     try:
@@ -126,17 +138,16 @@ def _label_index(path: Path, label_column: str, header: tuple[str, ...] | None, 
         number = None
     if number is not None:
         if not -columns <= number < columns:
-            raise InputError(f"{path}: --label-column {number} is not one of its {columns} columns "
+            raise InputError(f"{path}: {flag} {number} is not one of its {columns} columns "
                              f"(0..{columns - 1}, or -1 for the last)")
         return number % columns
     if header is None:
         if label_column == DEFAULT_LABEL_COLUMN:
             return columns - 1
-        raise InputError(f"{path}: no header, so no column is named {label_column!r}; give the label's column "
-                         f"by number (--label-column 0 for the first, -1 for the last)")
+        raise InputError(f"{path}: no header, so no column is named {label_column!r}; give the column by number "
+                         f"({flag} 0 for the first, -1 for the last)")
     shown = ", ".join(header[:10]) + (", …" if len(header) > 10 else "")
-    raise InputError(f"{path}: no column {label_column!r} in its header ({shown}); name the label's column with "
-                     f"--label-column")
+    raise InputError(f"{path}: no column {label_column!r} in its header ({shown}); name the column with {flag}")
 
 
 def _count_rows(f: BinaryIO, start: int) -> int:
@@ -189,15 +200,12 @@ def _parse_block(data: bytes, layout: _Layout, x: np.ndarray, y: np.ndarray, at:
     values = np.loadtxt(io.BytesIO(data), dtype=np.float32, delimiter=",", ndmin=2, comments=None, quotechar='"')
     if values.shape[1] != layout.columns or not np.isfinite(values).all():
         raise ValueError("")
-    count, label = len(values), layout.label
-    if label is None:
-        x[at:at + count] = values
-        return count
-    if not _are_classes(values[:, label], layout.num_classes):
+    count, labels = len(values), list(layout.labels)
+    if not layout.targets and labels and not _are_classes(values[:, labels[0]], layout.num_classes):
         raise ValueError("")
-    x[at:at + count, :label] = values[:, :label]
-    x[at:at + count, label:] = values[:, label + 1:]
-    y[at:at + count] = values[:, label]
+    x[at:at + count] = np.delete(values, labels, axis=1) if labels else values
+    if labels:
+        y[at:at + count] = values[:, labels] if layout.targets else values[:, labels[0]]
     return count
 
 
@@ -236,12 +244,12 @@ def _locate(data: bytes, layout: _Layout, row: int, parser_said: str) -> InputEr
             if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
                 return InputError(f"{path} row {at}: column {layout.name(column)} is {cell.strip()[:40]} (NaN, "
                                   f"infinities and values beyond float32 are not data)")
-        if layout.label is None:
+        if not layout.labels or layout.targets:
             continue
-        label = _number(cells[layout.label])
+        label = _number(cells[layout.labels[0]])
         if not _are_classes(np.array([label], np.float32), layout.num_classes):
             classes = f"0..{layout.num_classes - 1}" if layout.num_classes else "0, 1, 2, …"
-            return InputError(f"{path} row {at}: label {cells[layout.label].strip()[:40]} is not one of the classes "
-                              f"({classes})")
+            return InputError(f"{path} row {at}: label {cells[layout.labels[0]].strip()[:40]} is not one of the "
+                              f"classes ({classes})")
     last = row + data.count(b"\n") - 1
     return InputError(f"{path} rows {row}..{last}: not numeric CSV ({parser_said or 'unread'})")

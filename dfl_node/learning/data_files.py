@@ -24,11 +24,17 @@ from dfl_node.learning.datasets import load_shard
 
 @dataclass(frozen=True)
 class Samples:
-    """A file's samples: float32 ``x`` of shape (N, *sample shape), int64 ``y`` (N,)."""
+    """A file's samples: float32 ``x`` of shape (N, *sample shape), int64 labels ``y`` (N,), or float32 targets
+    ``y`` (N, T) (a regression task's)."""
 
     x: np.ndarray
     y: np.ndarray
-    num_classes: int | None = None  # what the file declares (a shard's metadata); None: it declares none
+    num_classes: int | None = None  # what the file declares (a shard's metadata), or T; None: it declares none
+
+    @property
+    def targets(self) -> bool:
+        """Whether ``y`` holds float targets, not class labels."""
+        return self.y.dtype == np.float32
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -45,45 +51,64 @@ def is_data_file(path: Path) -> bool:
 
 
 def read_samples(path: Path, fmt: DataFormat, *, num_classes: int | None = None,
-                 complete_lines: bool = False) -> Samples:
+                 complete_lines: bool = False, targets: bool = False) -> Samples:
     """The samples of ``path``, reshaped to ``fmt.sample_shape`` if given, labels checked against ``num_classes``
-    (else ``fmt.num_classes``, else what the file declares). ``complete_lines``: see :func:`read_csv`."""
-    classes = num_classes or fmt.num_classes
+    (else ``fmt.num_classes``, else what the file declares); with ``targets``, float targets (a regression task's:
+    ``fmt.target_column``, else the label column), as many as ``num_classes`` says if given.
+    ``complete_lines``: see :func:`read_csv`."""
+    classes = num_classes or (None if targets else fmt.num_classes)
     suffix = path.suffix.lower()
     try:
         if suffix == ".csv":
-            table = read_csv(path, fmt.label_column, num_classes=classes, complete_lines=complete_lines)
-            samples = Samples(table.x, table.y)
+            columns = (fmt.target_column or [fmt.label_column]) if targets else ()
+            table = read_csv(path, fmt.label_column, num_classes=None if targets else classes,
+                             complete_lines=complete_lines, targets=columns)
+            samples = Samples(table.x, table.y, table.y.shape[1] if targets else None)
         elif suffix == ".npz":
-            samples = _read_npz(path)
+            samples = _read_npz(path, targets)
         elif suffix == ".safetensors":
             samples = _read_safetensors(path)
         else:
             raise InputError(f"{path}: not a data file (its name must end in {', '.join(SUFFIXES)})")
     except OSError as exc:  # gone since the folder was listed, or not readable
         raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if samples.targets != targets:
+        raise InputError(f"{path}: holds {'float targets' if samples.targets else 'class labels'}, but the task "
+                         f"{'is regression' if targets else 'wants class labels'}")
+    what = "targets" if targets else "classes"
     if classes and samples.num_classes and samples.num_classes != classes:
-        raise InputError(f"{path}: its metadata says {samples.num_classes} classes, this node has {classes}")
-    _check_labels(samples.y, classes or samples.num_classes, path)
+        raise InputError(f"{path}: its {'y' if targets else 'metadata'} says {samples.num_classes} {what}, this "
+                         f"node has {classes}")
+    if not targets:
+        _check_labels(samples.y, classes or samples.num_classes, path)
     return reshaped(samples, fmt.sample_shape, path)
 
 
-def from_arrays(x: object, y: object, where: str, num_classes: int | None = None) -> Samples:
-    """Samples from arrays a user's code handed over (a dataset plugin), checked as a file's are."""
+def from_arrays(x: object, y: object, where: str, num_classes: int | None = None, targets: bool = False) -> Samples:
+    """Samples from arrays a user's code handed over (a dataset plugin), checked as a file's are: ``y`` N labels,
+    or with ``targets`` N (or N x T) float targets."""
     x, y = np.asarray(x), np.asarray(y)
-    if x.dtype.kind not in "biuf" or x.ndim < 1 or y.ndim != 1 or len(x) != len(y):
-        raise InputError(f"{where}: x must be an array of numbers (N, *sample shape) and y N labels, got "
+    if x.dtype.kind not in "biuf" or x.ndim < 1 or y.ndim not in ((1, 2) if targets else (1,)) or len(x) != len(y):
+        wanted = "N or N x T targets" if targets else "N labels"
+        raise InputError(f"{where}: x must be an array of numbers (N, *sample shape) and y {wanted}, got "
                          f"{x.dtype} {x.shape} and {y.dtype} {y.shape}")
     if not len(x):
         raise InputError(f"{where}: no samples")
-    labels = _labels(y, where)
-    _check_labels(labels, num_classes, where)
     features = np.ascontiguousarray(x, dtype=np.float32)
     _check_finite(features, where)
-    return Samples(features if features.ndim > 1 else features[:, None], labels)
+    features = features if features.ndim > 1 else features[:, None]
+    if targets:
+        if y.dtype.kind not in "biuf":
+            raise InputError(f"{where}: y must be numbers (the targets), got {y.dtype}")
+        values = np.ascontiguousarray(y.reshape(len(y), -1), dtype=np.float32)
+        _check_finite(values, where, "y")
+        return Samples(features, values, values.shape[1])
+    labels = _labels(y, where)
+    _check_labels(labels, num_classes, where)
+    return Samples(features, labels)
 
 
-def _read_npz(path: Path) -> Samples:
+def _read_npz(path: Path, targets: bool) -> Samples:
     try:
         with np.load(path, allow_pickle=False) as arrays:
             if not isinstance(arrays, np.lib.npyio.NpzFile):
@@ -96,7 +121,7 @@ def _read_npz(path: Path) -> Samples:
         if isinstance(exc, InputError):
             raise
         raise InputError(f"{path}: not a readable .npz file ({' '.join(str(exc).split())[:200]})") from None
-    return from_arrays(x, y, str(path))
+    return from_arrays(x, y, str(path), targets=targets)
 
 
 def _read_safetensors(path: Path) -> Samples:
@@ -128,12 +153,12 @@ def _check_labels(y: np.ndarray, num_classes: int | None, where: object) -> None
         raise InputError(f"{where}: y[{bad[0]}] = {y[bad[0]]} is not one of the classes ({classes})")
 
 
-def _check_finite(x: np.ndarray, where: str) -> None:
+def _check_finite(x: np.ndarray, where: str, name: str = "x") -> None:
     if not x.size:  # no samples (or none with values): nothing to check
         return
     finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
     if not finite.all():
-        raise InputError(f"{where}: x[{np.flatnonzero(~finite)[0]}] holds NaN or an infinity")
+        raise InputError(f"{where}: {name}[{np.flatnonzero(~finite)[0]}] holds NaN or an infinity")
 
 
 def reshaped(samples: Samples, shape: tuple[int, ...] | None, where: object) -> Samples:

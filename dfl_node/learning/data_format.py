@@ -50,6 +50,10 @@ class DataFormat(BaseModel):
                               description="CSV: the label's column, by its header name, or by number (0 the first, "
                                           "-1 the last); a file without a header takes its last column unless a "
                                           "number is given")
+    target_column: list[str] = Field(default_factory=list, description="regression (--task regression): a CSV "
+                                     "file's column to predict, by header name or number (repeatable: one target "
+                                     "each, in order); default: the label column as the one target. An NPZ file's y "
+                                     "holds the targets (N, or N x T numbers)")
     sample_shape: SampleShape | None = Field(None, description="the shape each sample is reshaped to, e.g. 6,20 (6 "
                                              "channels of 20 steps); default: a CSV row is a vector of its features, "
                                              "an NPZ or safetensors file keeps its array's sample shape")

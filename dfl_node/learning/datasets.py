@@ -47,14 +47,17 @@ class ArrayDataset:
     """
 
     x: torch.Tensor  # float32, (N, *sample shape), already normalized
-    y: torch.Tensor  # int64, (N,)
-    num_classes: int
+    y: torch.Tensor  # int64 (N,): labels (an anomaly task's: flags, 1 anomalous); or float32 (N, T): T targets
+    num_classes: int  # the labels' classes; with float targets, T
 
     def __post_init__(self) -> None:
         if self.x.dtype != torch.float32 or self.x.ndim < 2:
             raise ValueError(f"x must be float32 (N, *sample shape), got {self.x.dtype} {tuple(self.x.shape)}")
-        if self.y.dtype != torch.int64 or self.y.ndim != 1 or len(self.y) != len(self.x):
-            raise ValueError(f"y must be int64 (N,) with N={len(self.x)}, got {self.y.dtype} {tuple(self.y.shape)}")
+        labels = self.y.dtype == torch.int64 and self.y.ndim == 1
+        targets = self.y.dtype == torch.float32 and self.y.ndim == 2 and self.y.shape[1] == self.num_classes
+        if not (labels or targets) or len(self.y) != len(self.x):
+            raise ValueError(f"y must be int64 (N,) labels or float32 (N, {self.num_classes}) targets with "
+                             f"N={len(self.x)}, got {self.y.dtype} {tuple(self.y.shape)}")
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -74,6 +77,11 @@ class ArrayDataset:
     def input_shape(self) -> tuple[int, ...]:
         """The shape of one sample: (F,), (C, L), (C, H, W)… (kept: every Hello a node sends says it)"""
         return tuple(int(d) for d in self.x.shape[1:])
+
+    @property
+    def targets(self) -> bool:
+        """Whether ``y`` holds float targets (a regression task's), not labels."""
+        return self.y.dtype == torch.float32
 
     def class_counts(self) -> np.ndarray:
         """Samples per class (length ``num_classes``); DFML's WSM loss needs the proportions."""
@@ -327,8 +335,12 @@ def load_shard(path: str | Path) -> ArrayDataset:
         raise ValueError(f"{path}: num_classes must be >= 1, got {num_classes}")
     if x.dtype != torch.float32 or x.ndim < 2:
         raise ValueError(f"{path}: 'x' must be float32 (N, *sample shape), got {x.dtype} {tuple(x.shape)}")
-    if y.dtype != torch.int64 or y.ndim != 1 or y.shape[0] != x.shape[0]:
-        raise ValueError(f"{path}: 'y' must be int64 (N,) with N={x.shape[0]}, got {y.dtype} {tuple(y.shape)}")
-    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+    targets = y.dtype == torch.float32 and y.ndim == 2 and y.shape[1] == num_classes  # a regression shard's
+    if not (targets or (y.dtype == torch.int64 and y.ndim == 1)) or y.shape[0] != x.shape[0]:
+        raise ValueError(f"{path}: 'y' must be int64 (N,) labels or float32 (N, {num_classes}) targets with "
+                         f"N={x.shape[0]}, got {y.dtype} {tuple(y.shape)}")
+    if targets and y.numel() and not bool(torch.isfinite(y).all()):
+        raise ValueError(f"{path}: its targets hold NaN or an infinity")
+    if not targets and y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):
         raise ValueError(f"{path}: labels must lie in [0, {num_classes}), got [{int(y.min())}, {int(y.max())}]")
     return ArrayDataset(x, y, num_classes)

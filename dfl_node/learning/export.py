@@ -1,12 +1,20 @@
 """A trained model as files an application loads without dfl-node: safetensors with a card, TorchScript, ONNX.
 
 A node's model is a registry (or plugin) architecture plus its weights. Whoever rebuilds it needs the spec, the
-shape of one sample and the number of classes; :class:`ModelCard` carries them (with the node, its round and the
-digest of the weights) as plain strings, in a safetensors file's metadata, a TorchScript archive's extra file
-``dfl-node.json`` and an ONNX model's ``metadata_props``. Nothing is pickled: a model file is tensors and text.
+shape of one sample and the width of its output; :class:`ModelCard` carries them (with the node's task, its
+round and the digest of the weights) as plain strings, in a safetensors file's metadata, a TorchScript archive's
+extra file ``dfl-node.json`` and an ONNX model's ``metadata_props``. Nothing is pickled: a model file is tensors
+and text.
 
-Every export computes *logits* ``(N, num_classes)`` from samples ``(N, *sample_shape)``, float32, with a
-dynamic batch dimension; :func:`probabilities` is the softmax the REST API answers with.
+Every export computes, from samples ``(N, *sample_shape)`` float32 with a dynamic batch dimension, what the
+node's ``POST /predict`` answers from (:attr:`TrainedModel.answering`), by the card's task:
+
+* classification: *logits* ``(N, num_classes)``, float32 (``/predict``'s probabilities are their softmax,
+  :func:`probabilities`);
+* regression (and a plugin's task): the *values* ``(N, num_classes)``, float32, the model's outputs as they are;
+* anomaly: the *scores* ``(N,)``, float64: each sample's mean squared reconstruction error
+  (:class:`ReconstructionError`), not the reconstruction, so that an application flags a sample exactly as
+  ``/predict`` does: where its score exceeds the card's ``threshold``.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -28,11 +37,14 @@ from torch import nn
 
 from dfl_node.learning.models import ModelSpec, param_digest, tensor_shapes
 
-__all__ = ["ExportFormat", "ModelCard", "TrainedModel", "export", "in_layout_order", "probabilities"]
+__all__ = ["ANOMALY", "CLASSIFICATION", "ExportFormat", "ModelCard", "ReconstructionError", "TrainedModel",
+           "answers", "build_model", "export", "in_layout_order", "probabilities"]
 
 ExportFormat = Literal["safetensors", "torchscript", "onnx"]
 FORMAT_TAG = "dfl-node-model/1"  # a card's "format": what wrote it, so a loader can tell other files apart
-INPUT, OUTPUT = "samples", "logits"  # the exports' input and output names
+INPUT = "samples"  # the exports' input name; the output's is TrainedModel.output
+# The tasks (dfl_node.learning.tasks' names) whose models answer other than with their outputs as they are
+CLASSIFICATION, ANOMALY = "classification", "anomaly"
 
 
 @dataclass(frozen=True)
@@ -41,33 +53,42 @@ class ModelCard:
 
     spec: str  # the architecture: a registry spec (``mlp:32,32``) as ``--model``/``--hidden`` make it
     sample_shape: tuple[int, ...]  # one sample's shape: (F,), (C, L), (C, H, W)…
-    num_classes: int
+    num_classes: int  # the model's output width: classes; regression: targets; anomaly: a sample's values
     fingerprint: str  # architecture + tensor names, shapes and dtypes (what peers compare at Hello)
     node: str
     round: int  # the rounds the node had completed when this model was committed
     sha256: str  # :func:`~dfl_node.learning.models.param_digest` of the weights, in the model's own order
+    task: str = CLASSIFICATION  # what the node learns (its --task): what the model's outputs mean
+    threshold: float | None = None  # anomaly: a sample whose score exceeds it is flagged (None: another task)
 
     def metadata(self) -> dict[str, str]:
-        """The card as the ``str → str`` metadata a safetensors header (or ONNX ``metadata_props``) holds."""
+        """The card as the ``str → str`` metadata a safetensors header (or ONNX ``metadata_props``) holds (no
+        ``threshold`` entry where there is none)."""
         fields = asdict(self)
         fields["sample_shape"] = json.dumps(list(self.sample_shape))
-        return {"format": FORMAT_TAG, **{key: str(value) for key, value in fields.items()}}
+        return {"format": FORMAT_TAG, **{key: str(value) for key, value in fields.items() if value is not None}}
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, str] | None, where: str) -> ModelCard:
-        """The card :meth:`metadata` wrote; a missing or malformed entry is a ValueError naming it and ``where``."""
+        """The card :meth:`metadata` wrote; a missing or malformed entry is a ValueError naming it and ``where``.
+        A card without ``task`` is a classifier's (written before tasks); an anomaly card needs its threshold."""
         metadata = metadata or {}
-        missing = [key for key in ("format", *cls.__dataclass_fields__) if key not in metadata]
+        optional = {"task", "threshold"}
+        missing = [key for key in ("format", *cls.__dataclass_fields__) if key not in metadata and key not in optional]
         if missing:
             raise ValueError(f"{where}: no dfl-node model card (metadata lacks {', '.join(missing)})")
         try:
             shape = tuple(int(d) for d in json.loads(metadata["sample_shape"]))
+            threshold = float(metadata["threshold"]) if "threshold" in metadata else None
             card = cls(metadata["spec"], shape, int(metadata["num_classes"]), metadata["fingerprint"],
-                       metadata["node"], int(metadata["round"]), metadata["sha256"])
+                       metadata["node"], int(metadata["round"]), metadata["sha256"],
+                       metadata.get("task", CLASSIFICATION), threshold)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{where}: malformed model card ({exc})") from None
         if not shape or min(shape) < 1 or card.num_classes < 1:
             raise ValueError(f"{where}: malformed model card (sample shape {shape}, {card.num_classes} classes)")
+        if card.task == ANOMALY and (threshold is None or math.isnan(threshold)):
+            raise ValueError(f"{where}: malformed model card (an anomaly model with no threshold)")
         return card
 
 
@@ -83,13 +104,19 @@ class TrainedModel:
         """The model, rebuilt from the card's spec with these weights (shared, not copied), in eval mode.
         A weight that does not fit the spec's layout is a ValueError."""
         card = self.card
-        model = ModelSpec.parse(card.spec).build(card.sample_shape, card.num_classes, device="meta")
-        try:
-            model.load_state_dict(self.state, assign=True)
-        except RuntimeError as exc:
-            raise ValueError(f"the weights do not fit {card.spec} for samples {card.sample_shape}: "
-                             f"{str(exc).splitlines()[-1].strip()}") from None
-        return model.eval().requires_grad_(False)
+        return build_model(card.spec, card.sample_shape, card.num_classes, self.state)
+
+    @cached_property
+    def answering(self) -> nn.Module:
+        """What ``/predict`` answers from and every export computes: the model itself (logits, values), or an
+        anomaly model's :class:`ReconstructionError`."""
+        return ReconstructionError(self.module).eval() if self.card.task == ANOMALY else self.module
+
+    @property
+    def output(self) -> str:
+        """The name of :attr:`answering`'s output in an ONNX file: ``logits``, ``values`` or ``scores``."""
+        task = self.card.task
+        return "logits" if task == CLASSIFICATION else "scores" if task == ANOMALY else "values"
 
     def to_bytes(self) -> bytes:
         """The safetensors file: the weights, and the card as its metadata."""
@@ -108,6 +135,33 @@ class TrainedModel:
         if param_digest(state) != card.sha256:
             raise ValueError(f"{where}: the weights' digest is not the card's sha256 (a damaged file)")
         return cls(card, state)
+
+
+def build_model(spec: str, sample_shape: tuple[int, ...], num_classes: int,
+                state: Mapping[str, torch.Tensor]) -> nn.Module:
+    """Registry architecture ``spec`` with the weights ``state`` (shared, not copied), in eval mode, without
+    gradients. A weight that does not fit the spec's layout is a ValueError."""
+    model = ModelSpec.parse(spec).build(sample_shape, num_classes, device="meta")
+    try:
+        model.load_state_dict(state, assign=True)
+    except RuntimeError as exc:
+        raise ValueError(f"the weights do not fit {spec} for samples {sample_shape}: "
+                         f"{str(exc).splitlines()[-1].strip()}") from None
+    return model.eval().requires_grad_(False)
+
+
+class ReconstructionError(nn.Module):
+    """An autoencoder's anomaly score of each sample: the mean squared error of its reconstruction, ``(N,)``
+    float64 — the arithmetic of :meth:`dfl_node.learning.tasks.Anomaly.scores` (whose quantile is the threshold),
+    as one module that traces and exports (``Anomaly.scores`` reads a dataset in batches)."""
+
+    def __init__(self, autoencoder: nn.Module) -> None:
+        super().__init__()
+        self.autoencoder = autoencoder
+
+    def forward(self, samples: torch.Tensor) -> torch.Tensor:
+        reconstructed = self.autoencoder(samples).flatten(1).double()
+        return (reconstructed - samples.flatten(1).double()).square().mean(1)
 
 
 def in_layout_order(spec: str, sample_shape: tuple[int, ...], num_classes: int,
@@ -130,6 +184,21 @@ def probabilities(model: nn.Module, samples: torch.Tensor, num_classes: int) -> 
         raise ValueError(f"the model answered {tuple(logits.shape)} for {len(samples)} samples, "
                          f"not ({len(samples)}, {num_classes}) logits")
     return torch.softmax(logits.float(), dim=1)
+
+
+@torch.inference_mode()
+def answers(model: TrainedModel, samples: torch.Tensor) -> torch.Tensor:
+    """What ``POST /predict`` answers for ``samples`` ``(N, *sample_shape)``: class probabilities ``(N, classes)``
+    (classification), anomaly scores ``(N,)`` (anomaly), else the model's values ``(N, num_classes)``. A model
+    that answers another shape than its card says is a ValueError."""
+    card = model.card
+    if card.task == CLASSIFICATION:
+        return probabilities(model.module, samples, card.num_classes)
+    answered = model.answering(samples)
+    expected = (len(samples),) if card.task == ANOMALY else (len(samples), card.num_classes)
+    if tuple(answered.shape) != expected:
+        raise ValueError(f"the model answered {tuple(answered.shape)} for {len(samples)} samples, not {expected}")
+    return answered
 
 
 def export(model: TrainedModel, fmt: ExportFormat, out: Path) -> None:
@@ -155,7 +224,7 @@ def _torchscript(model: TrainedModel, out: Path) -> None:
     traced_on, checked_on = _examples(model.card)
     with warnings.catch_warnings():  # torch 2.9+ calls TorchScript deprecated; libtorch and torch.jit.load read it
         warnings.filterwarnings("ignore", message=r".*torch\.jit\..* is deprecated", category=DeprecationWarning)
-        traced = torch.jit.trace(model.module, traced_on, check_inputs=[(checked_on,)])
+        traced = torch.jit.trace(model.answering, traced_on, check_inputs=[(checked_on,)])
         torch.jit.save(traced, str(out), _extra_files={"dfl-node.json": json.dumps(model.card.metadata())})
 
 
@@ -186,7 +255,7 @@ def _onnx(model: TrainedModel, out: Path) -> None:
         raise ValueError(f"ONNX export needs the export extra: pip install 'dfl-node[export]' ({exc})") from None
     traced_on, _ = _examples(model.card)
     with _quiet_exporter():
-        program = torch.onnx.export(model.module, (traced_on,), input_names=[INPUT], output_names=[OUTPUT],
+        program = torch.onnx.export(model.answering, (traced_on,), input_names=[INPUT], output_names=[model.output],
                                     dynamic_shapes=({0: torch.export.Dim("batch")},), dynamo=True, verbose=False)
     assert program is not None  # dynamo=True returns the program it exported
     proto = program.model_proto

@@ -41,6 +41,8 @@ from dfl_node.learning.training import (
 )
 
 SegmentRange = tuple[str, int, int]  # tensor name, start, stop (flattened element offsets)
+# (received's outputs, local's outputs, targets) -> each model's loss: a task's (dfl_node.learning.tasks)
+MutualLosses = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def mkt_losses(
@@ -61,17 +63,19 @@ def mutual_knowledge_transfer(
     received_params: SgdParams,
     local_params: SgdParams,
     generator: torch.Generator,
+    losses: MutualLosses = mkt_losses,
 ) -> None:
     """000 Alg. 1, receiver side: E passes of simultaneous MKT steps (eqs. 2–3) on the receiver's data.
 
-    Both models are updated in place; the caller keeps ``received`` as the new local model.
+    Both models are updated in place; the caller keeps ``received`` as the new local model. ``losses`` are
+    000's eqs. 5–6 (CE + KL) or another task's supervision and distillation (:mod:`dfl_node.learning.tasks`).
     ``received_params.epochs`` (E) and ``.batch_size`` (B2) drive the passes; with its ``cuda_graphs`` and the
     data on CUDA each pass is a CUDA graph's replay (:func:`graphed_mkt`).
     """
     received.train()
     local.train()
     if received_params.cuda_graphs and data.x.is_cuda and graphed_mkt(received, local, data, received_params,
-                                                                        local_params, generator):
+                                                                        local_params, generator, losses=losses):
         return
     opt_received, opt_local = sgd(received, received_params), sgd(local, local_params)
     steps = batches_per_epoch(len(data), received_params.batch_size)
@@ -79,19 +83,19 @@ def mutual_knowledge_transfer(
         order = epoch_order(data, generator)
         work.done().steps += steps
         mkt_epoch(received, local, data, order, received_params.batch_size, opt_received, opt_local,
-                  received_params.bf16)
+                  received_params.bf16, losses)
     release(opt_received, opt_local)
 
 
 def mkt_epoch(received: nn.Module, local: nn.Module, data: ArrayDataset, order: torch.Tensor, batch_size: int,
-              opt_received: Sgd, opt_local: Sgd, bf16: bool = False) -> None:
+              opt_received: Sgd, opt_local: Sgd, bf16: bool = False, losses: MutualLosses = mkt_losses) -> None:
     """One pass of simultaneous MKT steps over ``data`` in ``order``: the body of
     :func:`mutual_knowledge_transfer`, run eagerly there and captured as a CUDA graph by
     :mod:`dfl_node.learning.cuda_graphs` (no host reads, no Python state changed but the tensors')."""
     for idx in order.split(batch_size):
         x, y = gather(data, idx)
         with autocast(x.device, bf16):
-            loss1, loss2 = mkt_losses(received(x), local(x), y)
+            loss1, loss2 = losses(received(x), local(x), y)
         opt_received.zero_grad()
         opt_local.zero_grad()
         (loss1 + loss2).backward()  # the graphs are disjoint: each loss reaches only its own model
@@ -101,7 +105,7 @@ def mkt_epoch(received: nn.Module, local: nn.Module, data: ArrayDataset, order: 
 
 def graphed_mkt(received: nn.Module, local: nn.Module, data: ArrayDataset, received_params: SgdParams,
                 local_params: SgdParams, generator: torch.Generator,
-                recorder: Callable[[], Recorder] = CudaGraphRecorder) -> bool:
+                recorder: Callable[[], Recorder] = CudaGraphRecorder, losses: MutualLosses = mkt_losses) -> bool:
     """:func:`mutual_knowledge_transfer` with each epoch a replay of :func:`mkt_epoch`'s graph
     (:mod:`dfl_node.learning.cuda_graphs`); False, having drawn nothing from ``generator``, where the models cannot
     be captured."""
@@ -109,10 +113,11 @@ def graphed_mkt(received: nn.Module, local: nn.Module, data: ArrayDataset, recei
         optimizers = sgd(received, received_params), sgd(local, local_params)
 
         def body(order: torch.Tensor, total: torch.Tensor) -> None:
-            mkt_epoch(received, local, data, order, received_params.batch_size, *optimizers, received_params.bf16)
+            mkt_epoch(received, local, data, order, received_params.batch_size, *optimizers, received_params.bf16,
+                      losses)
         return EpochGraph([received, local], optimizers, data, body, recorder())
 
-    settings = tuple((p.lr, p.momentum, p.batch_size, p.bf16) for p in (received_params, local_params))
+    settings = (*((p.lr, p.momentum, p.batch_size, p.bf16) for p in (received_params, local_params)), losses)
     graph = graph_for("mkt", [received, local], data, settings, build, recorder)
     if graph is None:
         return False

@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ from dfl_node.learning.data_format import DataFormat
 from dfl_node.learning.datasets import ArrayDataset
 
 VAL_STEM, TEST_STEM = "val", "test"
+Reads = Literal["classes", "targets", "flags"]  # what a sample's y is: a task's (dfl_node.learning.tasks.Task.reads)
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,13 @@ def _phase(seed: int, key: str, label: int) -> float:
 class LocalData:
     """The files of ``path`` (a data file or a folder of them) as a node's training and validation sets."""
 
-    def __init__(self, path: Path, fmt: DataFormat, *, val_fraction: float, max_samples: int, seed: int) -> None:
+    def __init__(self, path: Path, fmt: DataFormat, *, val_fraction: float, max_samples: int, seed: int,
+                 reads: Reads = "classes") -> None:
         self.path, self.fmt = path, fmt
+        self.targets = reads == "targets"  # float targets (regression), not labels
         self.val_fraction, self.max_samples, self.seed = val_fraction, max_samples, seed
-        self.num_classes: int | None = fmt.num_classes
+        # with targets: how many (T); flags (anomaly): normal 0, anomalous 1, whatever a device has seen
+        self.num_classes: int | None = None if self.targets else 2 if reads == "flags" else fmt.num_classes
         self.classes_inferred = False  # num_classes from the largest label (the operator gave none)
         self.sample_shape: tuple[int, ...] = ()
         self._files: dict[str, _File] = {}
@@ -205,14 +210,15 @@ class LocalData:
         """Read a file; ``split``: hold back its share of validation samples (a training file of a folder that has
         no val.* file). Its arrays are read anew, so they are reordered in place (:func:`split_rows`)."""
         samples = read_samples(self.folder / name, self.fmt, num_classes=self.num_classes,
-                               complete_lines=complete_lines)
+                               complete_lines=complete_lines, targets=self.targets)
         validation = self.path.is_dir() and Path(name).stem.lower() == VAL_STEM
         if self.max_samples and len(samples) > self.max_samples and not validation:  # never more of it is kept
             keep = slice(len(samples) - self.max_samples, None)
             samples = Samples(samples.x[keep].copy(), samples.y[keep].copy(), samples.num_classes)
         held = None
         if split and not validation:
-            held = holdout(samples.y, self.val_fraction, self.seed, name)
+            strata = np.zeros(len(samples), np.int64) if self.targets else samples.y  # targets: one stratum
+            held = holdout(strata, self.val_fraction, self.seed, name)
             split_rows(samples.x, samples.y, held)
         return _File(version, samples, held, validation)
 
@@ -222,6 +228,12 @@ class LocalData:
         if self.num_classes is not None:
             return
         declared = {e.samples.num_classes for e in self._files.values() if e.samples.num_classes}
+        if self.targets:
+            if len(declared) > 1:
+                raise InputError(f"--data {self.path}: its files hold different numbers of targets "
+                                 f"({', '.join(map(str, sorted(declared)))})")
+            self.num_classes = declared.pop()
+            return
         if len(declared) > 1:
             raise InputError(f"--data {self.path}: its files declare different numbers of classes "
                              f"({', '.join(map(str, sorted(declared)))}); give --num-classes")
@@ -271,16 +283,18 @@ class LocalData:
         elif parts:
             x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         else:
-            x, y = np.empty((0, *self.sample_shape), np.float32), np.empty(0, np.int64)
+            x = np.empty((0, *self.sample_shape), np.float32)
+            y = np.empty((0, self.num_classes), np.float32) if self.targets else np.empty(0, np.int64)
         return ArrayDataset(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y)),
                             self.num_classes)
 
 
-def read_test_set(path: Path, fmt: DataFormat, num_classes: int, sample_shape: tuple[int, ...]) -> ArrayDataset:
-    """The global test set (``--test-data``): one data file of the node's classes and sample shape."""
+def read_test_set(path: Path, fmt: DataFormat, num_classes: int, sample_shape: tuple[int, ...],
+                  targets: bool = False) -> ArrayDataset:
+    """The global test set (``--test-data``): one data file of the node's classes (targets) and sample shape."""
     if not path.is_file():
         raise InputError(f"--test-data {path}: no such file")
-    samples = read_samples(path, fmt, num_classes=num_classes)
+    samples = read_samples(path, fmt, num_classes=num_classes, targets=targets)
     if samples.sample_shape != sample_shape:
         raise InputError(f"{path}: samples of shape {samples.sample_shape}, this node's data has {sample_shape}")
     return ArrayDataset(torch.from_numpy(samples.x), torch.from_numpy(samples.y), num_classes)

@@ -16,6 +16,10 @@ exactly that many samples (002's balanced 800, :func:`sized`), ``zeta_max`` lets
 own ζ_k from ζ..ζ_max (002's "ζ = 2, 3, 4"), ``large_nodes`` sets how many unbalanced clients are
 large (002 has them in the non-IID case only).
 
+A recorded fleet is not split at all: the partition setting ``as-recorded``
+(:data:`~dfl_node.learning.shard_settings.AS_RECORDED`) takes a folder of one subfolder (or file) per device as
+it is, one node each (:func:`~dfl_node.learning.user_datasets.load_recorded`); the schemes here split pooled data.
+
 Every function returns one **sorted** int64 index array per client (indices into the
 training set), clients never overlap, and the same seed always gives the same output:
 all randomness comes from ``np.random.default_rng(seed)`` (or a generator passed in).

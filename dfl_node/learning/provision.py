@@ -17,11 +17,13 @@ import numpy as np
 from dfl_node.errors import InputError
 from dfl_node.learning.dataset_refs import BUILTIN_DATASETS
 from dfl_node.learning.datasets import ArrayDataset, save_shard, shard_dataset, shard_metadata
+from dfl_node.learning.local_data import Reads
 from dfl_node.learning.models import ModelSpec, spread
 from dfl_node.learning.partitions import client_splits
 from dfl_node.learning.settings import DATASET_DEPENDENT, SharedSettings, dataset_defaults, sized_defaults
-from dfl_node.learning.shard_settings import ShardSettings
-from dfl_node.learning.user_datasets import load_any_dataset
+from dfl_node.learning.shard_settings import AS_RECORDED, ShardSettings
+from dfl_node.learning.tasks import task_of
+from dfl_node.learning.user_datasets import load_any_dataset, load_recorded
 
 TRAIN_FILE, VAL_FILE, TEST_FILE = "train.safetensors", "val.safetensors", "test.safetensors"
 
@@ -69,13 +71,15 @@ def architectures(specs: list[str], learning: SharedSettings, nodes: int) -> dic
 def subsets(data: ShardSettings, seed: int, train: ArrayDataset,
             test: ArrayDataset) -> tuple[ArrayDataset, ArrayDataset]:
     """The seeded random ``train_samples`` / ``test_samples`` of the dataset that a CPU-sized run uses (0: all)."""
-    def take(samples: ArrayDataset, count: int, stream: int) -> ArrayDataset:
-        if not count or count >= len(samples):
-            return samples
-        rng = np.random.default_rng([seed, stream])  # not the partition's stream: that stays as it was
-        return samples.subset(np.sort(rng.choice(len(samples), size=count, replace=False)))
+    return _take(train, data.train_samples, seed, 1), _take(test, data.test_samples, seed, 2)
 
-    return take(train, data.train_samples, 1), take(test, data.test_samples, 2)
+
+def _take(samples: ArrayDataset, count: int, seed: int, stream: int) -> ArrayDataset:
+    """A seeded random subset of ``count`` of ``samples`` (0: all of them)."""
+    if not count or count >= len(samples):
+        return samples
+    rng = np.random.default_rng([seed, stream])  # not the partition's stream: that stays as it was
+    return samples.subset(np.sort(rng.choice(len(samples), size=count, replace=False)))
 
 
 class FleetPlan(Protocol):
@@ -89,17 +93,28 @@ class FleetPlan(Protocol):
 
 def provision(plan: FleetPlan) -> FleetData:
     """Load the dataset and split it into ``plan.nodes`` clients as ``plan.shards`` says (seeded by the learning
-    settings' ``seed``).
+    settings' ``seed``); a recorded fleet (``as-recorded``) is not split, each device is a client.
 
     A dataset of the user's own has no learning defaults of its own: the batch sizes and learning rate not given
     are sized to its clients (:func:`~dfl_node.learning.settings.sized_defaults` of the median client's training
     samples), filled into ``plan.learning`` — which the simulator's and the testbed's nodes are given — and written
     into every shard, so that nodes started on them (``dfl-node partition``, then ``start``) resolve the same."""
     data, learning, nodes = plan.shards, plan.learning, plan.nodes
-    train, test = subsets(data, learning.seed, *load_any_dataset(data.dataset, data.data_dir, data))
+    reads = task_of(learning).reads
+    clients, test = (_as_recorded if data.partition == AS_RECORDED else _shared_out)(data, learning.seed, nodes, reads)
+    if data.dataset in BUILTIN_DATASETS:
+        return FleetData(clients, test, data.dataset)
+    learning.use_defaults(sized_defaults(int(np.median([len(c.train) for c in clients]))))
+    return FleetData(clients, test, learning={name: getattr(learning, name) for name in DATASET_DEPENDENT})
+
+
+def _shared_out(data: ShardSettings, seed: int, nodes: int, reads: Reads) -> tuple[list[ClientData], ArrayDataset]:
+    """The clients of a partition of the dataset's (pooled) training set, and the test set (with float targets,
+    one stratum: an ``iid`` or ``unbalanced`` partition knows no classes)."""
+    train, test = subsets(data, seed, *load_any_dataset(data.dataset, data.data_dir, data, reads))
     try:
         splits = client_splits(
-            train.y.numpy(), nodes, data.partition, learning.seed,
+            np.zeros(len(train), np.int64) if train.targets else train.y.numpy(), nodes, data.partition, seed,
             zeta=data.zeta, beta=data.beta, val_fraction=data.val_fraction,
             zeta_max=data.zeta_max, samples=data.samples, large_nodes=data.large_nodes,
         )
@@ -111,10 +126,18 @@ def provision(plan: FleetPlan) -> FleetData:
         ClientData(node_id, train.subset(split.train), train.subset(split.val))
         for node_id, split in zip(fleet_ids(nodes), splits)
     ]
-    if data.dataset in BUILTIN_DATASETS:
-        return FleetData(clients, test, data.dataset)
-    learning.use_defaults(sized_defaults(int(np.median([len(c.train) for c in clients]))))
-    return FleetData(clients, test, learning={name: getattr(learning, name) for name in DATASET_DEPENDENT})
+    return clients, test
+
+
+def _as_recorded(data: ShardSettings, seed: int, nodes: int, reads: Reads) -> tuple[list[ClientData], ArrayDataset]:
+    """Node i is the i-th device of the recorded fleet, with the data it recorded (:func:`load_recorded`); the test
+    set a seeded subset of ``test_samples`` as :func:`subsets` draws one."""
+    devices, test = load_recorded(Path(data.dataset), data, val_fraction=data.val_fraction, seed=seed, reads=reads)
+    if len(devices) != nodes:  # the folder changed since its devices were counted (ExperimentConfig's nodes)
+        raise InputError(f"--dataset {data.dataset} holds {len(devices)} devices now, the fleet was planned for "
+                         f"{nodes}")
+    clients = [ClientData(node_id, train, val) for node_id, (train, val) in zip(fleet_ids(nodes), devices)]
+    return clients, _take(test, data.test_samples, seed, 2)
 
 
 def write_fleet(fleet: FleetData, out_dir: Path) -> list[Path]:

@@ -44,6 +44,16 @@ def _model_reference(value: str) -> str | None:
 
 
 ModelName = Annotated[str, Registered("model", _models, _model_reference, "package.module:factory")]
+BUILTIN_TASK_NAMES = ("classification", "regression", "anomaly")  # dfl_node.learning.tasks.BUILTIN_TASKS' (a test)
+
+
+def _tasks() -> Iterable[str]:
+    from dfl_node.plugins import installed  # noqa: PLC0415 - the entry points only when a task is checked
+
+    return [*BUILTIN_TASK_NAMES, *installed("tasks")]
+
+
+TaskName = Annotated[str, Registered("task", _tasks)]
 ModelSpecText = Annotated[str, AfterValidator(_model_spec)]
 
 # Settings whose default depends on the dataset, where one value cannot serve them all; a dataset not named here
@@ -170,6 +180,14 @@ class FairAvgSettings(AlgorithmSettings):
         return self
 
 
+def gates_refusal(task: str, **gates: float | None) -> None:
+    """A ``ValueError`` where an accuracy gate (``min_accuracy``, ``relative_gate``) is set for a task that is not
+    classification: they compare accuracies."""
+    if task != "classification" and (named := [name for name, value in gates.items() if value]):
+        raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in named)} compare accuracies: the {task} "
+                         "task has none (classification only)")
+
+
 class DefenceSettings(BaseModel):
     """Bounds a receiver puts on what its peers send, before it fuses (:mod:`dfl_node.algorithms.defences`): the
     ``defences`` part of a node's and an experiment's settings, read by every algorithm's round, all off by default,
@@ -204,6 +222,14 @@ class SharedSettings(BaseModel):
                              "group dfl_node.models; `dfl-node plugins` lists them) or package.module:factory, a "
                              "callable (sample_shape, num_classes) -> torch.nn.Module; the same on every node")
     hidden: list[int] | None = Field(None, description="layer widths overriding the architecture's default")
+    task: TaskName = Field("classification", description="what the fleet learns (docs/tasks.md): classification (a "
+                           "class per sample), regression (float targets: a forecast, a reading), anomaly (an "
+                           "autoencoder that flags samples unlike the normal ones), or an installed plugin's "
+                           "(entry-point group dfl_node.tasks)")
+    regression_loss: Literal["mse", "huber"] = Field("mse", description="regression: the training loss (huber: "
+                                                     "Huber with delta 1, for targets with outliers)")
+    anomaly_quantile: float = Field(0.99, gt=0, lt=1, description="anomaly: a sample is flagged where its "
+                                    "reconstruction error exceeds this quantile of the node's validation errors")
     seed: int = Field(0, description="seed of w0, the round plans and every minibatch order")
     pairs: int = Field(1, ge=1, description="Q: sender/receiver pairs per round")
     supervision: Literal["ce", "wsm"] | None = Field(
@@ -235,6 +261,12 @@ class SharedSettings(BaseModel):
                               "MKT as a captured CUDA graph: the same steps, a launch per epoch; no effect on the CPU")
     cudnn_benchmark: bool = Field(False, description="on CUDA, let cuDNN time its convolution algorithms for each "
                                   "shape once and keep the fastest (torch.backends.cudnn.benchmark)")
+
+    @model_validator(mode="after")
+    def _wsm_weights_classes(self) -> SharedSettings:
+        if self.supervision == "wsm" and self.task != "classification":
+            raise ValueError(f"--supervision wsm weights classes (003 eq. 2): the {self.task} task has none; use ce")
+        return self
 
     def unusable_here(self) -> dict[str, str]:
         """Settings valid anywhere that this machine cannot honour (field → problem), which

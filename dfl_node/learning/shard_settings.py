@@ -16,13 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, GetJsonSchemaHandler
+from pydantic import Field, GetJsonSchemaHandler, model_validator
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from dfl_node.learning.data_format import DataFormat
-from dfl_node.learning.dataset_refs import check_dataset, dataset_names, dataset_problem
+from dfl_node.learning.dataset_refs import check_dataset, dataset_kind, dataset_names, dataset_problem
 from dfl_node.registered import Registered
+
+# A recorded fleet run as it was recorded: the dataset's folder holds one subfolder (or file) per device, and each
+# device is a node (:func:`~dfl_node.learning.user_datasets.load_recorded`); no partition of pooled data.
+AS_RECORDED = "as-recorded"
+# The partitions that deal out samples, not classes: those a task without classes (regression, anomaly) takes
+CLASSLESS_PARTITIONS = ("iid", "unbalanced", AS_RECORDED)
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,7 @@ class DatasetRef(Registered):
 def _partitions() -> Iterable[str]:
     from dfl_node.learning.partitions import PARTITIONS  # noqa: PLC0415 - keeps numpy out of reading settings
 
-    return PARTITIONS
+    return (*PARTITIONS, AS_RECORDED)
 
 
 DatasetName = Annotated[str, DatasetRef("dataset", dataset_names)]
@@ -54,7 +60,9 @@ class ShardSettings(DataFormat):
                                  "(read from data_dir), an installed dfl_node.datasets plugin, package.module:factory, "
                                  "or your own: a .csv or .npz file or a folder of them (docs/data.md)")
     data_dir: Path | None = Field(None, description="folder with dataset files (else $DFL_DATA_DIR)")
-    partition: PartitionName = Field("iid", description="how the training data is split across the nodes")
+    partition: PartitionName = Field("iid", description="how the training data is split across the nodes; "
+                                     "as-recorded: a folder of devices (a subfolder or file each), one node each, "
+                                     "as recorded")
     zeta: int = Field(2, ge=1, description="ζ: segments (shards) or classes per client")
     beta: float = Field(0.5, gt=0, description="β of the Dirichlet partition")
     zeta_max: int = Field(0, ge=0, description="classes partitions: client k holds ζ_k classes drawn from "
@@ -69,6 +77,22 @@ class ShardSettings(DataFormat):
                                "samples (0: the whole training set), for CPU-sized reproductions")
     test_samples: int = Field(0, ge=0, description="global test set: a seeded random subset of this many test samples "
                               "(0: all)")
+
+    @model_validator(mode="after")
+    def _as_recorded_reads_a_folder_of_devices(self) -> ShardSettings:
+        """``as-recorded`` keeps each device's data as it was recorded: it reads a folder of them, and has no pooled
+        training set to draw a subset of (``train_samples``) nor a number of samples to give each node
+        (``samples``), which it would otherwise ignore."""
+        if self.partition != AS_RECORDED:
+            return self
+        if dataset_kind(self.dataset) != "path" or Path(self.dataset).is_file():
+            raise ValueError(f"partition {AS_RECORDED} reads a folder of recorded devices (a subfolder or a data file "
+                             f"each); dataset {self.dataset} is none")
+        sized = [f"--{name.replace('_', '-')}" for name in ("samples", "train_samples") if getattr(self, name)]
+        if sized:
+            raise ValueError(f"{' and '.join(sized)}: partition {AS_RECORDED} keeps every device's samples as "
+                             "recorded; leave it out")
+        return self
 
     def unusable_here(self) -> dict[str, str]:
         """A dataset this machine cannot read (:func:`~dfl_node.learning.dataset_refs.dataset_problem`), by setting."""

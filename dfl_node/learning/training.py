@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,7 @@ from dfl_node.learning import work
 from dfl_node.learning.cuda_graphs import CudaGraphRecorder, EpochGraph, Recorder, graph_for, orders
 from dfl_node.learning.datasets import ArrayDataset
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> mean loss
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, targets) -> mean loss
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,13 @@ class SgdParams:
 
 @dataclass(frozen=True)
 class Evaluation:
-    accuracy: float
+    """A model judged on a dataset: ``score``, its task's headline metric (:mod:`.tasks`; classification's
+    accuracy), the mean loss, and every metric the task reports by name."""
+
+    score: float
     loss: float
     samples: int
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 def minibatches(num_samples: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
@@ -226,4 +230,5 @@ def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 2048) -> Ev
         correct += (logits.argmax(1) == y).sum()
     n = max(len(data), 1)
     work.done().samples_evaluated += len(data)
-    return Evaluation(accuracy=int(correct) / n, loss=float(loss_sum) / n, samples=len(data))
+    accuracy = int(correct) / n
+    return Evaluation(score=accuracy, loss=float(loss_sum) / n, samples=len(data), metrics={"accuracy": accuracy})

@@ -23,9 +23,12 @@ from dfl_node.peering.messages import Hello
 from dfl_node.peering.wire_dtypes import EXACT
 from dfl_node.plugins import PluginError
 
+CLASSIFICATION = "classification"  # the task a Hello without one names
+
 # The reasons of an incompatible peer, in the order they are checked: each is refused at Hello, counted by reason
 # (``/status`` rejected, ``dfl_rejected_total``) and listed in ``/status`` refused_peers on both sides.
-REASONS = ("protocol_version", "swarm_mismatch", "unknown_algorithm", "algorithm_mismatch", "wire_dtype_mismatch",
+REASONS = ("protocol_version", "swarm_mismatch", "unknown_algorithm", "algorithm_mismatch", "task_mismatch",
+           "wire_dtype_mismatch",
            "unknown_model", "architecture_mismatch", "sample_shape_mismatch", "num_classes_mismatch",
            "fingerprint_mismatch")
 MAX_TEXT = 64  # characters of a peer's string shown in a detail
@@ -61,6 +64,9 @@ def check(ours: Hello, theirs: Hello, fingerprint_of: Callable[[str], str]) -> V
                        "here (dfl-node plugins)")
     if theirs.algorithm != ours.algorithm:
         return Verdict("algorithm_mismatch", f"theirs {_text(theirs.algorithm)}, ours {ours.algorithm!r}")
+    if theirs.task != ours.task:  # "" is classification on both sides: what every Hello said before tasks
+        return Verdict("task_mismatch", f"theirs {_text(theirs.task or CLASSIFICATION)}, ours "
+                       f"{ours.task or CLASSIFICATION!r}: give every node the same --task")
     if (theirs.wire_dtype or EXACT) != ours.wire_dtype:
         return Verdict("wire_dtype_mismatch", f"theirs {_text(theirs.wire_dtype or EXACT)}, ours {ours.wire_dtype!r}")
     try:

@@ -32,6 +32,7 @@ import uuid
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.algorithms import Algorithm, Role, make_algorithm
 from dfl_node.algorithms.base import derive_seed
+from dfl_node.api.formatting import figure
 from dfl_node.api.metrics import NodeMetrics
 from dfl_node.api.schemas import FleetView, HistoryEntry, NodeStatus
 from dfl_node.learning.export import TrainedModel
@@ -94,7 +95,8 @@ class Node:
                                      network=self.network, tally=self.tally, on_join=self._peer_joined,
                                      on_lost=lambda peer: self.absences.peer_lost(peer),
                                      seed=derive_seed(config.learning.seed, config.id, "membership"))
-        self.reporter = Reporter(config.id, schedule, clock, self.started, self.tally)
+        self.reporter = Reporter(config.id, schedule, clock, self.started, self.tally,
+                                 figure(self.learner.ctx.task.metric))
         self.links = LinkQuality()
         self.roles = Roles(config.id, lambda: self.reach.address, config.roles, schedule, config.swarm, clock,
                            learner=self.learner,
@@ -159,7 +161,8 @@ class Node:
                 fingerprint=identity.fingerprint, algorithm=config.algorithm, boot_id=self.boot_id,
                 grpc_address=address, http_port=config.api.http_port, status_url=config.api.status_url or "",
                 model=identity.model, num_samples=samples, wire_dtype=identity.wire_dtype, progress=progress,
-                sample_shape=shape, num_classes=classes, work_s=work, relay=relay, direct=direct)
+                sample_shape=shape, num_classes=classes, work_s=work, relay=relay, direct=direct,
+                task="" if config.learning.task == "classification" else config.learning.task)
         return said
 
     def own_progress(self) -> Progress:

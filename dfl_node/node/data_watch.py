@@ -20,6 +20,7 @@ from dfl_node.api.schemas import DataStatus
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.local_data import DataView, LocalData, read_test_set
 from dfl_node.learning.settings import SharedSettings, sized_defaults
+from dfl_node.learning.tasks import task_of
 from dfl_node.node.clock import Clock
 from dfl_node.settings.node import DataSettings
 
@@ -34,14 +35,16 @@ class NodeData:
 
     def __init__(self, node_id: str, settings: DataSettings, learning: SharedSettings, clock: Clock) -> None:
         self.node_id, self.settings, self._clock = node_id, settings, clock
+        reads = task_of(learning).reads
         self.local = LocalData(settings.data, settings, val_fraction=settings.val_fraction,
-                               max_samples=settings.max_samples, seed=learning.seed)
+                               max_samples=settings.max_samples, seed=learning.seed, reads=reads)
         view = self.local.load()
         self.train, self.val = view.train, view.val
         assert self.local.num_classes is not None
         self.test: ArrayDataset | None = None
         if settings.test_data is not None:
-            self.test = read_test_set(settings.test_data, settings, self.local.num_classes, self.local.sample_shape)
+            self.test = read_test_set(settings.test_data, settings, self.local.num_classes, self.local.sample_shape,
+                                      targets=self.local.targets)
         self.files, self.updated, self.updates, self.skipped_versions = view.files, clock.wall(), 0, 0
         self.skipped: dict[str, str] = {}
         self._announce(view, learning)
@@ -51,9 +54,10 @@ class NodeData:
         local, data = self.local, self.settings.data
         sized = learning.use_defaults(sized_defaults(len(view.train)))
         how = f" (sized to its {len(view.train)} training samples)" if sized else ""
-        log.info("%s: data %s: %d training + %d validation samples of shape %s, %d classes, in %d file%s; batch size "
+        log.info("%s: data %s: %d training + %d validation samples of shape %s, %d %s, in %d file%s; batch size "
                  "%d, MKT batch size %d, lr %g%s", self.node_id, data, len(view.train), len(view.val),
-                 local.sample_shape, local.num_classes, view.files, "" if view.files == 1 else "s",
+                 local.sample_shape, local.num_classes, "targets" if local.targets else "classes", view.files,
+                 "" if view.files == 1 else "s",
                  learning.batch_size, learning.mkt_batch_size, learning.lr, how)
         if local.classes_inferred:
             log.warning("%s: %d classes, inferred from the largest label in %s: every node of a fleet must have the "

@@ -44,7 +44,7 @@ def check_accuracy(ctx: NodeContext, message: ModelMessage, floor: float) -> flo
         return None
     probe = ctx.spare("gate")
     probe.load_state_dict(state_from_parts(message.parts))
-    accuracy = evaluate(probe, ctx.val).accuracy
+    accuracy = evaluate(probe, ctx.val).score
     if accuracy < floor:
         raise TransferRejected("low_accuracy", f"{message.sender}: {accuracy:.4f} on our validation split < {floor:g}")
     return accuracy

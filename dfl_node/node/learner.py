@@ -31,7 +31,7 @@ from dfl_node.learning.devices import resolve_device, use_backends
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.settings import SharedSettings
-from dfl_node.learning.training import evaluate
+from dfl_node.learning.tasks import task_of
 from dfl_node.node.clock import Clock
 from dfl_node.node.data_watch import NodeData
 from dfl_node.node.eval_schedule import EvalSchedule
@@ -59,7 +59,8 @@ class Learner:
         use_backends(learning.precision, learning.cudnn_benchmark)
         self.test = data.test.to(self.device) if data.test is not None else None
         spec = ModelSpec(learning.model, tuple(learning.hidden) if learning.hidden else None)
-        model = spec.build(data.train.input_shape, data.train.num_classes, seed=learning.seed).to(self.device)
+        outputs = task_of(learning).outputs(data.train)  # classes, targets, or an autoencoder's sample
+        model = spec.build(data.train.input_shape, outputs, seed=learning.seed).to(self.device)
         self.ctx = NodeContext(node_id, model, spec, data.train.to(self.device), data.val.to(self.device), learning)
         equip(algorithm, self.ctx, learning.seed)  # its extra models (DFML's peak, FML's meme), w0 as the sim's
         self.fingerprint = fingerprint(learning.model, model.state_dict())
@@ -257,6 +258,7 @@ class Learner:
         """The accuracies of every model the algorithm reports, by name, the node's own first (DFML: its peak
         model; then DFML's regular model, FML's meme model): on its validation split and the global test set."""
         val, test = self.ctx.val, self.test
-        return {name: SeriesAccuracy(local_accuracy=evaluate(model, val).accuracy if len(val) else None,
-                                     global_accuracy=evaluate(model, test).accuracy if test is not None else None)
+        task = self.ctx.task
+        return {name: SeriesAccuracy(local_accuracy=task.evaluate(model, val).score if len(val) else None,
+                                     global_accuracy=task.evaluate(model, test).score if test is not None else None)
                 for name, model in self.algorithm.reported_models(self.ctx).items()}

@@ -31,8 +31,10 @@ from safetensors.torch import load, save_file
 from dfl_node.errors import OperatorError
 from dfl_node.hashes import HASHES, OFFERED_HASHES
 from dfl_node.learning.export import TrainedModel
+from dfl_node.learning.models import ModelSpec
 from dfl_node.node.served import Served
 from dfl_node.node.state_lock import StateLock
+from dfl_node.plugins import PluginError
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +196,12 @@ def _verified(path: Path, fingerprint: str, keys: Iterable[str]) -> tuple[dict[s
 def read_trained(directory: Path) -> TrainedModel:
     """The model a node's state folder serves (:mod:`.served`), from its newest checkpoint that verifies, as
     ``dfl-node export`` reads it: while its node runs too (a checkpoint is only ever replaced whole). A folder
-    without a checkpoint, or with one from before checkpoints described their model, is an :class:`OperatorError`."""
+    without a checkpoint, or with one from before checkpoints described their model, is an :class:`OperatorError`.
+
+    The folder is the operator's own node's, so its spec is that node's configuration, not a peer's word: a
+    ``package.module:factory`` in it is imported here from PYTHONPATH, as ``dfl-node start`` imported it (one that
+    cannot be is the one-line :class:`~dfl_node.plugins.PluginError`); a model this installation cannot build,
+    such as a plugin not installed here, is an :class:`OperatorError`."""
     metadata = None
     for name in (MODEL_FILE, PREVIOUS[MODEL_FILE]):  # the newest readable header says what the folder holds
         try:
@@ -206,6 +213,12 @@ def read_trained(directory: Path) -> TrainedModel:
     if metadata is None:
         raise OperatorError(f"{directory} holds no readable checkpoint ({MODEL_FILE}): is it a node's --state-dir?")
     served = Served.from_metadata(metadata, str(directory / MODEL_FILE))
+    try:
+        ModelSpec.parse(served.spec, configured=True)
+    except PluginError:
+        raise
+    except ValueError as exc:
+        raise OperatorError(f"{directory / MODEL_FILE}: this installation cannot build its model ({exc})") from None
     return load_served(directory, served, metadata.get("fingerprint", ""))
 
 

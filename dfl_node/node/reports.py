@@ -6,25 +6,27 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from dfl_node.api.formatting import format_accuracy, format_bytes
+from dfl_node.api.formatting import Figure, format_bytes
 from dfl_node.node.clock import Clock
 from dfl_node.node.tally import Tally
 from dfl_node.settings.node import ScheduleSettings
 
 log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
-Accuracy = tuple[float | None, float | None]  # (local, global)
-
-
-def _accuracy(local: float | None, global_: float | None) -> str:
-    return f"accuracy local {format_accuracy(local)}, global {format_accuracy(global_)}"
+Accuracy = tuple[float | None, float | None]  # (local, global), of the node's task's metric
 
 
 class Reporter:
     """The lines of node ``node_id``, which runs on ``schedule`` since ``started`` (its clock's wall time); what
-    it did is ``tally``'s."""
+    it did is ``tally``'s; ``headline`` names its figures (``accuracy local 91.23%``, ``rmse local 0.4123``)."""
 
-    def __init__(self, node_id: str, schedule: ScheduleSettings, clock: Clock, started: float, tally: Tally) -> None:
+    def __init__(self, node_id: str, schedule: ScheduleSettings, clock: Clock, started: float, tally: Tally,
+                 headline: Figure) -> None:
         self.node_id, self.schedule, self.clock, self.started, self.tally = node_id, schedule, clock, started, tally
+        self.headline = headline
+
+    def _figures(self, local: float | None, global_: float | None) -> str:
+        shown = self.headline
+        return f"{shown.metric} local {shown.format(local)}, global {shown.format(global_)}"
 
     def progress_text(self, round_: int) -> str:
         """``round 5/20`` (round mode, toward --rounds), ``exchange 12, 34 s of 60 s`` (async, toward --duration)."""
@@ -41,12 +43,12 @@ class Reporter:
         what = f"sent to {peer}" if event == "send" else f"fused {peer}"
         traffic = f"{format_bytes(moved)} in {seconds:.2f} s" if moved else f"{seconds:.2f} s"
         self.tally.event(event, peer, traffic, round_)
-        shown = f"; {_accuracy(*accuracy)}" if accuracy is not None and accuracy != (None, None) else ""
+        shown = f"; {self._figures(*accuracy)}" if accuracy is not None and accuracy != (None, None) else ""
         log.info("%s: %s: %s as %s, %s%s", self.node_id, self.progress_text(round_), what, role, traffic, shown)
 
     def summary(self, what: str, accuracy: Accuracy) -> None:
-        """The run's last INFO line: what ended it, the node's exchanges and its final accuracy."""
+        """The run's last INFO line: what ended it, the node's exchanges and its final figures."""
         counters = self.tally.counters
         log.info("%s: %s: %d sends, %d fusions, %s sent, %s received; %s", self.node_id, what,
                  counters["models_sent"], counters["fusions"], format_bytes(counters["bytes_sent"]),
-                 format_bytes(counters["bytes_received"]), _accuracy(*accuracy))
+                 format_bytes(counters["bytes_received"]), self._figures(*accuracy))

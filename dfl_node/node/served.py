@@ -10,23 +10,33 @@ the role that changed the model still holds it): a request reads that copy whate
 waits for a role. A node nobody asks keeps nothing (an aggregator's memory, the simulator's hundreds of nodes).
 ``dfl-node export`` reads the same model from a state folder (:func:`dfl_node.node.persistence.read_trained`): its
 checkpoint's metadata says which entries form it and how to rebuild it (:meth:`ServedModel.metadata`).
+
+*What it means*: the node's task (:mod:`dfl_node.learning.tasks`) is in the checkpoint's metadata and every card,
+and so, for an anomaly model, is its threshold (:meth:`~dfl_node.learning.tasks.Anomaly.threshold` on the node's
+validation set), computed once per checkpoint, when the model it judges is committed, never per request: the
+``/predict`` of a model and the export of its checkpoint flag a sample alike.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+from torch import nn
 
 from dfl_node.algorithms import Algorithm, NodeContext
 from dfl_node.algorithms.base import model_entries
 from dfl_node.errors import OperatorError
-from dfl_node.learning.export import ModelCard, TrainedModel, in_layout_order
+from dfl_node.learning.export import ANOMALY, CLASSIFICATION, ModelCard, TrainedModel, build_model, in_layout_order
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
+from dfl_node.learning.tasks import Anomaly
 
-# A checkpoint's metadata entries that describe its served model (besides the node's "fingerprint").
+# A checkpoint's metadata entries that describe its served model (besides the node's "fingerprint"). Its "task" and
+# "threshold" (anomaly) are not among them: a checkpoint written before tasks is a classifier's, and says so by
+# having none.
 SERVED_KEYS = ("served_spec", "served_aux", "sample_shape", "num_classes", "node")
 
 
@@ -37,14 +47,17 @@ class Served:
     spec: str
     auxiliary: str | None  # None: the node's model; else the name of the algorithm's model (``peak``)
     sample_shape: tuple[int, ...]
-    num_classes: int
+    num_classes: int  # its output width (classes, targets, an autoencoder's sample values)
     node: str
+    task: str = CLASSIFICATION
+    threshold: float | None = None  # anomaly: that of the newest checkpoint (None: not computed yet, another task)
 
     def metadata(self) -> dict[str, str]:
-        """Checkpoint metadata entries (:data:`SERVED_KEYS`)."""
+        """Checkpoint metadata entries (:data:`SERVED_KEYS`, the task, and a threshold where there is one)."""
         return {"served_spec": self.spec, "served_aux": self.auxiliary or "",
                 "sample_shape": json.dumps(list(self.sample_shape)), "num_classes": str(self.num_classes),
-                "node": self.node}
+                "node": self.node, "task": self.task,
+                **({} if self.threshold is None else {"threshold": str(self.threshold)})}
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, str], where: str) -> Served:
@@ -57,10 +70,15 @@ class Served:
                                 "version, which rewrites the checkpoint")
         try:
             shape = tuple(int(d) for d in json.loads(metadata["sample_shape"]))
-            return cls(metadata["served_spec"], metadata["served_aux"] or None, shape, int(metadata["num_classes"]),
-                       metadata["node"])
+            threshold = float(metadata["threshold"]) if "threshold" in metadata else None
+            served = cls(metadata["served_spec"], metadata["served_aux"] or None, shape, int(metadata["num_classes"]),
+                         metadata["node"], metadata.get("task", CLASSIFICATION), threshold)
         except (ValueError, TypeError) as exc:
             raise OperatorError(f"{where}: malformed model description in its metadata ({exc})") from None
+        if served.task == ANOMALY and (threshold is None or math.isnan(threshold)):
+            raise OperatorError(f"{where}: malformed model description in its metadata (an anomaly model with no "
+                                "threshold)")
+        return served
 
     def trained(self, checkpoint_state: Mapping[str, torch.Tensor], round_: int, *, copy: bool) -> TrainedModel:
         """The served model of a :meth:`NodeContext.checkpoint_state` dict (CPU tensors), with its card; ``copy``
@@ -70,7 +88,8 @@ class Served:
         if copy:
             state = {name: tensor.detach().clone() for name, tensor in state.items()}
         card = ModelCard(self.spec, self.sample_shape, self.num_classes,
-                         fingerprint(ModelSpec.parse(self.spec).name, state), self.node, round_, param_digest(state))
+                         fingerprint(ModelSpec.parse(self.spec).name, state), self.node, round_, param_digest(state),
+                         self.task, self.threshold)
         return TrainedModel(card, state)
 
 
@@ -80,21 +99,42 @@ def served_of(algorithm: Algorithm, ctx: NodeContext) -> Served:
     reported = next(iter(algorithm.reported_models(ctx).values()))
     auxiliary = next((name for name, model in ctx.auxiliary.items() if model is reported), None)
     spec = ctx.spec if auxiliary is None else algorithm.auxiliary_models(ctx.spec)[auxiliary]
-    return Served(str(spec), auxiliary, ctx.train.input_shape, ctx.train.num_classes, ctx.node_id)
+    return Served(str(spec), auxiliary, ctx.train.input_shape, ctx.train.num_classes, ctx.node_id, ctx.task.name)
 
 
 class ServedModel:
     """A node's served model: :class:`Served`, and the committed copy, kept once a request asked for it."""
 
     def __init__(self, algorithm: Algorithm, ctx: NodeContext) -> None:
+        self.algorithm, self.ctx = algorithm, ctx
         self.served = served_of(algorithm, ctx)
         self.committed: TrainedModel | None = None  # none until asked for: most nodes never are
 
     def metadata(self) -> dict[str, str]:
+        """The entries of the checkpoint about to be written (in the thread that writes it, while nothing changes
+        the model): an anomaly model's threshold is computed here, for it, and goes into the card of every copy of
+        it (:meth:`commit`, :meth:`keep`, ``dfl-node export``)."""
+        if self.served.task == ANOMALY:
+            reported = next(iter(self.algorithm.reported_models(self.ctx).values()))
+            state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in reported.state_dict().items()}
+            served = self.served  # a copy of the model, in eval mode: the live one stays in the mode its role set
+            self.served = replace(served, threshold=self._threshold(
+                build_model(served.spec, served.sample_shape, served.num_classes, state)))
         return self.served.metadata()
 
+    def _threshold(self, model: nn.Module) -> float:
+        """``model``'s anomaly threshold on the node's validation set, on the CPU as ``/predict`` scores."""
+        task = self.ctx.task
+        assert isinstance(task, Anomaly)  # the served task is the node's
+        return task.threshold(model, self.ctx.val.to("cpu"))
+
     def keep(self, committed: TrainedModel) -> None:
-        """The committed model, read from the checkpoint at the first request: kept from now on."""
+        """The committed model, read from the checkpoint at the first request: kept from now on. A node that
+        resumed an anomaly model and has not checkpointed since computes its threshold now."""
+        if committed.card.task == ANOMALY and committed.card.threshold is None:
+            threshold = self._threshold(committed.module)
+            self.served = replace(self.served, threshold=threshold)
+            committed = TrainedModel(replace(committed.card, threshold=threshold), committed.state)
         self.committed = committed
 
     def commit(self, checkpoint_state: Mapping[str, torch.Tensor], round_: int, *, shared: bool) -> None:

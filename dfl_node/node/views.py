@@ -10,12 +10,12 @@ the peers. The views read the parts (:class:`Observed`); they change nothing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Protocol
 
 from dfl_node.algorithms.plan import Role
+from dfl_node.api.formatting import Figure, figure
 from dfl_node.api.schemas import COUNTER_FIELDS, FleetMember, FleetView, NodeStatus, RelayView, TokenView
 from dfl_node.api.urls import peer_url
 from dfl_node.node.clock import Clock
@@ -52,12 +52,9 @@ class Observed(Protocol):
 MAX_ROLE_CHARS = 32  # a peer's role is its word: shown, never trusted to be short
 
 
-def _accuracy(value: float | None) -> float | None:
-    """A peer's accuracy as it said it, if it is one (a hostile peer's NaN or 7.5 shows as unknown)."""
-    return value if value is not None and math.isfinite(value) and 0.0 <= value <= 1.0 else None
-
-
-def _peer_member(peer: Peer, base_url: str, links: LinkQuality) -> FleetMember:
+def _peer_member(peer: Peer, base_url: str, links: LinkQuality, headline: Figure) -> FleetMember:
+    """``peer`` as of its last answer to our Hello; the figures it claims are of ``headline`` (a fleet learns one
+    task), shown where they can be (a hostile peer's NaN, or an accuracy of 7.5, shows as unknown)."""
     progress = peer.progress
     url = peer_url({"status_url": peer.status_url, "http_port": peer.http_port or None, "address": peer.address},
                    base_url)
@@ -67,8 +64,8 @@ def _peer_member(peer: Peer, base_url: str, links: LinkQuality) -> FleetMember:
         link=links.report(peer.id), relay=peer.relay or None,
         **({} if progress is None else {
             "round": progress.round, "role": progress.role[:MAX_ROLE_CHARS] or None, "holding": progress.holding,
-            "done": progress.done, "local_accuracy": _accuracy(progress.local_accuracy),
-            "global_accuracy": _accuracy(progress.global_accuracy)}),
+            "done": progress.done, "local_accuracy": headline.plausible(progress.local_accuracy),
+            "global_accuracy": headline.plausible(progress.global_accuracy)}),
     )
 
 
@@ -99,13 +96,15 @@ def fleet_view(node: Observed) -> FleetView:
                      algorithm=status.algorithm, model=status.model or None, work_s=status.work_s or None,
                      relay=status.relay)
     peers = node.membership.known()
-    members = [me, *(_peer_member(p, own_url or "http://127.0.0.1", node.links) for p in peers)]
+    headline = figure(status.metric)
+    members = [me, *(_peer_member(p, own_url or "http://127.0.0.1", node.links, headline) for p in peers)]
     token = _token(node, peers)
     for member in members:  # one holder: the others' claims are older than the token's last hand-over
         member.holding = token is not None and member.id == token.holder
         if member.role == "holder" and not member.holding:  # "holder" is an idle node's holding: stale too
             member.role = "idle"
-    return FleetView(node=status.id, mode=status.mode, members=members, token=token, recent=node.tally.recent())
+    return FleetView(node=status.id, mode=status.mode, metric=status.metric, members=members, token=token,
+                     recent=node.tally.recent())
 
 
 def role_name(role: Role, holding: bool) -> str:
@@ -116,14 +115,15 @@ def role_name(role: Role, holding: bool) -> str:
 def node_status(node: Observed) -> NodeStatus:
     """What ``GET /status`` serves for ``node``."""
     progress, config, tally, role = node.progress, node.config, node.tally, node.roles.role
-    local, global_ = node.learner.accuracy
+    local, global_ = node.learner.accuracy  # the task's metric
+    task = node.learner.ctx.task
     return NodeStatus(
         id=config.id, swarm=config.swarm, algorithm=config.algorithm, mode=config.schedule.mode,
         model=str(node.learner.ctx.spec), authentication=node.network.authentication,
         insecure=config.network.open_to_network, round=progress.round, role=role_name(role, progress.holding),
         peers=[p.model_copy(update={"link": node.links.report(p.id)}) for p in node.membership.peers()],
         unreachable_peers=node.membership.unreachable(),
-        local_accuracy=local, global_accuracy=global_,
+        task=task.name, metric=task.metric, local_accuracy=local, global_accuracy=global_,
         **{name: tally.counters[name] for name in COUNTER_FIELDS}, rejected=dict(tally.rejected),
         refused_peers=node.membership.refused(),
         boot_id=node.boot_id, uptime_s=node.clock.wall() - node.started, grpc_address=node.reach.address,

@@ -52,6 +52,7 @@ class Hello:
     work_s: float = 0.0  # seconds of computation its last role took (its estimate before any role; 0: unknown)
     relay: str = ""  # the member through which it is reached ("": directly); grpc_address is then its slot there
     direct: bool = False  # a member dialed it back at grpc_address: it may dial others back, and relay them
+    task: str = ""  # what it learns (dfl_node.learning.tasks); "": classification (a classifier's Hello as it was)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ REASONS: dict[str, str] = {
     "swarm_mismatch": "a peer (or a transfer, a pull) is of another swarm",
     "unknown_algorithm": "a peer runs an algorithm not installed here",
     "algorithm_mismatch": "a peer runs another algorithm",
+    "task_mismatch": "a peer learns another task (classification, regression, anomaly)",
     "wire_dtype_mismatch": "a peer (or a transfer) uses another wire dtype",
     "unknown_model": "a peer runs a model not installed here",
     "architecture_mismatch": "a peer runs another architecture, and our algorithm fuses identical ones only",

@@ -10,11 +10,13 @@ Named flat by operators (``--zeta``, ``DFL_ZETA``, ``zeta:``), nested here (``co
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pathlib import Path
+
+from pydantic import Field, ValidationInfo, model_validator
 
 from dfl_node.learning.dataset_refs import BUILTIN_DATASETS
-from dfl_node.learning.settings import AlgorithmOptions, DefenceSettings, ModelSpecText, SharedSettings
-from dfl_node.learning.shard_settings import ShardSettings
+from dfl_node.learning.settings import AlgorithmOptions, DefenceSettings, ModelSpecText, SharedSettings, gates_refusal
+from dfl_node.learning.shard_settings import AS_RECORDED, CLASSLESS_PARTITIONS, ShardSettings
 from dfl_node.settings.names import WIRE_DTYPE_HELP, AlgorithmName, WireDtype
 from dfl_node.settings.parts import Composite
 from dfl_node.settings.simulation import SimulationSettings, adversary_counts
@@ -53,6 +55,28 @@ class ExperimentConfig(Composite):
         return self
 
     @model_validator(mode="after")
+    def _a_recorded_fleet_has_a_node_per_device(self, info: ValidationInfo) -> ExperimentConfig:
+        """``as-recorded``: one node per device of the dataset's folder, so the fleet's size is the folder's; a
+        number of nodes given that differs is a mistake, said before anything runs. A verb's preset (the demo's 10
+        nodes) is not given: :func:`~dfl_node.settings.loading.load_config` names its keys in ``info.context``. A
+        folder that is not there is left to :meth:`unusable_here`."""
+        folder = Path(self.shards.dataset)
+        if self.shards.partition != AS_RECORDED or not folder.is_dir():
+            return self
+        from dfl_node.learning.user_datasets import recorded_devices  # noqa: PLC0415 - torch only for this partition
+
+        count = len(recorded_devices(folder))
+        preset = (info.context or {}).get("preset", ())
+        if "nodes" in self.model_fields_set and "nodes" not in preset and self.nodes != count:
+            raise ValueError(f"--nodes {self.nodes}: dataset {folder} holds {count} devices, a node each (partition "
+                             f"{AS_RECORDED}); leave --nodes out")
+        if count < 2:
+            raise ValueError(f"dataset {folder} holds {count} device{'s' * (count != 1)} (a subfolder of data files, "
+                             f"or a data file, each); a fleet needs 2 or more")
+        self.nodes = count
+        return self
+
+    @model_validator(mode="after")
     def _some_nodes_stay_honest(self) -> ExperimentConfig:
         adversary_counts(self.simulation.adversaries, self.nodes)
         return self
@@ -60,6 +84,19 @@ class ExperimentConfig(Composite):
     def unusable_here(self) -> dict[str, str]:
         """The learning settings' (a device this machine lacks) and the data's (a dataset it cannot read)."""
         return {**self.learning.unusable_here(), **self.shards.unusable_here()}
+
+    @model_validator(mode="after")
+    def _algorithms_learn_the_task(self) -> ExperimentConfig:
+        if self.learning.task != "classification":
+            from dfl_node.algorithms import check_task  # noqa: PLC0415 - torch out of settings
+            from dfl_node.learning.tasks import task_of  # noqa: PLC0415
+
+            check_task(self.algorithms, self.learning.task)
+            if not task_of(self.learning).classes and self.shards.partition not in CLASSLESS_PARTITIONS:
+                raise ValueError(f"--partition {self.shards.partition} deals out classes: the {self.learning.task} "
+                                 f"task has none; use {', '.join(CLASSLESS_PARTITIONS)}")
+        gates_refusal(self.learning.task, relative_gate=self.defences.relative_gate)
+        return self
 
     @model_validator(mode="after")
     def _mixed_fleets_need_algorithms_that_fuse_them(self) -> ExperimentConfig:

@@ -128,7 +128,8 @@ def load_config(
 
     Raises :class:`ConfigError` with one line per unusable setting, named by where its value came
     from: the flag (``flag_names`` maps a field to its option, default ``--field-name``), the
-    ``DFL_*`` variable or the file's key.
+    ``DFL_*`` variable or the file's key. A validator that must tell the operator's settings from the verb's
+    defaults finds the keys only the ``preset`` set in its context's ``"preset"``.
     """
     layers = [
         (preset or {}, lambda key: f"{key} (preset)"),
@@ -141,8 +142,9 @@ def load_config(
     for values, label in layers:
         data.update(values)
         origin.update({str(key): label(key) for key in values})
+    given = {key for values, _ in layers[1:] for key in values}
     try:
-        config = model.model_validate(data)
+        config = model.model_validate(data, context={"preset": set(preset or {}) - given})
     except ValidationError as exc:
         problems = [describe_problem(error, origin, model, flag_names or {}) for error in exc.errors()]
         raise ConfigError(problems) from None

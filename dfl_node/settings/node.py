@@ -18,7 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from dfl_node.addresses import is_loopback, parse_peer
 from dfl_node.learning.data_format import DataFormat
-from dfl_node.learning.settings import DATASET_DEPENDENT, AlgorithmOptions, DefenceSettings, SharedSettings
+from dfl_node.learning.settings import (
+    DATASET_DEPENDENT,
+    AlgorithmOptions,
+    DefenceSettings,
+    SharedSettings,
+    gates_refusal,
+)
 from dfl_node.rates import parse_cap
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.names import WIRE_DTYPE_HELP, AlgorithmName, WireDtype
@@ -325,6 +331,16 @@ class NodeConfig(Composite):
                              "anyone there could take this node's model and spend its CPU on predictions; give "
                              "--http-token-file (`dfl-node certs http-token FILE`), or --insecure (DFL_INSECURE=1) "
                              "on a private network")
+        return self
+
+    @model_validator(mode="after")
+    def _algorithm_learns_the_task(self) -> NodeConfig:
+        if self.learning.task != "classification":
+            from dfl_node.algorithms import check_task  # noqa: PLC0415 - torch out of settings
+
+            check_task([self.algorithm], self.learning.task)
+        gates_refusal(self.learning.task, min_accuracy=self.roles.min_accuracy,
+                      relative_gate=self.defences.relative_gate)
         return self
 
     @model_validator(mode="after")

@@ -77,7 +77,7 @@ class MembershipAck(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., updates: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "wire_dtype", "hashes", "progress", "sample_shape", "num_classes", "work_s", "relay", "direct")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "status_url", "model", "num_samples", "wire_dtype", "hashes", "progress", "sample_shape", "num_classes", "work_s", "relay", "direct", "task")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,7 @@ class HelloRequest(_message.Message):
     WORK_S_FIELD_NUMBER: _ClassVar[int]
     RELAY_FIELD_NUMBER: _ClassVar[int]
     DIRECT_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -116,10 +117,11 @@ class HelloRequest(_message.Message):
     work_s: float
     relay: str
     direct: bool
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., work_s: _Optional[float] = ..., relay: _Optional[str] = ..., direct: _Optional[bool] = ...) -> None: ...
+    task: str
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., work_s: _Optional[float] = ..., relay: _Optional[str] = ..., direct: _Optional[bool] = ..., task: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "progress", "wire_dtype", "hashes", "sample_shape", "num_classes", "work_s", "relay", "direct")
+    __slots__ = ("protocol_version", "swarm", "node_id", "fingerprint", "algorithm", "boot_id", "grpc_address", "http_port", "accepted", "reason", "status_url", "model", "num_samples", "progress", "wire_dtype", "hashes", "sample_shape", "num_classes", "work_s", "relay", "direct", "task")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SWARM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +143,7 @@ class HelloReply(_message.Message):
     WORK_S_FIELD_NUMBER: _ClassVar[int]
     RELAY_FIELD_NUMBER: _ClassVar[int]
     DIRECT_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     swarm: str
     node_id: str
@@ -162,7 +165,8 @@ class HelloReply(_message.Message):
     work_s: float
     relay: str
     direct: bool
-    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., work_s: _Optional[float] = ..., relay: _Optional[str] = ..., direct: _Optional[bool] = ...) -> None: ...
+    task: str
+    def __init__(self, protocol_version: _Optional[int] = ..., swarm: _Optional[str] = ..., node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., algorithm: _Optional[str] = ..., boot_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_port: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., status_url: _Optional[str] = ..., model: _Optional[str] = ..., num_samples: _Optional[int] = ..., progress: _Optional[_Union[RoundProgress, _Mapping]] = ..., wire_dtype: _Optional[str] = ..., hashes: _Optional[_Iterable[str]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., work_s: _Optional[float] = ..., relay: _Optional[str] = ..., direct: _Optional[bool] = ..., task: _Optional[str] = ...) -> None: ...
 
 class TensorEntry(_message.Message):
     __slots__ = ("name", "dtype", "shape", "start", "count", "offset", "nbytes", "encoding", "scale")

@@ -1,0 +1,220 @@
+"""What a fleet learns: a **task** says what a model's outputs mean, how they are trained, distilled and judged.
+
+Every algorithm trains, fuses and evaluates through its node's task, so that the same Def-KT, FullAvg or Combo
+learns a class, a reading to forecast or what is normal for a sensor:
+
+* **classification** (000–004's own, and the default): a score per class; cross-entropy, KL between the two
+  models' class probabilities (000 eqs. 5–6), accuracy. Its arithmetic is the one every earlier run used.
+* **regression**: one or more float targets (a forecast of the next steps, a remaining life); MSE (or Huber)
+  training, and for mutual knowledge transfer the distance between the two models' outputs in place of KL (the
+  reading of KD for regression in the issue's anchors: the teacher's output as a soft target); RMSE (headline),
+  MAE and R².
+* **anomaly**: an autoencoder trained to reconstruct normal samples; a sample's anomaly score is its
+  reconstruction error, flagged above a quantile of the node's validation errors (the PyOD baseline). Training
+  is regression onto the sample itself (:meth:`Task.supervised`), so every algorithm that fuses regressors fuses
+  autoencoders; judged by the ROC AUC of the scores against the flags of a labelled set (1: anomalous).
+
+A task is chosen by the ``task`` setting (``--task``) and is pluggable: the entry-point group ``dfl_node.tasks``
+names classes of :class:`Task` (``dfl-node plugins`` lists them).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dfl_node.errors import OperatorError
+from dfl_node.learning import work
+from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.fusion import mkt_losses
+from dfl_node.learning.local_data import Reads
+from dfl_node.learning.settings import SharedSettings
+from dfl_node.learning.training import Evaluation, LossFn, evaluate
+from dfl_node.plugins import PluginError, load_installed
+
+EVAL_BATCH = 2048
+
+
+class Task(ABC):
+    """One kind of learning problem. ``metric`` names the headline figure every table, status and result shows
+    (``higher_is_better`` says which way is good); ``classes`` whether samples carry class labels, which
+    class-based algorithms (a class profile's selection, 003's WSM, probes of class scores) need."""
+
+    name: ClassVar[str]
+    metric: ClassVar[str]
+    higher_is_better: ClassVar[bool]
+    classes: ClassVar[bool] = False
+    reads: ClassVar[Reads] = "targets"  # what a data file's y is: class labels, float targets, or anomaly flags
+
+    @abstractmethod
+    def outputs(self, data: ArrayDataset) -> int:
+        """The width of a model's output for ``data``: what a model factory is asked for (its ``num_classes``)."""
+
+    def supervised(self, data: ArrayDataset) -> ArrayDataset:
+        """``data`` as training reads it, ``(sample, target)`` (the data itself but for an autoencoder's)."""
+        return data
+
+    @property
+    @abstractmethod
+    def loss(self) -> LossFn:
+        """The supervised loss, batch mean, of ``(outputs, targets)``."""
+
+    @abstractmethod
+    def mutual_losses(self, out_received: torch.Tensor, out_local: torch.Tensor,
+                      targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """000 eqs. 5–6 for this task: each model's supervised loss plus its distance from the other's output
+        (detached: a constant target)."""
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, data: ArrayDataset) -> Evaluation:
+        """``model`` judged on ``data`` (in float32): the headline metric, the mean loss and the other metrics."""
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether metric value ``a`` is better than ``b``."""
+        return a > b if self.higher_is_better else a < b
+
+
+class Classification(Task):
+    name, metric, higher_is_better, classes, reads = "classification", "accuracy", True, True, "classes"
+
+    def outputs(self, data: ArrayDataset) -> int:
+        return data.num_classes
+
+    @property
+    def loss(self) -> LossFn:
+        return F.cross_entropy
+
+    def mutual_losses(self, out_received: torch.Tensor, out_local: torch.Tensor,
+                      targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return mkt_losses(out_received, out_local, targets)
+
+    def evaluate(self, model: nn.Module, data: ArrayDataset) -> Evaluation:
+        return evaluate(model, data, EVAL_BATCH)
+
+
+@dataclass(frozen=True)
+class Regression(Task):
+    """Float targets ``y`` (N, T); ``huber``: the Huber loss (δ = 1) in place of MSE, for targets with outliers."""
+
+    huber: bool = False
+    name, metric, higher_is_better = "regression", "rmse", False
+
+    def outputs(self, data: ArrayDataset) -> int:
+        return data.num_classes  # a regression dataset's "classes" are its targets
+
+    @property
+    def loss(self) -> LossFn:
+        return F.huber_loss if self.huber else F.mse_loss
+
+    def mutual_losses(self, out_received: torch.Tensor, out_local: torch.Tensor,
+                      targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss = self.loss  # halves: a fusion's step is as large as a local one's (an unbounded distance, unlike KL)
+        return (0.5 * (loss(out_received, targets) + loss(out_received, out_local.detach())),
+                0.5 * (loss(out_local, targets) + loss(out_local, out_received.detach())))
+
+    def evaluate(self, model: nn.Module, data: ArrayDataset) -> Evaluation:
+        outputs = _outputs(model, data)
+        y = data.y.to(outputs.device, torch.float64).reshape(outputs.shape)
+        errors = outputs - y
+        values = max(errors.numel(), 1)
+        mse, mae = float(errors.square().sum()) / values, float(errors.abs().sum()) / values
+        spread = float((y - y.mean(0)).square().sum()) if len(y) else 0.0
+        r2 = 1.0 - float(errors.square().sum()) / spread if spread > 0 else 0.0
+        loss = float(self.loss(outputs, y)) if len(y) else 0.0
+        return Evaluation(mse ** 0.5, loss, len(data), {"rmse": mse ** 0.5, "mae": mae, "r2": r2})
+
+
+@dataclass(frozen=True)
+class Anomaly(Task):
+    """An autoencoder: its output is its input, flattened, reconstructed; ``quantile`` of the node's validation
+    errors is its flagging threshold. A labelled set's ``y`` flags anomalous samples (1) among normal ones (0)."""
+
+    quantile: float = 0.99
+    name, metric, higher_is_better, reads = "anomaly", "auc", True, "flags"
+
+    def outputs(self, data: ArrayDataset) -> int:
+        return int(torch.Size(data.input_shape).numel())
+
+    def supervised(self, data: ArrayDataset) -> ArrayDataset:
+        """The samples flagged normal (all where none is flagged), each its own target, flattened."""
+        normal = data.subset(torch.nonzero(data.y == 0).flatten()) if data.y.dtype == torch.int64 else data
+        return ArrayDataset(normal.x, normal.x.flatten(1), self.outputs(data))
+
+    @property
+    def loss(self) -> LossFn:
+        return F.mse_loss
+
+    def mutual_losses(self, out_received: torch.Tensor, out_local: torch.Tensor,
+                      targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return Regression().mutual_losses(out_received, out_local, targets)
+
+    def scores(self, model: nn.Module, data: ArrayDataset) -> torch.Tensor:
+        """Each sample's anomaly score: its mean squared reconstruction error (float64)."""
+        return (_outputs(model, data) - data.x.flatten(1).to(torch.float64)).square().mean(1)
+
+    def threshold(self, model: nn.Module, val: ArrayDataset) -> float:
+        """The score above which a sample is flagged: ``quantile`` of the validation set's scores."""
+        scores = self.scores(model, val)
+        return float(torch.quantile(scores, self.quantile)) if len(scores) else float("inf")
+
+    def evaluate(self, model: nn.Module, data: ArrayDataset) -> Evaluation:
+        scores = self.scores(model, data).cpu()
+        flags = data.y.cpu() if data.y.dtype == torch.int64 else torch.zeros(len(data), dtype=torch.int64)
+        auc = roc_auc(scores, flags)
+        error = float(scores.mean()) if len(scores) else 0.0
+        return Evaluation(auc, error, len(data), {"auc": auc, "reconstruction_error": error})
+
+
+def roc_auc(scores: torch.Tensor, flags: torch.Tensor) -> float:
+    """The ROC AUC of ``scores`` for ``flags`` (1 positive): the chance a positive outscores a negative, ties
+    half (Mann–Whitney U over average ranks); 0.5 where the flags hold one class only (nothing to rank)."""
+    positives = int(flags.sum())
+    negatives = len(flags) - positives
+    if not positives or not negatives:
+        return 0.5
+    order = torch.argsort(scores.double(), stable=True)
+    ranked = scores.double()[order]
+    ranks = torch.empty(len(scores), dtype=torch.float64)
+    start = 0
+    while start < len(ranked):  # average ranks over ties
+        stop = start + 1
+        while stop < len(ranked) and ranked[stop] == ranked[start]:
+            stop += 1
+        ranks[order[start:stop]] = (start + stop + 1) / 2
+        start = stop
+    rank_sum = float(ranks[flags.bool()].sum())
+    return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
+
+
+@torch.no_grad()
+def _outputs(model: nn.Module, data: ArrayDataset) -> torch.Tensor:
+    """``model``'s outputs for every sample of ``data``, flattened per sample (float64), in eval mode."""
+    model.eval()
+    pieces = [model(data.x[i : i + EVAL_BATCH]).flatten(1).double() for i in range(0, len(data), EVAL_BATCH)]
+    work.done().samples_evaluated += len(data)
+    return torch.cat(pieces) if pieces else torch.zeros((0, 0), dtype=torch.float64, device=data.x.device)
+
+
+BUILTIN_TASKS: dict[str, type[Task]] = {t.name: t for t in (Classification, Regression, Anomaly)}
+
+
+def task_of(settings: SharedSettings) -> Task:
+    """The task ``settings`` name, with its options: a built-in, or an installed plugin's :class:`Task` class."""
+    if settings.task == Regression.name:
+        return Regression(huber=settings.regression_loss == "huber")
+    if settings.task == Anomaly.name:
+        return Anomaly(quantile=settings.anomaly_quantile)
+    if settings.task in BUILTIN_TASKS:
+        return BUILTIN_TASKS[settings.task]()
+    try:
+        made = load_installed("tasks", settings.task)()
+    except PluginError as exc:
+        raise OperatorError(str(exc)) from None
+    if not isinstance(made, Task):
+        raise OperatorError(f"task plugin {settings.task!r} is not a dfl_node.learning.tasks.Task subclass")
+    return made
