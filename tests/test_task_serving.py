@@ -101,6 +101,15 @@ def status_text(node: Node, *, all_peers: bool = False) -> str:
     return out.getvalue()
 
 
+async def predict_cli(node: Node, samples: np.ndarray, tmp_path: Path) -> list[str]:
+    """``dfl-node predict samples.npz --url …``'s lines (a blocking client, of a node on this loop)."""
+    np.savez(tmp_path / "samples.npz", x=samples)
+    url = f"http://127.0.0.1:{node.config.api.http_port}"
+    result = await asyncio.to_thread(invoke, "predict", str(tmp_path / "samples.npz"), "--url", url)
+    assert result.exit_code == 0, result.output
+    return result.output.splitlines()
+
+
 def onnx_answers(node: Node, out: Path, x: np.ndarray) -> tuple[np.ndarray, dict[str, str]]:
     """``dfl-node export`` of ``node``'s state folder as ONNX, run by onnxruntime on ``x``: its one output, and
     its card."""
@@ -127,6 +136,7 @@ async def test_a_regression_node_names_its_rmse_and_answers_values(
             again = await http.post("/predict", json={"samples": test_x[:1].tolist()})
         shown = await asyncio.to_thread(status_text, node)  # a blocking client, of a node on this loop
         fleet_shown = await asyncio.to_thread(status_text, node, all_peers=True)
+        printed = await predict_cli(node, test_x[:3], tmp_path)
         model = node.learner.ctx.model.eval()
         with torch.no_grad():
             expected = model(torch.from_numpy(test_x)).double()
@@ -154,6 +164,7 @@ async def test_a_regression_node_names_its_rmse_and_answers_values(
     torch.testing.assert_close(values, expected[:50], rtol=1e-6, atol=1e-6)
     assert bad.status_code == 422 and "each of shape [6]" in bad.json()["detail"]
     assert again.status_code == 200  # a bad request changes nothing: the node keeps serving
+    assert printed == [" ".join(f"{v:.6g}" for v in p["values"]) for p in answer["predictions"][:3]]
 
     assert (card["task"], card["sha256"], "threshold" in card) == ("regression", info["sha256"], False)
     assert onnx.shape == (50, TARGETS)
@@ -179,6 +190,7 @@ async def test_an_anomaly_node_names_its_auc_and_flags_anomalies(tmp_path: Path)
                                   headers={"content-type": "application/json"})
             again = await http.post("/predict", json={"samples": samples[:1].tolist()})
         shown = await asyncio.to_thread(status_text, node)
+        printed = await predict_cli(node, samples[98:102], tmp_path)
         task, ctx = node.learner.ctx.task, node.learner.ctx
         assert isinstance(task, Anomaly)
         model = ctx.model.cpu()
@@ -205,6 +217,8 @@ async def test_an_anomaly_node_names_its_auc_and_flags_anomalies(tmp_path: Path)
     assert all(flags[100:])  # every injected anomaly
     assert sum(flags[:100]) <= 5  # normal samples, held out: about 1 % lie above the validation's 99th percentile
     assert bad.status_code == 422 and again.status_code == 200
+    assert printed == [f"{p['score']:.4g} {'anomaly' if p['flag'] else 'normal'}" for p in answer[98:102]]
+    assert [line.split()[1] for line in printed[2:]] == ["anomaly", "anomaly"]
 
     assert (card["task"], float(card["threshold"]), card["sha256"]) == ("anomaly", info["threshold"], info["sha256"])
     assert onnx.shape == (len(samples),)

@@ -111,9 +111,10 @@ class ServedModel:
         self.committed: TrainedModel | None = None  # none until asked for: most nodes never are
 
     def metadata(self) -> dict[str, str]:
-        """The entries of the checkpoint about to be written (in the thread that writes it, while nothing changes
-        the model): an anomaly model's threshold is computed here, for it, and goes into the card of every copy of
-        it (:meth:`commit`, :meth:`keep`, ``dfl-node export``)."""
+        """The entries of the checkpoint about to be written, in the thread that writes it. An anomaly model's
+        threshold is computed here, from a CPU copy of the served model as it is now: the one written, which the
+        role that saves holds (a save outside any role writes a snapshot taken just before, once no role runs);
+        it goes into the card of every copy of that model (:meth:`commit`, :meth:`keep`, ``dfl-node export``)."""
         if self.served.task == ANOMALY:
             reported = next(iter(self.algorithm.reported_models(self.ctx).values()))
             state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in reported.state_dict().items()}
