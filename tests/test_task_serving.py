@@ -193,7 +193,7 @@ async def test_an_anomaly_node_names_its_auc_and_flags_anomalies(tmp_path: Path)
         printed = await predict_cli(node, samples[98:102], tmp_path)
         task, ctx = node.learner.ctx.task, node.learner.ctx
         assert isinstance(task, Anomaly)
-        model = ctx.model.cpu()
+        model = ctx.model
         threshold = task.threshold(model, ctx.val)
         scores = task.scores(model, ArrayDataset(torch.from_numpy(samples), torch.zeros(len(samples)).long(), 2))
         onnx, card = onnx_answers(node, tmp_path / "model.onnx", samples)

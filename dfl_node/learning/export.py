@@ -36,6 +36,7 @@ from safetensors.torch import load, save
 from torch import nn
 
 from dfl_node.learning.models import ModelSpec, param_digest, tensor_shapes
+from dfl_node.learning.tasks import reconstruction_error
 
 __all__ = ["ANOMALY", "CLASSIFICATION", "ExportFormat", "ModelCard", "ReconstructionError", "TrainedModel",
            "answers", "build_model", "export", "in_layout_order", "probabilities"]
@@ -151,17 +152,16 @@ def build_model(spec: str, sample_shape: tuple[int, ...], num_classes: int,
 
 
 class ReconstructionError(nn.Module):
-    """An autoencoder's anomaly score of each sample: the mean squared error of its reconstruction, ``(N,)``
-    float64 — the arithmetic of :meth:`dfl_node.learning.tasks.Anomaly.scores` (whose quantile is the threshold),
-    as one module that traces and exports (``Anomaly.scores`` reads a dataset in batches)."""
+    """An autoencoder's anomaly score of each sample (:func:`~dfl_node.learning.tasks.reconstruction_error`, whose
+    quantile over the node's validation set is its threshold), ``(N,)`` float64, as one module that traces and
+    exports."""
 
     def __init__(self, autoencoder: nn.Module) -> None:
         super().__init__()
         self.autoencoder = autoencoder
 
     def forward(self, samples: torch.Tensor) -> torch.Tensor:
-        reconstructed = self.autoencoder(samples).flatten(1).double()
-        return (reconstructed - samples.flatten(1).double()).square().mean(1)
+        return reconstruction_error(self.autoencoder(samples), samples)
 
 
 def in_layout_order(spec: str, sample_shape: tuple[int, ...], num_classes: int,

@@ -155,11 +155,13 @@ class Anomaly(Task):
 
     def scores(self, model: nn.Module, data: ArrayDataset) -> torch.Tensor:
         """Each sample's anomaly score: its mean squared reconstruction error (float64)."""
-        return (_outputs(model, data) - data.x.flatten(1).to(torch.float64)).square().mean(1)
+        return reconstruction_error(_outputs(model, data), data.x)
 
     def threshold(self, model: nn.Module, val: ArrayDataset) -> float:
-        """The score above which a sample is flagged: ``quantile`` of the validation set's scores."""
-        scores = self.scores(model, val)
+        """The score above which a sample is flagged: ``quantile`` of the scores of the validation set's normal
+        samples (an incident it recorded, flagged, would raise the bar it is to be caught by)."""
+        normal = val.subset(torch.nonzero(val.y == 0).flatten()) if val.y.dtype == torch.int64 else val
+        scores = self.scores(model, normal)
         return float(torch.quantile(scores, self.quantile)) if len(scores) else float("inf")
 
     def evaluate(self, model: nn.Module, data: ArrayDataset) -> Evaluation:
@@ -168,6 +170,12 @@ class Anomaly(Task):
         auc = roc_auc(scores, flags)
         error = float(scores.mean()) if len(scores) else 0.0
         return Evaluation(auc, error, len(data), {"auc": auc, "reconstruction_error": error})
+
+
+def reconstruction_error(reconstructed: torch.Tensor, samples: torch.Tensor) -> torch.Tensor:
+    """Each sample's mean squared reconstruction error, float64 (N,): an autoencoder's anomaly score, as a node
+    scores its data and as its export computes it (:class:`~dfl_node.learning.export.ReconstructionError`)."""
+    return (reconstructed.flatten(1).double() - samples.flatten(1).double()).square().mean(1)
 
 
 def roc_auc(scores: torch.Tensor, flags: torch.Tensor) -> float:

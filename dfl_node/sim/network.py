@@ -39,7 +39,7 @@ import hashlib
 import math
 import random
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -139,7 +139,11 @@ class MemoryFabric:
         self.profile: ProfileFn = profile or (lambda src, dst: LinkProfile())
         self.served: dict[str, set[asyncio.Task[Any]]] = defaultdict(set)  # calls in progress, by callee
         self.owned: dict[str, set[asyncio.Task[Any]]] = defaultdict(set)  # every live task of a node, by address
-        self._changed = asyncio.Event()  # set (and replaced) whenever reachability changes
+        # who waits for reachability at an address to change: each waiter's event under every address it depends
+        # on, so a change wakes only those it concerns (a thousand nodes each waiting on its slot, a thousand slots
+        # reserved at a start: not a million wake-ups)
+        self._watchers: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._held: dict[str, str] = {}  # a node's address -> the slot it holds
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ----- whose work a task is -----------------------------------------------------------
@@ -210,7 +214,7 @@ class MemoryFabric:
         self.handlers[address] = handler
         self.ids[address] = node_id
         self.down.discard(address)
-        self._notify()
+        self._notify(address)
 
     def kill(self, address: str) -> list[asyncio.Task[Any]]:
         """kill -9 of the node at ``address``: nothing answers there any more, the calls it was serving are
@@ -221,7 +225,7 @@ class MemoryFabric:
         tasks = [*self.served.pop(address, ()), *self.owned.pop(address, ())]
         for task in tasks:
             task.cancel()
-        self._notify()
+        self._notify(address)
         return tasks
 
     def partition(self, *sides: set[str]) -> None:
@@ -233,9 +237,30 @@ class MemoryFabric:
         self.groups = {}
         self._notify()
 
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+    def _notify(self, *addresses: str) -> None:
+        """Reachability changed at ``addresses`` (none given: anywhere, as a partition changes it)."""
+        for address in addresses or list(self._watchers):
+            for event in self._watchers.pop(address, ()):
+                event.set()
+
+    async def _until_changed(self, addresses: Iterable[str]) -> None:
+        """Until reachability changes at one of ``addresses``."""
+        event, watched = asyncio.Event(), set(addresses)
+        for address in watched:
+            self._watchers[address].add(event)
+        try:
+            await event.wait()
+        finally:
+            for address in watched:
+                waiting = self._watchers.get(address)
+                if waiting is not None:
+                    waiting.discard(event)
+                    if not waiting:
+                        del self._watchers[address]
+
+    def _depends(self, address: str) -> tuple[str, ...]:
+        """The addresses whose changes change whether ``address`` answers: itself, and a slot's relay and node."""
+        return (address, *self.slots.get(address, ()))
 
     # ----- reachability -------------------------------------------------------------------
     def listening(self, address: str) -> bool:
@@ -263,23 +288,24 @@ class MemoryFabric:
     def reserve(self, relay: str, node: str) -> str | None:
         """A slot on ``relay`` for ``node`` (one it held before replaced): its address, or None where ``relay`` has
         none left (its node's ``--relay-slots``)."""
-        for held in [a for a, (r, n) in self.slots.items() if n == node]:
+        if (held := self._held.get(node)) is not None:
             self.release(held)
-        if sum(r == relay for r, _ in self.slots.values()) >= self.relay_slots.get(relay, 0):
+        if self.loads[relay].slots >= self.relay_slots.get(relay, 0):
             self.loads[relay].refused += 1
             return None
         self._slot_ports += 1
         slot = f"{relay.rpartition(':')[0]}:{SLOT_PORTS + self._slot_ports}"
-        self.slots[slot] = (relay, node)
+        self.slots[slot], self._held[node] = (relay, node), slot
         self.loads[relay].slots += 1
-        self._notify()
+        self._notify(slot)
         return slot
 
     def release(self, slot: str) -> None:
-        relay, _ = self.slots.pop(slot, (None, None))
-        if relay is not None:
+        relay, node = self.slots.pop(slot, (None, None))
+        if relay is not None and node is not None:
             self.loads[relay].slots -= 1
-            self._notify()
+            del self._held[node]
+            self._notify(slot)
 
     def relayed(self, slot: str, nbytes: int) -> None:
         """A message of ``nbytes`` through ``slot``: counted by its relay."""
@@ -297,7 +323,7 @@ class MemoryFabric:
                 return "the relay stopped"
             if self.cut(node, relay):
                 return "cut off from the relay"
-            await self._changed.wait()
+            await self._until_changed((slot, relay, node))
 
     async def until_reachable(self, src: str, dst: str, timeout: float) -> bool:
         """Whether ``dst`` became reachable from ``src`` within ``timeout`` (at once if it is)."""
@@ -308,7 +334,7 @@ class MemoryFabric:
             if left <= 0:
                 return False
             try:
-                await asyncio.wait_for(self._changed.wait(), left)
+                await asyncio.wait_for(self._until_changed((*self._depends(dst), src)), left)
             except TimeoutError:
                 return False
         return True
