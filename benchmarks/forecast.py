@@ -28,11 +28,10 @@ from pathlib import Path
 
 import torch
 
+from dfl_node.learning.alone import trained_alone
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.provision import provision
 from dfl_node.learning.tasks import task_of
-from dfl_node.learning.training import SgdParams, local_sgd
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim.experiment import run_fleet
 
@@ -45,16 +44,6 @@ def config(rounds: int, hidden: list[int]) -> ExperimentConfig:
     return ExperimentConfig.model_validate({
         "dataset": str(DATA), "partition": "as-recorded", "task": "regression", "target_column": TARGETS,
         "rounds": rounds, "eval_every": rounds, "hidden": hidden, "lr": 0.05})
-
-
-def trained(experiment: ExperimentConfig, train: ArrayDataset, passes: int) -> torch.nn.Module:
-    """A model of the fleet's (its w0) trained on ``train`` alone for ``passes`` passes, with the fleet's settings."""
-    learning = experiment.learning
-    model = ModelSpec(learning.model, tuple(learning.hidden or ())).build(train.input_shape, train.num_classes,
-                                                                          seed=learning.seed)
-    params = SgdParams(lr=learning.lr, momentum=learning.momentum, batch_size=learning.batch_size, epochs=passes)
-    local_sgd(model, train, params, torch.Generator().manual_seed(learning.seed), loss_fn=task_of(learning).loss)
-    return model
 
 
 def main() -> None:
@@ -71,10 +60,10 @@ def main() -> None:
     data, task = provision(experiment), task_of(experiment.learning)
     pooled = ArrayDataset(torch.cat([c.train.x for c in data.clients]), torch.cat([c.train.y for c in data.clients]),
                           len(TARGETS))
-    central = trained(experiment, pooled, max(args.rounds // len(data.clients), 1))
+    central = trained_alone(experiment.learning, pooled, max(args.rounds // len(data.clients), 1))
     meters = {}
     for client in data.clients:
-        alone = trained(experiment, client.train, args.rounds)
+        alone = trained_alone(experiment.learning, client.train, args.rounds)
         meters[client.node_id] = {"train_days": len(client.train), "held_out_days": len(client.val),
                                   "fleet_rmse": round(fleet[client.node_id], 4),
                                   "alone_rmse": round(task.evaluate(alone, client.val).score, 4),
