@@ -73,6 +73,21 @@ def read_csv(path: Path, label_column: str = DEFAULT_LABEL_COLUMN, *, num_classe
         return _read(f, path, columns_of, num_classes, complete_lines, bool(targets))
 
 
+def read_series(path: Path, targets: Sequence[str], *,
+                complete_lines: bool = False) -> tuple[np.ndarray, list[int]]:
+    """A time series (a row a step, a column a channel), float32 (steps, channels), every column, and the columns
+    of the ``targets`` named (by header name or number; none: the last column), checked as :func:`read_csv` checks."""
+    found: list[int] = []
+
+    def columns_of(header: tuple[str, ...] | None, columns: int) -> tuple[int, ...]:
+        found.extend(_label_index(path, name, header, columns, "--target-column")
+                     for name in (targets or [str(columns - 1)]))
+        return ()
+
+    with open(path, "rb") as f:
+        return _read(f, path, columns_of, None, complete_lines).x, found
+
+
 def read_features(f: BinaryIO, name: str, drop_column: str = DEFAULT_LABEL_COLUMN) -> np.ndarray:
     """Samples to classify, float32 (N, F): every column of ``f`` (a seekable binary file named ``name`` in the
     messages) but the one its header names ``drop_column`` (a training file's label), checked as :func:`read_csv`

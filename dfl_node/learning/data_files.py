@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from dfl_node.errors import InputError
-from dfl_node.learning.csv_reader import read_csv
+from dfl_node.learning.csv_reader import read_csv, read_series
 from dfl_node.learning.data_format import DataFormat
 from dfl_node.learning.dataset_refs import DATA_SUFFIXES as SUFFIXES
 from dfl_node.learning.datasets import load_shard
+from dfl_node.learning.windows import windows
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class Samples:
     x: np.ndarray
     y: np.ndarray
     num_classes: int | None = None  # what the file declares (a shard's metadata), or T; None: it declares none
+    starts: np.ndarray | None = None  # a time series' windows (:mod:`.windows`): each one's first step
+    steps: int = 0  # a time series' length, in steps
 
     @property
     def targets(self) -> bool:
@@ -58,6 +61,8 @@ def read_samples(path: Path, fmt: DataFormat, *, num_classes: int | None = None,
     ``complete_lines``: see :func:`read_csv`."""
     classes = num_classes or (None if targets else fmt.num_classes)
     suffix = path.suffix.lower()
+    if fmt.window is not None and suffix == ".csv":  # a series; a shard or an .npz file holds samples already
+        return _read_windows(path, fmt, targets, complete_lines)
     try:
         if suffix == ".csv":
             columns = (fmt.target_column or [fmt.label_column]) if targets else ()
@@ -82,6 +87,19 @@ def read_samples(path: Path, fmt: DataFormat, *, num_classes: int | None = None,
     if not targets:
         _check_labels(samples.y, classes or samples.num_classes, path)
     return reshaped(samples, fmt.sample_shape, path)
+
+
+def _read_windows(path: Path, fmt: DataFormat, targets: bool, complete_lines: bool) -> Samples:
+    """A device's time series, a CSV file, as its forecasting windows (:mod:`.windows`)."""
+    assert fmt.window is not None
+    if not targets:
+        raise InputError(f"{path}: --window makes forecasting samples of a series: it needs --task regression")
+    try:
+        series, columns = read_series(path, fmt.target_column, complete_lines=complete_lines)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    x, y, starts = windows(series, columns, fmt.window, fmt.horizon, fmt.stride)
+    return Samples(x, y, y.shape[1], starts, len(series))
 
 
 def from_arrays(x: object, y: object, where: str, num_classes: int | None = None, targets: bool = False) -> Samples:

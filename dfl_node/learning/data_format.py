@@ -54,6 +54,14 @@ class DataFormat(BaseModel):
                                      "file's column to predict, by header name or number (repeatable: one target "
                                      "each, in order); default: the label column as the one target. An NPZ file's y "
                                      "holds the targets (N, or N x T numbers)")
+    window: int | None = Field(None, ge=1, le=1 << 20, description="forecasting a time series (--task regression): "
+                               "a CSV file is a device's series, a row a step, a column a channel; a sample is this "
+                               "many steps of every channel, its targets the --horizon steps after them of the "
+                               "--target-column channels (default: the last column); validation is the series' last "
+                               "--val-fraction of steps, and no window crosses into it (docs/tasks.md). An .npz or "
+                               ".safetensors file holds windows already")
+    horizon: int = Field(1, ge=1, le=1 << 16, description="forecasting (--window): the steps ahead a window forecasts")
+    stride: int = Field(1, ge=1, le=1 << 20, description="forecasting (--window): steps from one window to the next")
     sample_shape: SampleShape | None = Field(None, description="the shape each sample is reshaped to, e.g. 6,20 (6 "
                                              "channels of 20 steps); default: a CSV row is a vector of its features, "
                                              "an NPZ or safetensors file keeps its array's sample shape")

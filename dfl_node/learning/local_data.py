@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +31,7 @@ from dfl_node.errors import InputError
 from dfl_node.learning.data_files import Samples, is_data_file, read_samples
 from dfl_node.learning.data_format import DataFormat
 from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.windows import period_split
 
 VAL_STEM, TEST_STEM = "val", "test"
 Reads = Literal["classes", "targets", "flags"]  # what a sample's y is: a task's (dfl_node.learning.tasks.Task.reads)
@@ -214,9 +215,17 @@ class LocalData:
         validation = self.path.is_dir() and Path(name).stem.lower() == VAL_STEM
         if self.max_samples and len(samples) > self.max_samples and not validation:  # never more of it is kept
             keep = slice(len(samples) - self.max_samples, None)
-            samples = Samples(samples.x[keep].copy(), samples.y[keep].copy(), samples.num_classes)
+            samples = replace(samples, x=samples.x[keep].copy(), y=samples.y[keep].copy(),
+                              starts=None if samples.starts is None else samples.starts[keep])
         held = None
-        if split and not validation:
+        if split and not validation and samples.starts is not None:  # a series: its last period validates
+            assert self.fmt.window is not None
+            train, val = period_split(samples.starts, samples.steps, self.fmt.window, self.fmt.horizon,
+                                      self.val_fraction)
+            keep = train | val  # a window across the boundary is in neither
+            samples = replace(samples, x=samples.x[keep], y=samples.y[keep], starts=samples.starts[keep])
+            held = val[keep]  # the validation windows are the last ones already: no reordering
+        elif split and not validation:
             strata = np.zeros(len(samples), np.int64) if self.targets else samples.y  # targets: one stratum
             held = holdout(strata, self.val_fraction, self.seed, name)
             split_rows(samples.x, samples.y, held)
