@@ -102,3 +102,13 @@ def test_a_fleet_flags_injected_anomalies_better_than_each_meter_alone(tmp_path:
     assert min(fleet.values()) > max(alone.values()), (fleet, alone)  # every meter's fleet model beats all alone
     assert min(fleet.values()) > 0.97, fleet
     assert result.nodes[0].local_accuracy == 0.5  # a meter's own days hold no incident: nothing to rank there
+
+
+@pytest.mark.parametrize("algorithm", ["dfml", "fairavg"])
+def test_mutual_learning_and_fair_weights_carry_over_to_a_forecast(tmp_path: Path, algorithm: str) -> None:
+    """003's weighted mutual learning distils with the task's distance (MSE) in place of KL, and 002's weights
+    read the task's performance (1 / (1 + MSE)) in place of accuracy: both fleets forecast far better than w0."""
+    result, _ = simulated(forecasting(30), algorithm, tmp_path / "sim")
+    start, end = result.history[0], result.history[-1]
+    assert (start.round, end.round) == (0, 30) and result.metric == "rmse"
+    assert end.global_accuracy < start.global_accuracy / 3, (start.global_accuracy, end.global_accuracy)

@@ -22,13 +22,13 @@ from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
 from dfl_node.learning.fairness import fairness_weight
 from dfl_node.learning.fusion import weighted_average_
 from dfl_node.learning.settings import FairAvgSettings
-from dfl_node.learning.training import evaluate, local_sgd
+from dfl_node.learning.training import local_sgd
 
 log = logging.getLogger(__name__)
 
 
 class FairAvg(Algorithm):
-    classes_only = "its weights (002 eqs. 4-5) are accuracies in [0, 1]"
+    tasks = None  # 002's pef: the task's performance in [0, 1] (dfl_node.learning.tasks.Task.performance)
     settings_model = FairAvgSettings
     settings: FairAvgSettings
     name = "fairavg"
@@ -39,7 +39,7 @@ class FairAvg(Algorithm):
         return RoundPlan(round_, tuple(Group(g.aggregator, g.senders, pull=True) for g in pairs))
 
     def local_step(self, ctx: NodeContext, step: Step) -> None:
-        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round))
+        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round), loss_fn=ctx.task.loss)
 
     def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
         return ctx.message(step.round, "fairavg.model", parts_from_state(ctx.model.state_dict()))
@@ -53,7 +53,8 @@ class FairAvg(Algorithm):
         other = copy.deepcopy(ctx.model)
         other.load_state_dict(state_from_parts(pulled.parts))
         s = self.settings
-        return fairness_weight(evaluate(ctx.model, data).score, evaluate(other, data).score, s.fair_c,
+        task = ctx.task
+        return fairness_weight(task.performance(ctx.model, data), task.performance(other, data), s.fair_c,
                                s.fair_weight_min, s.fair_weight_max)
 
     def aggregate(self, ctx: NodeContext, step: Step, messages: Sequence[ModelMessage]) -> dict[str, ModelMessage]:

@@ -17,15 +17,15 @@ from torch import nn
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext, sample_gather, senders_for
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import NodeProfile, RoundPlan, Step
-from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec, tensor_shapes
-from dfl_node.learning.mutual import Supervision, class_proportions, supervision
+from dfl_node.learning.mutual import Distance, Supervision, class_proportions, supervision
 from dfl_node.learning.settings import GroupSettings
+from dfl_node.learning.tasks import Classification
 from dfl_node.learning.training import local_sgd
 
 
 class GatherAlgorithm(Algorithm):
-    classes_only = "its mutual learning distils class probabilities, and 003's WSM loss weights classes"
+    tasks = None  # mutual learning distils with the task's distance, WSM (classes only) gives way to its loss
     settings_model = GroupSettings
     settings: GroupSettings
     architectures = "any"
@@ -51,15 +51,24 @@ class GatherAlgorithm(Algorithm):
     def invitations(self, candidates: int) -> int:
         return senders_for(candidates + 1, self.settings.senders)
 
-    def supervise(self, data: ArrayDataset) -> Supervision:
-        """The supervision term on ``data``: WSM with its class proportions (eq. 2), or CE (``supervision``)."""
+    def supervise(self, ctx: NodeContext) -> Supervision:
+        """The supervision term on the node's data: WSM with its class proportions (eq. 2), or CE
+        (``supervision``); a task without classes supervises with its own loss."""
+        if not ctx.task.classes:
+            return ctx.task.loss
         kind = self.config.supervision or self.supervision_default
-        return supervision(kind, class_proportions(data.y, data.num_classes) if kind == "wsm" else None)
+        return supervision(kind, class_proportions(ctx.train.y, ctx.train.num_classes) if kind == "wsm" else None)
+
+    @staticmethod
+    def distance(ctx: NodeContext) -> Distance | None:
+        """What mutual learning distils with: the node's task's distance (None: classification's KL, computed once
+        per batch for every pair in :mod:`dfl_node.learning.mutual`)."""
+        return None if isinstance(ctx.task, Classification) else ctx.task.distance
 
     def train_locally(self, ctx: NodeContext, step: Step) -> None:
         """A participant's local pass, supervised as :meth:`supervise` says."""
         local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round),
-                  loss_fn=self.supervise(ctx.train))
+                  loss_fn=self.supervise(ctx))
 
     def local_step(self, ctx: NodeContext, step: Step) -> None:
         self.train_locally(ctx, step)

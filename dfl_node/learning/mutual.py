@@ -46,6 +46,9 @@ from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.training import SgdParams, release, sgd, shuffled_batches
 
 Supervision = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> mean loss
+# (student's outputs, teacher's) -> how far apart, batch mean, the teacher a constant: a task's distillation
+# (dfl_node.learning.tasks.Task.distance); None where it is KL between class probabilities, computed as below
+Distance = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 # ----------------------------------------------------------------------------------------- losses
@@ -90,27 +93,38 @@ def weighted_kl(log_probs: Sequence[torch.Tensor], student: int, param_counts: S
 
 
 def dfml_losses(logits: Sequence[torch.Tensor], labels: torch.Tensor, alpha: float,
-                param_counts: Sequence[int], supervise: Supervision) -> list[torch.Tensor]:
+                param_counts: Sequence[int], supervise: Supervision, distance: Distance | None = None
+                ) -> list[torch.Tensor]:
     """003 eq. 1 for every participant n: ``(1 − α)·L_WSM(z_n) + α·L_KL(n)``; a term whose factor is 0
-    is not computed (it could only add 0)."""
-    log_probs = [F.log_softmax(z, dim=1) for z in logits] if alpha else []
+    is not computed (it could only add 0). With a task's ``distance`` in place of KL, its eq.-3 weighting of the
+    teachers stays: ``Σ_{q≠n} Φ_q/Σ_{u≠n}Φ_u · d(z_n, z_q)``."""
+    log_probs = [F.log_softmax(z, dim=1) for z in logits] if alpha and distance is None else []
     losses = []
     for n, z in enumerate(logits):
         loss = z.new_zeros(())
         if alpha != 1:
             loss = loss + (1 - alpha) * supervise(z, labels)
-        if alpha:
+        if alpha and distance is None:
             loss = loss + alpha * weighted_kl(log_probs, n, param_counts)
+        elif alpha and distance is not None:
+            weights = kl_weights(param_counts, n)
+            loss = loss + alpha * sum((w * distance(z, teacher) for q, (teacher, w) in
+                                       enumerate(zip(logits, weights, strict=True)) if q != n), z.new_zeros(()))
         losses.append(loss)
     return losses
 
 
 def fml_losses(logits_local: torch.Tensor, logits_meme: torch.Tensor, labels: torch.Tensor, alpha: float,
-               beta: float, supervise: Supervision = F.cross_entropy) -> tuple[torch.Tensor, torch.Tensor]:
-    """004 eq. 3: ``(L_local, L_meme)``, each with the other's prediction as a constant target."""
-    log_local, log_meme = F.log_softmax(logits_local, dim=1), F.log_softmax(logits_meme, dim=1)
-    kl_local = F.kl_div(log_local, log_meme.detach(), reduction="batchmean", log_target=True)  # KL(p_meme ‖ p_local)
-    kl_meme = F.kl_div(log_meme, log_local.detach(), reduction="batchmean", log_target=True)  # KL(p_local ‖ p_meme)
+               beta: float, supervise: Supervision = F.cross_entropy,
+               distance: Distance | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """004 eq. 3: ``(L_local, L_meme)``, each with the other's prediction as a constant target (a task's
+    ``distance`` in place of KL)."""
+    if distance is None:
+        log_local, log_meme = F.log_softmax(logits_local, dim=1), F.log_softmax(logits_meme, dim=1)
+        kl_local = F.kl_div(log_local, log_meme.detach(), reduction="batchmean", log_target=True)  # KL(p_meme‖p_local)
+        kl_meme = F.kl_div(log_meme, log_local.detach(), reduction="batchmean", log_target=True)  # KL(p_local‖p_meme)
+    else:
+        kl_local, kl_meme = distance(logits_local, logits_meme), distance(logits_meme, logits_local)
     loss_local = alpha * supervise(logits_local, labels) + (1 - alpha) * kl_local
     loss_meme = beta * supervise(logits_meme, labels) + (1 - beta) * kl_meme
     return loss_local, loss_meme
@@ -185,7 +199,8 @@ def updates_peak(alpha: float, alpha_n: float, threshold: float) -> bool:
 # ----------------------------------------------------------------------------------------- training
 
 def weighted_mutual_learning(models: Sequence[nn.Module], data: ArrayDataset, params: SgdParams, alpha: float,
-                             generator: torch.Generator, supervise: Supervision) -> None:
+                             generator: torch.Generator, supervise: Supervision,
+                             distance: Distance | None = None) -> None:
     """003 Alg. 1, aggregator side: ``params.epochs`` (K) passes over the aggregator's ``data``; on every
     batch all models' logits, then one simultaneous step of each on its eq.-1 loss."""
     counts = [sum(p.numel() for p in m.parameters() if p.requires_grad) for m in models]
@@ -194,7 +209,7 @@ def weighted_mutual_learning(models: Sequence[nn.Module], data: ArrayDataset, pa
         model.train()
     for _ in range(params.epochs):
         for x, y in shuffled_batches(data, params.batch_size, generator):
-            losses = dfml_losses([m(x) for m in models], y, alpha, counts, supervise)
+            losses = dfml_losses([m(x) for m in models], y, alpha, counts, supervise, distance)
             for optimizer in optimizers:
                 optimizer.zero_grad()
             torch.stack(losses).sum().backward()  # the graphs are disjoint: each loss reaches its own model
@@ -204,14 +219,15 @@ def weighted_mutual_learning(models: Sequence[nn.Module], data: ArrayDataset, pa
 
 
 def deep_mutual_learning(local: nn.Module, meme: nn.Module, data: ArrayDataset, params: SgdParams, alpha: float,
-                         beta: float, generator: torch.Generator, supervise: Supervision = F.cross_entropy) -> None:
+                         beta: float, generator: torch.Generator, supervise: Supervision = F.cross_entropy,
+                         distance: Distance | None = None) -> None:
     """004 Alg. 1 ClientUpdate: ``params.epochs`` passes of DML between the local and the meme model (eq. 3)."""
     local.train()
     meme.train()
     opt_local, opt_meme = sgd(local, params), sgd(meme, params)
     for _ in range(params.epochs):
         for x, y in shuffled_batches(data, params.batch_size, generator):
-            loss_local, loss_meme = fml_losses(local(x), meme(x), y, alpha, beta, supervise)
+            loss_local, loss_meme = fml_losses(local(x), meme(x), y, alpha, beta, supervise, distance)
             opt_local.zero_grad()
             opt_meme.zero_grad()
             (loss_local + loss_meme).backward()

@@ -70,9 +70,19 @@ class Task(ABC):
         """000 eqs. 5–6 for this task: each model's supervised loss plus its distance from the other's output
         (detached: a constant target)."""
 
+    def distance(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        """How far ``student``'s outputs are from ``teacher``'s (detached: a constant target), batch mean: what
+        mutual learning distils with (003's weighted KL, 004's KL, for this task)."""
+        return self.loss(student, teacher.detach())
+
     @abstractmethod
     def evaluate(self, model: nn.Module, data: ArrayDataset) -> Evaluation:
         """``model`` judged on ``data`` (in float32): the headline metric, the mean loss and the other metrics."""
+
+    def performance(self, model: nn.Module, data: ArrayDataset) -> float:
+        """``model``'s performance on ``data`` in [0, 1], higher better (002's pef, which its weights need): a
+        loss ℓ as ``1 / (1 + ℓ)``; classification's accuracy."""
+        return 1.0 / (1.0 + self.evaluate(model, data).loss)
 
     def better(self, a: float, b: float) -> bool:
         """Whether metric value ``a`` is better than ``b``."""
@@ -93,8 +103,15 @@ class Classification(Task):
                       targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return mkt_losses(out_received, out_local, targets)
 
+    def distance(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        return F.kl_div(F.log_softmax(student, dim=1), F.log_softmax(teacher, dim=1).detach(), reduction="batchmean",
+                        log_target=True)
+
     def evaluate(self, model: nn.Module, data: ArrayDataset) -> Evaluation:
         return evaluate(model, data, EVAL_BATCH)
+
+    def performance(self, model: nn.Module, data: ArrayDataset) -> float:
+        return self.evaluate(model, data).score  # 002's own pef: accuracy
 
 
 @dataclass(frozen=True)
