@@ -29,7 +29,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "certs": ("dfl_node.cli.certs:certs", "Credentials of a swarm"),
     "predict": ("dfl_node.cli.predict:predict", "Ask a running node for the classes of samples"),
     "export": ("dfl_node.cli.export:export_model", "Write a node's trained model as a file"),
-    "plugins": ("dfl_node.cli.plugins:plugins", "List the models, algorithms and datasets this installation can run"),
+    "plugins": ("dfl_node.cli.plugins:plugins",
+                "List the models, algorithms, datasets and tasks this installation can run"),
 }
 
 

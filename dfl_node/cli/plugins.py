@@ -1,6 +1,7 @@
-"""`dfl-node plugins`: what this installation can run — the built-in models, algorithms and datasets, and the
-plugins that installed packages declare in the entry-point groups ``dfl_node.models``, ``dfl_node.algorithms``
-and ``dfl_node.datasets`` (:mod:`dfl_node.plugins`), each with its ``module:attribute`` and its package.
+"""`dfl-node plugins`: what this installation can run — the built-in models, algorithms, datasets and tasks, and the
+plugins that installed packages declare in the entry-point groups ``dfl_node.models``, ``dfl_node.algorithms``,
+``dfl_node.datasets`` and ``dfl_node.tasks`` (:mod:`dfl_node.plugins`), each with its ``module:attribute`` and its
+package.
 
 Listing reads the packages' metadata and imports no plugin; ``--check`` loads each one, as a node would, and
 says which fail (exit 1), so a broken install is found before a fleet is started on it.
@@ -26,17 +27,24 @@ def _builtins() -> dict[str, list[str]]:
     from dfl_node.algorithms import ALGORITHMS  # noqa: PLC0415 - torch only for this verb
     from dfl_node.learning.datasets import DATASETS  # noqa: PLC0415
     from dfl_node.learning.models import builtin_models  # noqa: PLC0415
+    from dfl_node.learning.tasks import BUILTIN_TASKS  # noqa: PLC0415
 
-    return {"models": list(builtin_models()), "algorithms": sorted(ALGORITHMS), "datasets": sorted(DATASETS)}
+    return {"models": list(builtin_models()), "algorithms": sorted(ALGORITHMS), "datasets": sorted(DATASETS),
+            "tasks": sorted(BUILTIN_TASKS)}
 
 
 def _problem(kind: str, name: str) -> str | None:
     """Why the installed plugin ``name`` of ``kind`` cannot be used (None: it loads, and is what its group takes)."""
     from dfl_node.algorithms import algorithm_class  # noqa: PLC0415 - torch only for --check
+    from dfl_node.learning.tasks import Task  # noqa: PLC0415
 
     try:
         if kind == "algorithms":
             algorithm_class(name)
+        elif kind == "tasks":
+            found = load_installed(kind, name)
+            if not (isinstance(found, type) and issubclass(found, Task)):
+                return f"{installed(kind)[name].value} is not a subclass of dfl_node.learning.tasks.Task"
         elif not callable(load_installed(kind, name)):
             return f"{installed(kind)[name].value} is not callable"
     except PluginError as exc:
@@ -63,8 +71,9 @@ def _listing(check: bool) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
 @click.option("--check", is_flag=True, help="Load every installed plugin, as a node would; exit 1 if one fails.")
 def plugins(as_json: bool, check: bool) -> None:
-    """List the models, algorithms and datasets this installation can run: the built-ins, and the plugins that
-    installed packages declare (entry-point groups dfl_node.models, dfl_node.algorithms, dfl_node.datasets).
+    """List the models, algorithms, datasets and tasks this installation can run: the built-ins, and the plugins
+    that installed packages declare (entry-point groups dfl_node.models, dfl_node.algorithms, dfl_node.datasets,
+    dfl_node.tasks).
     Use a plugin by its name (--model NAME, --algorithm NAME); a model may also be named as
     package.module:factory without any installation."""
     found = _listing(check)
