@@ -1,7 +1,7 @@
 """README's "Your data and your model", run as written: the plugin installed, the simulator on the smart meters,
-four daemons on their CSV files until they are done, a prediction, the export, and the application that reads it
-without dfl-node. Only ``pip install`` is pointed at a throwaway folder, so that the test installs nothing into the
-environment that runs it."""
+four daemons on their CSV files until they are done, a prediction, the export, the application that reads it
+without dfl-node, and the same meters forecasting. Only ``pip install`` is pointed at a throwaway folder, so that
+the test installs nothing into the environment that runs it."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def run(script: str, cwd: Path, env: dict[str, str], timeout: float) -> subproce
 
 def test_your_data_and_your_model_runs_as_written(tmp_path: Path) -> None:
     shell, python = readme_blocks(SECTION, "bash"), readme_blocks(SECTION, "python")
-    assert len(shell) == 2 and len(python) == 1, "README's section changed shape: update this test"
+    assert len(shell) == 3 and len(python) == 1, "README's section changed shape: update this test"
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     site = tmp_path / "site"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(site),
@@ -73,3 +73,8 @@ def test_your_data_and_your_model_runs_as_written(tmp_path: Path) -> None:
     assert app.returncode == 0, app.stderr
     accuracy = float(app.stdout.split()[-1])
     assert accuracy > 0.8, app.stdout
+
+    forecast = run(shell[2], tmp_path, env, timeout=240)
+    assert forecast.returncode == 0 and "global rmse" in forecast.stdout.replace("\n", " "), forecast.stdout
+    rmse = [float(r) for r in re.findall(r"│ (?:defkt|fullavg)\s+│ simulate │\s+300 │\s+([0-9.]+) │", forecast.stdout)]
+    assert len(rmse) == 2 and max(rmse) < 0.25, forecast.stdout  # the days' last hours vary by ~1 (standardised)
