@@ -171,13 +171,29 @@ async def test_a_regression_node_names_its_rmse_and_answers_values(
     torch.testing.assert_close(torch.from_numpy(onnx).double(), values, rtol=1e-5, atol=1e-5)
 
 
-async def test_an_anomaly_node_names_its_auc_and_flags_anomalies(tmp_path: Path) -> None:
+# An autoencoder of the user's own, named as package.module:factory (issue 46: every way of naming a model serves
+# and exports for every task): a bottleneck of 4 over the sample's values, the factory's "classes" its outputs
+USER_AUTOENCODER = """
+import math
+
+from torch import nn
+
+
+def autoencoder(sample_shape, outputs):
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(sample_shape), 4), nn.ReLU(), nn.Linear(4, outputs))
+"""
+
+
+async def test_an_anomaly_node_names_its_auc_and_flags_anomalies(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "task_user_models.py").write_text(USER_AUTOENCODER)
+    monkeypatch.syspath_prepend(str(tmp_path))
     normal = [normal_samples(i, 200) for i in range(2)]
     data = [(x, np.zeros(len(x), np.int64)) for x in normal]  # a device's readings: normal, as far as it knows
     test_x = np.concatenate([normal_samples(50, 100), anomalies(51, 20)])
     test_flags = np.array([0] * 100 + [1] * 20, np.int64)
-    async with fleet(tmp_path, "anomaly", data, (test_x, test_flags), hidden=[4], local_epochs=30, mkt_epochs=5,
-                     anomaly_quantile=0.99) as nodes:
+    async with fleet(tmp_path, "anomaly", data, (test_x, test_flags), model="task_user_models:autoencoder",
+                     hidden=None, local_epochs=30, mkt_epochs=5, anomaly_quantile=0.99) as nodes:
         node = max(nodes, key=lambda n: n.tally.counters["fusions"])
         held_out, injected = normal_samples(60, 100), anomalies(61, 10)
         samples = np.concatenate([held_out, injected])
