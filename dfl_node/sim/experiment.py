@@ -121,8 +121,7 @@ async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSched
             statuses = {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
             histories = {n: [h.model_dump(mode="json") for h in node.history()]
                          for n, node in sorted(fleet.nodes.items())}
-            for node_id in sorted(fleet.nodes):
-                await fleet.stop(node_id)
+            await fleet.stop_all()
             return statuses, histories, happened, ended, fleet.durable_states(), membership
         finally:
             await fleet.close()
