@@ -64,11 +64,14 @@ class Task(ABC):
     def loss(self) -> LossFn:
         """The supervised loss, batch mean, of ``(outputs, targets)``."""
 
-    @abstractmethod
     def mutual_losses(self, out_received: torch.Tensor, out_local: torch.Tensor,
                       targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """000 eqs. 5–6 for this task: each model's supervised loss plus its distance from the other's output
-        (detached: a constant target)."""
+        """000 eqs. 5–6 for this task: each model's supervised loss plus its :meth:`distance` from the other's
+        output, halved: with a distance unbounded as KL is not, 000's plain sum steps twice as far as a local
+        update (and diverged where local training did not), halved a fusion's step is a local one's."""
+        loss = self.loss
+        return (0.5 * (loss(out_received, targets) + self.distance(out_received, out_local)),
+                0.5 * (loss(out_local, targets) + self.distance(out_local, out_received)))
 
     def distance(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         """How far ``student``'s outputs are from ``teacher``'s (detached: a constant target), batch mean: what
@@ -128,20 +131,14 @@ class Regression(Task):
     def loss(self) -> LossFn:
         return F.huber_loss if self.huber else F.mse_loss
 
-    def mutual_losses(self, out_received: torch.Tensor, out_local: torch.Tensor,
-                      targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loss = self.loss  # halves: a fusion's step is as large as a local one's (an unbounded distance, unlike KL)
-        return (0.5 * (loss(out_received, targets) + loss(out_received, out_local.detach())),
-                0.5 * (loss(out_local, targets) + loss(out_local, out_received.detach())))
-
     def evaluate(self, model: nn.Module, data: ArrayDataset) -> Evaluation:
         outputs = _outputs(model, data)
         y = data.y.to(outputs.device, torch.float64).reshape(outputs.shape)
         errors = outputs - y
-        values = max(errors.numel(), 1)
-        mse, mae = float(errors.square().sum()) / values, float(errors.abs().sum()) / values
+        values, squared = max(errors.numel(), 1), float(errors.square().sum())
+        mse, mae = squared / values, float(errors.abs().sum()) / values
         spread = float((y - y.mean(0)).square().sum()) if len(y) else 0.0
-        r2 = 1.0 - float(errors.square().sum()) / spread if spread > 0 else 0.0
+        r2 = 1.0 - squared / spread if spread > 0 else 0.0
         loss = float(self.loss(outputs, y)) if len(y) else 0.0
         return Evaluation(mse ** 0.5, loss, len(data), {"rmse": mse ** 0.5, "mae": mae, "r2": r2})
 
@@ -159,16 +156,12 @@ class Anomaly(Task):
 
     def supervised(self, data: ArrayDataset) -> ArrayDataset:
         """The samples flagged normal (all where none is flagged), each its own target, flattened."""
-        normal = data.subset(torch.nonzero(data.y == 0).flatten()) if data.y.dtype == torch.int64 else data
+        normal = _normal(data)
         return ArrayDataset(normal.x, normal.x.flatten(1), self.outputs(data))
 
     @property
     def loss(self) -> LossFn:
         return F.mse_loss
-
-    def mutual_losses(self, out_received: torch.Tensor, out_local: torch.Tensor,
-                      targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return Regression().mutual_losses(out_received, out_local, targets)
 
     def scores(self, model: nn.Module, data: ArrayDataset) -> torch.Tensor:
         """Each sample's anomaly score: its mean squared reconstruction error (float64)."""
@@ -177,8 +170,7 @@ class Anomaly(Task):
     def threshold(self, model: nn.Module, val: ArrayDataset) -> float:
         """The score above which a sample is flagged: ``quantile`` of the scores of the validation set's normal
         samples (an incident it recorded, flagged, would raise the bar it is to be caught by)."""
-        normal = val.subset(torch.nonzero(val.y == 0).flatten()) if val.y.dtype == torch.int64 else val
-        scores = self.scores(model, normal)
+        scores = self.scores(model, _normal(val))
         return float(torch.quantile(scores, self.quantile)) if len(scores) else float("inf")
 
     def evaluate(self, model: nn.Module, data: ArrayDataset) -> Evaluation:
@@ -214,6 +206,11 @@ def roc_auc(scores: torch.Tensor, flags: torch.Tensor) -> float:
         start = stop
     rank_sum = float(ranks[flags.bool()].sum())
     return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
+
+
+def _normal(data: ArrayDataset) -> ArrayDataset:
+    """The samples of ``data`` flagged 0 (normal); all of them where ``y`` holds no flags."""
+    return data.subset(torch.nonzero(data.y == 0).flatten()) if data.y.dtype == torch.int64 else data
 
 
 @torch.no_grad()
