@@ -8,6 +8,7 @@ raced on the same temporary files.
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,28 @@ async def test_a_role_that_fails_leaves_the_model_as_its_checkpoint_has_it(fleet
     await node.learner.restore_durable()
     after = node.learner.ctx.checkpoint_state()
     assert all(torch.equal(after[name], tensor) for name, tensor in before.items())
+
+
+@pytest.mark.asyncio
+async def test_a_node_says_done_only_once_its_final_figures_are_in(fleet_shards: Path, tmp_path: Path) -> None:
+    """A fleet read in CI once said done with the figures of round 15: the node marked itself done, then
+    evaluated its final model. A status that says done has the final figures."""
+    node = daemon(id="node-0", data=fleet_shards / "node-0", http_port=0, mdns=False, state_dir=tmp_path / "state",
+                  evaluate=True).node
+    evaluating, release = threading.Event(), threading.Event()
+    evaluate = node.learner.evaluate
+
+    def held_evaluation() -> object:
+        evaluating.set()
+        release.wait(10)
+        return evaluate()
+
+    node.learner.evaluate = held_evaluation  # type: ignore[method-assign]
+    finishing = asyncio.create_task(node.finish(10))
+    await asyncio.to_thread(evaluating.wait, 10)
+    assert not node.status().done  # the final model is being evaluated: not done yet
+    release.set()
+    await finishing
+    status = node.status()
+    assert status.done and status.round == 10
+    assert (status.local_accuracy, status.global_accuracy) == node.learner.accuracy != (None, None)

@@ -215,8 +215,8 @@ class Node:
         the final announcement and a done peer's heartbeat can say so: the summary is logged once."""
         first, self._finished = not self._finished, True
         await self.roles.settled()  # the last round's aggregator may still be fusing: its model is the final one
-        self.progress.finish(round_)
         await self.learner.settle_evaluation(None)
+        self.progress.finish(round_)  # then done: a status that says done has the final figures
         await self.save(copy=True)
         if first:
             self.reporter.summary(f"done after {round_} rounds", self.learner.accuracy)
