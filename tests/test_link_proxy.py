@@ -189,11 +189,11 @@ def test_cut_after_resets_on_time_and_the_next_connection_works(echo: _Server) -
 def test_down_link_resets_at_once_and_forwards_nothing(echo: _Server) -> None:
     with LinkProxy(target=echo.address, down=True) as proxy:
         started = time.monotonic()
-        with connect(proxy.port) as sock:
-            with pytest.raises(ConnectionResetError):
+        with pytest.raises(ConnectionResetError):  # the reset can come before connect() returns, or after it
+            with connect(proxy.port) as sock:
                 sock.sendall(b"lost" * 1000)
                 sock.recv(1)
-            assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 0.5
         assert proxy.counters.as_dict() == {"accepted": 1, "cut": 1, "failed": 0, "bytes_client_to_target": 0,
                                             "bytes_target_to_client": 0, "bytes_total": 0}
         assert echo.connections == 0, "a link that is down opened a connection to the target"
