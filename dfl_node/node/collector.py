@@ -17,7 +17,6 @@ message's confirmation (:meth:`Collector.admit`), also once the group is over, f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -157,13 +156,15 @@ class Collector:
     async def wait(self) -> list[ModelMessage]:
         """Until every expected sender delivered, or the deadline; the messages that arrived. A sender whose cut
         transfer was not resumed within ``resume_window`` is no longer waited for."""
-        while self.missing() and not self.gathered.is_set() and (left := self.deadline - self.clock.monotonic()) > 0:
+        now = self.clock.monotonic()
+        while self.missing() and not self.gathered.is_set() and now < self.deadline:
             self._changed.clear()
-            if self.partials:
-                left = min(left, max(0.0, min(p.until for p in self.partials.values()) - self.clock.monotonic()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
-            now = self.clock.monotonic()
+            wake = min([self.deadline, *(p.until for p in self.partials.values())])
+            try:
+                await asyncio.wait_for(self._changed.wait(), max(0.0, wake - now))
+                now = self.clock.monotonic()
+            except TimeoutError:  # ``wake`` came, whatever the clock reads (asyncio runs a timer that falls within
+                now = max(self.clock.monotonic(), wake)  # its clock's resolution early: a loop that spun)
             for sender in [s for s, p in self.partials.items() if p.until <= now]:
                 self.withdraw(sender)
         self.gathered.set()

@@ -117,13 +117,17 @@ class Reach:
                 ask_at = self.clock.monotonic() + (RETRY_S if verdict is None and not behind else RECHECK_S)
                 if verdict and self._held is not None:  # reachable now (a port forwarded): the slot goes back
                     await self._close(self._held)
+            # A wait for ``ask_at`` that ends means it came, whatever the clock reads: asyncio runs a timer that falls
+            # within its clock's resolution early, and a clock read a hair before ``ask_at`` spun this loop (a
+            # simulated fleet of NAT nodes stood still at its first recheck).
             if not behind:
                 await asyncio.sleep(max(0.0, ask_at - self.clock.monotonic()))
+                ask_at = self.clock.monotonic()
             elif self._held is None and await self._reserve(self._candidates(members)) is None:
                 self.state = "unreachable"
                 await asyncio.sleep(RETRY_S)
-            elif self._held is not None:
-                await self._hold(self._held, until=ask_at)
+            elif self._held is not None and not await self._hold(self._held, until=ask_at):
+                ask_at = self.clock.monotonic()
 
     async def _direct(self, addresses: list[str]) -> bool | None:
         """Whether members (up to :data:`ASKED` of those at ``addresses``) can dial us back at our own address: True
