@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from dfl_node.node.reach import RECHECK_S
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.simulation import DeviceClass, FaultSchedule, KillFault
 from dfl_node.sim.experiment import run_fleet
@@ -55,3 +58,17 @@ def test_a_relay_killed_mid_run_is_replaced_and_no_round_is_lost_or_fused_twice(
     assert run.faults["accepted_models_lost"] == 0, run.faults
     assert all(n.reachability == "relayed" and n.relay for n in run.nodes[:BEHIND_NAT])
     assert run.relays is not None and run.relays["unreachable"] == 0
+
+
+@pytest.mark.timeout(60, method="thread")  # the spin was a hang (the loop swallows a signal's exception)
+def test_relayed_nodes_recheck_their_reachability_and_the_fleet_goes_on_past_it(tmp_path: Path) -> None:
+    """Every RECHECK_S a relayed node asks again whether peers can dial it, then holds its slot until the next.
+    asyncio runs a timer that falls within its clock's resolution early, and Reach's loop, reading a clock a hair
+    before the recheck's time, held its slot for no time again and again: the fleet stood still at 302 s."""
+    duration = RECHECK_S + 30.0
+    run = run_fleet(with_nat(LAN), "defkt", tmp_path, mode="async", duration=duration, interval=60.0,
+                    participation=1.0)
+    assert run.wall_time_s >= duration
+    assert all(n.reachability == "relayed" and n.relay for n in run.nodes[:BEHIND_NAT])  # the recheck kept them so
+    assert run.rounds > 0 and run.relays is not None and run.relays["unreachable"] == 0
+    assert run.membership is not None and run.membership["false_suspicions"] == 0
