@@ -140,10 +140,14 @@ def test_a_curious_peer_attacks_with_a_threshold_from_its_own_data(digits: tuple
     assert figures.attacker == "node-1" and figures.held_out == "validation" and figures.samples == 50
     assert figures.auc > 0.6 and figures.advantage > 0.2 and figures.tpr_at_1pct_fpr > 0
     # a validation split too small is replaced by the test set, and said so; with none, there is nothing to attack
+    task = Classification()
     tiny = Holder("node-2", model, victim.train, train.subset(range(1000, 1000 + MIN_HELD_OUT - 1)))
-    assert held_out(tiny, test) == (test, "test") and held_out(tiny, None) == (tiny.val, "validation")
+    assert held_out(tiny, test, task) == (test, "test") and held_out(tiny, None, task) == (tiny.val, "validation")
+    assert attack(tiny, peer, task, test, np.random.default_rng(0)).held_out == "test"
     with pytest.raises(ValueError, match="node-3 holds no held-out samples"):
-        held_out(Holder("node-3", model, victim.train, train.subset([])), None)
+        held_out(Holder("node-3", model, victim.train, train.subset([])), None, task)
+    with pytest.raises(ValueError, match="node-4 or node-1 holds no training samples"):
+        attack(Holder("node-4", model, train.subset([]), victim.val), peer, task, test, np.random.default_rng(0))
 
 
 # ----------------------------------------------------------------------------- in the simulator

@@ -108,12 +108,14 @@ class Holder:
     val: ArrayDataset
 
 
-def held_out(node: Holder, test: ArrayDataset | None) -> tuple[ArrayDataset, str]:
+def held_out(node: Holder, test: ArrayDataset | None, task: Task) -> tuple[ArrayDataset, str]:
     """The samples ``node`` never trained on, and where they came from: its validation split — drawn from its own
     data, as its training samples are — or the global test set where the split holds fewer than
-    :data:`MIN_HELD_OUT` samples."""
-    if len(node.val) >= MIN_HELD_OUT or test is None:
-        if not len(node.val):
+    :data:`MIN_HELD_OUT` samples of those training reads (:meth:`~dfl_node.learning.tasks.Task.supervised`: an
+    autoencoder's normal ones)."""
+    usable = len(task.supervised(node.val))
+    if usable >= MIN_HELD_OUT or test is None:
+        if not usable:
             raise ValueError(f"{node.node_id} holds no held-out samples to attack its model with")
         return node.val, "validation"
     return test, "test"
@@ -125,13 +127,13 @@ def attack(victim: Holder, attacker: Holder, task: Task, test: ArrayDataset | No
     samples against its held-out ones (:func:`held_out`), and the advantage of the threshold the attacker calibrates
     on its own training and held-out samples, scored by the same model; each comparison :func:`balanced` by
     ``rng``."""
-    if not len(victim.train) or not len(attacker.train):
-        raise ValueError(f"{victim.node_id} or {attacker.node_id} holds no training samples")
-    victim_out, source = held_out(victim, test)
+    victim_out, source = held_out(victim, test, task)
     members, non_members = balanced(scores(task, victim.model, victim.train),
                                     scores(task, victim.model, victim_out), rng)
     own_members, own_non_members = balanced(scores(task, victim.model, attacker.train),
-                                            scores(task, victim.model, held_out(attacker, test)[0]), rng)
+                                            scores(task, victim.model, held_out(attacker, test, task)[0]), rng)
+    if not len(members) or not len(own_members):
+        raise ValueError(f"{victim.node_id} or {attacker.node_id} holds no training samples to attack with")
     threshold = calibrated_threshold(own_members, own_non_members)
     return MembershipInference(attacker=attacker.node_id, held_out=source, samples=len(members),
                                auc=attack_auc(members, non_members), tpr_at_1pct_fpr=tpr_at_fpr(members, non_members),
