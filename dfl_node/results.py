@@ -42,6 +42,49 @@ class EvalRecord(BaseModel):
     series: dict[str, SeriesRecord] = Field(default_factory=dict, description="other reported models, by name")
 
 
+def _absent(value: object) -> bool:
+    """An optional figure a run did not measure is left out of the results (not written as null): a run without
+    the option writes what it wrote before the option existed."""
+    return value is None
+
+
+class MembershipInference(BaseModel):
+    """A curious member's membership-inference attack on one node's final model (``privacy_audit``;
+    :mod:`dfl_node.learning.membership_inference`, docs/privacy.md): the loss threshold over the node's training
+    samples (members) against as many samples it never trained on (non-members)."""
+
+    attacker: str = Field(description="the curious member: the next node in id order, which received the model")
+    held_out: str = Field(description="where the non-members came from: the node's validation split, or the global "
+                          "test set where that split is too small")
+    samples: int = Field(description="members, and as many non-members, compared (the FPR's resolution: 1/samples)")
+    auc: float = Field(description="ROC AUC of the attack's score (−loss), members against non-members: 0.5 is "
+                       "chance")
+    tpr_at_1pct_fpr: float = Field(description="the share of members flagged by the lowest threshold that flags at "
+                                   "most 1 % of the non-members (with under 100 non-members: none of them)")
+    advantage: float = Field(description="TPR − FPR of the threshold the attacker calibrated on its own data, on "
+                             "this node's samples (Yeom's membership advantage: 0 is chance, 1 total)")
+
+
+class MembershipInferenceSummary(BaseModel):
+    """The fleet's nodes under the attack (:class:`MembershipInference`), in a line."""
+
+    nodes: int = Field(description="nodes attacked (those up at the end)")
+    mean_auc: float
+    max_auc: float
+    mean_tpr_at_1pct_fpr: float
+    mean_advantage: float
+
+
+def inference_summary(attacked: list[MembershipInference]) -> MembershipInferenceSummary:
+    """The mean and worst AUC, mean TPR at 1 % FPR and mean advantage over ``attacked`` (one per node)."""
+    if not attacked:
+        raise ValueError("no node attacked")
+    return MembershipInferenceSummary(nodes=len(attacked), mean_auc=fmean(a.auc for a in attacked),
+                                      max_auc=max(a.auc for a in attacked),
+                                      mean_tpr_at_1pct_fpr=fmean(a.tpr_at_1pct_fpr for a in attacked),
+                                      mean_advantage=fmean(a.advantage for a in attacked))
+
+
 class NodeResult(BaseModel):
     id: str
     global_accuracy: float
@@ -60,6 +103,9 @@ class NodeResult(BaseModel):
     relay: str | None = Field(None, description="the member that relayed it (behind NAT)")
     relayed_bytes: int = Field(0, description="bytes it carried as a relay for others, both ways")
     relayed_connections: int = Field(0, description="connections it carried as a relay for others")
+    membership_inference: MembershipInference | None = Field(None, exclude_if=_absent, description="simulate "
+                                                             "--privacy-audit: a curious member's attack on its final "
+                                                             "model")
 
 
 class ThresholdCount(BaseModel):
@@ -130,6 +176,8 @@ class RunResult(BaseModel):
     adversaries: dict[str, str] = Field(default_factory=dict, description="a simulated fleet's compromised nodes "
                                         "and the attack each played (KIND:FRACTION[:STRENGTH]); honest_* leave "
                                         "them out")
+    membership_inference: MembershipInferenceSummary | None = Field(None, exclude_if=_absent, description="simulate "
+                                                                    "--privacy-audit: the nodes' attacks summed up")
 
     @property
     def global_accuracy(self) -> float:

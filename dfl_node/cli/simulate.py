@@ -216,8 +216,8 @@ def _progress_bar(algorithm: str, mode: str, total: float, quiet: bool) -> Itera
 
 
 def _say_what_happened(result: RunResult) -> None:
-    """One JSON line: virtual seconds, and the faults, the links' cuts, the relays and the device classes where the
-    config has them."""
+    """One JSON line: virtual seconds, and the faults, the links' cuts, the relays, the device classes and the
+    membership-inference attacks (``--privacy-audit``) where the config has them."""
     summary: dict[str, Any] = {"algorithm": result.algorithm, "mode": result.mode,
                                "virtual_s": round(result.wall_time_s, 1)}
     if result.transfers_cut or result.groups_replanned:
@@ -229,6 +229,8 @@ def _say_what_happened(result: RunResult) -> None:
         summary["faults"] = {k: v for k, v in result.faults.items() if k != "faults"}  # each fault: in --out
     if result.device_classes is not None:
         summary["device_classes"] = result.device_classes
+    if result.membership_inference is not None:
+        summary["membership_inference"] = result.membership_inference.model_dump(mode="json")
     click.echo(json.dumps(summary))
 
 

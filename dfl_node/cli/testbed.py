@@ -226,6 +226,9 @@ def testbed(out: Path | None, mode: str, duration: float, netns: bool, sites: in
     if config.simulation.adversaries:
         raise click.UsageError("--adversaries: the simulator plays compromised members (dfl-node simulate); a "
                                "testbed's daemons are all honest")
+    if config.simulation.privacy_audit:
+        raise click.UsageError("--privacy-audit: the simulator attacks its nodes' models (dfl-node simulate); a "
+                               "testbed's models stay in their daemons")
     if sites > 1 and (not netns or config.nodes % sites):
         raise click.UsageError("--sites needs --netns and a --nodes that is a multiple of it")
     if nat_sites and (not netns or nat_sites >= sites):

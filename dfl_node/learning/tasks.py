@@ -78,6 +78,23 @@ class Task(ABC):
         mutual learning distils with (003's weighted KL, 004's KL, for this task)."""
         return self.loss(student, teacher.detach())
 
+    def sample_losses(self, model: nn.Module, data: ArrayDataset) -> torch.Tensor:
+        """Each sample's own supervised loss under ``model`` (float64, (N,)), over the samples training reads
+        (:meth:`supervised`: an autoencoder's normal ones, each its own target): :attr:`loss` of a batch of that one
+        sample — classification's cross-entropy, regression's squared error (or Huber) averaged over the targets, an
+        autoencoder's reconstruction error — batched by ``torch.func.vmap``. A model fits the samples it trained on
+        better than others: what a membership-inference attack scores (:mod:`.membership_inference`). A task whose
+        loss ``vmap`` cannot batch overrides it."""
+        from torch.func import vmap  # noqa: PLC0415 - functorch only where an attack runs
+
+        supervised = self.supervised(data)
+        outputs = _outputs(model, supervised)
+        targets = supervised.y.to(outputs.device)
+        if targets.is_floating_point():  # as evaluation reads float targets: one row per sample, in float64
+            targets = targets.to(torch.float64).reshape(outputs.shape)
+        loss = self.loss
+        return vmap(lambda output, target: loss(output[None], target[None]))(outputs, targets)
+
     @abstractmethod
     def evaluate(self, model: nn.Module, data: ArrayDataset) -> Evaluation:
         """``model`` judged on ``data`` (in float32): the headline metric, the mean loss and the other metrics."""

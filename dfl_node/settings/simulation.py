@@ -1,7 +1,7 @@
 """What an experiment config adds for a simulated fleet of real nodes (``dfl-node simulate``): what
 computation costs on each class of devices (``devices:``), what a transfer costs on each class of links
-(``links:``), what goes wrong when (``faults:``), and which members are compromised (``adversaries:``). All times
-are virtual seconds (:mod:`dfl_node.sim.clock`).
+(``links:``), what goes wrong when (``faults:``), which members are compromised (``adversaries:``), and whether
+the leak of its models is measured (``privacy_audit:``). All times are virtual seconds (:mod:`dfl_node.sim.clock`).
 
 :class:`SimulationSettings` is the ``simulation`` part of :class:`~dfl_node.settings.experiment.ExperimentConfig`;
 it lives apart from :mod:`dfl_node.sim` so that reading settings does not import the simulator.
@@ -191,8 +191,9 @@ def adversary_counts(adversaries: list[Adversaries], nodes: int) -> list[int]:
 
 
 class SimulationSettings(_Strict):
-    """``dfl-node simulate``'s own: the fleet's devices, links and faults (set in a config file only), and its
-    compromised members (``--adversaries`` too)."""
+    """``dfl-node simulate``'s own: the fleet's devices, links and faults (set in a config file only), its
+    compromised members (``--adversaries`` too), and whether it measures what its models leak
+    (``--privacy-audit``)."""
 
     devices: dict[str, DeviceClass] = Field(default_factory=dict, description="simulate: device classes by "
                                             "name, what computation costs on each")
@@ -204,3 +205,6 @@ class SimulationSettings(_Strict):
                                            "KIND:FRACTION[:STRENGTH] each (sign-flip, scale, noise, label-flip, "
                                            "false-count, free-rider; docs/robustness.md); results report the honest "
                                            "nodes apart")
+    privacy_audit: bool = Field(False, description="simulate: once the run is over, each node's final model is "
+                                "attacked by a curious member (the next node) by membership inference: AUC, TPR at 1 "
+                                "% FPR and advantage per node and for the fleet in the results (docs/privacy.md)")

@@ -18,7 +18,8 @@ from typing import Any
 from dfl_node.algorithms import make_algorithm
 from dfl_node.fleet_results import fleet_result
 from dfl_node.learning.provision import FleetData, provision, write_fleet
-from dfl_node.results import RunResult
+from dfl_node.node.learner import Learner
+from dfl_node.results import RunResult, inference_summary
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.settings.simulation import Adversaries, FaultSchedule
@@ -76,10 +77,12 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path | None = N
                                             slow_recovery=stall_bound(node, False, work),
                                             heal_within=0.9 * node.schedule.round_timeout, slowdowns=random_slowdowns,
                                             nodes=[c.id for c in configs])
-        statuses, histories, happened, ended, states, membership = run_virtual(
+        statuses, histories, happened, ended, states, membership, learners = run_virtual(
             _run(configs, costs, schedule, fault_seed, progress, adversaries), costs.compute(), config.learning.threads)
         train_sizes = {c.node_id: len(c.train) for c in data.clients}
         result = fleet_result("simulate", statuses, histories, config, algorithm, train_sizes, VIRTUAL_EPOCH, ended)
+        if config.simulation.privacy_audit:
+            privacy_audit(result, learners, config)
         result.membership = membership
         result.adversaries = {node_id: str(adversary) for node_id, adversary in adversaries.items()}
         if schedule.kills or schedule.partitions or schedule.links or schedule.slow_nodes:
@@ -88,6 +91,23 @@ def run_fleet(config: ExperimentConfig, algorithm: str, workdir: Path | None = N
         if config.simulation.devices:
             result.device_classes = by_class(statuses, costs.class_of)
         return result
+
+
+def privacy_audit(result: RunResult, learners: dict[str, Learner], config: ExperimentConfig) -> None:
+    """``privacy_audit``: each node's final model attacked by a curious peer
+    (:func:`~dfl_node.learning.membership_inference.fleet_attacks`), once the run is over and its result made: the
+    attack reads the models and data the nodes hold, so the run and its figures are those of a run without it."""
+    from dfl_node.learning.membership_inference import Holder, fleet_attacks  # noqa: PLC0415 - only when asked
+    from dfl_node.learning.tasks import task_of  # noqa: PLC0415
+
+    holders = [Holder(node_id, learner.ctx.model, learner.ctx.train, learner.ctx.val)
+               for node_id, learner in learners.items()]
+    test = next(iter(learners.values())).test if learners else None
+    attacks = fleet_attacks(holders, task_of(config.learning), test, config.learning.seed)
+    for node in result.nodes:
+        node.membership_inference = attacks.get(node.id)
+    if attacks:
+        result.membership_inference = inference_summary(list(attacks.values()))
 
 
 def by_class(statuses: dict[str, dict], class_of: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -105,7 +125,9 @@ def by_class(statuses: dict[str, dict], class_of: dict[str, str]) -> dict[str, d
 async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSchedule, seed: int,
                progress: Progress | None, adversaries: dict[str, Adversaries]
                ) -> tuple[dict[str, dict], dict[str, list[dict]], list[Fault], float, dict[str, dict[str, Any]],
-                          dict[str, Any]]:
+                          dict[str, Any], dict[str, Learner]]:
+    """Run the fleet to its end; what its nodes reported, the faults played, when it ended, what the nodes made
+    durable, the membership's figures, and each node's learner (its final model and data) as the run left it."""
     fleet = VirtualFleet(configs, costs.transfer(), adversaries)
     with contextlib.ExitStack() as stack:
         if progress is not None:
@@ -121,8 +143,9 @@ async def _run(configs: list[NodeConfig], costs: CostModel, schedule: FaultSched
             statuses = {n: node.status().model_dump(mode="json") for n, node in sorted(fleet.nodes.items())}
             histories = {n: [h.model_dump(mode="json") for h in node.history()]
                          for n, node in sorted(fleet.nodes.items())}
+            learners = {n: node.learner for n, node in sorted(fleet.nodes.items())}
             await fleet.stop_all()
-            return statuses, histories, happened, ended, fleet.durable_states(), membership
+            return statuses, histories, happened, ended, fleet.durable_states(), membership, learners
         finally:
             await fleet.close()
 
