@@ -1,0 +1,298 @@
+"""Sample-level differential privacy: DP-SGD on every optimiser step that trains on a node's own data, with Opacus
+computing the per-sample gradient norms, clipping factors and noise, and accounting ε (its RDP accountant; no
+accountant of our own). On with ``dp_epsilon`` or ``dp_noise`` (:class:`~dfl_node.learning.settings.SharedSettings`);
+off, nothing here runs and every path trains as it did, bit for bit.
+
+One function, :meth:`PrivateTraining.train`, is the step of every path that touches the data — local training
+(:func:`~dfl_node.learning.training.local_sgd`, FedProx's proximal term included), MKT fusion
+(:func:`~dfl_node.learning.fusion.mutual_knowledge_transfer`: both models train on the receiver's data), DFML's
+weighted mutual learning and FML's deep mutual learning (:mod:`dfl_node.learning.mutual`). Each step:
+
+* **Poisson sampling**, as the accountant assumes: every sample joins the step's batch with probability
+  q = min(1, B/N) (B the path's batch size, N the node's training samples *now*: data that grew gives the next
+  steps its smaller q, and each step is accounted with its own), a Bernoulli mask drawn from the path's seeded
+  generator. A pass is ⌈N/B⌉ such steps, as a plain pass has batches; a batch may be empty (then the step is noise).
+* **Per-sample clipping**, per model: the gradient of each sample's loss is clipped to ``dp_clip`` in L2 norm over
+  the model's parameters (Opacus's clipping factor ``min(1, C/(‖g_i‖ + 1e-6))``). The norms come from Opacus's
+  fast-gradient-clipping hooks (ghost norms for linear layers, per-sample gradients for the rest), then a second
+  backward pass of the outputs' gradients scaled by each sample's factor gives the clipped sum: Opacus's
+  ``DPLossFastGradientClipping`` with the per-sample losses read off the outputs' gradients, so that every task's
+  batch-mean loss serves as it is. That assumes what any per-sample gradient assumes: a sample's loss depends on
+  its own outputs only (another model's outputs enter as constants: detached teachers), and the loss is the batch
+  mean of the samples' losses.
+* **Gaussian noise** N(0, (σ·C)²) on each parameter's clipped sum (Opacus's ``_generate_noise``), the sum then
+  divided by the expected batch size q·N; then FedProx's proximal gradient μ(w − w_start), which reads no data;
+  then the project's own :class:`~dfl_node.learning.training.Sgd` step.
+* **Accounting**: a step that trains k models on one batch releases k Gaussian mechanisms of sensitivity C with
+  noise σ·C on the same sample — one mechanism of sensitivity √k·C, so it is accounted once at noise multiplier
+  σ/√k and rate q (Opacus's RDP accountant; DFML's k is the aggregator's group). Accounting k steps at σ would
+  treat the k batches as drawn independently, which they are not.
+
+The **budget**: a training call whose steps would take ε (at ``dp_delta``) past ``dp_epsilon`` does not run; from
+then on the node trains on its data no more (it says so once, at WARNING), and keeps serving its model and taking
+part wherever its algorithm needs no data: a sender of defkt, fullavg, combo or gossip sends its model untrained;
+an MKT receiver (defkt) keeps its own model and takes no fusion; fedavg, fedprox, the partial-training algorithms
+and FML average as before, their members untrained (FML's meme averaging included); a DFML aggregator hands each
+sender its model back as it came. Where ``dp_noise`` is not given, σ is the smallest noise multiplier (Opacus's
+``get_noise_multiplier``) that keeps ``dp_epochs`` passes of local training — rate batch_size/N, ⌈N/B⌉ steps a
+pass, N the node's samples when σ is first chosen — within the budget; it is chosen once and checkpointed.
+
+The **account** (σ, every (noise multiplier, rate, steps) spent, whether the budget stopped training) is checkpointed
+with the node (:meth:`PrivateTraining.state`) and restored on restart. A role that fails and is replayed spends its
+steps again: the account only ever counts more than was released.
+
+**Randomness**: the masks and the noise come from the generator each path is given — derived from (seed, round,
+node), as its minibatch order was — so a run is reproducible and the simulator and the daemon agree. ``dp_secure``
+is for production: each call's generator is seeded with 63 bits of the OS's CSPRNG (:mod:`secrets`), and the noise
+is Opacus's ``secure_mode`` sum of draws (the fix for floating-point attacks on Gaussian samples). Opacus's own
+secure mode draws from torchcsprng, which is not built for current torch; a generator seeded from the OS is what
+torch offers, its stream unpredictable to whoever does not hold the seed.
+
+Not covered: figures a node computes on its validation split (accuracy in ``/status``, defkt-select's class
+profile, fairavg's weights) are not noised; ``--selection probe-samples``, which sends raw samples, is refused with
+DP on (:func:`~dfl_node.learning.settings.privacy_refusal`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import secrets
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from dfl_node.errors import OperatorError
+from dfl_node.learning import work
+from dfl_node.learning.datasets import ArrayDataset
+from dfl_node.learning.settings import SharedSettings
+from dfl_node.learning.training import Sgd, SgdParams, autocast, batches_per_epoch, gather, release
+
+if TYPE_CHECKING:
+    from opacus.accountants import RDPAccountant
+    from opacus.grad_sample import GradSampleHooksFastGradientClipping
+
+log = logging.getLogger(__name__)
+
+# (each model's outputs on the batch, the targets) -> the sum of the models' batch-mean losses
+LossOf = Callable[[Sequence[torch.Tensor], torch.Tensor], torch.Tensor]
+Params = list[torch.Tensor]
+
+
+class PrivateTraining:
+    """One node's DP-SGD: its settings, its noise multiplier and its account. ``num_samples`` (the node's training
+    samples at start) sizes σ where ``dp_noise`` is not given."""
+
+    def __init__(self, settings: SharedSettings, node_id: str, num_samples: int) -> None:
+        self.node_id, self.clip, self.delta = node_id, settings.dp_clip, settings.dp_delta
+        self.budget, self.secure = settings.dp_epsilon, settings.dp_secure
+        if settings.dp_noise is not None:
+            self.noise = settings.dp_noise
+        else:
+            assert settings.dp_epsilon is not None  # one of the two is given: DP is on
+            rate = min(1.0, settings.batch_size / max(num_samples, 1))
+            steps = math.ceil(settings.dp_epochs * batches_per_epoch(max(num_samples, 1), settings.batch_size))
+            self.noise = planned_noise(settings.dp_epsilon, settings.dp_delta, rate, steps)
+        self.history: list[tuple[float, float, int]] = []  # (noise multiplier, rate, steps), one per pair
+        self.exhausted = False  # the budget stopped training on the data
+        self.epsilon = 0.0  # spent so far, at δ
+
+    # ----- the account ----------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The account as a checkpoint's JSON keeps it."""
+        return {"noise": self.noise, "history": [list(h) for h in self.history], "exhausted": self.exhausted}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """The account a checkpoint kept (:meth:`state`): a restarted node goes on spending from it."""
+        self.noise = float(state["noise"])
+        self.history = [(float(s), float(q), int(n)) for s, q, n in state["history"]]
+        self.exhausted = bool(state["exhausted"])
+        self.epsilon = epsilon_of(self.history, self.delta)
+
+    def _record(self, noise: float, rate: float, steps: int) -> list[tuple[float, float, int]]:
+        """The history with ``steps`` more at ``(noise, rate)``: one entry per pair (RDP adds up in any order)."""
+        spent = dict(((s, q), n) for s, q, n in self.history)
+        spent[(noise, rate)] = spent.get((noise, rate), 0) + steps
+        return [(s, q, n) for (s, q), n in spent.items()]
+
+    def _admit(self, noise: float, rate: float, steps: int) -> bool:
+        """Whether ``steps`` more steps stay within the budget; the first refusal stops training for good and is
+        said once."""
+        if not self.exhausted and self.budget is not None:
+            after = epsilon_of(self._record(noise, rate, steps), self.delta)
+            if after > self.budget:
+                self.exhausted = True
+                log.warning("%s: differential privacy budget reached: ε = %.3g spent of %.3g (δ = %g); it trains on "
+                            "its data no more, and goes on serving its model and fusing what needs no data",
+                            self.node_id, self.epsilon, self.budget, self.delta)
+        return not self.exhausted
+
+    # ----- the step ---------------------------------------------------------------------------
+    def train(self, models: Sequence[nn.Module], optimizers: Sequence[Sgd], data: ArrayDataset, params: SgdParams,
+              generator: torch.Generator, loss_of: LossOf, before_step: Callable[[], None] | None = None
+              ) -> float | None:
+        """``params.epochs`` passes of DP-SGD over ``data`` for ``models`` together, each stepped by its optimiser
+        (released at the end); ``before_step`` adds what reads no data to the noised gradients (FedProx's term).
+        Returns the mean loss of the steps' batches; None where the budget refused the passes (nothing changed)."""
+        rate = min(1.0, params.batch_size / len(data)) if len(data) else 0.0
+        steps = batches_per_epoch(len(data), params.batch_size) * params.epochs
+        noise = self.noise / math.sqrt(len(models))
+        if not steps or not self._admit(noise, rate, steps):
+            release(*optimizers)
+            return 0.0 if not steps else None
+        self.history = self._record(noise, rate, steps)  # spent before it is released: never counted short
+        self.epsilon = epsilon_of(self.history, self.delta)
+        work.done().steps += steps
+        rng = torch.Generator().manual_seed(secrets.randbits(63)) if self.secure else generator
+        hooks = [norm_hooks()(model, max_grad_norm=self.clip, use_ghost_clipping=True) for model in models]
+        total = torch.zeros((), dtype=torch.float64, device=data.x.device)
+        try:
+            for _ in range(steps):
+                batch = torch.nonzero(torch.rand(len(data), generator=rng) < rate).flatten().to(data.x.device)
+                for optimizer in optimizers:
+                    optimizer.zero_grad()
+                if len(batch):
+                    x, y = gather(data, batch)
+                    total += clipped_gradients(models, hooks, x, y, loss_of, params.bf16)
+                for optimizer in optimizers:
+                    add_noise(optimizer.parameters, self.noise * self.clip, rate * len(data), rng, self.secure)
+                if before_step is not None:
+                    before_step()
+                for optimizer in optimizers:
+                    optimizer.step()
+        finally:
+            for hook in hooks:
+                hook.cleanup()
+            release(*optimizers)
+        return float(total) / steps
+
+    @staticmethod
+    def check_model(model: nn.Module, name: str) -> None:
+        """An :class:`OperatorError` (one line, at start) for a model whose samples' gradients cannot be told apart:
+        a layer with buffers, such as BatchNorm, mixes the samples of a batch."""
+        from opacus.grad_sample import GradSampleHooks  # noqa: PLC0415 - opacus (scipy, seconds) only with DP on
+
+        errors = GradSampleHooks.validate(model, strict=False)
+        if errors:
+            raise OperatorError(f"differential privacy needs each sample's gradient, which model {name} mixes across "
+                                f"a batch ({str(errors[0]).strip()}); use a model without BatchNorm (e.g. cnn-ln)")
+
+
+def clipped_gradients(models: Sequence[nn.Module], hooks: Sequence[GradSampleHooksFastGradientClipping],
+                      x: torch.Tensor, y: torch.Tensor, loss_of: LossOf, bf16: bool = False) -> torch.Tensor:
+    """Each model's ``.grad`` set to the sum over the batch of its samples' gradients, each clipped to the hooks'
+    norm (:func:`clipping_factors`); returns the loss. Two backward passes: the first, with the hooks on, only
+    computes the per-sample norms (it asks for the input's gradient, or the parameters' for an input without one,
+    and accumulates nothing); the second, hooks off, backpropagates each model's output gradients, sample i's scaled
+    by n·c_i, into the parameters: the gradient of Σ c_i·loss_i."""
+    if x.is_floating_point():
+        x = x.requires_grad_()  # a gathered copy: the data itself is untouched
+    parameters = [p for model in models for p in model.parameters() if p.requires_grad]
+    for hook in hooks:
+        hook.enable_hooks()
+    with autocast(x.device, bf16):
+        outputs = [model(x) for model in models]
+        loss = loss_of(outputs, y)
+    grads = torch.autograd.grad(loss, outputs, retain_graph=True, materialize_grads=True)
+    torch.autograd.grad(outputs, [x] if x.requires_grad else parameters, grads, retain_graph=True, allow_unused=True)
+    factors = [clipping_factors(hook) for hook in hooks]
+    for hook in hooks:
+        hook.disable_hooks()
+    n = len(x)
+    scaled = [g * (n * c).to(g.dtype).view(-1, *[1] * (g.dim() - 1)) for g, c in zip(grads, factors, strict=True)]
+    torch.autograd.backward(outputs, scaled, inputs=parameters)
+    return loss.detach()
+
+
+def clipping_factors(hook: GradSampleHooksFastGradientClipping) -> torch.Tensor:
+    """Opacus's per-sample clipping factors of one model, ``min(1, C/(‖g_i‖ + 1e-6))``, from the norms its hooks
+    computed in the first backward pass."""
+    return hook.get_clipping_coef()
+
+
+def add_noise(parameters: Params, std: float, expected_batch: float, generator: torch.Generator,
+              secure: bool) -> None:
+    """Each parameter's gradient (the clipped sum; none: an empty batch) plus N(0, std²) noise, over the expected
+    batch size: Opacus's noise, drawn on the CPU from ``generator`` (the same draws on every device)."""
+    from opacus.optimizers.optimizer import _generate_noise  # noqa: PLC0415 - opacus only with DP on
+
+    for p in (p for p in parameters if p.requires_grad):
+        noise = _generate_noise(std, torch.empty(p.shape, dtype=p.dtype), generator, secure).to(p.device)
+        p.grad = (noise if p.grad is None else p.grad + noise).div_(expected_batch)
+
+
+def epsilon_of(history: Sequence[tuple[float, float, int]], delta: float) -> float:
+    """ε at ``delta`` of the steps in ``history``: Opacus's RDP accountant's."""
+    from opacus.accountants import RDPAccountant  # noqa: PLC0415 - opacus only with DP on
+
+    accountant: RDPAccountant = RDPAccountant()
+    accountant.history = list(history)
+    return float(accountant.get_epsilon(delta)) if history else 0.0
+
+
+@functools.cache
+def planned_noise(epsilon: float, delta: float, rate: float, steps: int) -> float:
+    """The smallest noise multiplier whose ``steps`` steps at ``rate`` spend at most ``epsilon`` (Opacus's search;
+    cached: the nodes of a fleet with equal shards ask the same)."""
+    from opacus.accountants.utils import get_noise_multiplier  # noqa: PLC0415 - opacus only with DP on
+
+    return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=rate, steps=steps,
+                                      accountant="rdp"))
+
+
+def _linear_norms(layer: nn.Linear, activations: list[torch.Tensor],
+                  backprops: torch.Tensor) -> dict[torch.Tensor, torch.Tensor]:
+    """Opacus's ghost norms of a linear layer's per-sample gradients, ‖g_i‖·‖a_i‖ for one row per sample, as vector
+    norms: Opacus's einsum of the same took 20 times as long on a CPU (a step of the MNIST MLP 3.4× a plain one)."""
+    from opacus.grad_sample.linear import compute_linear_norm_sample  # noqa: PLC0415 - opacus only with DP on
+
+    if backprops.dim() != 2:  # sequences: Opacus's own
+        return compute_linear_norm_sample(layer, activations, backprops)
+    out = torch.linalg.vector_norm(backprops, dim=1)
+    norms = {}
+    if layer.weight.requires_grad:
+        norms[layer.weight] = out * torch.linalg.vector_norm(activations[0].to(backprops.dtype), dim=1)
+    if layer.bias is not None and layer.bias.requires_grad:
+        norms[layer.bias] = out
+    return norms
+
+
+def _conv_norms(layer: nn.Conv1d | nn.Conv2d | nn.Conv3d, activations: list[torch.Tensor],
+                backprops: torch.Tensor) -> dict[torch.Tensor, torch.Tensor]:
+    """The norms of a convolution's per-sample gradients, each the weight gradient of one sample, computed by
+    ``convolution_backward`` under ``vmap``: Opacus's unfold and einsum of the same made a CNN's step 2.6× a plain
+    one. A padding Opacus handles itself (a mode other than zeros, ``same``) goes to its grad sampler."""
+    from opacus.grad_sample.conv import compute_conv_grad_sample  # noqa: PLC0415 - opacus only with DP on
+
+    if isinstance(layer.padding, str) or layer.padding_mode != "zeros":
+        return {p: torch.linalg.vector_norm(g.flatten(1), dim=1)
+                for p, g in compute_conv_grad_sample(layer, activations, backprops).items()}
+    weight = layer.weight
+
+    def one(sample: torch.Tensor, backprop: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.convolution_backward(
+            backprop[None], sample[None], weight, None, layer.stride, layer.padding, layer.dilation, False,
+            [0] * len(layer.stride), layer.groups, [False, True, False])[1]
+
+    norms = {}
+    if weight.requires_grad:
+        grads = torch.func.vmap(one)(activations[0].to(backprops.dtype), backprops)
+        norms[weight] = torch.linalg.vector_norm(grads.flatten(1), dim=1)
+    if layer.bias is not None and layer.bias.requires_grad:
+        norms[layer.bias] = torch.linalg.vector_norm(backprops.flatten(2).sum(2), dim=1)
+    return norms
+
+
+@functools.cache
+def norm_hooks() -> type[GradSampleHooksFastGradientClipping]:
+    """Opacus's fast-gradient-clipping hooks (attached to a model, not wrapping it), with the norms of linear and
+    convolution layers computed as above; built on first use, so that opacus is imported only with DP on."""
+    from opacus.grad_sample import GradSampleHooksFastGradientClipping  # noqa: PLC0415 - opacus only with DP on
+
+    samplers = {**GradSampleHooksFastGradientClipping.NORM_SAMPLERS, nn.Linear: _linear_norms,
+                nn.Conv1d: _conv_norms, nn.Conv2d: _conv_norms, nn.Conv3d: _conv_norms}
+    return type("NormHooks", (GradSampleHooksFastGradientClipping,), {"NORM_SAMPLERS": samplers})
+
