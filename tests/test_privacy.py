@@ -303,7 +303,8 @@ def test_a_model_that_mixes_samples_is_refused_at_start() -> None:
 def test_with_dp_off_nothing_of_it_runs(tmp_path: Path) -> None:
     """Off, no node has a privacy account and opacus is never imported: every path trains as before (the suite's
     bit-for-bit tests of the plain loop, tests/test_inner_loop.py, and of the simulator hold it to its bits)."""
-    code = ("import sys\nfrom dfl_node.settings.experiment import ExperimentConfig\nfrom dfl_node.sim import run_fleet\n"
+    code = ("import sys\nfrom dfl_node.settings.experiment import ExperimentConfig\n"
+            "from dfl_node.sim import run_fleet\n"
             "run_fleet(ExperimentConfig(nodes=2, rounds=1, eval_every=1, hidden=[8]), 'defkt')\n"
             "assert 'opacus' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
