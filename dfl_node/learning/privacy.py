@@ -72,11 +72,12 @@ from dfl_node.learning.settings import SharedSettings
 from dfl_node.learning.training import Sgd, SgdParams, autocast, batches_per_epoch, gather, release
 
 if TYPE_CHECKING:
-    from opacus.accountants import RDPAccountant
     from opacus.grad_sample import GradSampleHooksFastGradientClipping
 
 log = logging.getLogger(__name__)
 
+# What a norm sampler leaves on a parameter: a function of the batch's clipping factors giving its clipped sum
+CLIPPED_SUM = "dfl_clipped_sum"
 # (each model's outputs on the batch, the targets) -> the sum of the models' batch-mean losses
 LossOf = Callable[[Sequence[torch.Tensor], torch.Tensor], torch.Tensor]
 Params = list[torch.Tensor]
@@ -166,6 +167,8 @@ class PrivateTraining:
         finally:
             for hook in hooks:
                 hook.cleanup()
+            for p in (p for model in models for p in model.parameters()):
+                p.__dict__.pop(CLIPPED_SUM, None)  # a step cut short leaves none behind
             release(*optimizers)
         return float(total) / steps
 
@@ -184,26 +187,39 @@ class PrivateTraining:
 def clipped_gradients(models: Sequence[nn.Module], hooks: Sequence[GradSampleHooksFastGradientClipping],
                       x: torch.Tensor, y: torch.Tensor, loss_of: LossOf, bf16: bool = False) -> torch.Tensor:
     """Each model's ``.grad`` set to the sum over the batch of its samples' gradients, each clipped to the hooks'
-    norm (:func:`clipping_factors`); returns the loss. Two backward passes: the first, with the hooks on, only
-    computes the per-sample norms (it asks for the input's gradient, or the parameters' for an input without one,
-    and accumulates nothing); the second, hooks off, backpropagates each model's output gradients, sample i's scaled
-    by n·c_i, into the parameters: the gradient of Σ c_i·loss_i."""
+    norm (:func:`clipping_factors`); returns the loss.
+
+    One backward pass with the hooks on computes the per-sample norms (it asks for the input's gradient, or the
+    parameters' for an input without one, and accumulates nothing). The norm samplers of linear and convolution
+    layers leave each of their parameters the sum of its clipped per-sample gradients to take once the factors are
+    known (:data:`CLIPPED_SUM`: Opacus's ``einsum("i,i...")`` of the factors and the per-sample gradients, or, for a
+    linear layer, of the factors and the ghost norm's parts), so a model of such layers (000's MLP and CNN) needs no
+    second pass. The parameters of other layers (LayerNorm) get theirs from a second backward, hooks off, of the
+    outputs' gradients, sample i's scaled by n·c_i, into those parameters only: the gradient of Σ c_i·loss_i."""
     if x.is_floating_point():
         x = x.requires_grad_()  # a gathered copy: the data itself is untouched
-    parameters = [p for model in models for p in model.parameters() if p.requires_grad]
     for hook in hooks:
         hook.enable_hooks()
     with autocast(x.device, bf16):
         outputs = [model(x) for model in models]
         loss = loss_of(outputs, y)
-    grads = torch.autograd.grad(loss, outputs, retain_graph=True, materialize_grads=True)
-    torch.autograd.grad(outputs, [x] if x.requires_grad else parameters, grads, retain_graph=True, allow_unused=True)
+    inputs = [x] if x.requires_grad else [p for model in models for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, [*outputs, *inputs], retain_graph=True, materialize_grads=True)[:len(outputs)]
     factors = [clipping_factors(hook) for hook in hooks]
     for hook in hooks:
         hook.disable_hooks()
-    n = len(x)
-    scaled = [g * (n * c).to(g.dtype).view(-1, *[1] * (g.dim() - 1)) for g, c in zip(grads, factors, strict=True)]
-    torch.autograd.backward(outputs, scaled, inputs=parameters)
+    rest = []
+    for model, factor in zip(models, factors, strict=True):
+        for p in model.parameters():
+            clipped_sum = p.__dict__.pop(CLIPPED_SUM, None)
+            if clipped_sum is not None:
+                p.grad = clipped_sum(factor).to(p.dtype)
+            elif p.requires_grad:
+                rest.append(p)
+    if rest:
+        n = len(x)
+        scaled = [g * (n * c).to(g.dtype).view(-1, *[1] * (g.dim() - 1)) for g, c in zip(grads, factors, strict=True)]
+        torch.autograd.backward(outputs, scaled, inputs=rest)
     return loss.detach()
 
 
@@ -220,17 +236,34 @@ def add_noise(parameters: Params, std: float, expected_batch: float, generator: 
     from opacus.optimizers.optimizer import _generate_noise  # noqa: PLC0415 - opacus only with DP on
 
     for p in (p for p in parameters if p.requires_grad):
-        noise = _generate_noise(std, torch.empty(p.shape, dtype=p.dtype), generator, secure).to(p.device)
-        p.grad = (noise if p.grad is None else p.grad + noise).div_(expected_batch)
+        cpu = p if p.device.type == "cpu" else torch.empty(p.shape, dtype=p.dtype)  # the noise's shape and place
+        noise = _generate_noise(std, cpu, generator, secure).to(p.device)
+        p.grad = (noise if p.grad is None else p.grad.add_(noise)).div_(expected_batch)  # the step's own sum
 
 
 def epsilon_of(history: Sequence[tuple[float, float, int]], delta: float) -> float:
-    """ε at ``delta`` of the steps in ``history``: Opacus's RDP accountant's."""
+    """ε at ``delta`` of the steps in ``history`` (noise multiplier, rate, steps): what Opacus's RDP accountant's
+    ``get_epsilon`` computes, with the same functions in the same order, but for one thing: the RDP of a step at each
+    (noise, rate) is computed once (:func:`_step_rdp`) and multiplied by the steps, as ``compute_rdp`` itself does.
+    The accountant computes it afresh at every call, 60 ms a pair here: a node that asks before and after every
+    update spent more time accounting an MLP's update than taking it."""
     from opacus.accountants import RDPAccountant  # noqa: PLC0415 - opacus only with DP on
+    from opacus.accountants.analysis import rdp as analysis  # noqa: PLC0415
 
-    accountant: RDPAccountant = RDPAccountant()
-    accountant.history = list(history)
-    return float(accountant.get_epsilon(delta)) if history else 0.0
+    if not history:
+        return 0.0
+    rdp = sum(_step_rdp(noise, rate) * steps for noise, rate, steps in history)
+    epsilon, _ = analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+    return float(epsilon)
+
+
+@functools.cache
+def _step_rdp(noise: float, rate: float) -> Any:
+    """The RDP of one step of the subsampled Gaussian mechanism at each of Opacus's default orders."""
+    from opacus.accountants import RDPAccountant  # noqa: PLC0415 - opacus only with DP on
+    from opacus.accountants.analysis import rdp as analysis  # noqa: PLC0415
+
+    return analysis.compute_rdp(q=rate, noise_multiplier=noise, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS)
 
 
 @functools.cache
@@ -243,33 +276,45 @@ def planned_noise(epsilon: float, delta: float, rate: float, steps: int) -> floa
                                       accountant="rdp"))
 
 
+def _per_sample(grads: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
+    """The norms of the per-sample gradients ``grads`` (parameter → (n, *shape)), each parameter left its clipped
+    sum: DPOptimizer's ``einsum("i,i...", factors, grad_sample)``."""
+    for p, g in grads.items():
+        setattr(p, CLIPPED_SUM, lambda factors, g=g: torch.einsum("i,i...", factors.to(g.dtype), g))
+    return {p: torch.linalg.vector_norm(g.flatten(1), dim=1) for p, g in grads.items()}
+
+
 def _linear_norms(layer: nn.Linear, activations: list[torch.Tensor],
                   backprops: torch.Tensor) -> dict[torch.Tensor, torch.Tensor]:
     """Opacus's ghost norms of a linear layer's per-sample gradients, ‖g_i‖·‖a_i‖ for one row per sample, as vector
-    norms: Opacus's einsum of the same took 20 times as long on a CPU (a step of the MNIST MLP 3.4× a plain one)."""
+    norms (Opacus's einsum of the same took 20 times as long on a CPU: a step of the MNIST MLP 3.4× a plain one);
+    the clipped sums are (c·g)ᵀa and Σ c·g."""
     from opacus.grad_sample.linear import compute_linear_norm_sample  # noqa: PLC0415 - opacus only with DP on
 
-    if backprops.dim() != 2:  # sequences: Opacus's own
+    if backprops.dim() != 2:  # sequences: Opacus's own, and the second backward pass
         return compute_linear_norm_sample(layer, activations, backprops)
+    inputs = activations[0].to(backprops.dtype)
     out = torch.linalg.vector_norm(backprops, dim=1)
     norms = {}
     if layer.weight.requires_grad:
-        norms[layer.weight] = out * torch.linalg.vector_norm(activations[0].to(backprops.dtype), dim=1)
+        norms[layer.weight] = out * torch.linalg.vector_norm(inputs, dim=1)
+        setattr(layer.weight, CLIPPED_SUM, lambda factors: (backprops * factors.to(backprops.dtype)[:, None]).t()
+                @ inputs)
     if layer.bias is not None and layer.bias.requires_grad:
         norms[layer.bias] = out
+        setattr(layer.bias, CLIPPED_SUM, lambda factors: factors.to(backprops.dtype) @ backprops)
     return norms
 
 
 def _conv_norms(layer: nn.Conv1d | nn.Conv2d | nn.Conv3d, activations: list[torch.Tensor],
                 backprops: torch.Tensor) -> dict[torch.Tensor, torch.Tensor]:
     """The norms of a convolution's per-sample gradients, each the weight gradient of one sample, computed by
-    ``convolution_backward`` under ``vmap``: Opacus's unfold and einsum of the same made a CNN's step 2.6× a plain
-    one. A padding Opacus handles itself (a mode other than zeros, ``same``) goes to its grad sampler."""
+    ``convolution_backward`` under ``vmap`` (Opacus's unfold and einsum of the same made a CNN's step 2.6× a plain
+    one); a padding Opacus handles itself (a mode other than zeros, ``same``) by its grad sampler."""
     from opacus.grad_sample.conv import compute_conv_grad_sample  # noqa: PLC0415 - opacus only with DP on
 
     if isinstance(layer.padding, str) or layer.padding_mode != "zeros":
-        return {p: torch.linalg.vector_norm(g.flatten(1), dim=1)
-                for p, g in compute_conv_grad_sample(layer, activations, backprops).items()}
+        return _per_sample(compute_conv_grad_sample(layer, activations, backprops))
     weight = layer.weight
 
     def one(sample: torch.Tensor, backprop: torch.Tensor) -> torch.Tensor:
@@ -277,13 +322,12 @@ def _conv_norms(layer: nn.Conv1d | nn.Conv2d | nn.Conv3d, activations: list[torc
             backprop[None], sample[None], weight, None, layer.stride, layer.padding, layer.dilation, False,
             [0] * len(layer.stride), layer.groups, [False, True, False])[1]
 
-    norms = {}
+    grads = {}
     if weight.requires_grad:
-        grads = torch.func.vmap(one)(activations[0].to(backprops.dtype), backprops)
-        norms[weight] = torch.linalg.vector_norm(grads.flatten(1), dim=1)
+        grads[weight] = torch.func.vmap(one)(activations[0].to(backprops.dtype), backprops)
     if layer.bias is not None and layer.bias.requires_grad:
-        norms[layer.bias] = torch.linalg.vector_norm(backprops.flatten(2).sum(2), dim=1)
-    return norms
+        grads[layer.bias] = backprops.flatten(2).sum(2)
+    return _per_sample(grads)
 
 
 @functools.cache
