@@ -17,10 +17,12 @@ import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
 from opacus.accountants import RDPAccountant
+from prometheus_client import generate_latest
 from torch import nn
 
 from dfl_node.algorithms import Group, NodeContext, Step, make_algorithm
 from dfl_node.algorithms.base import equip
+from dfl_node.api.metrics import NodeMetrics
 from dfl_node.cli import cli
 from dfl_node.errors import OperatorError
 from dfl_node.learning import privacy
@@ -31,7 +33,10 @@ from dfl_node.learning.mutual import dfml_losses, fml_losses
 from dfl_node.learning.privacy import PrivateTraining, clipped_gradients, norm_hooks
 from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.learning.training import Sgd
+from dfl_node.node.views import node_status
+from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
+from dfl_node.sim import run_fleet
 from tests.conftest import FLEET, daemon
 
 SAMPLES, BATCH = 24, 8
@@ -223,19 +228,24 @@ def test_growing_data_is_accounted_at_its_new_rate() -> None:
 def test_a_node_that_reaches_its_budget_stops_training_on_its_data(caplog: pytest.LogCaptureFixture) -> None:
     per_call = math.ceil(SAMPLES / BATCH)
     one, two = (privacy.epsilon_of([(1.0, BATCH / SAMPLES, n * per_call)], 1e-5) for n in (1, 2))
-    budget = (one + two) / 2  # room for one local update, not for two
+    budget = (one + two) / 2  # room for one local update and part of another
     receiver, sender = _context("a", 0, "defkt", dp_epsilon=budget), _context("b", 1, "defkt", dp_epsilon=budget)
     assert receiver.privacy is not None
     receiver.trained_copy(0)
-    spent = receiver.privacy.epsilon
+    assert not receiver.privacy.exhausted and receiver.privacy.epsilon == pytest.approx(one)
     own = [p.detach().clone() for p in receiver.model.parameters()]
     with caplog.at_level(logging.WARNING, logger="dfl_node.learning.privacy"):
-        trained = receiver.trained_copy(1)  # refused: the copy is the model as it was
+        receiver.trained_copy(1)  # cut short: the steps the budget affords
+        steps = sum(n for *_, n in receiver.privacy.history)
+        assert receiver.privacy.exhausted and per_call <= steps < 2 * per_call
+        spent = receiver.privacy.epsilon
+        assert spent <= budget
+        trained = receiver.trained_copy(2)  # then none: the copy is the model as it was
         assert all(torch.equal(a, b) for a, b in zip(trained.parameters(), own))
         _play("defkt", receiver, [sender])  # the MKT receiver keeps its own model: no fusion
         _play("defkt", receiver, [sender])
     assert all(torch.equal(a, b) for a, b in zip(receiver.model.parameters(), own))
-    assert receiver.privacy.exhausted and receiver.privacy.epsilon == spent <= budget
+    assert receiver.privacy.epsilon == spent and sum(n for *_, n in receiver.privacy.history) == steps
     warnings = [r for r in caplog.records if r.getMessage().startswith("a: differential privacy budget reached")]
     assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING  # said once
 
@@ -259,7 +269,20 @@ async def test_a_restarted_node_continues_its_account(fleet_shards: Path, tmp_pa
     assert (restored.noise, restored.history, restored.epsilon) == (noise, history, spent)
     again.learner.ctx.trained_copy(1)
     assert restored.epsilon > spent  # spending goes on from the account, not from zero
+    # shown where accuracy is: /status, /metrics
+    status = node_status(again)
+    assert status.privacy is not None and status.privacy.epsilon == restored.epsilon
+    assert (status.privacy.budget, status.privacy.exhausted) == (50.0, False)
+    metrics = generate_latest(NodeMetrics("node-0", lambda: status).registry).decode()
+    assert f'dfl_privacy_epsilon{{node="node-0"}} {restored.epsilon!r}' in metrics
     again.learner.checkpoint.lock.release()
+
+
+def test_a_runs_results_carry_each_nodes_epsilon() -> None:
+    private = run_fleet(ExperimentConfig(nodes=2, rounds=2, eval_every=2, hidden=[8], dp_noise=2.0), "fedavg")
+    assert all(n.epsilon is not None and n.epsilon > 0 for n in private.nodes)
+    plain = run_fleet(ExperimentConfig(nodes=2, rounds=1, eval_every=1, hidden=[8]), "fedavg")
+    assert all(n.epsilon is None for n in plain.nodes)
 
 
 def test_dp_noise_is_seeded_unless_secure() -> None:

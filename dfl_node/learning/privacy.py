@@ -28,9 +28,10 @@ weighted mutual learning and FML's deep mutual learning (:mod:`dfl_node.learning
   σ/√k and rate q (Opacus's RDP accountant; DFML's k is the aggregator's group). Accounting k steps at σ would
   treat the k batches as drawn independently, which they are not.
 
-The **budget**: a training call whose steps would take ε (at ``dp_delta``) past ``dp_epsilon`` does not run; from
-then on the node trains on its data no more (it says so once, at WARNING), and keeps serving its model and taking
-part wherever its algorithm needs no data: a sender of defkt, fullavg, combo or gossip sends its model untrained;
+The **budget**: a training call whose steps would take ε (at ``dp_delta``) past ``dp_epsilon`` takes only the steps
+that keep it within (the most that do, found with the accountant), and from then on the node trains on its data no
+more (it says so once, at WARNING); it keeps serving its model and taking part wherever its algorithm needs no data
+(a call that takes no step changes nothing): a sender of defkt, fullavg, combo or gossip sends its model untrained;
 an MKT receiver (defkt) keeps its own model and takes no fusion; fedavg, fedprox, the partial-training algorithms
 and FML average as before, their members untrained (FML's meme averaging included); a DFML aggregator hands each
 sender its model back as it came. Where ``dp_noise`` is not given, σ is the smallest noise multiplier (Opacus's
@@ -119,17 +120,25 @@ class PrivateTraining:
         spent[(noise, rate)] = spent.get((noise, rate), 0) + steps
         return [(s, q, n) for (s, q), n in spent.items()]
 
-    def _admit(self, noise: float, rate: float, steps: int) -> bool:
-        """Whether ``steps`` more steps stay within the budget; the first refusal stops training for good and is
-        said once."""
-        if not self.exhausted and self.budget is not None:
-            after = epsilon_of(self._record(noise, rate, steps), self.delta)
-            if after > self.budget:
-                self.exhausted = True
-                log.warning("%s: differential privacy budget reached: ε = %.3g spent of %.3g (δ = %g); it trains on "
-                            "its data no more, and goes on serving its model and fusing what needs no data",
-                            self.node_id, self.epsilon, self.budget, self.delta)
-        return not self.exhausted
+    def _affordable(self, noise: float, rate: float, steps: int) -> int:
+        """How many of ``steps`` more steps at ``(noise, rate)`` stay within the budget (all, without one). Fewer
+        than all: the budget is reached, said once, and no step is taken any more."""
+        if self.exhausted:
+            return 0
+        if self.budget is None or epsilon_of(self._record(noise, rate, steps), self.delta) <= self.budget:
+            return steps
+        low, high = 0, steps  # low fits, high does not: the most that fit, by bisection
+        while high - low > 1:
+            middle = (low + high) // 2
+            if epsilon_of(self._record(noise, rate, middle), self.delta) <= self.budget:
+                low = middle
+            else:
+                high = middle
+        self.exhausted = True
+        log.warning("%s: differential privacy budget reached: ε = %.3g of %.3g (δ = %g) after %d more steps; it "
+                    "trains on its data no more, and goes on serving its model and fusing what needs no data",
+                    self.node_id, epsilon_of(self._record(noise, rate, low), self.delta), self.budget, self.delta, low)
+        return low
 
     # ----- the step ---------------------------------------------------------------------------
     def train(self, models: Sequence[nn.Module], optimizers: Sequence[Sgd], data: ArrayDataset, params: SgdParams,
@@ -137,13 +146,15 @@ class PrivateTraining:
               ) -> float | None:
         """``params.epochs`` passes of DP-SGD over ``data`` for ``models`` together, each stepped by its optimiser
         (released at the end); ``before_step`` adds what reads no data to the noised gradients (FedProx's term).
-        Returns the mean loss of the steps' batches; None where the budget refused the passes (nothing changed)."""
+        The budget may cut the passes short (the steps it affords are taken, then no more) or refuse them (None:
+        nothing changed); otherwise returns the mean loss of the steps' batches."""
         rate = min(1.0, params.batch_size / len(data)) if len(data) else 0.0
         steps = batches_per_epoch(len(data), params.batch_size) * params.epochs
         noise = self.noise / math.sqrt(len(models))
-        if not steps or not self._admit(noise, rate, steps):
+        planned, steps = steps, self._affordable(noise, rate, steps)
+        if not steps:
             release(*optimizers)
-            return 0.0 if not steps else None
+            return None if planned else 0.0
         self.history = self._record(noise, rate, steps)  # spent before it is released: never counted short
         self.epsilon = epsilon_of(self.history, self.delta)
         work.done().steps += steps
