@@ -91,6 +91,7 @@ class PrivateTraining:
     def __init__(self, settings: SharedSettings, node_id: str, num_samples: int) -> None:
         self.node_id, self.clip, self.delta = node_id, settings.dp_clip, settings.dp_delta
         self.budget, self.secure = settings.dp_epsilon, settings.dp_secure
+        self.planned = settings.dp_noise is None  # σ chosen here (and kept across restarts), not given
         if settings.dp_noise is not None:
             self.noise = settings.dp_noise
         else:
@@ -108,8 +109,10 @@ class PrivateTraining:
         return {"noise": self.noise, "history": [list(h) for h in self.history], "exhausted": self.exhausted}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """The account a checkpoint kept (:meth:`state`): a restarted node goes on spending from it."""
-        self.noise = float(state["noise"])
+        """The account a checkpoint kept (:meth:`state`): a restarted node goes on spending from it, at the σ it
+        chose before (a σ given, ``dp_noise``, is the one given now)."""
+        if self.planned:
+            self.noise = float(state["noise"])
         self.history = [(float(s), float(q), int(n)) for s, q, n in state["history"]]
         self.exhausted = bool(state["exhausted"])
         self.epsilon = epsilon_of(self.history, self.delta)
