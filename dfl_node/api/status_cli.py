@@ -236,7 +236,7 @@ def _privacy(p: dict[str, Any], long: bool = False) -> str:
     text = f"ε {number('epsilon')}" + (f" of {number('budget')}" if p.get("budget") is not None else "")
     if long:
         text += f" at δ {number('delta')}, σ {number('noise_multiplier')}, clip {number('clip')}"
-    return text + (" [yellow]stopped[/]" if p.get("exhausted") else "")
+    return text + (" stopped" if p.get("exhausted") else "")
 
 
 def _figure_cell(s: dict[str, Any], key: str, headline: Figure) -> str:
