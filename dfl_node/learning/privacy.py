@@ -60,6 +60,7 @@ import functools
 import logging
 import math
 import secrets
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,9 @@ if TYPE_CHECKING:
     from opacus.grad_sample import GradSampleHooksFastGradientClipping
 
 log = logging.getLogger(__name__)
+# The first layer's hook fires on its outputs' gradient, its input (the data) needing none: what it is meant to do
+warnings.filterwarnings("ignore", "Full backward hook is firing when gradients are computed with respect to module "
+                        "outputs since no inputs require gradients", UserWarning)
 
 # What a norm sampler leaves on a parameter: a function of the batch's clipping factors giving its clipped sum
 CLIPPED_SUM = "dfl_clipped_sum"
@@ -203,22 +207,23 @@ def clipped_gradients(models: Sequence[nn.Module], hooks: Sequence[GradSampleHoo
     """Each model's ``.grad`` set to the sum over the batch of its samples' gradients, each clipped to the hooks'
     norm (:func:`clipping_factors`); returns the loss.
 
-    One backward pass with the hooks on computes the per-sample norms (it asks for the input's gradient, or the
-    parameters' for an input without one, and accumulates nothing). The norm samplers of linear and convolution
-    layers leave each of their parameters the sum of its clipped per-sample gradients to take once the factors are
-    known (:data:`CLIPPED_SUM`: Opacus's ``einsum("i,i...")`` of the factors and the per-sample gradients, or, for a
-    linear layer, of the factors and the ghost norm's parts), so a model of such layers (000's MLP and CNN) needs no
-    second pass. The parameters of other layers (LayerNorm) get theirs from a second backward, hooks off, of the
-    outputs' gradients, sample i's scaled by n·c_i, into those parameters only: the gradient of Σ c_i·loss_i."""
-    if x.is_floating_point():
-        x = x.requires_grad_()  # a gathered copy: the data itself is untouched
+    One backward pass with the hooks on computes the per-sample norms. It accumulates nothing, and asks only for the
+    gradient of each layer's smallest parameter (a bias, mostly): enough to pass every layer's hook, with neither
+    the input's gradient (a plain pass never computes it) nor the weights' (the clipped sums replace them). The norm
+    samplers of linear and convolution layers leave each of their parameters the sum of its clipped per-sample
+    gradients to take once the factors are known (:data:`CLIPPED_SUM`: Opacus's ``einsum("i,i...")`` of the factors
+    and the per-sample gradients, or, for a linear layer, of the factors and the ghost norm's parts), so a model of
+    such layers (000's MLP and CNN) needs no second pass. The parameters of other layers (LayerNorm) get theirs from
+    a second backward, hooks off, of the outputs' gradients, sample i's scaled by n·c_i, into those parameters only:
+    the gradient of Σ c_i·loss_i."""
     for hook in hooks:
         hook.enable_hooks()
     with autocast(x.device, bf16):
         outputs = [model(x) for model in models]
         loss = loss_of(outputs, y)
-    inputs = [x] if x.requires_grad else [p for model in models for p in model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(loss, [*outputs, *inputs], retain_graph=True, materialize_grads=True)[:len(outputs)]
+    probes = [min(own, key=torch.Tensor.numel) for model in models for layer in model.modules()
+              if (own := [p for p in layer.parameters(recurse=False) if p.requires_grad])]
+    grads = torch.autograd.grad(loss, [*outputs, *probes], retain_graph=True, materialize_grads=True)[:len(outputs)]
     factors = [clipping_factors(hook) for hook in hooks]
     for hook in hooks:
         hook.disable_hooks()
