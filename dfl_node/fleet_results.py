@@ -103,6 +103,7 @@ def fleet_result(driver: str, statuses: dict[str, dict], histories: dict[str, li
     results = [
         NodeResult(id=node_id, global_accuracy=status["global_accuracy"], local_accuracy=status["local_accuracy"],
                    param_sha256=status["param_sha256"], num_train=train_sizes[node_id],
+                   epsilon=(status.get("privacy") or {}).get("epsilon"),
                    models_sent=status["models_sent"], models_received=status["models_received"],
                    model=status["model"], rejected=status.get("rejected", {}),
                    **{counter: status.get(counter, 0) for counter in LINK_COUNTERS}, **_reach(status))

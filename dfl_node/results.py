@@ -91,6 +91,8 @@ class NodeResult(BaseModel):
     local_accuracy: float
     param_sha256: str
     num_train: int
+    epsilon: float | None = Field(None, description="differential privacy: ε the node spent on its data by the end, "
+                                  "at the run's dp_delta (None: no differential privacy)")
     models_sent: int = 0
     models_received: int = 0
     model: str = Field("", description="the node's architecture (registry spec)")

@@ -54,7 +54,10 @@ UNRELATED = ["mlp:32,32", "cnn-ln:4,8"]  # two unrelated architectures (digits' 
     # open groups: the sender probes its candidates (here by its least certain samples) and chooses; the default
     # selection (class profiles) and fairavg (002: Pull) are test_auth's fleets ≡ the simulator, bit for bit too
     ("defkt-select", [], {"selection": "probe-samples"}),
-], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip", "dfml-unrelated", "fml-unrelated", "defkt-select-probe"])
+    # differential privacy: Poisson batches and noise drawn from the seed, so daemons and simulator agree too
+    ("fedavg", [], {"dp_noise": 1.0, "dp_epsilon": 50.0}),
+], ids=["defkt", "combo", "fedavg", "fedavg-mixed", "gossip", "dfml-unrelated", "fml-unrelated", "defkt-select-probe",
+        "fedavg-dp"])
 def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm: str, architectures: list[str],
                                   settings: dict) -> None:
     config = FLEET.model_copy(update={"rounds": 20, "architectures": architectures, **settings})
@@ -71,6 +74,7 @@ def test_testbed_equals_simulator(fleet_shards: Path, tmp_path: Path, algorithm:
                              f"{max(float((mine[k] - theirs[k]).abs().max()) for k in unequal)}")
         for field in ("global_accuracy", "local_accuracy", "models_sent", "model"):
             assert statuses[node.id][field] == getattr(expected[node.id], field), (node.id, field)
+        assert (statuses[node.id]["privacy"] or {}).get("epsilon") == expected[node.id].epsilon
     if algorithm == "defkt-select":  # every round the sender probed its 3 candidates, and each answered
         assert sum(s["probes_sent"] for s in statuses.values()) == 20 * 3
         assert sum(s["probes_answered"] for s in statuses.values()) == 20 * 3

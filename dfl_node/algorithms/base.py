@@ -28,6 +28,7 @@ from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
+from dfl_node.learning.privacy import PrivateTraining
 from dfl_node.learning.settings import AlgorithmSettings, NoSettings, SharedSettings
 from dfl_node.learning.tasks import Task, task_of
 from dfl_node.learning.training import SgdParams, local_sgd
@@ -58,6 +59,8 @@ class NodeContext:
     # per-node scalars (DFML's α_n); both are checkpointed with the model, neither travels unless transmit sends it.
     auxiliary: dict[str, nn.Module] = field(default_factory=dict, repr=False, compare=False)
     scalars: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    # Differential privacy of every step on ``train`` (dfl_node.learning.privacy; None: off), the account with it
+    privacy: PrivateTraining | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.train = self.task.supervised(self.train)
@@ -106,7 +109,8 @@ class NodeContext:
         The copy is the node's ``trained`` spare: valid until the next call."""
         model = self.spare("trained")
         model.load_state_dict(self.model.state_dict())
-        local_sgd(model, self.train, self.local_params(), self.local_generator(round_), loss_fn=self.task.loss)
+        local_sgd(model, self.train, self.local_params(), self.local_generator(round_), loss_fn=self.task.loss,
+                  privacy=self.privacy)
         return model
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:

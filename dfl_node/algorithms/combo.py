@@ -54,7 +54,7 @@ class Combo(PairAlgorithm):
     def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
         # Alg. 3 always stores the trained (then partly averaged) model: ``sender_keeps_trained`` does not apply.
         local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round),  # in place: no copy
-                  loss_fn=ctx.task.loss)
+                  loss_fn=ctx.task.loss, privacy=ctx.privacy)
         return self._message(ctx, step.round, "combo.segment", self.sender_segments)
 
     def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:

@@ -43,7 +43,7 @@ class DefKT(SendsTrainedModel):
             received.load_state_dict(state_from_parts(message.parts))
             params = ctx.mkt_params()
             generator = generator_for(self.config.seed, message.round, ctx.node_id, "mkt")
-            mutual_knowledge_transfer(received, ctx.model, ctx.train, params, params, generator,
-                                      ctx.task.mutual_losses)
-            ctx.model.load_state_dict(received.state_dict())
+            if mutual_knowledge_transfer(received, ctx.model, ctx.train, params, params, generator,
+                                         ctx.task.mutual_losses, ctx.privacy):
+                ctx.model.load_state_dict(received.state_dict())  # else its privacy budget is spent: no fusion
         return {}

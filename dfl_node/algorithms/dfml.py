@@ -93,7 +93,7 @@ class DFML(GatherAlgorithm):
         order = sorted(models)  # the participants in id order: every driver sums and steps alike
         generator = generator_for(self.config.seed, step.round, ctx.node_id, "dfml")
         weighted_mutual_learning([models[n] for n in order], ctx.train, self.mutual_params(ctx), alpha, generator,
-                                 self.supervise(ctx), self.distance(ctx))
+                                 self.supervise(ctx), self.distance(ctx), ctx.privacy)  # refused: models as they came
         self._keep(ctx, alpha, threshold)
         extra = {"alpha": repr(alpha), "peak_alpha": repr(threshold)}
         return {m.sender: ModelMessage(sender=ctx.node_id, round=step.round, purpose="dfml.updated",

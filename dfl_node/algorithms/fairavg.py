@@ -39,7 +39,8 @@ class FairAvg(Algorithm):
         return RoundPlan(round_, tuple(Group(g.aggregator, g.senders, pull=True) for g in pairs))
 
     def local_step(self, ctx: NodeContext, step: Step) -> None:
-        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round), loss_fn=ctx.task.loss)
+        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round), loss_fn=ctx.task.loss,
+                  privacy=ctx.privacy)
 
     def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
         return ctx.message(step.round, "fairavg.model", parts_from_state(ctx.model.state_dict()))

@@ -45,7 +45,8 @@ class FedAvg(Algorithm):
         kind = self.config.supervision or "ce"  # 003 trains its baselines with WSM too (``supervision: wsm``)
         loss = (supervision(kind, class_proportions(ctx.train.y, ctx.train.num_classes)) if kind == "wsm"
                 else ctx.task.loss)
-        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round), self.proximal_mu, loss)
+        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round), self.proximal_mu, loss,
+                  ctx.privacy)
 
     def local_step(self, ctx: NodeContext, step: Step) -> None:
         self._train(ctx, step)

@@ -44,7 +44,7 @@ class FML(GatherAlgorithm):
     def _mutual(self, ctx: NodeContext, step: Step) -> None:
         s = self.settings
         deep_mutual_learning(ctx.model, ctx.auxiliary["meme"], ctx.train, ctx.local_params(), s.fml_alpha, s.fml_beta,
-                             ctx.local_generator(step.round), self.supervise(ctx), self.distance(ctx))
+                             ctx.local_generator(step.round), self.supervise(ctx), self.distance(ctx), ctx.privacy)
 
     def _meme_message(self, ctx: NodeContext, round_: int, purpose: str, parts: tuple) -> ModelMessage:
         return ModelMessage(sender=ctx.node_id, round=round_, purpose=purpose, num_samples=ctx.num_samples,

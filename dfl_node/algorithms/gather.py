@@ -68,7 +68,7 @@ class GatherAlgorithm(Algorithm):
     def train_locally(self, ctx: NodeContext, step: Step) -> None:
         """A participant's local pass, supervised as :meth:`supervise` says."""
         local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round),
-                  loss_fn=self.supervise(ctx))
+                  loss_fn=self.supervise(ctx), privacy=ctx.privacy)
 
     def local_step(self, ctx: NodeContext, step: Step) -> None:
         self.train_locally(ctx, step)

@@ -121,6 +121,11 @@ class StatusCollector(Collector):
         if s.global_accuracy is not None:
             yield gauge(figure_metric(headline, "global"), f"{headline.title} of the node's model on the global "
                         "test set.", s.global_accuracy)
+        if s.privacy is not None:  # absent without differential privacy
+            yield gauge("dfl_privacy_epsilon", f"Differential privacy: ε the node spent on its data, at δ "
+                        f"{s.privacy.delta:g}.", s.privacy.epsilon)
+            yield gauge("dfl_privacy_exhausted", "Differential privacy: 1 once the budget stopped training on the "
+                        "node's data.", s.privacy.exhausted)
         yield gauge("dfl_fusing", "1 while the node is fusing a model.", s.fusing)
         yield gauge("dfl_holding", "Round mode: 1 while the node holds the round token.", s.holding)
         yield gauge("dfl_done", "1 once the node reached its round/time budget.", s.done)

@@ -108,6 +108,20 @@ class Counters(BaseModel):
 COUNTER_FIELDS = tuple(Counters.model_fields)
 
 
+class PrivacyView(BaseModel):
+    """A node's differential privacy (``--dp-epsilon``/``--dp-noise``; :mod:`dfl_node.learning.privacy`): what it
+    has spent of its budget on its own data."""
+
+    epsilon: float = Field(description="ε spent so far on the node's data, at delta (Opacus's RDP accountant)")
+    delta: float = Field(description="the δ that epsilon is accounted at (--dp-delta)")
+    budget: float | None = Field(default=None, description="the ε at which the node stops training on its data "
+                                 "(--dp-epsilon; None: no budget)")
+    noise_multiplier: float = Field(description="σ: each clipped gradient sum gets noise of std σ·clip")
+    clip: float = Field(description="each sample's gradient is clipped to this L2 norm (--dp-clip)")
+    exhausted: bool = Field(default=False, description="the budget stopped training on the node's data: it serves "
+                            "its model and fuses what needs no data")
+
+
 class DataStatus(BaseModel):
     """The node's own data (``--data``), as it trains on it now."""
 
@@ -152,6 +166,8 @@ class NodeStatus(Counters):
                                          "split (None until evaluated)")
     global_accuracy: float | None = Field(default=None, description="the model's metric on the global test set "
                                           "(--test-data; None without one, or until evaluated)")
+    privacy: PrivacyView | None = Field(default=None, description="differential privacy: the ε the node spent on "
+                                        "its data, of its budget (None: no differential privacy)")
 
     rejected: dict[str, int] = Field(default_factory=dict, description="rejected transfers/hellos by reason")
     refused_peers: list[RefusedPeer] = Field(default_factory=list, description="peers refused at Hello (bounded), "

@@ -158,6 +158,8 @@ def _node_table(s: dict[str, Any], url: str) -> Table:
         ("done", s.get("done")),
         (f"local {headline.metric}", headline.format(s.get("local_accuracy"))),
         (f"global {headline.metric}", headline.format(s.get("global_accuracy"))),
+        # differential privacy: shown only where it is on
+        *([("privacy", _privacy(s["privacy"], long=True))] if isinstance(s.get("privacy"), dict) else []),
         ("models sent/received", f"{_dash(s.get('models_sent'))} / {_dash(s.get('models_received'))}"),
         ("bytes sent/received", f"{format_bytes(s.get('bytes_sent'))} / {format_bytes(s.get('bytes_received'))}"),
         ("fusions", s.get("fusions")),
@@ -224,6 +226,19 @@ WIDE = tuple((c, c) for c in ("id", "url", "algorithm", "mode", "round", "role",
                               "fusions", "rejected", "peers", "state"))
 
 
+def _privacy(p: dict[str, Any], long: bool = False) -> str:
+    """A node's differential privacy as spent: ``ε 1.2 of 3`` (``ε 1.2`` without a budget), ``stopped`` once the
+    budget stopped its training; ``long`` adds δ and σ."""
+    def number(key: str) -> str:
+        value = p.get(key)
+        return f"{value:.3g}" if isinstance(value, int | float) else "–"
+
+    text = f"ε {number('epsilon')}" + (f" of {number('budget')}" if p.get("budget") is not None else "")
+    if long:
+        text += f" at δ {number('delta')}, σ {number('noise_multiplier')}, clip {number('clip')}"
+    return text + (" stopped" if p.get("exhausted") else "")
+
+
 def _figure_cell(s: dict[str, Any], key: str, headline: Figure) -> str:
     """A node's figure in a column of ``headline``'s: named as well where the node's metric is another."""
     own = _figure_of(s)
@@ -243,6 +258,7 @@ def _fleet_row(r: dict[str, Any], headline: Figure) -> dict[str, str]:
         "sent/recv": f"{_dash(s.get('models_sent'))}/{_dash(s.get('models_received'))}",
         "fusions": _dash(s.get("fusions")), "rejected": _rejected(s.get("rejected")),
         "peers": _peers_summary(s.get("peers")), "peers alive": _alive(s.get("peers")), "state": _state(s),
+        "ε": _privacy(s["privacy"]) if isinstance(s.get("privacy"), dict) else "–",
     }
 
 
@@ -251,6 +267,9 @@ def _fleet_table(rows: list[dict[str, Any]], wide: bool = False) -> Table:
     ``global rmse``); the narrow table's ``local`` and ``global`` only where they hold percentages, which read as
     accuracies by themselves."""
     columns = WIDE if wide else NARROW
+    if any(isinstance((r.get("status") or {}).get("privacy"), dict) for r in rows):  # ε beside the figures
+        at = [header for header, _ in columns].index("global") + 1
+        columns = (*columns[:at], ("ε", "ε"), *columns[at:])
     root = rows[0].get("status") if rows else None
     headline = _figure_of(root if isinstance(root, dict) else {})
     named = {scope: f"{scope} {headline.short}" for scope in ("local", "global") if wide or not headline.percent}

@@ -37,18 +37,23 @@ if TYPE_CHECKING:
 
 def summary_table(results: list[RunResult], title: str, seconds: str = "wall s") -> Table:
     """Final averaged accuracies per algorithm (shared by simulate and testbed); ``seconds`` names the run's
-    time column (a simulated fleet's seconds are virtual). With adversaries, the honest nodes' beside the fleet's."""
+    time column (a simulated fleet's seconds are virtual). With adversaries, the honest nodes' beside the fleet's;
+    with differential privacy, the largest ε a node spent."""
     attacked = any(r.adversaries for r in results)
+    private = any(n.epsilon is not None for r in results for n in r.nodes)
     table = Table(title=title)
     honest = ("honest global", "honest local") if attacked else ()
     metric = short_metric(results[0].metric)
-    for col in ("algorithm", "driver", "rounds", f"global {metric}", f"local {metric}", *honest, "MB sent", seconds):
+    for col in ("algorithm", "driver", "rounds", f"global {metric}", f"local {metric}", *honest,
+                *(("max ε",) if private else ()), "MB sent", seconds):
         table.add_column(col, justify="right" if col != "algorithm" else "left")
     for r in results:
         figures = (f"{r.honest_global_accuracy:.4f}", f"{r.honest_local_accuracy:.4f}") if attacked else ()
+        spent = [n.epsilon for n in r.nodes if n.epsilon is not None]
+        epsilon = (f"{max(spent):.3g}" if spent else "–",) if private else ()
         table.add_row(
             r.algorithm, r.driver, str(r.rounds), f"{r.global_accuracy:.4f}", f"{r.local_accuracy:.4f}", *figures,
-            f"{r.bytes_transmitted / 1e6:.1f}", f"{r.wall_time_s:.1f}",
+            *epsilon, f"{r.bytes_transmitted / 1e6:.1f}", f"{r.wall_time_s:.1f}",
         )
     return table
 
@@ -59,14 +64,15 @@ def short_metric(metric: str) -> str:
 
 
 def node_table(results: list[RunResult]) -> Table:
-    """Each node's final global / local figure (the task's metric) under each algorithm; a compromised node's attack
-    beside its id."""
+    """Each node's final global / local figure (the task's metric) under each algorithm, and the ε it spent with
+    differential privacy; a compromised node's attack beside its id."""
     table = Table(title=f"per node: global / local {results[0].metric}")
     table.add_column("node")
     for r in results:
         table.add_column(r.algorithm, justify="right")
     for i, node in enumerate(results[0].nodes):
-        cells = [f"{r.nodes[i].global_accuracy:.3f} / {r.nodes[i].local_accuracy:.3f}" for r in results]
+        cells = [f"{n.global_accuracy:.3f} / {n.local_accuracy:.3f}" + ("" if n.epsilon is None else
+                 f" ε {n.epsilon:.3g}") for n in (r.nodes[i] for r in results)]
         attack = results[0].adversaries.get(node.id)
         table.add_row(f"{node.id} ({attack})" if attack else node.id, *cells)
     return table

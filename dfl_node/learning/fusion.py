@@ -20,6 +20,7 @@ Where the papers leave a detail open, it is decided here, once:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,9 @@ from dfl_node.learning.training import (
     release,
     sgd,
 )
+
+if TYPE_CHECKING:
+    from dfl_node.learning.privacy import PrivateTraining
 
 SegmentRange = tuple[str, int, int]  # tensor name, start, stop (flattened element offsets)
 # (received's outputs, local's outputs, targets) -> each model's loss: a task's (dfl_node.learning.tasks)
@@ -64,19 +68,26 @@ def mutual_knowledge_transfer(
     local_params: SgdParams,
     generator: torch.Generator,
     losses: MutualLosses = mkt_losses,
-) -> None:
+    privacy: PrivateTraining | None = None,
+) -> bool:
     """000 Alg. 1, receiver side: E passes of simultaneous MKT steps (eqs. 2–3) on the receiver's data.
 
     Both models are updated in place; the caller keeps ``received`` as the new local model. ``losses`` are
     000's eqs. 5–6 (CE + KL) or another task's supervision and distillation (:mod:`dfl_node.learning.tasks`).
     ``received_params.epochs`` (E) and ``.batch_size`` (B2) drive the passes; with its ``cuda_graphs`` and the
-    data on CUDA each pass is a CUDA graph's replay (:func:`graphed_mkt`).
+    data on CUDA each pass is a CUDA graph's replay (:func:`graphed_mkt`). With ``privacy`` each step is DP-SGD of
+    both models (:mod:`dfl_node.learning.privacy`). Returns whether the models trained: False where the privacy
+    budget refused the passes, which then changed neither.
     """
     received.train()
     local.train()
+    if privacy is not None:
+        return privacy.train([received, local], [sgd(received, received_params), sgd(local, local_params)], data,
+                             received_params, generator,
+                             lambda out, y: torch.stack(losses(out[0], out[1], y)).sum()) is not None
     if received_params.cuda_graphs and data.x.is_cuda and graphed_mkt(received, local, data, received_params,
                                                                         local_params, generator, losses=losses):
-        return
+        return True
     opt_received, opt_local = sgd(received, received_params), sgd(local, local_params)
     steps = batches_per_epoch(len(data), received_params.batch_size)
     for _ in range(received_params.epochs):
@@ -85,6 +96,7 @@ def mutual_knowledge_transfer(
         mkt_epoch(received, local, data, order, received_params.batch_size, opt_received, opt_local,
                   received_params.bf16, losses)
     release(opt_received, opt_local)
+    return True
 
 
 def mkt_epoch(received: nn.Module, local: nn.Module, data: ArrayDataset, order: torch.Tensor, batch_size: int,

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,9 @@ from torch import nn
 
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.training import SgdParams, release, sgd, shuffled_batches
+
+if TYPE_CHECKING:
+    from dfl_node.learning.privacy import PrivateTraining
 
 Supervision = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> mean loss
 # (student's outputs, teacher's) -> how far apart, batch mean, the teacher a constant: a task's distillation
@@ -200,13 +204,18 @@ def updates_peak(alpha: float, alpha_n: float, threshold: float) -> bool:
 
 def weighted_mutual_learning(models: Sequence[nn.Module], data: ArrayDataset, params: SgdParams, alpha: float,
                              generator: torch.Generator, supervise: Supervision,
-                             distance: Distance | None = None) -> None:
+                             distance: Distance | None = None, privacy: PrivateTraining | None = None) -> bool:
     """003 Alg. 1, aggregator side: ``params.epochs`` (K) passes over the aggregator's ``data``; on every
-    batch all models' logits, then one simultaneous step of each on its eq.-1 loss."""
+    batch all models' logits, then one simultaneous step of each on its eq.-1 loss. With ``privacy`` each step is
+    DP-SGD of every model (:mod:`dfl_node.learning.privacy`). Returns whether the models trained: False where the
+    privacy budget refused the passes, which then changed none."""
     counts = [sum(p.numel() for p in m.parameters() if p.requires_grad) for m in models]
     optimizers = [sgd(m, params) for m in models]
     for model in models:
         model.train()
+    if privacy is not None:
+        return privacy.train(models, optimizers, data, params, generator, lambda outputs, y: torch.stack(
+            dfml_losses(outputs, y, alpha, counts, supervise, distance)).sum()) is not None
     for _ in range(params.epochs):
         for x, y in shuffled_batches(data, params.batch_size, generator):
             losses = dfml_losses([m(x) for m in models], y, alpha, counts, supervise, distance)
@@ -216,15 +225,21 @@ def weighted_mutual_learning(models: Sequence[nn.Module], data: ArrayDataset, pa
             for optimizer in optimizers:
                 optimizer.step()
     release(*optimizers)
+    return True
 
 
 def deep_mutual_learning(local: nn.Module, meme: nn.Module, data: ArrayDataset, params: SgdParams, alpha: float,
                          beta: float, generator: torch.Generator, supervise: Supervision = F.cross_entropy,
-                         distance: Distance | None = None) -> None:
-    """004 Alg. 1 ClientUpdate: ``params.epochs`` passes of DML between the local and the meme model (eq. 3)."""
+                         distance: Distance | None = None, privacy: PrivateTraining | None = None) -> bool:
+    """004 Alg. 1 ClientUpdate: ``params.epochs`` passes of DML between the local and the meme model (eq. 3). With
+    ``privacy`` each step is DP-SGD of both (:mod:`dfl_node.learning.privacy`). Returns whether they trained: False
+    where the privacy budget refused the passes, which then changed neither."""
     local.train()
     meme.train()
     opt_local, opt_meme = sgd(local, params), sgd(meme, params)
+    if privacy is not None:
+        return privacy.train([local, meme], [opt_local, opt_meme], data, params, generator, lambda out, y: torch.stack(
+            fml_losses(out[0], out[1], y, alpha, beta, supervise, distance)).sum()) is not None
     for _ in range(params.epochs):
         for x, y in shuffled_batches(data, params.batch_size, generator):
             loss_local, loss_meme = fml_losses(local(x), meme(x), y, alpha, beta, supervise, distance)
@@ -234,3 +249,4 @@ def deep_mutual_learning(local: nn.Module, meme: nn.Module, data: ArrayDataset, 
             opt_local.step()
             opt_meme.step()
     release(opt_local, opt_meme)
+    return True

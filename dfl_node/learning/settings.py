@@ -188,6 +188,14 @@ def gates_refusal(task: str, **gates: float | None) -> None:
                          "task has none (classification only)")
 
 
+def privacy_refusal(learning: SharedSettings, options: AlgorithmOptions, algorithms: Iterable[str]) -> None:
+    """A ``ValueError`` where differential privacy is on and one of ``algorithms`` would send raw samples anyway:
+    defkt-select's ``probe-samples`` sends validation samples to its candidates, which no clipping or noise bounds."""
+    if learning.private and options.selection == "probe-samples" and "defkt-select" in algorithms:
+        raise ValueError("--selection probe-samples sends raw samples to peers, which differential privacy cannot "
+                         "bound: use class-profile or random with --dp-epsilon/--dp-noise")
+
+
 class DefenceSettings(BaseModel):
     """Bounds a receiver puts on what its peers send, before it fuses (:mod:`dfl_node.algorithms.defences`): the
     ``defences`` part of a node's and an experiment's settings, read by every algorithm's round, all off by default,
@@ -261,6 +269,38 @@ class SharedSettings(BaseModel):
                               "MKT as a captured CUDA graph: the same steps, a launch per epoch; no effect on the CPU")
     cudnn_benchmark: bool = Field(False, description="on CUDA, let cuDNN time its convolution algorithms for each "
                                   "shape once and keep the fastest (torch.backends.cudnn.benchmark)")
+    # Sample-level differential privacy (DP-SGD) of every step on a node's data (dfl_node.learning.privacy)
+    dp_epsilon: float | None = Field(None, gt=0, description="differential privacy: the node's budget ε (at "
+                                     "--dp-delta); a node that reaches it stops training on its data. Unset, and no "
+                                     "--dp-noise: no differential privacy")
+    dp_delta: float = Field(1e-5, gt=0, lt=1, description="differential privacy: the δ that ε is accounted at (below "
+                            "1/N for N samples)")
+    dp_noise: float | None = Field(None, gt=0, description="differential privacy: the noise multiplier σ (noise "
+                                   "std σ·dp_clip on each clipped gradient sum); unset: the smallest σ that keeps "
+                                   "--dp-epochs passes of local training within --dp-epsilon")
+    dp_clip: float = Field(1.0, gt=0, description="differential privacy: each sample's gradient is clipped to this "
+                           "L2 norm (per model) before the sum is noised")
+    dp_epochs: float = Field(20.0, gt=0, description="differential privacy: passes over its data a node's budget is "
+                             "planned for, where --dp-noise is not given (σ is chosen for them)")
+    dp_secure: bool = Field(False, description="differential privacy: draw batches and noise from OS entropy with "
+                            "Opacus's secure_mode noise (production), not from the seed (reproducible runs)")
+
+    @property
+    def private(self) -> bool:
+        """Whether differential privacy is on: a budget or a noise multiplier is given."""
+        return self.dp_epsilon is not None or self.dp_noise is not None
+
+    @model_validator(mode="after")
+    def _privacy_settings_need_privacy(self) -> SharedSettings:
+        """A DP setting given while DP is off is a mistake (a budget forgotten), not a silent no-op: compared with
+        the defaults, since an experiment's node configs carry every value."""
+        if not self.private:
+            given = [name for name in ("dp_delta", "dp_clip", "dp_epochs", "dp_secure")
+                     if getattr(self, name) != SharedSettings.model_fields[name].default]
+            if given:
+                raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in given)} need differential privacy "
+                                 "on: give --dp-epsilon or --dp-noise")
+        return self
 
     @model_validator(mode="after")
     def _wsm_weights_classes(self) -> SharedSettings:

@@ -21,6 +21,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,9 @@ from torch import nn
 from dfl_node.learning import work
 from dfl_node.learning.cuda_graphs import CudaGraphRecorder, EpochGraph, Recorder, graph_for, orders
 from dfl_node.learning.datasets import ArrayDataset
+
+if TYPE_CHECKING:
+    from dfl_node.learning.privacy import PrivateTraining
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, targets) -> mean loss
 
@@ -156,15 +160,21 @@ def local_epoch(model: nn.Module, data: ArrayDataset, order: torch.Tensor, batch
         with autocast(x.device, bf16):
             loss = loss_fn(model(x), y)
         loss.backward()
-        for param, anchor in zip(model.parameters(), anchors or []):
-            if param.grad is not None:
-                param.grad.add_(param.detach() - anchor, alpha=proximal_mu)
+        proximal_gradient_(model, anchors or [], proximal_mu)
         optimizer.step()
         total += loss.detach()
 
 
+def proximal_gradient_(model: nn.Module, anchors: list[torch.Tensor], proximal_mu: float) -> None:
+    """FedProx's gradient μ·(w − w_start) added to each of ``model``'s gradients (``anchors``: w_start)."""
+    for param, anchor in zip(model.parameters(), anchors):
+        if param.grad is not None:
+            param.grad.add_(param.detach() - anchor, alpha=proximal_mu)
+
+
 def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator: torch.Generator,
-              proximal_mu: float = 0.0, loss_fn: LossFn = F.cross_entropy) -> float:
+              proximal_mu: float = 0.0, loss_fn: LossFn = F.cross_entropy,
+              privacy: PrivateTraining | None = None) -> float | None:
     """Train ``model`` in place for ``params.epochs`` passes with ``loss_fn`` (cross-entropy; 003's WSM is
     :func:`dfl_node.learning.mutual.wsm_loss`); returns the mean batch loss.
 
@@ -174,8 +184,17 @@ def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator
 
     With ``params.cuda_graphs`` and the data on CUDA, plain cross-entropy training replays each epoch as a
     CUDA graph (:func:`graphed_local_sgd`): the same epochs, one launch each.
+
+    With ``privacy`` (the node's differential privacy, :mod:`dfl_node.learning.privacy`) every step is DP-SGD
+    (the proximal term added after the noise: it reads no data), never graphed; None where its budget refused the
+    update, which then left the model as it was.
     """
     model.train()
+    if privacy is not None:
+        anchors = [p.detach().clone() for p in model.parameters()] if proximal_mu else []
+        return privacy.train([model], [sgd(model, params)], data, params, generator,
+                             lambda outputs, y: loss_fn(outputs[0], y),
+                             lambda: proximal_gradient_(model, anchors, proximal_mu))
     if params.cuda_graphs and data.x.is_cuda and not proximal_mu and loss_fn is F.cross_entropy:
         loss = graphed_local_sgd(model, data, params, generator)
         if loss is not None:

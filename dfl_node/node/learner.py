@@ -30,6 +30,7 @@ from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.devices import resolve_device, use_backends
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
+from dfl_node.learning.privacy import PrivateTraining
 from dfl_node.learning.settings import SharedSettings
 from dfl_node.learning.tasks import task_of
 from dfl_node.node.clock import Clock
@@ -63,6 +64,10 @@ class Learner:
         model = spec.build(data.train.input_shape, outputs, seed=learning.seed).to(self.device)
         self.ctx = NodeContext(node_id, model, spec, data.train.to(self.device), data.val.to(self.device), learning)
         equip(algorithm, self.ctx, learning.seed)  # its extra models (DFML's peak, FML's meme), w0 as the sim's
+        if learning.private:  # every step on its data DP-SGD, the account checkpointed (dfl_node.learning.privacy)
+            for name, each in {str(spec): model, **self.ctx.auxiliary}.items():
+                PrivateTraining.check_model(each, name)
+            self.ctx.privacy = PrivateTraining(learning, node_id, len(self.ctx.train))
         self.fingerprint = fingerprint(learning.model, model.state_dict())
         self._layouts: dict[str, tuple[str, Layout]] = {}
         self.checkpoint = Checkpoint(state_path, fsync=storage.fsync)
@@ -123,6 +128,8 @@ class Learner:
         if saved is not None:
             model_state, durable = saved
             self.ctx.restore_checkpoint(model_state)  # the model, and the algorithm's extra models and scalars
+            if self.ctx.privacy is not None and "privacy" in durable:
+                self.ctx.privacy.restore(durable["privacy"])  # the ε spent before the restart stays spent
             self._history = deque((HistoryEntry.model_validate(h) for h in durable.get("history", [])),
                                   maxlen=self._history.maxlen)
             evaluated = [h for h in self._history if (h.local_accuracy, h.global_accuracy) != (None, None)]
@@ -147,6 +154,8 @@ class Learner:
         write it again."""
         durable = {**self._progress.durable(), **self._tally.durable(),
                    "history": [h.model_dump(mode="json") for h in self._history]}
+        if self.ctx.privacy is not None:
+            durable["privacy"] = self.ctx.privacy.state()
         if self.checkpoint.generation is not None and durable == self._saved:
             return
         snapshot = self.ctx.snapshot() if copy else None

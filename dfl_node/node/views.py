@@ -16,8 +16,17 @@ from typing import Protocol
 
 from dfl_node.algorithms.plan import Role
 from dfl_node.api.formatting import Figure, figure
-from dfl_node.api.schemas import COUNTER_FIELDS, FleetMember, FleetView, NodeStatus, RelayView, TokenView
+from dfl_node.api.schemas import (
+    COUNTER_FIELDS,
+    FleetMember,
+    FleetView,
+    NodeStatus,
+    PrivacyView,
+    RelayView,
+    TokenView,
+)
 from dfl_node.api.urls import peer_url
+from dfl_node.learning.privacy import PrivateTraining
 from dfl_node.node.clock import Clock
 from dfl_node.node.data_watch import NodeData
 from dfl_node.node.learner import Learner
@@ -124,6 +133,7 @@ def node_status(node: Observed) -> NodeStatus:
         peers=[p.model_copy(update={"link": node.links.report(p.id)}) for p in node.membership.peers()],
         unreachable_peers=node.membership.unreachable(),
         task=task.name, metric=task.metric, local_accuracy=local, global_accuracy=global_,
+        privacy=_privacy(node.learner.ctx.privacy),
         **{name: tally.counters[name] for name in COUNTER_FIELDS}, rejected=dict(tally.rejected),
         refused_peers=node.membership.refused(),
         boot_id=node.boot_id, uptime_s=node.clock.wall() - node.started, grpc_address=node.reach.address,
@@ -134,6 +144,14 @@ def node_status(node: Observed) -> NodeStatus:
         reachability=node.reach.state, relay=node.reach.relay or None,
         relaying=RelayView(**asdict(node.network.relay_load()), max_slots=config.network.relay_slots),
     )
+
+
+def _privacy(privacy: PrivateTraining | None) -> PrivacyView | None:
+    """What a node with differential privacy has spent (None: it has none)."""
+    if privacy is None:
+        return None
+    return PrivacyView(epsilon=privacy.epsilon, delta=privacy.delta, budget=privacy.budget,
+                       noise_multiplier=privacy.noise, clip=privacy.clip, exhausted=privacy.exhausted)
 
 
 def rest_url(config: NodeConfig) -> str | None:

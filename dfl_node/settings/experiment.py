@@ -15,7 +15,14 @@ from pathlib import Path
 from pydantic import Field, ValidationInfo, model_validator
 
 from dfl_node.learning.dataset_refs import BUILTIN_DATASETS
-from dfl_node.learning.settings import AlgorithmOptions, DefenceSettings, ModelSpecText, SharedSettings, gates_refusal
+from dfl_node.learning.settings import (
+    AlgorithmOptions,
+    DefenceSettings,
+    ModelSpecText,
+    SharedSettings,
+    gates_refusal,
+    privacy_refusal,
+)
 from dfl_node.learning.shard_settings import AS_RECORDED, CLASSLESS_PARTITIONS, ShardSettings
 from dfl_node.settings.names import WIRE_DTYPE_HELP, AlgorithmName, WireDtype
 from dfl_node.settings.parts import Composite
@@ -96,6 +103,7 @@ class ExperimentConfig(Composite):
                 raise ValueError(f"--partition {self.shards.partition} deals out classes: the {self.learning.task} "
                                  f"task has none; use {', '.join(CLASSLESS_PARTITIONS)}")
         gates_refusal(self.learning.task, relative_gate=self.defences.relative_gate)
+        privacy_refusal(self.learning, self.per_algorithm, self.algorithms)
         return self
 
     @model_validator(mode="after")

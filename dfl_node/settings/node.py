@@ -24,6 +24,7 @@ from dfl_node.learning.settings import (
     DefenceSettings,
     SharedSettings,
     gates_refusal,
+    privacy_refusal,
 )
 from dfl_node.rates import parse_cap
 from dfl_node.settings.experiment import ExperimentConfig
@@ -341,6 +342,7 @@ class NodeConfig(Composite):
             check_task([self.algorithm], self.learning.task)
         gates_refusal(self.learning.task, min_accuracy=self.roles.min_accuracy,
                       relative_gate=self.defences.relative_gate)
+        privacy_refusal(self.learning, self.per_algorithm, [self.algorithm])
         return self
 
     @model_validator(mode="after")
