@@ -1,4 +1,4 @@
-"""Differential privacy (issue 47): DP-SGD through Opacus on every step that trains on a node's data, for each
+"""Differential privacy: DP-SGD through Opacus on every step that trains on a node's data, for each
 algorithm family — knowledge transfer (defkt's MKT), averaging (fullavg, fedprox's local training), mutual learning
 (dfml, fml) — the ε its account reports, the budget that stops training, the account across a restart, and what is
 refused with DP on."""

@@ -1,5 +1,5 @@
 """Membership inference: what a curious member learns about a peer's training data from the model it receives
-(issue 47, "the leak, measured"; docs/privacy.md).
+(the leak, measured: docs/privacy.md).
 
 The attack is Yeom et al.'s loss threshold (CSF 2018): a model fits the samples it trained on better than others,
 so a sample's score is minus its loss under the model (:meth:`~dfl_node.learning.tasks.Task.sample_losses`), and
@@ -37,7 +37,7 @@ LOW_FPR = 0.01  # the FPR the TPR is reported at (Carlini et al.'s "low FPR" reg
 # resolution (1/samples²) and the FPR's (1/samples) say little. The test set is not drawn as a non-IID node's
 # training data is, so its samples may be told apart by their classes as well as by membership: docs/privacy.md.
 MIN_HELD_OUT = 20
-STREAM = 47  # the subsampling's seed stream (issue 47's), apart from provisioning's (1 and 2)
+STREAM = 47  # the subsampling's seed stream, apart from provisioning's (1 and 2)
 
 
 def scores(task: Task, model: nn.Module, data: ArrayDataset) -> torch.Tensor:
