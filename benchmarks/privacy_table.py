@@ -6,6 +6,10 @@ FILE`` also writes the table.
 
     python benchmarks/privacy_table.py --markdown runs/privacy_table.md        # the whole table (~40 min, 2 cores)
     python benchmarks/privacy_table.py --datasets digits --algorithms defkt --epsilons 3 inf --rounds 10
+    python benchmarks/privacy_table.py --markdown runs/privacy_table.md --resume LOG   # cells of an earlier run reused
+
+Each cell, once done, is also a JSON line on stderr; ``--resume LOG`` takes the cells of such a log (an interrupted
+run's) whose dataset, algorithm, ε, rounds, ``--dp-epochs`` and algorithm flags are this run's, and runs the rest.
 
 The settings (``inf``: no differential privacy):
 
@@ -13,9 +17,9 @@ The settings (``inf``: no differential privacy):
   node) at ``--mnist-rounds`` rounds (100; 000 runs 2500, far beyond a 2-core CPU shared with other work for 24 runs).
 * **digits**: the embedded default (``dfl-node simulate`` with no config: digits, K = 10, ζ = 4 shards, 112 training
   samples a node) at ``--digits-rounds`` rounds (200, the demo's).
-* **dfml** runs with ``--dfml-epochs 2 --senders 0.2`` (a random aggregator and 2 senders, K = 2 passes of mutual
-  learning): 003's K = 10 with half the fleet as senders is ~10× the CPU, and every node's data sits in the same
-  architecture here (no heterogeneous models).
+* **dfml** runs with ``--dfml-epochs 1 --senders 0.1`` (a random aggregator and 1 sender a round, K = 1 pass of
+  mutual learning, about Def-KT's CPU): 003's K = 10 with half the fleet as senders is ~15× the CPU, more than this
+  machine had; every node has the same architecture here (no heterogeneous models).
 
 **σ is planned from the run's own schedule.** The nodes choose σ themselves (``--dp-epsilon`` without
 ``--dp-noise``) as the smallest that keeps ``--dp-epochs`` passes of local training within ε; this script sets
@@ -53,8 +57,8 @@ DATASETS = ("mnist", "digits")
 ALGORITHMS = ("defkt", "fullavg", "dfml")
 EPSILONS = (1.0, 3.0, 8.0, math.inf)
 CONFIGS = {"mnist": Path(__file__).resolve().parent.parent / "experiments" / "mnist_mlp_zeta4.yaml", "digits": None}
-ALGORITHM_FLAGS = {"dfml": ["--dfml-epochs", "2", "--senders", "0.2"]}
-DFML_EPOCHS, DFML_SENDERS = 2, 0.2
+ALGORITHM_FLAGS = {"dfml": ["--dfml-epochs", "1", "--senders", "0.1"]}
+DFML_EPOCHS, DFML_SENDERS = 1, 0.1
 # Abadi et al., "Deep Learning with Differential Privacy" (CCS 2016): centralised DP-SGD, MNIST with PCA, δ = 1e-5
 ABADI = {0.5: 0.90, 2.0: 0.95, 8.0: 0.97}
 
@@ -152,6 +156,7 @@ def run_cell(dataset: str, algorithm: str, epsilon: float, rounds: int, eval_eve
     spent = [n["epsilon"] for n in result["nodes"] if n.get("epsilon") is not None]
     attack = result["membership_inference"]
     return {"dataset": dataset, "algorithm": algorithm, "epsilon": None if math.isinf(epsilon) else epsilon,
+            "flags": ALGORITHM_FLAGS.get(algorithm, []),
             **({} if math.isinf(epsilon) else planned),
             "max_epsilon": round(max(spent), 4) if spent else None,
             "min_epsilon": round(min(spent), 4) if spent else None,
@@ -162,6 +167,23 @@ def run_cell(dataset: str, algorithm: str, epsilon: float, rounds: int, eval_eve
             "mean_advantage": round(attack["mean_advantage"], 4), "audit_samples": _samples(result),
             "rounds": result["rounds"], "wall_s": round(wall, 1),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 1)}
+
+
+def earlier(log: Path) -> list[dict[str, Any]]:
+    """The cells an earlier run logged (its stderr's JSON lines)."""
+    lines = (line for line in log.read_text().splitlines() if line.startswith('{"dataset": '))
+    return [json.loads(line) for line in lines]
+
+
+def cell(dataset: str, algorithm: str, epsilon: float, rounds: int, eval_every: int, planned: dict[str, Any],
+         done: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cell from ``done`` where one there ran with these settings; otherwise :func:`run_cell`."""
+    budget = None if math.isinf(epsilon) else epsilon
+    for c in done:
+        if ((c["dataset"], c["algorithm"], c["epsilon"], c["rounds"], c.get("dp_epochs"), c.get("flags", []))
+                == (dataset, algorithm, budget, rounds, planned.get("dp_epochs"), ALGORITHM_FLAGS.get(algorithm, []))):
+            return {**c, "flags": ALGORITHM_FLAGS.get(algorithm, []), "resumed": True}
+    return run_cell(dataset, algorithm, epsilon, rounds, eval_every, planned)
 
 
 def _samples(result: dict[str, Any]) -> int:
@@ -204,7 +226,9 @@ def main() -> None:
     parser.add_argument("--digits-rounds", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=2, help="children at once (each one torch thread)")
     parser.add_argument("--markdown", type=Path, help="write the table here too")
+    parser.add_argument("--resume", type=Path, help="reuse the matching cells of this log (an earlier run's stderr)")
     args = parser.parse_args()
+    done = earlier(args.resume) if args.resume else []
     rounds = {d: args.rounds or getattr(args, f"{d}_rounds") for d in args.datasets}
     eval_every = {"mnist": 25, "digits": 20}
     cells: list[tuple[tuple[int, int, int], Callable[[], dict[str, Any]]]] = []
@@ -214,7 +238,7 @@ def main() -> None:
             for k, epsilon in enumerate(args.epsilons):
                 every = min(eval_every[dataset], rounds[dataset])
                 cells.append(((i, j, k), lambda d=dataset, a=algorithm, e=epsilon, c=config, s=samples, v=every:
-                              run_cell(d, a, e, rounds[d], v, {} if math.isinf(e) else plan(a, c, s, rounds[d], e))))
+                              cell(d, a, e, rounds[d], v, {} if math.isinf(e) else plan(a, c, s, rounds[d], e), done)))
     # mnist first (the longest runs), defkt first among them; reported in table order, each also as a line on stderr
     order = sorted(cells, key=lambda c: DATASETS.index(args.datasets[c[0][0]]))
 

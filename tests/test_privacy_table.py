@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow  # two `dfl-node simulate` children
 
-FIELDS = {"dataset", "algorithm", "epsilon", "max_epsilon", "min_epsilon", "global_accuracy", "local_accuracy",
+FIELDS = {"dataset", "algorithm", "epsilon", "flags", "max_epsilon", "min_epsilon", "global_accuracy", "local_accuracy",
           "mean_auc", "max_auc", "mean_tpr_at_1pct_fpr", "mean_advantage", "audit_samples", "rounds", "wall_s",
           "cpu_s"}
 PLANNED = {"dp_epochs", "noise_multiplier", "planned_max_epsilon"}
