@@ -4,7 +4,7 @@ results the fleet's final global / local accuracy, the largest ε a node spent, 
 mean / max AUC, mean TPR at 1 % FPR and mean advantage (docs/privacy.md). Prints one JSON object; ``--markdown
 FILE`` also writes the table.
 
-    python benchmarks/privacy_table.py --markdown runs/privacy_table.md        # the whole table (~30 min, 2 shared cores)
+    python benchmarks/privacy_table.py --markdown runs/privacy_table.md   # the whole table (~30 min)
     python benchmarks/privacy_table.py --datasets digits --algorithms defkt --epsilons 3 inf --rounds 10
     python benchmarks/privacy_table.py --markdown runs/privacy_table.md --resume LOG   # cells of an earlier run reused
 
