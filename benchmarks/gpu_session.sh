@@ -64,18 +64,36 @@ PY
   fi
 
   say "== torch"
-  if ! python3 -c "import torch, sys; print('torch', torch.__version__, 'CUDA build', torch.version.cuda, \
-'available', torch.cuda.is_available()); sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  # Whether torch has CUDA and whether dfl_node imports, in one interpreter (each start imports torch: seconds).
+  # Its exit code: 1 added for no CUDA (or no torch), 2 for a dfl_node that does not import.
+  local imports="import dfl_node.sim.experiment, dfl_node.cli.simulate, dfl_node.sweep.threads, \
+dfl_node.learning.cuda_graphs"
+  python3 -c "import sys, traceback
+try:
+    import torch
+except ImportError:
+    traceback.print_exc()
+    sys.exit(3)
+cuda = torch.cuda.is_available()
+print('torch', torch.__version__, 'CUDA build', torch.version.cuda, 'available', cuda)
+try:
+    $imports
+except Exception:
+    traceback.print_exc()
+    sys.exit((0 if cuda else 1) + 2)
+sys.exit(0 if cuda else 1)"
+  local checked=$?
+  if (( checked & 1 )); then
     if [ "$SMOKE" = 1 ]; then
       say "no CUDA: smoke run on the CPU"
     else
       say "torch cannot use CUDA here: trying pip install torch==2.13.0 (needs a registry)"
       python3 -m pip install -q torch==2.13.0 && python3 -c "import torch; assert torch.cuda.is_available()" \
         || fail "no torch with CUDA on this machine, and none could be installed"
+      if python3 -c "$imports"; then checked=0; else checked=2; fi  # with the torch installed now
     fi
   fi
-  python3 -c "import dfl_node.sim.experiment, dfl_node.cli.simulate, dfl_node.sweep.threads, \
-dfl_node.learning.cuda_graphs" || fail "dfl_node does not import (a missing wheel?)"
+  (( checked & 2 )) && fail "dfl_node does not import (a missing wheel?)"
 
   local device=cuda smoke=() data=()
   if [ "$SMOKE" = 1 ]; then

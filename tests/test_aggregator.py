@@ -25,8 +25,10 @@ from safetensors.torch import load_file
 
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
+from dfl_node.net.wire import SERVICE_NAME
 from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, poll_status, stop_all, wait_until
 from tests.conftest import FLEET
+from tests.stalled_sender import first_frames, pack
 
 pytestmark = pytest.mark.slow
 DEADLINE_S = 60.0
@@ -40,10 +42,13 @@ async def _assign(address: str, assignment: pb.RoundAssignment) -> pb.Ack:
 @contextlib.asynccontextmanager
 async def _stalled_sender(address: str, swarm: str) -> AsyncIterator[subprocess.Popen]:
     """``stalled_sender.py`` pushing to ``address`` as node-3: its stream open, half sent, until killed."""
-    victim = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stalled_sender.py")),
-                               address, "node-3", swarm, "mlp:32,32", "8", "10"], stdout=subprocess.PIPE, text=True)
+    frames = pack(first_frames("node-3", swarm, "mlp:32,32", 8, 10))
+    victim = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stalled_sender.py")), address,
+                               f"/{SERVICE_NAME}/Transfer"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        assert await asyncio.to_thread(victim.stdout.readline) == "stalled\n"
+        victim.stdin.write(frames)
+        victim.stdin.close()
+        assert await asyncio.to_thread(victim.stdout.readline) == b"stalled\n"
         yield victim
     finally:
         victim.kill()
@@ -113,7 +118,7 @@ def test_a_half_open_stream_is_dropped_after_the_stream_timeout(fleet_shards: Pa
     swarm = f"agg-{uuid.uuid4().hex[:6]}"
     nodes = plan_fleet(FLEET.model_copy(update={"nodes": 2}), "fedavg", fleet_shards, tmp_path,
                        [Placement("127.0.0.1")] * 2, swarm=swarm, mdns=False,
-                       extra={"min_peers": 1, "stream_timeout": 3.0})
+                       extra={"min_peers": 1, "stream_timeout": 1.0})
     try:
         nodes[0].start()
         wait_until(nodes[:1], lambda s: all(v is not None for v in s.values()), timeout=60)
@@ -122,7 +127,7 @@ def test_a_half_open_stream_is_dropped_after_the_stream_timeout(fleet_shards: Pa
     finally:
         stop_all(nodes[:1])
     assert ack.ok, ack  # the node took the next role: the silent stream no longer holds it
-    assert 3.0 <= held < DEADLINE_S / 2  # freed by --stream-timeout (3 s), long before the group's deadline
+    assert 1.0 <= held < DEADLINE_S / 2  # freed by --stream-timeout (1 s), long before the group's deadline
     assert status["rejected"] == {"idle_timeout": 1} and status["senders_abandoned"] == 1
 
 

@@ -21,7 +21,7 @@ from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.launcher import Placement, done_twice, fetch_json, plan_fleet, wait_until
 from tests.conftest import running_daemons
 
-ROUNDS, APPEND_AT = 60, 3
+ROUNDS, APPEND_AT = 30, 3
 CONFIG = ExperimentConfig(nodes=3, partition="iid", seed=7, rounds=ROUNDS, eval_every=10)
 EXTRA_SHARE = 0.4  # of node-0's samples, held back to be appended while it runs
 CHANCE = 0.1

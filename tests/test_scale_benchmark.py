@@ -33,8 +33,8 @@ def isolated(argv: list[str]) -> list[str]:
 
 
 def test_tiny_fleet_reports_discovery_fusions_rss_and_cpu(tmp_path: Path) -> None:
-    argv = [sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--nodes", str(NODES), "--duration", "10",
-            "--idle", "3", "--settle", "1", "--workdir", str(tmp_path)]
+    argv = [sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--nodes", str(NODES), "--duration", "6",
+            "--idle", "2", "--settle", "1", "--every", "0.5", "--workdir", str(tmp_path)]
     run = subprocess.run(isolated(argv), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(run.stdout)

@@ -131,7 +131,7 @@ def test_fleet_is_done_only_when_two_polls_in_a_row_say_so() -> None:
 def test_async_run_stops_after_duration_and_reports_the_exchanges_it_made(testbed: CliRuns, tmp_path: Path) -> None:
     out, work = tmp_path / "result.json", tmp_path / "work"
     # --rounds is deliberately absurd: async mode must report what happened, not the config
-    process = testbed.start("--mode", "async", "--duration", "8", "--rounds", "999", "--timeout", "60",
+    process = testbed.start("--mode", "async", "--duration", "5", "--rounds", "999", "--timeout", "60",
                             "--out", str(out), "--workdir", str(work))
     stdout, stderr = process.communicate(timeout=80)
     assert process.returncode == 0, f"{stdout}\n{stderr}\n{log_tails(work)}"
