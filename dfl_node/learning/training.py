@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,10 +31,16 @@ from dfl_node.learning import work
 from dfl_node.learning.cuda_graphs import CudaGraphRecorder, EpochGraph, Recorder, graph_for, orders
 from dfl_node.learning.datasets import ArrayDataset
 
-if TYPE_CHECKING:
-    from dfl_node.learning.privacy import PrivateTraining
-
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, targets) -> mean loss
+
+
+class PrivateSteps(Protocol):
+    """What training asks of a node's differential privacy (:class:`~dfl_node.learning.privacy.PrivateTraining`,
+    which builds on this module: named here by what it does, so that neither module imports the other both ways)."""
+
+    def train(self, models: Sequence[nn.Module], optimizers: Sequence[Sgd], data: ArrayDataset, params: SgdParams,
+              generator: torch.Generator, loss_of: Callable[[Sequence[torch.Tensor], torch.Tensor], torch.Tensor],
+              before_step: Callable[[], None] | None = None) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -174,7 +180,7 @@ def proximal_gradient_(model: nn.Module, anchors: list[torch.Tensor], proximal_m
 
 def local_sgd(model: nn.Module, data: ArrayDataset, params: SgdParams, generator: torch.Generator,
               proximal_mu: float = 0.0, loss_fn: LossFn = F.cross_entropy,
-              privacy: PrivateTraining | None = None) -> float | None:
+              privacy: PrivateSteps | None = None) -> float | None:
     """Train ``model`` in place for ``params.epochs`` passes with ``loss_fn`` (cross-entropy; 003's WSM is
     :func:`dfl_node.learning.mutual.wsm_loss`); returns the mean batch loss.
 

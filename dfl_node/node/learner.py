@@ -62,12 +62,14 @@ class Learner:
         spec = ModelSpec(learning.model, tuple(learning.hidden) if learning.hidden else None)
         outputs = task_of(learning).outputs(data.train)  # classes, targets, or an autoencoder's sample
         model = spec.build(data.train.input_shape, outputs, seed=learning.seed).to(self.device)
-        self.ctx = NodeContext(node_id, model, spec, data.train.to(self.device), data.val.to(self.device), learning)
+        # every step on its data DP-SGD, the account checkpointed (dfl_node.learning.privacy)
+        privacy = PrivateTraining(learning, node_id, len(data.train)) if learning.private else None
+        self.ctx = NodeContext(node_id, model, spec, data.train.to(self.device), data.val.to(self.device), learning,
+                               privacy=privacy)
         equip(algorithm, self.ctx, learning.seed)  # its extra models (DFML's peak, FML's meme), w0 as the sim's
-        if learning.private:  # every step on its data DP-SGD, the account checkpointed (dfl_node.learning.privacy)
+        if privacy is not None:
             for name, each in {str(spec): model, **self.ctx.auxiliary}.items():
                 PrivateTraining.check_model(each, name)
-            self.ctx.privacy = PrivateTraining(learning, node_id, len(self.ctx.train))
         self.fingerprint = fingerprint(learning.model, model.state_dict())
         self._layouts: dict[str, tuple[str, Layout]] = {}
         self.checkpoint = Checkpoint(state_path, fsync=storage.fsync)
