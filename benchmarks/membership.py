@@ -25,12 +25,12 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from _child import run_timed  # benchmarks/_child.py: this tree first on sys.path
 
 
 def one(nodes: int, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
@@ -40,18 +40,11 @@ def one(nodes: int, args: argparse.Namespace, extra: list[str]) -> dict[str, Any
                    "--duration", str(args.duration), "--participation", str(args.participation),
                    "--algorithm", args.algorithm, "--dataset", args.dataset, "--test-samples", str(args.test_samples),
                    "--out", out, *(["--interval", str(args.interval)] if args.interval else []), *extra]
-        env = {**os.environ, **({"DFL_DATA_DIR": args.data_dir} if args.data_dir else {})}
-        started = time.perf_counter()
-        child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - started
-        if status != 0:
-            raise SystemExit(f"error: {' '.join(command)} failed:\n{child.stderr.read() if child.stderr else ''}")
+        timed = run_timed(command, {**os.environ, **({"DFL_DATA_DIR": args.data_dir} if args.data_dir else {})})
         text = (Path(out) / f"{args.algorithm}.json").read_bytes()
     result = json.loads(text)
     return {**result["membership"], **({"relays": result["relays"]} if result.get("relays") else {}),
-            "rounds": result["rounds"], "wall_s": round(wall, 1),
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024),
+            "rounds": result["rounds"], "wall_s": timed.wall_s, "cpu_s": timed.cpu_s, "peak_rss_mb": timed.peak_rss_mb,
             "results_sha256": hashlib.sha256(text).hexdigest()}
 
 

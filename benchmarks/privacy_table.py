@@ -44,14 +44,14 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from _child import run_timed  # benchmarks/_child.py: this tree first on sys.path
 
 DATASETS = ("mnist", "digits")
 ALGORITHMS = ("defkt", "fullavg", "dfml")
@@ -143,15 +143,7 @@ def run_cell(dataset: str, algorithm: str, epsilon: float, rounds: int, eval_eve
                    *ALGORITHM_FLAGS.get(algorithm, []),
                    *([] if math.isinf(epsilon) else ["--dp-epsilon", f"{epsilon:g}",
                                                      "--dp-epochs", f"{planned['dp_epochs']:g}"])]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        log = Path(out) / "stderr.log"
-        started = time.perf_counter()
-        with log.open("w") as err:
-            child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=err)
-            _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - started
-        if status != 0:
-            raise SystemExit(f"error: {' '.join(command)} failed:\n{log.read_text()[-4000:]}")
+        timed = run_timed(command, {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
         result = json.loads((Path(out) / f"{algorithm}.json").read_text())
     spent = [n["epsilon"] for n in result["nodes"] if n.get("epsilon") is not None]
     attack = result["membership_inference"]
@@ -165,8 +157,7 @@ def run_cell(dataset: str, algorithm: str, epsilon: float, rounds: int, eval_eve
             "mean_auc": round(attack["mean_auc"], 4), "max_auc": round(attack["max_auc"], 4),
             "mean_tpr_at_1pct_fpr": round(attack["mean_tpr_at_1pct_fpr"], 4),
             "mean_advantage": round(attack["mean_advantage"], 4), "audit_samples": _samples(result),
-            "rounds": result["rounds"], "wall_s": round(wall, 1),
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1)}
+            "rounds": result["rounds"], "wall_s": timed.wall_s, "cpu_s": timed.cpu_s}
 
 
 def earlier(log: Path) -> list[dict[str, Any]]:
