@@ -20,7 +20,6 @@ Where the papers leave a detail open, it is decided here, once:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +30,7 @@ from dfl_node.learning.cuda_graphs import CudaGraphRecorder, EpochGraph, Recorde
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.tensors import StateDict, TensorPart
 from dfl_node.learning.training import (
+    PrivateSteps,
     Sgd,
     SgdParams,
     autocast,
@@ -40,9 +40,6 @@ from dfl_node.learning.training import (
     release,
     sgd,
 )
-
-if TYPE_CHECKING:
-    from dfl_node.learning.privacy import PrivateTraining
 
 SegmentRange = tuple[str, int, int]  # tensor name, start, stop (flattened element offsets)
 # (received's outputs, local's outputs, targets) -> each model's loss: a task's (dfl_node.learning.tasks)
@@ -68,7 +65,7 @@ def mutual_knowledge_transfer(
     local_params: SgdParams,
     generator: torch.Generator,
     losses: MutualLosses = mkt_losses,
-    privacy: PrivateTraining | None = None,
+    privacy: PrivateSteps | None = None,
 ) -> bool:
     """000 Alg. 1, receiver side: E passes of simultaneous MKT steps (eqs. 2–3) on the receiver's data.
 

@@ -37,17 +37,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.training import SgdParams, release, sgd, shuffled_batches
-
-if TYPE_CHECKING:
-    from dfl_node.learning.privacy import PrivateTraining
+from dfl_node.learning.training import PrivateSteps, SgdParams, release, sgd, shuffled_batches
 
 Supervision = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> mean loss
 # (student's outputs, teacher's) -> how far apart, batch mean, the teacher a constant: a task's distillation
@@ -204,7 +200,7 @@ def updates_peak(alpha: float, alpha_n: float, threshold: float) -> bool:
 
 def weighted_mutual_learning(models: Sequence[nn.Module], data: ArrayDataset, params: SgdParams, alpha: float,
                              generator: torch.Generator, supervise: Supervision,
-                             distance: Distance | None = None, privacy: PrivateTraining | None = None) -> bool:
+                             distance: Distance | None = None, privacy: PrivateSteps | None = None) -> bool:
     """003 Alg. 1, aggregator side: ``params.epochs`` (K) passes over the aggregator's ``data``; on every
     batch all models' logits, then one simultaneous step of each on its eq.-1 loss. With ``privacy`` each step is
     DP-SGD of every model (:mod:`dfl_node.learning.privacy`). Returns whether the models trained: False where the
@@ -230,7 +226,7 @@ def weighted_mutual_learning(models: Sequence[nn.Module], data: ArrayDataset, pa
 
 def deep_mutual_learning(local: nn.Module, meme: nn.Module, data: ArrayDataset, params: SgdParams, alpha: float,
                          beta: float, generator: torch.Generator, supervise: Supervision = F.cross_entropy,
-                         distance: Distance | None = None, privacy: PrivateTraining | None = None) -> bool:
+                         distance: Distance | None = None, privacy: PrivateSteps | None = None) -> bool:
     """004 Alg. 1 ClientUpdate: ``params.epochs`` passes of DML between the local and the meme model (eq. 3). With
     ``privacy`` each step is DP-SGD of both (:mod:`dfl_node.learning.privacy`). Returns whether they trained: False
     where the privacy budget refused the passes, which then changed neither."""
