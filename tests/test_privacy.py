@@ -337,7 +337,7 @@ def test_with_dp_off_nothing_of_it_runs(tmp_path: Path) -> None:
 def test_dfl_node_status_shows_epsilon_beside_the_figures() -> None:
     from rich.console import Console  # noqa: PLC0415
 
-    from dfl_node.api.status_cli import _fleet_table, _node_table  # noqa: PLC0415
+    from dfl_node.api.status_tables import fleet_table, node_table  # noqa: PLC0415
 
     spent = {"epsilon": 1.234, "delta": 1e-5, "budget": 3.0, "noise_multiplier": 1.1, "clip": 1.0, "exhausted": True}
     private = {"id": "a", "round": 3, "role": "idle", "local_accuracy": 0.5, "global_accuracy": 0.4, "privacy": spent}
@@ -348,9 +348,9 @@ def test_dfl_node_status_shows_epsilon_beside_the_figures() -> None:
         console.print(table)
         return console.export_text()
 
-    node = shown(_node_table(private, "http://127.0.0.1:8080"))
+    node = shown(node_table(private, "http://127.0.0.1:8080"))
     assert "ε 1.23 of 3 at δ 1e-05, σ 1.1, clip 1 stopped" in node
-    fleet = shown(_fleet_table([{"status": private, "url": "u"}, {"status": plain, "url": "v"}]))
+    fleet = shown(fleet_table([{"status": private, "url": "u"}, {"status": plain, "url": "v"}]))
     assert "ε" in fleet.splitlines()[1] + fleet.splitlines()[2] and "ε 1.23 of 3 stopped" in fleet
-    assert "ε" not in shown(_fleet_table([{"status": plain, "url": "v"}]))  # no column without DP
-    assert "privacy" not in shown(_node_table(plain, "http://127.0.0.1:8080"))
+    assert "ε" not in shown(fleet_table([{"status": plain, "url": "v"}]))  # no column without DP
+    assert "privacy" not in shown(node_table(plain, "http://127.0.0.1:8080"))
