@@ -15,12 +15,12 @@ from typing import Any
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.algorithms.base import derive_seed
 from dfl_node.algorithms.plan import NodeProfile
-from dfl_node.api.metrics import NodeMetrics
 from dfl_node.node.membership import Membership
 from dfl_node.node.progress import RoundProgress
 from dfl_node.node.tally import Tally
 from dfl_node.peering.messages import Hello, HelloReply, Ping, PingAck
 from dfl_node.peering.wire_dtypes import EXACT
+from dfl_node.records.metrics import NodeMetrics
 from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim.clock import VirtualClock, run_virtual
 from dfl_node.sim.membership import MembershipRecord

@@ -12,8 +12,12 @@ from fastapi import FastAPI
 
 from dfl_node import __version__
 from dfl_node.api.app import create_app
-from dfl_node.api.metrics import NodeMetrics
-from dfl_node.api.schemas import Counters, FleetMember, FleetView, HistoryEntry, NodeStatus, PeerInfo
+from dfl_node.records.counters import Counters
+from dfl_node.records.fleet import FleetMember, FleetView
+from dfl_node.records.history import HistoryEntry
+from dfl_node.records.metrics import NodeMetrics
+from dfl_node.records.peers import PeerInfo
+from dfl_node.records.status import NodeStatus
 
 NASTY_REASON = 'bad "fingerprint" \\ in C:\\models\nsecond line'
 

@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from dfl_node.api.app import create_app
-from dfl_node.api.metrics import NodeMetrics
+from dfl_node.records.metrics import NodeMetrics
 from dfl_node.testbed.launcher import free_port
 from tests.test_http_token import new_token
 from tests.test_startup_errors import node_config, start_env

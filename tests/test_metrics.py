@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from dfl_node.api.metrics import NodeMetrics
+from dfl_node.records.metrics import NodeMetrics
 from dfl_node.testbed.launcher import NodeProcess, wait_until
 from tests.conftest import FLEET, loopback_fleet
 from tests.test_api import make_status

@@ -22,7 +22,6 @@ from torch import nn
 
 from dfl_node.algorithms import Group, NodeContext, Step, make_algorithm
 from dfl_node.algorithms.base import equip
-from dfl_node.api.metrics import NodeMetrics
 from dfl_node.cli import cli
 from dfl_node.errors import OperatorError
 from dfl_node.learning import privacy
@@ -34,6 +33,7 @@ from dfl_node.learning.privacy import PrivateTraining, clipped_gradients, norm_h
 from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.learning.training import Sgd
 from dfl_node.node.views import node_status
+from dfl_node.records.metrics import NodeMetrics
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet

@@ -11,11 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dfl_node.algorithms.defences import REASONS as DEFENCE_REASONS
 from dfl_node.algorithms.guard import REASONS as GUARD_REASONS
-from dfl_node.api.metrics import NodeMetrics
 from dfl_node.hashes import OFFERED_HASHES
 from dfl_node.node.compatibility import REASONS as HELLO_REASONS
 from dfl_node.peering.errors import UNCOUNTED_REFUSALS
 from dfl_node.peering.reasons import REASONS
+from dfl_node.records.metrics import NodeMetrics
 from tests.test_api import client, make_status, node  # noqa: F401  (client, node: the fixtures)
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dfl_node"

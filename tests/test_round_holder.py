@@ -15,7 +15,6 @@ from collections.abc import Collection
 import pytest
 
 from dfl_node.algorithms import NodeProfile, make_algorithm
-from dfl_node.api.metrics import NodeMetrics
 from dfl_node.node.clock import Clock
 from dfl_node.node.orders import Order
 from dfl_node.node.peers import PeerTable
@@ -24,6 +23,7 @@ from dfl_node.node.progress import RoundProgress
 from dfl_node.node.rounds import RoundScheduler
 from dfl_node.node.tally import Tally
 from dfl_node.peering.messages import Ack, HelloReply, Progress, Token
+from dfl_node.records.metrics import NodeMetrics
 from dfl_node.settings.node import MembershipSettings, ScheduleSettings
 from tests.conftest import FLEET
 

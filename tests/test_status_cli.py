@@ -12,8 +12,11 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from dfl_node.api.schemas import HistoryEntry, NodeStatus, PeerInfo
-from dfl_node.api.status_cli import normalize_url, peer_url, show_status
+from dfl_node.api.status_cli import show_status
+from dfl_node.records.history import HistoryEntry
+from dfl_node.records.peers import PeerInfo
+from dfl_node.records.status import NodeStatus
+from dfl_node.records.urls import normalize_url, peer_url
 from tests.test_api import app_of
 
 

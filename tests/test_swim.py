@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from dfl_node.algorithms.plan import NodeProfile
-from dfl_node.api.metrics import NodeMetrics
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.node.clock import Clock
 from dfl_node.node.gossip import Gossip
@@ -26,6 +25,7 @@ from dfl_node.node.swim_bounds import detection_bound, join_bound
 from dfl_node.node.tally import Tally
 from dfl_node.peering.errors import PeerUnreachable
 from dfl_node.peering.messages import MAX_ID, Hello, HelloReply, MemberUpdate, Ping, PingAck, Progress
+from dfl_node.records.metrics import NodeMetrics
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import MembershipSettings
 from dfl_node.settings.simulation import FaultSchedule, KillFault, SimulationSettings

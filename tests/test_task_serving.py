@@ -22,12 +22,12 @@ import pytest
 import torch
 from rich.console import Console
 
-from dfl_node.api.formatting import figure
-from dfl_node.api.metrics import figure_metric
 from dfl_node.api.status_cli import show_status
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.tasks import Anomaly
 from dfl_node.node.daemon import Node
+from dfl_node.records.formatting import figure
+from dfl_node.records.metrics import figure_metric
 from dfl_node.service.wiring import Daemon
 from dfl_node.testbed.launcher import free_port
 from tests.conftest import invoke

@@ -23,10 +23,12 @@ from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, Response
 
 from dfl_node import __version__
-from dfl_node.api.metrics import CONTENT_TYPE, EXPOSITION_VERSION, NodeMetrics
-from dfl_node.api.schemas import FleetView, HistoryEntry, NodeStatus
 from dfl_node.api.serving import Committed, add_model_routes
 from dfl_node.api.token import require_token
+from dfl_node.records.fleet import FleetView
+from dfl_node.records.history import HistoryEntry
+from dfl_node.records.metrics import CONTENT_TYPE, EXPOSITION_VERSION, NodeMetrics
+from dfl_node.records.status import NodeStatus
 
 __all__ = ["create_app", "dashboard_html"]
 

@@ -31,9 +31,9 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from dfl_node.api.metrics import NodeMetrics
 from dfl_node.api.schemas import Detection, Estimate, ModelInfo, Prediction, Predictions
 from dfl_node.learning.export import ANOMALY, CLASSIFICATION, TrainedModel, answers
+from dfl_node.records.metrics import NodeMetrics
 
 __all__ = ["MAX_BATCH", "MAX_BODY", "add_model_routes"]
 

@@ -2,7 +2,7 @@
 
 The CLI module wires the click command to :func:`show_status`, which returns the process exit code.
 
-Responses are handled as plain dicts rather than validated :class:`~dfl_node.api.schemas.NodeStatus`
+Responses are handled as plain dicts rather than validated :class:`~dfl_node.records.status.NodeStatus`
 objects, so a status client of one version can still show nodes of another (missing fields print
 as "–"). HTTP is blocking ``httpx``; ``--all`` queries the peers from a small thread pool, which
 keeps :func:`show_status` callable from anywhere, including code that already runs an event loop.
@@ -21,9 +21,9 @@ from rich.markup import escape
 
 from dfl_node.api.client import rest_client
 from dfl_node.api.status_tables import fleet_table, node_table, peer_table, refused_table
-from dfl_node.api.urls import normalize_url, peer_url
+from dfl_node.records.urls import normalize_url, peer_url
 
-__all__ = ["fetch_status", "normalize_url", "peer_url", "show_status"]
+__all__ = ["fetch_status", "show_status"]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 PEER_TIMEOUT_S = 2.0

@@ -11,7 +11,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from dfl_node.api.formatting import Figure, figure, format_bytes, format_data
+from dfl_node.records.formatting import Figure, figure, format_bytes, format_data
 
 
 def _dash(value: Any) -> str:

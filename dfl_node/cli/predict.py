@@ -22,10 +22,10 @@ import numpy as np
 
 from dfl_node.api.client import rest_client
 from dfl_node.api.status_cli import DEFAULT_URL
-from dfl_node.api.urls import normalize_url
 from dfl_node.cli.http_token import http_headers, http_token_option
 from dfl_node.errors import OperatorError
 from dfl_node.learning.csv_reader import read_features
+from dfl_node.records.urls import normalize_url
 
 TIMEOUT_S = 60.0  # a batch of 1,024 samples on a slow device, with room
 

@@ -32,9 +32,6 @@ import uuid
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.algorithms import Algorithm, Role, make_algorithm
 from dfl_node.algorithms.base import derive_seed
-from dfl_node.api.formatting import figure
-from dfl_node.api.metrics import NodeMetrics
-from dfl_node.api.schemas import FleetView, HistoryEntry, NodeStatus
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.local_data import DataView
 from dfl_node.node.absences import Absences
@@ -56,6 +53,11 @@ from dfl_node.node.rounds import RoundScheduler
 from dfl_node.node.tally import Tally
 from dfl_node.node.views import fleet_view, node_status, role_name
 from dfl_node.peering.messages import Hello, Progress
+from dfl_node.records.fleet import FleetView
+from dfl_node.records.formatting import figure
+from dfl_node.records.history import HistoryEntry
+from dfl_node.records.metrics import NodeMetrics
+from dfl_node.records.status import NodeStatus
 from dfl_node.settings.node import NodeConfig
 
 log = logging.getLogger(__name__)

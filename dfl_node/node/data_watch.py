@@ -16,12 +16,12 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from dfl_node.api.schemas import DataStatus
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.local_data import DataView, LocalData, read_test_set
 from dfl_node.learning.settings import SharedSettings, sized_defaults
 from dfl_node.learning.tasks import task_of
 from dfl_node.node.clock import Clock
+from dfl_node.records.status import DataStatus
 from dfl_node.settings.node import DataSettings
 
 log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits

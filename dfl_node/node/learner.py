@@ -25,7 +25,6 @@ import torch
 
 from dfl_node.algorithms import Algorithm, NodeContext, NodeProfile
 from dfl_node.algorithms.base import equip
-from dfl_node.api.schemas import HistoryEntry, SeriesAccuracy
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.devices import resolve_device, use_backends
 from dfl_node.learning.export import TrainedModel
@@ -41,6 +40,7 @@ from dfl_node.node.persistence import Checkpoint, load_served
 from dfl_node.node.progress import RoundProgress
 from dfl_node.node.served import ServedModel
 from dfl_node.node.tally import Tally
+from dfl_node.records.history import HistoryEntry, SeriesAccuracy
 from dfl_node.settings.node import StorageSettings
 
 log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits

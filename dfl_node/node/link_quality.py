@@ -19,8 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dfl_node.api.schemas import LinkReport
 from dfl_node.peering.resume import SMALL_CHUNK
+from dfl_node.records.peers import LinkReport
 
 RECENT = 4  # transfers per link that say whether it is weak now
 SMOOTHING = 0.5  # weight of the newest transfer in a link's throughput (an exponential moving average)

@@ -18,7 +18,6 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from dfl_node.algorithms.plan import NodeProfile
-from dfl_node.api.schemas import PeerInfo, RefusedPeer
 from dfl_node.errors import OperatorError
 from dfl_node.node.clock import Clock
 from dfl_node.node.handshake import Handshake
@@ -29,6 +28,8 @@ from dfl_node.node.swim import DEAD, Swim
 from dfl_node.node.tally import Tally
 from dfl_node.peering.messages import MAX_MEMBERS, MAX_UPDATES, Hello, HelloReply, MemberUpdate, Ping, PingAck, Progress
 from dfl_node.peering.port import PeerNetwork
+from dfl_node.records.peers import PeerInfo
+from dfl_node.records.refusals import RefusedPeer
 from dfl_node.settings.node import MembershipSettings
 
 

@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable
 from typing import Literal
 
-from dfl_node.api.schemas import RefusedPeer
 from dfl_node.node.clock import Clock
 from dfl_node.node.logs import RateLimitedLog
 from dfl_node.peering.messages import Hello
+from dfl_node.records.refusals import RefusedPeer
 
 log = logging.getLogger(__name__)
 

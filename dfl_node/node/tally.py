@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
-from dfl_node.api.metrics import NodeMetrics, Timed
-from dfl_node.api.schemas import FleetEvent
 from dfl_node.node.clock import Clock
 from dfl_node.node.logs import RateLimitedLog
 from dfl_node.node.progress import RoundProgress
+from dfl_node.records.fleet import FleetEvent
+from dfl_node.records.metrics import NodeMetrics, Timed
 
 log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
 RECENT_LIMIT = 50  # /fleet's recent sends, fusions and refusals (this process only: not checkpointed)

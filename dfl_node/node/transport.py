@@ -24,7 +24,6 @@ from dfl_node.algorithms.guard import DIVERGED
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.plan import Role, Step
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectionError, check_answer
-from dfl_node.api.metrics import Timed
 from dfl_node.node.clock import Clock
 from dfl_node.node.collector import Collector
 from dfl_node.node.gate import check_finite, check_received
@@ -37,6 +36,7 @@ from dfl_node.peering.messages import Ack, PullRequest
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.peering.probes import ProbeRequest, answer_from_reply, probe_request
 from dfl_node.peering.resume import SMALL_CHUNK, Resume
+from dfl_node.records.metrics import Timed
 from dfl_node.settings.node import RoleSettings
 
 log = logging.getLogger(__name__)

@@ -15,17 +15,6 @@ from dataclasses import asdict
 from typing import Protocol
 
 from dfl_node.algorithms.plan import Role
-from dfl_node.api.formatting import Figure, figure
-from dfl_node.api.schemas import (
-    COUNTER_FIELDS,
-    FleetMember,
-    FleetView,
-    NodeStatus,
-    PrivacyView,
-    RelayView,
-    TokenView,
-)
-from dfl_node.api.urls import peer_url
 from dfl_node.learning.privacy import PrivateTraining
 from dfl_node.node.clock import Clock
 from dfl_node.node.data_watch import NodeData
@@ -38,6 +27,11 @@ from dfl_node.node.reach import Reach
 from dfl_node.node.roles import Roles
 from dfl_node.node.tally import Tally
 from dfl_node.peering.port import PeerNetwork
+from dfl_node.records.counters import COUNTER_FIELDS
+from dfl_node.records.fleet import FleetMember, FleetView, TokenView
+from dfl_node.records.formatting import Figure, figure
+from dfl_node.records.status import NodeStatus, PrivacyView, RelayView
+from dfl_node.records.urls import peer_url
 from dfl_node.settings.node import NodeConfig
 
 

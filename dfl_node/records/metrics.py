@@ -27,9 +27,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from dfl_node.api.formatting import Figure, figure
-from dfl_node.api.schemas import NodeStatus
 from dfl_node.peering.reasons import REASONS
+from dfl_node.records.formatting import Figure, figure
+from dfl_node.records.status import NodeStatus
 
 __all__ = ["CONTENT_TYPE", "COUNTER_METRICS", "EXPOSITION_VERSION", "NodeMetrics", "StatusCollector", "figure_metric"]
 
