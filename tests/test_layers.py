@@ -128,7 +128,8 @@ def violations(graph: dict[str, set[str]], layer: str, forbidden: tuple[str, ...
 
 
 # design.md §1: cli → service (the daemon's composition root) | sim → node → algorithms → learning, the node
-# reaching its peers through the port (peering) that net and sim implement; dependencies point down only.
+# reaching its peers through the port (peering) that net and sim implement and keeping what it records in records,
+# which api serves; dependencies point down only.
 LEAVES = ("dfl_node.plugins", "dfl_node.registered", "dfl_node.errors", "dfl_node.hashes", "dfl_node.heap",
           "dfl_node.addresses")  # modules anyone may import: they import nothing of the package
 ABOVE_NODE = ("dfl_node.net", "dfl_node.sim", "dfl_node.service", "dfl_node.cli", "dfl_node.testbed",
@@ -140,8 +141,11 @@ LAYERS = {
     "dfl_node.algorithms": ("dfl_node.settings", "dfl_node.peering", "dfl_node.api", "dfl_node.node", *ABOVE_NODE),
     "dfl_node.settings": ("dfl_node.peering", "dfl_node.api", "dfl_node.node", *ABOVE_NODE),
     "dfl_node.peering": ("dfl_node.settings", "dfl_node.node", *ABOVE_NODE),
-    # the node knows no wire and no simulator: whoever runs it hands it its network
-    "dfl_node.node": ABOVE_NODE,
+    # the records a node keeps (history, refusals, fleet events, peer rows, counters, metrics), which the node writes
+    # and the REST API, the simulator's results and the checkpoint read: below them all
+    "dfl_node.records": ("dfl_node.node", "dfl_node.api", *ABOVE_NODE),
+    # the node knows no wire, no simulator and no HTTP: whoever runs it hands it its network and serves its records
+    "dfl_node.node": ("dfl_node.api", *ABOVE_NODE),
     "dfl_node.net": ("dfl_node.settings", "dfl_node.node", "dfl_node.sim", "dfl_node.service", "dfl_node.cli"),
     "dfl_node.sim": ("dfl_node.net", "dfl_node.service", "dfl_node.cli"),
     "dfl_node.service": ("dfl_node.sim", "dfl_node.cli"),
