@@ -32,7 +32,7 @@ def test_generated_modules_import_inside_the_package() -> None:
     service = pb.DESCRIPTOR.services_by_name["DflNode"]
     assert service.full_name == "dfl.v1.DflNode"
     assert {m.name for m in service.methods} == {"Hello", "Transfer", "Assign", "PassToken", "Pull", "Probe", "Ping",
-                                                    "DialBack", "Reserve"}
+                                                    "DialBack", "Reserve", "Control"}
     transfer = service.methods_by_name["Transfer"]
     assert transfer.client_streaming and transfer.server_streaming
     assert pb_grpc.dfl__node_dot_net_dot_proto_dot_dfl__pb2 is pb  # the grpc module uses the package's pb2

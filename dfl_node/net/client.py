@@ -24,13 +24,16 @@ from dfl_node.hashes import DEFAULT_HASH, negotiate
 from dfl_node.net.auth import NO_SECURITY, Security
 from dfl_node.net.codec import MessageAssembler, Outgoing, assemble, chunk_for, copy_header
 from dfl_node.net.convert import from_wire, to_wire
+from dfl_node.net.envelopes import refusal, reply_opened, sealed
 from dfl_node.net.frames import ReadFrame, WireFrame, decode_frame, encode_frame, wire_size
 from dfl_node.net.pacing import NO_PACING, Pacing
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.tls import handshake_failure
 from dfl_node.net.wire import SERVICE_NAME, WireIdentity, channel_options
+from dfl_node.peering.control import kind_of
 from dfl_node.peering.errors import (
+    PeerError,
     PeerUnauthenticated,
     PeerUnreachable,
     TransferCut,
@@ -268,7 +271,12 @@ class PeerClient:
         comes first, within ``connect_timeout``: an Assign's deadline is its whole role's, and an address that
         accepts nothing (a relayed peer's old slot, before gossip brings its new one) must not hold the holder's
         round for it."""
-        request = to_wire(message)
+        return from_wire(await self._rpc(method, to_wire(message), timeout))
+
+    async def _rpc(self, method: grpc.aio.UnaryUnaryMultiCallable, request: Any, timeout: float,
+                   refused: Callable[[grpc.aio.AioRpcError], PeerError | None] = lambda exc: None) -> Any:
+        """:meth:`_unary` in protobuf: the connection within ``connect_timeout``, then the call; a status that
+        ``refused`` reads as the peer's refusal is raised as that, any other as :class:`PeerUnreachable`."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
@@ -276,7 +284,10 @@ class PeerClient:
         except TransferRefused as exc:
             raise PeerUnreachable(exc.reason, exc.detail) from None
         left = max(timeout - (loop.time() - started), 1e-3)
-        return from_wire(await self._call(lambda: method(request, timeout=left, wait_for_ready=True), left))
+        try:
+            return await method(request, timeout=left, wait_for_ready=True)
+        except grpc.aio.AioRpcError as exc:
+            raise (refused(exc) or _unreachable(exc, left)) from exc
 
     async def assign(self, assignment: Assignment, timeout: float) -> Ack:
         return await self._unary(self.stub.Assign, assignment, timeout)
@@ -292,6 +303,12 @@ class PeerClient:
 
     async def dial_back(self, request: DialBackRequest, timeout: float) -> Ack:
         return await self._unary(self.stub.DialBack, request, timeout)
+
+    async def call(self, message: object, timeout: float) -> Any:
+        """A control message (:mod:`dfl_node.net.envelopes`) and the peer's reply, validated as its kind's reply."""
+        request = sealed(message)
+        reply = await self._rpc(self.stub.Control, request, timeout, refusal)
+        return reply_opened(kind_of(message), reply)
 
     async def push(self, message: ModelMessage, epoch: int, *, timeout: float,
                    on_accepted: Callable[[], None] | None = None,

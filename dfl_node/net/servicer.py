@@ -21,12 +21,14 @@ from dfl_node.hashes import DEFAULT_HASH, negotiate
 from dfl_node.net.auth import Authenticator
 from dfl_node.net.codec import MessageAssembler, assemble, chunk_for, copy_header
 from dfl_node.net.convert import from_wire, to_wire, transfer_result
+from dfl_node.net.envelopes import opened, refusal_status, reply_sealed
 from dfl_node.net.frames import ReadFrame, WireFrame, wire_size
 from dfl_node.net.pacing import NO_PACING, Pacing
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.relay import RelayServer
 from dfl_node.net.wire import WireIdentity
+from dfl_node.peering.control import kind_of
 from dfl_node.peering.errors import UNCOUNTED_REFUSALS, TransferRejected
 from dfl_node.peering.messages import (
     MAX_MEMBERS,
@@ -235,6 +237,18 @@ class DflServicer(pb_grpc.DflNodeServicer):
                 yield pb.RelayEvent(token=token)
         finally:
             await self.relay.close(slot)
+
+    async def Control(self, request: pb.ControlEnvelope, context: grpc.aio.ServicerContext) -> pb.ControlEnvelope:
+        """A control message (:mod:`dfl_node.net.envelopes`), authenticated as the other unary calls are, read
+        strictly (bounded first) before the node sees it; its handler's reply, or its refusal (counted) as a status."""
+        await self._check_unary(context)
+        try:
+            message = opened(request)
+            reply = await self.node.control(message)
+        except TransferRejected as exc:
+            self._refused(exc.reason, exc.detail, context.peer())
+            await context.abort(refusal_status(exc.reason), f"{exc.reason}: {exc.detail}")
+        return reply_sealed(kind_of(message), reply)
 
     # Assign and PassToken name no caller: a selecting sender binds its choice in its holder's name.
     async def Assign(self, request: pb.RoundAssignment, context: grpc.aio.ServicerContext) -> pb.Ack:

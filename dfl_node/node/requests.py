@@ -26,6 +26,7 @@ from dfl_node.node.progress import RoundProgress
 from dfl_node.node.reach import Reach
 from dfl_node.node.roles import Roles
 from dfl_node.node.tally import Tally
+from dfl_node.peering import control
 from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.messages import (
     Ack,
@@ -194,3 +195,7 @@ class PeerRequests:
 
     async def token(self, request: Token) -> Ack:
         return await self.scheduler.token(request)
+
+    async def control(self, message: object) -> object:
+        """A control message: answered by the handler registered for its type, given this node's requests."""
+        return await control.answer(self, message)

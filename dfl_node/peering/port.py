@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.peering.messages import (
@@ -45,6 +45,10 @@ class PeerLink(Protocol):
     async def ping(self, ping: Ping, timeout: float) -> PingAck: ...  # a membership probe (dfl_node.node.swim)
     # Ask the peer to dial us back at the address we say we serve: whether peers can reach us (ok).
     async def dial_back(self, request: DialBackRequest, timeout: float) -> Ack: ...
+    # A control message (dfl_node.peering.control) and its reply, of the type its kind registered. Raises TypeError for
+    # a message of no registered kind, TransferRefused when the peer refuses it (unknown_control: a peer that does
+    # not know its kind; bad_control, control_too_large; or its handler's refusal).
+    async def call(self, message: object, timeout: float) -> Any: ...
     # Push a model for round mode's ``epoch`` (0: async); returns (the aggregator's reply or None, bytes sent,
     # bytes received, over all of ``resume``'s attempts) once the aggregator confirmed a durable fusion; ``on_accepted``
     # is called as soon as it took the message. Raises TransferRefused when it refuses (or never fuses it), TransferCut
@@ -112,5 +116,8 @@ class PeerHandler(Protocol):
     async def dial_back(self, request: DialBackRequest) -> Ack: ...  # dial the caller back; ok: it answered
     async def reserve(self, request: ReserveRequest) -> Ack: ...  # whether the caller may hold a relay slot here
     async def token(self, request: Token) -> Ack: ...
+    # A peer's control message (dfl_node.peering.control): its handler's reply, or TransferRejected (the network
+    # counts it, as it counts a refused admit or pull). A message that needs its sender names it in a field.
+    async def control(self, message: object) -> object: ...
     def on_rejected(self, reason: str, detail: str, sender: str) -> None: ...  # count a refusal
     def on_transferred(self, sent: int, received: int) -> None: ...  # byte counters

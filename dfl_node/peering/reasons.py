@@ -28,6 +28,10 @@ REASONS: dict[str, str] = {
     "undecodable": "a request that is not the message its RPC takes",
     # the membership's probes (node/swim.py, net/servicer.py)
     "too_many_updates": "a membership ping with more updates than its bound",
+    # control messages (peering/control.py, net/envelopes.py)
+    "unknown_control": "a control message of a kind not known (or not answered) here",
+    "bad_control": "a control message whose body is not its kind's fields (not JSON, a wrong type, a missing object)",
+    "control_too_large": "a control message's body over its bound (64 KiB)",
     # a transfer's stream (net/codec.py, net/servicer.py)
     "truncated": "a transfer's stream ended early (from a node that is no member: a member's is kept to resume)",
     "bad_resume": "a stream that goes on from a place or a payload other than what is held of it",

@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 import torch
 
 from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.peering.control import kind_of
 from dfl_node.peering.errors import (
     UNCOUNTED_REFUSALS,
     PeerUnreachable,
@@ -375,6 +376,7 @@ class MemoryNetwork:
         self.fabric, self.address, self.connect_timeout, self.wire_dtype = fabric, address, connect_timeout, wire_dtype
         self.links: dict[str, MemoryLink] = {}
         self.membership = Traffic()  # the Hellos, pings and their answers of the calls this node made
+        self.control = Traffic()  # the control messages and their replies of the calls this node made
 
     def link(self, address: str) -> MemoryLink:
         if address not in self.links:
@@ -526,6 +528,23 @@ class MemoryLink:
                 h.on_rejected(reply.reason, f"probe of round {request.round}", request.sender[:64] or self.src)
             return reply
         return await self._unary(answer, timeout)
+
+    async def call(self, message: object, timeout: float) -> Any:
+        """A control message: a round RPC, handed over as it is (of a registered kind, as gRPC would encode it), the
+        callee's refusal counted as the servicer counts it; counted both ways (:class:`Traffic`)."""
+        kind_of(message)
+        self.network.control.count(message)
+
+        async def answer(h: PeerHandler) -> object:
+            try:
+                return await h.control(message)
+            except TransferRejected as exc:
+                if exc.reason not in UNCOUNTED_REFUSALS:
+                    h.on_rejected(exc.reason, exc.detail, self.src)
+                raise TransferRefused(exc.reason, exc.detail) from exc
+        reply = await self._unary(answer, timeout)
+        self.network.control.count(reply)
+        return reply
 
     async def push(self, message: ModelMessage, epoch: int, *, timeout: float,
                    on_accepted: Callable[[], None] | None = None,

@@ -6,6 +6,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ControlEnvelope(_message.Message):
+    __slots__ = ("kind", "body")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    body: bytes
+    def __init__(self, kind: _Optional[str] = ..., body: _Optional[bytes] = ...) -> None: ...
+
 class DialBackRequest(_message.Message):
     __slots__ = ("sender", "address", "timeout_s")
     SENDER_FIELD_NUMBER: _ClassVar[int]

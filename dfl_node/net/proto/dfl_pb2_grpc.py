@@ -80,6 +80,11 @@ class DflNodeStub:
                 request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ReserveRequest.SerializeToString,
                 response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RelayEvent.FromString,
                 _registered_method=True)
+        self.Control = channel.unary_unary(
+                '/dfl.v1.DflNode/Control',
+                request_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ControlEnvelope.SerializeToString,
+                response_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ControlEnvelope.FromString,
+                _registered_method=True)
 
 
 class DflNodeServicer:
@@ -169,6 +174,17 @@ class DflNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Control(self, request, context):
+        """A control message (dfl_node/peering/control.py): every small request-reply between peers added after the calls
+        above, one RPC for all of them. The request's envelope names the message's kind and carries its body; the reply's
+        names the same kind and carries the reply's body. A node that knows no such kind, or finds a body that is not
+        that kind's, refuses it with INVALID_ARGUMENT ("reason: detail"); a node older than this RPC answers
+        UNIMPLEMENTED. The calls above stay as they are, for the fleets that speak them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DflNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -216,6 +232,11 @@ def add_DflNodeServicer_to_server(servicer, server):
                     servicer.Reserve,
                     request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ReserveRequest.FromString,
                     response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.RelayEvent.SerializeToString,
+            ),
+            'Control': grpc.unary_unary_rpc_method_handler(
+                    servicer.Control,
+                    request_deserializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ControlEnvelope.FromString,
+                    response_serializer=dfl__node_dot_net_dot_proto_dot_dfl__pb2.ControlEnvelope.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -462,6 +483,33 @@ class DflNode:
             '/dfl.v1.DflNode/Reserve',
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.ReserveRequest.SerializeToString,
             dfl__node_dot_net_dot_proto_dot_dfl__pb2.RelayEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Control(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dfl.v1.DflNode/Control',
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.ControlEnvelope.SerializeToString,
+            dfl__node_dot_net_dot_proto_dot_dfl__pb2.ControlEnvelope.FromString,
             options,
             channel_credentials,
             insecure,
