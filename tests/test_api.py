@@ -65,19 +65,31 @@ HISTORY = [
 ]
 
 
-def app_of(status: Callable[[], NodeStatus], history: Callable[[], list[HistoryEntry]]) -> FastAPI:
-    """The REST app of a fake node: its fleet is itself alone, its metrics those of its status."""
+class Served:
+    """A fake node as the REST app sees it (a :class:`~dfl_node.api.served_node.ServedNode`): its status and history
+    those of ``status`` and ``history``, its fleet itself alone, its metrics those of its status, and no model yet."""
 
-    def fleet() -> FleetView:
-        s = status()
+    def __init__(self, status: Callable[[], NodeStatus], history: Callable[[], list[HistoryEntry]]) -> None:
+        self._status, self._history = status, history
+        self.metrics = NodeMetrics("fake", status)
+
+    def status(self) -> NodeStatus:
+        return self._status()
+
+    def history(self) -> list[HistoryEntry]:
+        return self._history()
+
+    def fleet(self) -> FleetView:
+        s = self._status()
         me = FleetMember(id=s.id, is_self=True, grpc_address=s.grpc_address, alive=True, round=s.round)
         return FleetView(node=s.id, mode=s.mode, members=[me])
 
-    return create_app(status, history, fleet, NodeMetrics("fake", status))
+    async def committed_model(self) -> None:
+        return None
 
 
 class Node:
-    """A fake daemon: the app only ever sees it through its callables (and metrics over its status)."""
+    """A fake daemon: the app only ever sees it through :class:`Served` (and metrics over its status)."""
 
     def __init__(self, status: NodeStatus) -> None:
         self.status = status
@@ -85,7 +97,7 @@ class Node:
         self.status_calls = 0
 
     def app(self, status: Callable[[], NodeStatus] | None = None) -> FastAPI:
-        return app_of(status or self.get_status, self.get_history)
+        return create_app(Served(status or self.get_status, self.get_history))
 
     def get_status(self) -> NodeStatus:
         self.status_calls += 1

@@ -67,7 +67,14 @@ async def test_served_dashboard_is_self_contained_and_has_the_fleet_hooks() -> N
     def never(*_: Any) -> Any:
         raise AssertionError("the page itself needs no provider")
 
-    app = create_app(never, never, never, NodeMetrics("node-0", never))
+    class Unread:  # a ServedNode the page itself reads nothing of
+        metrics = NodeMetrics("node-0", never)
+        status = history = fleet = staticmethod(never)
+
+        async def committed_model(self) -> None:
+            never()
+
+    app = create_app(Unread())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as client:
         response = await client.get("/")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")

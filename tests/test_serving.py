@@ -100,7 +100,7 @@ async def serving_node(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[tupl
     REST app."""
     node = Daemon.build(config(fleet_shards, tmp_path, "node-0")).node
     await node.start()  # its first checkpoint: w0
-    app = create_app(node.status, node.history, node.fleet, node.metrics, node.committed_model)
+    app = create_app(node)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as client:
             yield node, client
@@ -135,7 +135,7 @@ async def test_a_model_being_changed_is_served_only_once_checkpointed(
 
 async def test_before_its_first_checkpoint_a_node_serves_no_model(fleet_shards: Path, tmp_path: Path) -> None:
     node = Daemon.build(config(fleet_shards, tmp_path, "node-0")).node
-    app = create_app(node.status, node.history, node.fleet, node.metrics, node.committed_model)
+    app = create_app(node)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as client:
             for reply in (await client.get("/model"), await client.post("/predict", content=body([SAMPLE]))):

@@ -1,10 +1,10 @@
 """The node's REST API: health, status, history, the fleet it sees, Prometheus metrics, dashboard, and its
 trained model put to use (``/model``, ``/predict``: :mod:`dfl_node.api.serving`).
 
-The app knows nothing about the daemon: it is given callables that build a fresh snapshot on every
-request, and the node's metrics registry. Endpoints are ``async def`` on purpose, so the callables run
-on the event loop that serves the app (the daemon's loop when uvicorn runs inside the daemon) rather than in a worker
-thread — they may read the daemon's state without locks, and must be quick and non-blocking.
+The app knows nothing about the daemon: it is given a :class:`~dfl_node.api.served_node.ServedNode`, whose methods
+build a fresh snapshot on every request, and whose metrics registry it serves. Endpoints are ``async def`` on purpose,
+so those methods run on the event loop that serves the app (the daemon's loop when uvicorn runs inside the daemon)
+rather than in a worker thread — they may read the daemon's state without locks, and must be quick and non-blocking.
 
 Nothing here changes the node: every route is ``GET`` (other methods get 405) but ``POST /predict``, which
 computes an answer from the model and leaves it as it was. With a token (``--http-token-file``) every route but
@@ -23,11 +23,12 @@ from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, Response
 
 from dfl_node import __version__
-from dfl_node.api.serving import Committed, add_model_routes
+from dfl_node.api.served_node import ServedNode
+from dfl_node.api.serving import add_model_routes
 from dfl_node.api.token import require_token
 from dfl_node.records.fleet import FleetView
 from dfl_node.records.history import HistoryEntry
-from dfl_node.records.metrics import CONTENT_TYPE, EXPOSITION_VERSION, NodeMetrics
+from dfl_node.records.metrics import CONTENT_TYPE, EXPOSITION_VERSION
 from dfl_node.records.status import NodeStatus
 
 __all__ = ["create_app", "dashboard_html"]
@@ -42,17 +43,10 @@ def dashboard_html() -> str:
     return (resources.files("dfl_node.api") / "static" / "dashboard.html").read_text(encoding="utf-8")
 
 
-def create_app(
-    status: Callable[[], NodeStatus],
-    history: Callable[[], list[HistoryEntry]],
-    fleet: Callable[[], FleetView],
-    metrics: NodeMetrics,
-    committed: Committed | None = None,
-    token: bytes | None = None,
-) -> FastAPI:
-    """A FastAPI app serving the node described by ``status()``, ``history()`` and ``fleet()``, and the
-    metrics of its registry; with ``committed`` (the node's committed model), ``/model`` and ``/predict`` too;
-    with ``token``, only to requests that carry it (:mod:`dfl_node.api.token`)."""
+def create_app(node: ServedNode, token: bytes | None = None) -> FastAPI:
+    """A FastAPI app serving ``node``: its status, history, fleet and metrics, and its committed model (``/model``,
+    ``/predict``); with ``token``, only to requests that carry it (:mod:`dfl_node.api.token`)."""
+    metrics = node.metrics
     app = FastAPI(
         title="dfl-node",
         version=__version__,
@@ -73,20 +67,20 @@ def create_app(
 
     @app.get("/status", response_model=NodeStatus, summary="Current status of the node")
     async def get_status() -> NodeStatus:
-        return _provided("status", status)
+        return _provided("status", node.status)
 
     @app.get("/history", response_model=list[HistoryEntry], summary="Event history (training, fusions, evaluations)")
     async def get_history(
         since: int | None = Query(default=None, description="only entries with round >= since"),
     ) -> list[HistoryEntry]:
-        entries = _provided("history", history)
+        entries = _provided("history", node.history)
         if since is not None:
             entries = [e for e in entries if e.round >= since]
         return entries
 
     @app.get("/fleet", response_model=FleetView, summary="The fleet as this node knows it (the dashboard's table)")
     async def get_fleet() -> FleetView:
-        return _provided("fleet", fleet)
+        return _provided("fleet", node.fleet)
 
     @app.get(
         "/metrics",
@@ -102,8 +96,7 @@ def create_app(
     async def dashboard() -> HTMLResponse:
         return HTMLResponse(dashboard_html())
 
-    if committed is not None:
-        add_model_routes(app, committed, metrics)
+    add_model_routes(app, node.committed_model, metrics)
     if token is not None:
         require_token(app, token, dashboard_html)
 
