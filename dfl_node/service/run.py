@@ -1,9 +1,10 @@
 """Running a daemon (:class:`~dfl_node.service.wiring.Daemon`): gRPC server, REST server, mDNS, heartbeats and the
-scheduler, started and stopped in order.
+scheduler, started and stopped in one place (:func:`running`). Each step registers its undo on one exit stack the
+moment it succeeded, so a failed step and a stop are undone by the same code, in reverse.
 
 Start-up is all-or-nothing: the state dir is locked (by :class:`Node`, before it reads the checkpoint),
 every socket bound and every check passed (a duplicate id among the static peers) *before* the node
-announces itself on mDNS or logs that it serves. Any failure releases what was taken and raises
+announces itself on mDNS or logs that it serves. Any failure undoes what was taken and raises
 :class:`~dfl_node.errors.OperatorError` with one line that says what to change, so a half-started node
 never joins a swarm.
 
@@ -21,12 +22,13 @@ import errno
 import logging
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 
 import grpc
 import torch
 import uvicorn
+from fastapi import FastAPI
 from zeroconf import NonUniqueNameException
 
 from dfl_node import PROTOCOL_VERSION
@@ -162,35 +164,58 @@ async def _announce_on_mdns(node: Node) -> MdnsDiscovery:
 
 @dataclass
 class Bound:
-    """What a started node holds, released in reverse order when it stops."""
+    """What start-up took that the serving node uses: its REST socket (uvicorn serves it) and its mDNS registration
+    (its goodbye comes first when it stops)."""
 
-    grpc: grpc.aio.Server
     http_socket: socket.socket | None
     discovery: MdnsDiscovery | None
 
 
-async def start_up(daemon: Daemon) -> Bound:
-    """Bind, check, announce (``Node()`` locked the state dir): all or nothing. On any failure what was taken,
-    the lock included, is given back and :class:`OperatorError` says why; nothing was announced and no
-    checkpoint was written."""
+async def start_up(daemon: Daemon, undo: contextlib.AsyncExitStack,
+                   stop_grpc: Callable[[grpc.aio.Server], Awaitable[None]]) -> Bound:
+    """Bind, check, announce (``Node()`` locked the state dir): all or nothing. Each step registers on ``undo`` what
+    gives it back the moment it succeeded (the gRPC server's: ``stop_grpc``), so on a failure the steps before are
+    undone, in reverse, and :class:`OperatorError` says why; nothing was announced and no checkpoint was written."""
     node, config = daemon.node, daemon.config
     with node.membership.start_checks():  # until the end, a live node with our id stops the start
-        async with contextlib.AsyncExitStack() as undo:
-            undo.callback(node.learner.checkpoint.lock.release)  # taken by Node(), before it read its checkpoint
-            grpc_server = await _serve_grpc(daemon)
-            undo.push_async_callback(grpc_server.stop, None)
-            http_socket = _bind_http(config.api)
-            if http_socket:
-                undo.callback(http_socket.close)
-            undo.push_async_callback(daemon.network.close)
-            await _check_static_peers(node)
-            discovery = None
-            if config.membership.mdns:
-                discovery = await _announce_on_mdns(node)
-                undo.push_async_callback(discovery.stop)
-            node.membership.stop_if_duplicate()  # a Hello with our id arrived while we were starting
-            undo.pop_all()
-    return Bound(grpc_server, http_socket, discovery)
+        grpc_server = await _serve_grpc(daemon)
+        undo.push_async_callback(stop_grpc, grpc_server)
+        http_socket = _bind_http(config.api)
+        if http_socket:
+            undo.callback(http_socket.close)
+        await _check_static_peers(node)
+        discovery = None
+        if config.membership.mdns:
+            discovery = await _announce_on_mdns(node)
+            undo.push_async_callback(discovery.stop)
+        node.membership.stop_if_duplicate()  # a Hello with our id arrived while we were starting
+    return Bound(http_socket, discovery)
+
+
+class _Work:
+    """What a serving node runs: uvicorn on its REST socket, and its own tasks (heartbeats and scheduler, the wait
+    of ``--exit-when-done``). Stopped together: the tasks cancelled, uvicorn told to finish its open requests, then
+    all awaited (their errors are not the stop's)."""
+
+    def __init__(self) -> None:
+        self._tasks: list[asyncio.Task[None]] = []
+        self._http: _EmbeddedUvicorn | None = None
+        self._http_task: asyncio.Task[None] | None = None
+
+    def serve_http(self, app: FastAPI, sock: socket.socket) -> None:
+        # no WebSocket route: ws="auto" would import wsproto (80 ms, 0.6 MB) for nothing
+        self._http = _EmbeddedUvicorn(uvicorn.Config(app, log_level="warning", lifespan="off", ws="none"))
+        self._http_task = asyncio.get_running_loop().create_task(self._http.serve(sockets=[sock]))
+
+    def run(self, work: Coroutine[object, object, None]) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(work))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._http:
+            self._http.stop()  # uvicorn finishes its open requests, then its task ends
+        await asyncio.gather(*self._tasks, *([self._http_task] if self._http_task else []), return_exceptions=True)
 
 
 async def serve(config: NodeConfig, stop: asyncio.Event | None = None) -> Daemon:
@@ -218,15 +243,10 @@ async def _stop_when_done(node: Node, stop: asyncio.Event) -> None:
     stop.set()
 
 
-async def run_node(daemon: Daemon, stop: asyncio.Event) -> None:
-    """Start everything (:func:`start_up`), set ``node.ready``, wait for ``stop``, stop everything in reverse order."""
+def _log_serving(daemon: Daemon) -> None:
+    """The line that says the node serves, and a warning for what it serves with no authentication."""
     node, config = daemon.node, daemon.config
     network = config.network
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop.set)
-    bound = await start_up(daemon)
     log.info("%s serving gRPC on %s:%d (advertised %s), swarm %r, %s/%s, authentication: %s",
              config.id, network.host, network.grpc_port, node.address, config.swarm, config.algorithm,
              config.schedule.mode, daemon.security.mode)
@@ -238,39 +258,70 @@ async def run_node(daemon: Daemon, stop: asyncio.Event) -> None:
         log.warning("%s's REST API on %s needs no token (--insecure): anyone who reaches it can take the model and "
                     "ask for predictions; use --http-token-file beyond a private network", config.id,
                     config.api.http_host)
-    workers: list[asyncio.Task] = []
-    http, http_task = None, None
-    if bound.http_socket:
-        node.metrics.add_process_metrics()  # this process is the node's own
-        app = create_app(node.status, node.history, node.fleet, node.metrics, node.committed_model,
-                         token=daemon.http_token)
-        # no WebSocket route: ws="auto" would import wsproto (80 ms, 0.6 MB) for nothing
-        http = _EmbeddedUvicorn(uvicorn.Config(app, log_level="warning", lifespan="off", ws="none"))
-        http_task = loop.create_task(http.serve(sockets=[bound.http_socket]))
-        log.info("%s: dashboard and REST API on %s/ (metrics at /metrics)", config.id, rest_url(config))
-    try:
-        await node.start()
-        workers = [loop.create_task(node.run())]
-        if config.schedule.exit_when_done:
-            workers.append(loop.create_task(_stop_when_done(node, stop)))
-        await stop.wait()
-    finally:
-        log.info("%s stopping", config.id)
-        if bound.discovery:
-            await bound.discovery.stop()
-        for task in workers:
-            task.cancel()
-        if http:
-            http.stop()  # uvicorn finishes its open requests, then its task ends
-        await asyncio.gather(*workers, *([http_task] if http_task else []), return_exceptions=True)
-        if bound.http_socket:
-            bound.http_socket.close()
-        await bound.grpc.stop(grace=1.0)
-        node.roles.stop_waiting()  # nothing can arrive now: the checkpoint below must not wait for a group's deadline
-        await daemon.network.close()
+
+
+async def _say_goodbye(node_id: str, discovery: MdnsDiscovery | None) -> None:
+    """A stop begins with the goodbye, before the node's work stops: peers drop it now, not after its REST requests
+    finish. (:meth:`MdnsDiscovery.stop` is idempotent: start-up's undo of the announcement is then a no-op.)"""
+    log.info("%s stopping", node_id)
+    if discovery:
+        await discovery.stop()
+
+
+@contextlib.asynccontextmanager
+async def running(daemon: Daemon, stop: asyncio.Event) -> AsyncIterator[None]:
+    """The daemon started, serving while the ``async with`` body runs, then stopped: both in this one place.
+
+    Each step registers its undo on one exit stack for the daemon's lifetime right when it succeeded, so whatever
+    ends it — a failed step, the body's end, a cancellation — undoes what was started, in reverse. Until the "serving"
+    line that is :func:`start_up`, all or nothing. A node that served is stopped as such: its "stopping" line and
+    mDNS goodbye first, gRPC given a second for the calls under way, its final checkpoint written before the state
+    dir is released, then its "stopped" line; a failed start writes none of them.
+    """
+    node, config = daemon.node, daemon.config
+    served = False  # set once start-up got through: leaving then is a stop, not an undone start
+
+    async def leave_state_dir() -> None:
+        """The lock ``Node()`` took before it read its checkpoint, given back after the final checkpoint."""
         try:
-            await node.save(copy=True)
+            if served:
+                await node.save(copy=True)
         finally:
             node.learner.checkpoint.lock.release()
-        log.info("%s stopped at round %d (checkpoint in %s)", config.id, node.progress.round,
-                 node.learner.checkpoint.directory)
+        if served:
+            log.info("%s stopped at round %d (checkpoint in %s)", config.id, node.progress.round,
+                     node.learner.checkpoint.directory)
+
+    async def stop_grpc(server: grpc.aio.Server) -> None:
+        await server.stop(grace=1.0 if served else None)
+        node.roles.stop_waiting()  # nothing can arrive now: the checkpoint after must not wait for a group's deadline
+
+    async with contextlib.AsyncExitStack() as undo:
+        undo.push_async_callback(leave_state_dir)
+        undo.push_async_callback(daemon.network.close)  # its channels to peers and its relay: once nothing is served
+        bound = await start_up(daemon, undo, stop_grpc)
+        served = True
+        _log_serving(daemon)
+        work = _Work()
+        undo.push_async_callback(work.stop)
+        undo.push_async_callback(_say_goodbye, config.id, bound.discovery)
+        if bound.http_socket:
+            node.metrics.add_process_metrics()  # this process is the node's own
+            work.serve_http(create_app(node, token=daemon.http_token), bound.http_socket)
+            log.info("%s: dashboard and REST API on %s/ (metrics at /metrics)", config.id, rest_url(config))
+        await node.start()
+        work.run(node.run())
+        if config.schedule.exit_when_done:
+            work.run(_stop_when_done(node, stop))
+        yield
+
+
+async def run_node(daemon: Daemon, stop: asyncio.Event) -> None:
+    """Run the daemon (:func:`running`) until ``stop`` is set; SIGINT and SIGTERM set it, from before the node
+    announces itself on mDNS."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+    async with running(daemon, stop):
+        await stop.wait()
