@@ -1,4 +1,4 @@
-"""The simulator's adversaries (issue 34): which nodes are compromised, what each attack sends, and a fleet of
+"""The simulator's adversaries: which nodes are compromised, what each attack sends, and a fleet of
 real nodes under attack, without and with a defence."""
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def test_a_sender_killed_mid_stream_is_left_out_and_the_round_completes(fleet_sh
 
 async def _a_half_open_stream(aggregator: NodeProcess, swarm: str) -> tuple[pb.Ack, float]:
     """The aggregator's only sender sends a header and a few chunks, then nothing — its process alive,
-    its TCP connection open (issue 13: such a stream held the receiver role for good). Returns the ack
+    its TCP connection open (such a stream once held the receiver role for good). Returns the ack
     of the aggregator role taken afterwards and how long the node was held."""
     common = dict(round=0, epoch=0, holder="test", aggregator=aggregator.id,
                   aggregator_address=f"127.0.0.1:{aggregator.grpc_port}", deadline_s=DEADLINE_S, senders=["node-3"])

@@ -1,4 +1,4 @@
-"""A recorded fleet simulated as it was recorded (issue 46): ``--partition as-recorded`` makes each subfolder (or
+"""A recorded fleet simulated as it was recorded: ``--partition as-recorded`` makes each subfolder (or
 file) of ``--dataset FOLDER`` one node, with the validation split its daemon would make and the folder's ``test.*``
 as the global test set; a partition that pools files refuses a folder with subfolders rather than read half of it.
 

@@ -1,4 +1,4 @@
-"""An authenticated swarm (issue 13): mutual TLS with the swarm's CA, from files or derived from a swarm key.
+"""An authenticated swarm: mutual TLS with the swarm's CA, from files or derived from a swarm key.
 
 - ``dfl-node certs`` issues the CA, node certificates and swarm keys; a node told to authenticate
   whose files are missing or wrong refuses to start with one line (exit 1), never runs without it.

@@ -1,4 +1,4 @@
-"""The verbs' options are generated from the config models (issue 9): every setting is a flag, named
+"""The verbs' options are generated from the config models: every setting is a flag, named
 ``--field-name`` (``--algorithm`` / ``--peer`` repeated for the lists ``algorithms`` / ``peers``),
 with the field's description and ``[env: DFL_FIELD; default: …]`` as help (``repeatable`` for a list); names
 of algorithms, datasets, partitions and models are the registries', so registering one is all every verb needs
@@ -93,9 +93,9 @@ def test_every_field_is_a_flag_with_its_description(verb: str, model: type[BaseM
         assert option.help is not None and option.help.startswith(f"{field.description}  [")
         notes = option.help.rsplit("  [", 1)[1].rstrip("]").split("; ")
         assert f"env: DFL_{name.upper()}" in notes
-        assert ("repeatable" in notes) == bool(option.multiple), (verb, name)  # issue 20: said, not guessed
+        assert ("repeatable" in notes) == bool(option.multiple), (verb, name)  # said, not left to guess
         default = None if field.is_required() else field.get_default(call_default_factory=True)
-        if default not in (None, []):  # issue 20: defaults were learnt only from the code
+        if default not in (None, []):  # a default is said, not learnt from the code
             assert any(n.startswith("default: ") for n in notes), (verb, name, notes)
         assert option.opts[0] in shown.output, (verb, name)
     assert {"--config"} <= {opt for p in options.values() for opt in p.opts}
@@ -148,7 +148,7 @@ def test_experiment_flags_reach_the_config(verb: str) -> None:
 
 @pytest.mark.usefixtures("built")
 def test_partition_offers_only_what_decides_the_shards() -> None:
-    """Issue 20: `partition` offered ~35 training-only flags."""
+    """`partition` once offered ~35 training-only flags."""
     config = config_of("partition", "--out", "shards", "--partition", "shards", "--zeta", "3", "--val-fraction", "0.3",
                        "--seed", "5", "--nodes", "6")
     shards = config.shards
@@ -225,7 +225,7 @@ def test_a_registered_algorithm_is_accepted_everywhere(monkeypatch: pytest.Monke
 
 
 def test_a_flag_name_means_one_thing_on_every_verb() -> None:
-    """Issue 20: ``--duration`` read "stop volunteering after" on start and "virtual seconds the fleet runs" on
+    """``--duration`` once read "stop volunteering after" on start and "virtual seconds the fleet runs" on
     simulate. Its defaults differ on purpose (a daemon volunteers until stopped; a testbed or a simulated run
     must end), its meaning does not; ``--algorithm`` names one algorithm per use, repeatable where a verb runs
     several."""

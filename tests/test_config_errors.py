@@ -1,4 +1,4 @@
-"""Operator mistakes in settings (issue 8): every unusable config file, flag, ``DFL_*`` variable or
+"""Operator mistakes in settings: every unusable config file, flag, ``DFL_*`` variable or
 config-file key is reported in one line that names the setting the way the operator wrote it, exit 2;
 relative paths in a config file are read from the file's folder; a missing dataset is one line, exit 1.
 

@@ -1,4 +1,4 @@
-"""The dashboard as an operator sees it: a real browser on a real fleet (issue 20, "A fleet dashboard").
+"""The dashboard as an operator sees it: a real browser on a real fleet ("A fleet dashboard").
 
 `dfl-node testbed` runs 4 daemons in round mode; headless Debian chromium, driven by Selenium through the system
 chromedriver (never Selenium Manager: nothing is downloaded), opens node-0's page and must see the fleet live —

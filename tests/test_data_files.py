@@ -1,4 +1,4 @@
-"""A user's data files (issue 31): the CSV reader, NPZ and safetensors files, the stable hold-out, and a node's
+"""A user's data files: the CSV reader, NPZ and safetensors files, the stable hold-out, and a node's
 data folder read at start and again as it grows (``dfl_node.learning.csv_reader``, ``data_files``,
 ``local_data``)."""
 

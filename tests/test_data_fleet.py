@@ -1,4 +1,4 @@
-"""A fleet of real daemons on CSV files (issue 31): three ``dfl-node start`` on loopback, each given only its own
+"""A fleet of real daemons on CSV files: three ``dfl-node start`` on loopback, each given only its own
 folder of CSV files (no learning settings: they are sized to the data), learn; a file appended to one node's
 folder while they run raises its sample count in ``/status`` and is trained on; a corrupt file put in another's is
 skipped, counted and logged once, and the fleet goes on.

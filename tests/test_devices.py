@@ -1,4 +1,4 @@
-"""The ``device`` setting (issue 10): auto|cpu|cuda in every verb, an absent CUDA a one-line settings
+"""The ``device`` setting: auto|cpu|cuda in every verb, an absent CUDA a one-line settings
 error (exit 2, never a silent fallback), and CPU runs — the default — unchanged.
 
 This suite runs on CPUs: what a CUDA machine does is checked only as far as choosing the device.

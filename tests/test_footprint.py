@@ -1,4 +1,4 @@
-"""What a node installs and loads (issue 21): `dfl-node start` imports nothing it does not use, and the verbs
+"""What a node installs and loads: `dfl-node start` imports nothing it does not use, and the verbs
 that draw (the ``[plot]`` extra) say in one line how to get matplotlib where it is missing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fuzzing all six RPCs of a real node over gRPC (issue 13, "Hostile input"), with hypothesis.
+"""Fuzzing all six RPCs of a real node over gRPC ("Hostile input"), with hypothesis.
 
 Why: every RPC takes bytes from anyone who can reach the port, and what the codec refuses in-process
 (test_fuzz_codec.py) must also be refused, counted and harmless when it arrives over the wire: random

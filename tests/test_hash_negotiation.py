@@ -1,4 +1,4 @@
-"""The payload hash (issue 21): BLAKE3 where both ends offer it in Hello, sha256 otherwise; a receiver refuses
+"""The payload hash: BLAKE3 where both ends offer it in Hello, sha256 otherwise; a receiver refuses
 a header naming a hash it did not offer, with a reason, and keeps serving.
 
 The codec's side in process; the negotiation against a real node (real gRPC on loopback); forged headers in

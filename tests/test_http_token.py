@@ -1,4 +1,4 @@
-"""The REST API's bearer token (issue 34): with ``--http-token-file`` every route but ``/healthz`` answers 401
+"""The REST API's bearer token: with ``--http-token-file`` every route but ``/healthz`` answers 401
 without it (and with a wrong one), the verbs that query a node send it, and a node serving REST beyond loopback
 without one starts only with ``--insecure``.
 

@@ -1,4 +1,4 @@
-"""Joining through any member (``--join``, issue 33): real nodes on loopback, no mDNS.
+"""Joining through any member (``--join``): real nodes on loopback, no mDNS.
 
 A node given a join address that nobody serves yet tries it again with backoff, joins once a member is there, and
 then leaves the seed to the membership (a seed that goes down is not greeted again); a third node joining through

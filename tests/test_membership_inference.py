@@ -1,4 +1,4 @@
-"""Membership inference (issue 47, "the leak, measured"): the attack's figures on hand-built scores, the attack on a
+"""Membership inference ("the leak, measured"): the attack's figures on hand-built scores, the attack on a
 model that overfit and on one that has no members among the samples compared, and the simulator's
 ``privacy_audit``, which reports the attack and changes no bit of the run."""
 

@@ -1,4 +1,4 @@
-"""What an operator sees of a running fleet (issue 20): ``/metrics`` by the book, ``/fleet``, and the INFO lines.
+"""What an operator sees of a running fleet: ``/metrics`` by the book, ``/fleet``, and the INFO lines.
 
 One real fleet (three daemons on loopback, six rounds) is run once for the module; each test reads one thing
 from what it served and logged. ``/metrics`` is parsed with ``prometheus_client``'s own parser and checked by

@@ -1,4 +1,4 @@
-"""A node's own step that goes non-finite is undone, never kept (issue 34: one scaled member killed an honest one).
+"""A node's own step that goes non-finite is undone, never kept (one scaled member once killed an honest one).
 
 A fusion of finite but huge values (a `scale` adversary's model) goes NaN; the node must keep exactly what it had,
 answer nobody, refuse the fused messages as ``non_finite_result`` — and in a fleet, finish with every honest model

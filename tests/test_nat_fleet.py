@@ -1,4 +1,4 @@
-"""A fleet across NAT, in network namespaces (issue 45): 3 sites of 3 daemons, the last two sites behind masquerading
+"""A fleet across NAT, in network namespaces: 3 sites of 3 daemons, the last two sites behind masquerading
 routers (no port forwarding, no route in: ``tests/test_nat_sites.py`` checks that), every home node given one
 ``--join`` address, of a public node, and no mDNS: nothing but the internet's rules.
 

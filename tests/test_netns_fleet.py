@@ -103,7 +103,7 @@ def readme_netns_testbed() -> list[str]:
 
 
 def test_the_readme_netns_testbed_command_finishes(tmp_path: Path) -> None:
-    """Issue 18: the README's command failed after 600 s with every node "not answering" (its REST API on
+    """The README's command once failed after 600 s with every node "not answering" (its REST API on
     127.0.0.1 inside each namespace, polled at 10.77.0.N) although every node had finished its rounds."""
     args = readme_netns_testbed()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}

@@ -1,4 +1,4 @@
-"""What a peer can make a node keep or write (issue 13): refusals counted durably, logs rate-limited,
+"""What a peer can make a node keep or write: refusals counted durably, logs rate-limited,
 garbage requests refused without a traceback, a bounded history, a bounded peer table."""
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def _pickle_dtype(f: list[pb.Frame]) -> list[pb.Frame]:
 
 
 def _unknown_hash(f: list[pb.Frame]) -> list[pb.Frame]:
-    """A header naming a hash the node never offered (issue 21): refused at the header, with its name."""
+    """A header naming a hash the node never offered: refused at the header, with its name."""
     header = pb.TransferHeader()
     header.CopyFrom(f[0].header)
     header.hash = "md5"

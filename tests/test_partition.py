@@ -1,4 +1,4 @@
-"""Faults (issue 13) in network namespaces: a partition that heals, and a slow, lossy link.
+"""Faults in network namespaces: a partition that heals, and a slow, lossy link.
 
 Partition and heal run in **async mode**: round mode has one token, so while the fleet is cut in
 two only the side holding the token can go on (by design: the other side waits for it, or, after

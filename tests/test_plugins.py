@@ -1,4 +1,4 @@
-"""A user's own model and algorithm as plugins (issue 31): installed through entry points, or named as
+"""A user's own model and algorithm as plugins: installed through entry points, or named as
 ``package.module:factory``; a node builds a peer's model only from what is installed here, and a peer whose model
 or algorithm is not installed here is refused at Hello (``unknown_model``, ``unknown_algorithm``), visibly.
 

@@ -1,4 +1,4 @@
-"""Well-formed but poisoned models (issue 13): NaN/Inf weights, and models below an accuracy floor.
+"""Well-formed but poisoned models: NaN/Inf weights, and models below an accuracy floor.
 
 The codec cannot see them (the bytes match the header and its sha256) and neither can the algorithm
 (the right purpose, architecture and tensors), so before this check a NaN model was accepted, fused
@@ -62,7 +62,7 @@ async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target)
 
 
 async def test_the_norm_bound_refuses_a_sign_flipped_model_once_its_group_is_in(target: Target) -> None:  # noqa: F811 - the fixture
-    """Over real gRPC (issue 34): the transfer is accepted whole, then screened with its group; its stream ends
+    """Over real gRPC: the transfer is accepted whole, then screened with its group; its stream ends
     ABORTED with the reason, the refusal is counted once, the model is untouched, and the node keeps serving."""
     node = target.node
     node.config.defences.norm_bound = 0.5

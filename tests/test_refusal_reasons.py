@@ -1,4 +1,4 @@
-"""The refusal reasons a node counts (issue 34): one catalogue the code cannot outgrow, exported at 0 in /metrics
+"""The refusal reasons a node counts: one catalogue the code cannot outgrow, exported at 0 in /metrics
 before the first refusal, and /metrics' OpenAPI description naming the exposition format its header says."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Relays (issue 45): nodes that peers cannot dial are reached through a member that peers can, on loopback.
+"""Relays: nodes that peers cannot dial are reached through a member that peers can, on loopback.
 
 - Four daemons under the swarm key or mutual TLS, two of them relayed (``--relay``, each by another relay), learn bit
   for bit as the simulator's fleet on one LAN does: every Hello, probe, role, token and model of the relayed nodes

@@ -1,4 +1,4 @@
-"""A node's roles under the faults issue 18 found: real :class:`Node` objects, real gRPC servers on loopback.
+"""A node's roles under the faults a fleet once met: real :class:`Node` objects, real gRPC servers on loopback.
 
 * A round played again ends as an unfailed one would: a role that does not complete puts the node's
   models back (an aggregator's own local training, a sender's training in place), so the replay starts

@@ -1,4 +1,4 @@
-"""Issue 11's failure cases: a selection candidate that never answers its probe (the daemon's own nodes on the
+"""Peer selection's failure cases: a selection candidate that never answers its probe (the daemon's own nodes on the
 in-memory network and the virtual clock), and a pull source that dies mid-stream (real daemons: a gRPC stream
 that breaks). Each must leave the fleet running.
 

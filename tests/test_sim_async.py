@@ -1,4 +1,4 @@
-"""Async mode on the daemon's own nodes, in one process on the virtual clock (issue 19): no global clock, each
+"""Async mode on the daemon's own nodes, in one process on the virtual clock: no global clock, each
 node volunteers, invites (or pulls, or probes and binds), fuses at most one group at a time, and goes on until
 its ``duration`` of virtual seconds is over. These were real-daemon tests of one to two minutes of wall time
 each; gRPC, mDNS and real processes in async mode stay covered by the real kill -9 storm (tests/test_faults.py).

@@ -1,8 +1,8 @@
-"""Start-up is all-or-nothing (issue 8): every operator mistake at ``dfl-node start`` is one line on
+"""Start-up is all-or-nothing: every operator mistake at ``dfl-node start`` is one line on
 stderr and exit 1, and a failed start leaves nothing bound, announced, locked or written. A second
 node with the same ``--id`` is caught by the Hello handshake; a restarted node resumes against the
 rounds it is configured with now. A node that serves beyond loopback with no credentials starts only
-with ``--insecure`` (issue 18), and then says so.
+with ``--insecure``, and then says so.
 
 Tests that bind 0.0.0.0 must run in a private network namespace (``unshare -n``), as all daemon tests do.
 
@@ -144,7 +144,7 @@ async def test_a_state_dir_holds_one_node(fleet_shards: Path, tmp_path: Path) ->
     assert status == 1
     assert lines == [f"error: state dir {state} is in use by another running node (pid {os.getpid()}); "
                      "give each node its own --state-dir"]
-    # issue 18: the lock comes before anything reads the state dir, so no "node-1 resuming at round 0
+    # the lock comes before anything reads the state dir, so no "node-1 resuming at round 0
     # (checkpoint in …)" line from another node's checkpoint precedes the error
     assert "resuming" not in text and "checkpoint" not in text, text
     async with running(node_config(fleet_shards, state)) as again:  # released when the first node stopped

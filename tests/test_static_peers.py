@@ -1,4 +1,4 @@
-"""Static peers (``--peer``) that do not answer are said, not accepted in silence (issue 18).
+"""Static peers (``--peer``) that do not answer are said, not accepted in silence.
 
 A real ``dfl-node start --peer nosuchhost.invalid:50051 --peer 127.0.0.1:PORT --no-mdns`` (nothing listens on
 PORT yet) must log, at WARNING, why each gets no answer (the name does not resolve; the port refuses

@@ -157,7 +157,7 @@ def test_all_as_json(fleet, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_all_fits_80_columns_in_a_pipe_and_wide_shows_every_column(fleet, capsys: pytest.CaptureFixture[str],
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 20: piped or at 80 columns every cell of --all was "…", so a script polling it never saw "done"."""
+    """Piped or at 80 columns every cell of --all once was "…", so a script polling it never saw "done"."""
     monkeypatch.setenv("COLUMNS", "80")
     assert show_status(url_of(fleet["beta"]), all_peers=True) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -1,4 +1,4 @@
-"""Stopping and batch use (issue 20): ``dfl-node stop STATE_DIR`` stops the node running there, as SIGTERM does
+"""Stopping and batch use: ``dfl-node stop STATE_DIR`` stops the node running there, as SIGTERM does
 (its state saved, its folder released), and ``--exit-when-done`` makes a node with ``--rounds`` exit 0 once the
 fleet is done, so it can be a batch job or a script step. Real daemons on loopback."""
 

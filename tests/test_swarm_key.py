@@ -1,4 +1,4 @@
-"""The swarm key (issue 34): mutual TLS with a swarm CA derived from the key (:mod:`dfl_node.net.swarm_tls`), on
+"""The swarm key: mutual TLS with a swarm CA derived from the key (:mod:`dfl_node.net.swarm_tls`), on
 in-process nodes over real gRPC.
 
 - Every key holder derives the same CA; each node issues itself a fresh certificate at start, which passes the

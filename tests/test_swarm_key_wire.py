@@ -1,4 +1,4 @@
-"""A man in the middle between two swarm-key nodes (issue 34): a TCP proxy on the path of a model transfer.
+"""A man in the middle between two swarm-key nodes: a TCP proxy on the path of a model transfer.
 
 - Passing bytes through, it captures the stream: without a key the sent model's float32 bytes are there in clear
   (the check can fail), with the key (TLS 1.3) none of them is.

@@ -1,4 +1,4 @@
-"""Fleets of the tasks besides classes (issue 46), on the real meters of ``examples/smart-meters`` recorded as they
+"""Fleets of the tasks besides classes, on the real meters of ``examples/smart-meters`` recorded as they
 were (``--partition as-recorded``): daemons learn bit for bit what the simulator's nodes learn, for forecasting and
 for anomaly detection; and an anomaly fleet flags injected anomalies better than each meter alone."""
 

@@ -1,4 +1,4 @@
-"""What a node of another task than classification shows and serves (issue 46): a regression fleet and an anomaly
+"""What a node of another task than classification shows and serves: a regression fleet and an anomaly
 fleet of two real nodes each (real gRPC, the REST API on a real port, in this process) learn for a few rounds;
 then every place that shows a figure names the task's metric (``/status``, ``/metrics``, ``dfl-node status``, the
 run's last log line), ``/predict`` answers what the node's own model gives in this process (a regressor's values;
@@ -171,7 +171,7 @@ async def test_a_regression_node_names_its_rmse_and_answers_values(
     torch.testing.assert_close(torch.from_numpy(onnx).double(), values, rtol=1e-5, atol=1e-5)
 
 
-# An autoencoder of the user's own, named as package.module:factory (issue 46: every way of naming a model serves
+# An autoencoder of the user's own, named as package.module:factory (every way of naming a model serves
 # and exports for every task): a bottleneck of 4 over the sample's values, the factory's "classes" its outputs
 USER_AUTOENCODER = """
 import math

@@ -1,4 +1,4 @@
-"""Tasks (issue 46): what a fleet learns besides classes. Regression and anomaly detection train, fuse by Def-KT's
+"""Tasks: what a fleet learns besides classes. Regression and anomaly detection train, fuse by Def-KT's
 mutual knowledge transfer and are judged through the node's task; classification is what it always was; an
 algorithm that needs classes refuses another task at start, in one line."""
 

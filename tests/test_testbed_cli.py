@@ -147,7 +147,7 @@ def test_async_run_stops_after_duration_and_reports_the_exchanges_it_made(testbe
     assert [r["round"] for r in result["history"]][-1] == fusions
     assert all(r["round"] <= fusions for r in result["history"])
     assert "completed exchanges" in stdout  # the summary says what its rounds count
-    # issue 20: nobody could open a dashboard during a run; now every node's URL and the work folder are printed
+    # once nobody could open a dashboard during a run; now every node's URL and the work folder are printed
     assert f"defkt: work folder {work / 'defkt'}" in stdout
     urls = re.findall(r"^  (node-\d+)  (http://\S+/)$", stdout, flags=re.M)
     assert [node for node, _ in urls] == [f"node-{i}" for i in range(NODES)], stdout

@@ -1,4 +1,4 @@
-"""A device's time series as forecasting windows (issue 46): input length, horizon and stride; validation is the
+"""A device's time series as forecasting windows: input length, horizon and stride; validation is the
 series' last period and no window crosses into it; the windows grow with the file; a fleet forecasts from them."""
 
 from __future__ import annotations

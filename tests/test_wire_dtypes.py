@@ -1,4 +1,4 @@
-"""Opt-in lossy models on the wire (issue 21, ``--wire-dtype float16|int8``): encoded by the sender, checked
+"""Opt-in lossy models on the wire (``--wire-dtype float16|int8``): encoded by the sender, checked
 against the receiver's own setting and the declared manifest, decoded back to the model's dtype, and the
 simulator's networks losing exactly what the codec loses."""
 
