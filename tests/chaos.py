@@ -34,7 +34,7 @@ from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim import ledger
 from dfl_node.testbed.launcher import NodeProcess, wait_until
-from tests.conftest import FLEET, loopback_fleet
+from tests.helpers.fleet import FLEET, loopback_fleet
 
 SEED = 13
 # Kills per fleet-wide run: CI plays 8 a fleet (~2 min on 2 cores); DFL_FAULT_KILLS=20 (or more) is the run

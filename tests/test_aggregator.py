@@ -27,7 +27,7 @@ from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.wire import SERVICE_NAME
 from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, poll_status, stop_all, wait_until
-from tests.conftest import FLEET
+from tests.helpers.fleet import FLEET
 from tests.stalled_sender import first_frames, pack
 
 pytestmark = pytest.mark.slow

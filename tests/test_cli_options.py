@@ -25,12 +25,11 @@ from dfl_node.learning.shard_settings import AS_RECORDED, ShardSettings
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.loading import load_config
 from dfl_node.settings.node import NodeConfig
-from tests.conftest import error_lines, invoke, verb_command
+from tests.helpers.cli import START, error_lines, invoke, verb_command
 
 EXPERIMENT_VERBS = ("simulate", "testbed")
 VERB_MODELS: list[tuple[str, type[BaseModel]]] = [*((verb, ExperimentConfig) for verb in EXPERIMENT_VERBS),
                                                   ("start", NodeConfig), ("partition", ExperimentConfig)]
-START = ("start", "--id", "node-0", "--data", "shards/node-0")
 PARTITION_NAMES = (*PARTITIONS, AS_RECORDED)  # the partition setting's: the schemes, and a recorded fleet as it is
 
 pytestmark = pytest.mark.usefixtures("clean_env")

@@ -19,7 +19,7 @@ from dfl_node.learning.provision import fleet_ids, provision
 from dfl_node.learning.settings import DATASET_DEPENDENT, sized_defaults
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.launcher import Placement, done_twice, fetch_json, plan_fleet, wait_until
-from tests.conftest import running_daemons
+from tests.helpers.fleet import running_daemons
 
 ROUNDS, APPEND_AT = 30, 3
 CONFIG = ExperimentConfig(nodes=3, partition="iid", seed=7, rounds=ROUNDS, eval_every=10)

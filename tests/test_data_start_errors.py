@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.test_data_files import blobs, write_csv
+from tests.helpers.data_files import blobs, write_csv
 
 HEADER = "a,b,label\n"
 CASES = ("non-numeric cell", "NaN", "Inf", "column count", "label outside the classes", "empty file", "sample shape",

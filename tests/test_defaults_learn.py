@@ -28,7 +28,8 @@ from dfl_node.learning.settings import DATASET_DEPENDENT, PER_DATASET, SharedSet
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import Placement, done_twice, plan_fleet, poll_status, wait_until
-from tests.conftest import invoke, running_daemons
+from tests.helpers.cli import invoke
+from tests.helpers.fleet import running_daemons
 
 PAPER = {"batch_size": 200, "mkt_batch_size": 200, "lr": 0.01}  # 000's MNIST settings
 DIGITS = {"batch_size": 20, "mkt_batch_size": 20, "lr": 0.05}

@@ -20,7 +20,7 @@ from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
 from dfl_node.testbed.launcher import node_env
-from tests.conftest import error_lines, invoke
+from tests.helpers.cli import error_lines, invoke
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 NO_CUDA = not torch.cuda.is_available()

@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.export import probabilities
 from dfl_node.learning.models import ModelSpec
-from tests.conftest import daemon
-from tests.plugin_helpers import install_plugin
+from tests.helpers.fleet import daemon
+from tests.helpers.plugins import install_plugin
 
 # A model of the user's own, as the forecasting example's harmodel: a tiny dilated temporal convolution over the
 # sample's values.

@@ -28,7 +28,7 @@ from tests.chaos import (
     stall_bound,
     storm_timeouts,
 )
-from tests.conftest import FLEET
+from tests.helpers.fleet import FLEET
 
 pytestmark = pytest.mark.slow
 

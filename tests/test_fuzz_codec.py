@@ -42,7 +42,6 @@ from dfl_node.net.frames import ReadFrame, decode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.node.gate import check_finite
 from dfl_node.peering.probes import ProbeRequest, probe_from_request
-from tests.codec_helpers import FP, SWARM, encoded_frames, make_msg
 from tests.fuzz_figures import MIN_CODEC_INPUTS, Figures, open_fds, rss_mb
 from tests.fuzz_frames import (
     FRAME_BYTES,
@@ -57,6 +56,7 @@ from tests.fuzz_frames import (
     poisoned_states,
 )
 from tests.fuzz_strategies import CLASSES, FUZZ, INPUT_SHAPE, genuine_probe, mutated_probes
+from tests.helpers.codec import FP, SWARM, encoded_frames, make_msg
 
 T = TypeVar("T")
 

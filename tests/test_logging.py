@@ -18,7 +18,7 @@ from dfl_node.cli.logs import setup_logging
 from dfl_node.node.clock import Clock
 from dfl_node.node.peers import PeerTable
 from dfl_node.peering.messages import HelloReply
-from tests.conftest import invoke, verb_command
+from tests.helpers.cli import invoke, verb_command
 
 VERBS = sorted(VERB_TABLE)
 

@@ -31,7 +31,7 @@ from dfl_node.learning.training import SgdParams, local_sgd
 from dfl_node.results import read_results, write_results
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim import run_fleet
-from tests.conftest import invoke
+from tests.helpers.cli import invoke
 
 
 def t(*values: float) -> torch.Tensor:

@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dfl_node.api.metrics import NodeMetrics
 from dfl_node.testbed.launcher import NodeProcess, wait_until
-from tests.conftest import FLEET, loopback_fleet
-from tests.test_api import make_status
-from tests.test_deploy_monitoring import HISTOGRAMS, KNOWN
+from tests.helpers.fleet import FLEET, loopback_fleet
+from tests.helpers.metric_names import HISTOGRAMS, KNOWN
+from tests.helpers.rest import make_status
 
 pytestmark = pytest.mark.slow
 ROUNDS = 6

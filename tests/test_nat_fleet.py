@@ -39,7 +39,7 @@ from dfl_node.testbed.launcher import GRPC_PORT, NodeProcess, Placement, all_don
 from dfl_node.testbed.netns import list_namespaces
 from dfl_node.testbed.sites import SitesTopology
 from tests.chaos import durable_states, expected_fingerprint
-from tests.conftest import running_daemons, simulated
+from tests.helpers.fleet import running_daemons, simulated
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]

@@ -19,8 +19,8 @@ import pytest
 from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.testbed.launcher import NodeProcess, wait_until
 from dfl_node.testbed.netns import NetnsTopology, delete_namespace, list_namespaces, node_environment, read_env_file
-from tests.conftest import FLEET
-from tests.test_testbed_cli import summary_rounds
+from tests.helpers.cli import summary_rounds
+from tests.helpers.fleet import FLEET
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from dfl_node.algorithms import Role
 from dfl_node.node.daemon import Node
-from tests.conftest import daemon
+from tests.helpers.fleet import daemon
 
 
 def _node(shards: Path, state: Path) -> Node:

@@ -28,7 +28,8 @@ from dfl_node.net.server import start_server
 from dfl_node.node.daemon import Node
 from dfl_node.node.orders import Order
 from dfl_node.peering.messages import Assignment, HelloReply, Progress
-from tests.conftest import daemon, order
+from tests.helpers.fleet import daemon
+from tests.helpers.nodes import order
 
 
 def make_node(shards: Path, state: Path, node_id: str, algorithm: str, **settings: object) -> Node:

@@ -15,7 +15,7 @@ import pytest
 
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.links import LinkProfile
-from tests.conftest import FLEET, virtual_fleet
+from tests.helpers.fleet import FLEET, virtual_fleet
 
 STEP_S = 0.01  # virtual seconds per training step: a fusion takes a while, so volunteers meet busy peers
 

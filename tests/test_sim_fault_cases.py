@@ -24,7 +24,8 @@ from dfl_node.sim.fleet import VirtualFleet
 from dfl_node.sim.ledger import Ledger, completed_rounds
 from dfl_node.sim.links import LinkProfile
 from tests.chaos import HISTORY_LIMIT, SEED, STALL_BOUND, TIMEOUTS, stall_bound
-from tests.conftest import FLEET, until, virtual_fleet
+from tests.helpers.fleet import FLEET, virtual_fleet
+from tests.helpers.waiting import until
 
 STEP_S = 0.05  # virtual seconds per training step: a round's training and fusion take seconds
 Script = Callable[[VirtualFleet], Awaitable[list[float]]]  # plays the case's kills; returns when each happened

@@ -25,7 +25,8 @@ from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.experiment import run_fleet
 from dfl_node.sim.fleet import VirtualFleet
 from dfl_node.sim.links import LinkProfile
-from tests.conftest import FLEET, simulated, until, virtual_fleet
+from tests.helpers.fleet import FLEET, simulated, virtual_fleet
+from tests.helpers.waiting import until
 
 ROUNDS = 3
 

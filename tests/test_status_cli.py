@@ -14,7 +14,7 @@ import uvicorn
 
 from dfl_node.api.schemas import HistoryEntry, NodeStatus, PeerInfo
 from dfl_node.api.status_cli import normalize_url, peer_url, show_status
-from tests.test_api import app_of
+from tests.helpers.rest import app_of
 
 
 class FakeNode:

@@ -12,7 +12,8 @@ import pytest
 from dfl_node.node.persistence import STATE_FILE
 from dfl_node.node.state_lock import StateLock
 from dfl_node.testbed.launcher import wait_until
-from tests.conftest import FLEET, error_lines, invoke, loopback_fleet
+from tests.helpers.cli import error_lines, invoke
+from tests.helpers.fleet import FLEET, loopback_fleet
 
 pytestmark = pytest.mark.slow
 

@@ -30,8 +30,8 @@ from dfl_node.learning.tasks import Anomaly
 from dfl_node.node.daemon import Node
 from dfl_node.service.wiring import Daemon
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import invoke
-from tests.test_startup_errors import node_config, running
+from tests.helpers.cli import invoke
+from tests.helpers.nodes import quiet_node_config, running
 
 FEATURES, TARGETS, ROUNDS = 6, 2, 4
 
@@ -70,10 +70,10 @@ async def fleet(tmp_path: Path, task: str, data: list[tuple[np.ndarray, np.ndarr
         folder = tmp_path / f"node-{i}"
         folder.mkdir()
         np.savez(folder / "readings.npz", x=x, y=y)
-        configs.append(node_config(tmp_path, tmp_path / "state" / f"node-{i}", id=f"node-{i}", data=folder,
-                                   test_data=tmp_path / "test.npz", task=task, grpc_port=ports[i],
-                                   http_port=free_port(), peers=[f"127.0.0.1:{ports[1 - i]}"], rounds=ROUNDS,
-                                   evaluate=True, **settings))
+        configs.append(quiet_node_config(tmp_path, tmp_path / "state" / f"node-{i}", id=f"node-{i}", data=folder,
+                                         test_data=tmp_path / "test.npz", task=task, grpc_port=ports[i],
+                                         http_port=free_port(), peers=[f"127.0.0.1:{ports[1 - i]}"], rounds=ROUNDS,
+                                         evaluate=True, **settings))
     async with running(configs[0]) as first, running(configs[1]) as second:
         nodes = [first, second]
         await asyncio.wait_for(asyncio.gather(*(n.scheduler.finished.wait() for n in nodes)), 60)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from dfl_node.testbed.launcher import all_done, done_twice
-from tests.conftest import wait_for
+from tests.helpers.cli import summary_rounds
+from tests.helpers.waiting import wait_for
 
 NODES = 3
 # the tiny digits preset, one algorithm, 3 daemons with 1 torch thread each: seconds, not minutes
@@ -104,13 +105,6 @@ def log_tails(folder: Path, lines: int = 15) -> str:
     """The end of every node log under ``folder``: what an assertion message needs to explain a failed run."""
     return "\n".join(f"--- {log.name} ---\n" + "\n".join(log.read_text().splitlines()[-lines:])
                      for log in sorted(folder.glob("**/node-*.log")))
-
-
-def summary_rounds(stdout: str) -> int:
-    """The "rounds" cell of the summary table's testbed row (algorithm | driver | rounds | …)."""
-    rows = [line for line in stdout.splitlines() if re.search(r"defkt\s*│\s*testbed", line)]
-    assert len(rows) == 1, stdout
-    return int(rows[0].split("│")[3])
 
 
 def status(role: str, done: bool, fusions: int) -> dict:

@@ -21,8 +21,8 @@ from dfl_node.node.data_watch import NodeData
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
-from tests.conftest import error_lines, invoke
-from tests.test_data_files import blobs, write_csv
+from tests.helpers.cli import error_lines, invoke
+from tests.helpers.data_files import blobs, write_csv
 
 ROWS, FEATURES, CLASSES = 600, 5, 3
 

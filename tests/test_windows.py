@@ -14,7 +14,7 @@ from dfl_node.learning.data_format import DataFormat
 from dfl_node.learning.local_data import LocalData
 from dfl_node.learning.windows import period_split, windows
 from dfl_node.settings.experiment import ExperimentConfig
-from tests.conftest import simulated
+from tests.helpers.fleet import simulated
 
 SERIES = DataFormat(window=4, horizon=2, stride=1, target_column=["load"])
 
