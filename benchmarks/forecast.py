@@ -1,4 +1,4 @@
-"""Forecasting with a fleet of meters (issue 46): the last hours of each day from its first, a Def-KT fleet beside
+"""Forecasting with a fleet of meters: the last hours of each day from its first, a Def-KT fleet beside
 each meter alone and all meters' data in one place.
 
 The four meters of ``examples/smart-meters/data`` (real demand, ItalyPowerDemand: see its README), each a node
@@ -13,7 +13,7 @@ size and learning rate, and the same SGD passes for each device:
   alone).
 
 Each is judged on each meter's own held-out days (its validation split: 20 % of its days, held back by the node's
-own rule) by RMSE. Prints one JSON object; ``targets`` checks issue 46's line (the fleet below every meter alone,
+own rule) by RMSE. Prints one JSON object; ``targets`` checks the goal (the fleet below every meter alone,
 within ``--margin`` of centralised).
 
     python benchmarks/forecast.py [--rounds 300]

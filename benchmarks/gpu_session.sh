@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 35's GPU session in one command, for the lent machine (docs/gpu.md): what the machine has, the wheels its
+# The GPU session in one command, for the lent machine (docs/gpu.md): what the machine has, the wheels its
 # image lacks, the quick measurements of benchmarks/gpu_speed.py, the configuration they choose, then 000's whole
 # Fashion-MNIST experiment (3 algorithms × 1000 rounds) under a hard limit. Everything lands in $OUT as it comes:
 #

@@ -1,4 +1,4 @@
-"""The simulator on a GPU (issue 35): 000's Fashion-MNIST CNN experiment (``experiments/fmnist_cnn_zeta4.yaml``:
+"""The simulator on a GPU: 000's Fashion-MNIST CNN experiment (``experiments/fmnist_cnn_zeta4.yaml``:
 K = 10, Q = 1, M = 10, B = 200, 1000 rounds), eager against the fast path (each epoch a CUDA graph's replay), one
 run against three at once. Prints JSON lines, each also appended to ``--out`` as it comes (a crash loses nothing
 measured before it). Sections, in this order (``--sections``, all by default):

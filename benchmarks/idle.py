@@ -1,4 +1,4 @@
-"""What an idle node costs (issue 21: ≤ 260 MB RSS, < 0.5 % of a core): fleets of 1, 4 and 16 daemons standing by.
+"""What an idle node costs (the target: ≤ 260 MB RSS, < 0.5 % of a core): fleets of 1, 4 and 16 daemons standing by.
 
 Each fleet is :func:`scale.idle_phase`'s (discovered by mDNS, ``min_peers`` out of reach so nobody volunteers,
 1 torch thread, nothing polls the REST API while it is measured), here without the run that ``scale.py`` adds

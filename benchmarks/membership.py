@@ -1,4 +1,4 @@
-"""The membership's cost and quality as a simulated fleet grows (issue 33): ``dfl-node simulate --mode async`` at
+"""The membership's cost and quality as a simulated fleet grows: ``dfl-node simulate --mode async`` at
 each ``--nodes`` given, each run a child process; prints one JSON object with, per fleet size, the results'
 ``membership`` block (messages and bytes per node and second, suspicions, detection and join times), the fusions the
 fleet ran (``rounds``), the child's wall time, CPU time and peak RSS, and ``messages_ratio``: the largest fleet's
@@ -6,7 +6,7 @@ messages per node and second over the smallest's.
 
     python benchmarks/membership.py --nodes 10 100 1000 [--duration 120] [--dataset mnist --data-dir DIR] [-- ARGS]
 
-The two cases of issue 33's "done when" line (1,000 nodes, 600 virtual seconds; two runs each, their results
+The two target cases (1,000 nodes, 600 virtual seconds; two runs each, their results
 compared byte for byte: ``identical``):
 
     python benchmarks/membership.py --nodes 1000 --duration 600 --repeat 2                    # idle

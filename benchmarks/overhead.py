@@ -1,17 +1,17 @@
 """What a fleet of real daemons costs per round over the simulator: the same config through ``dfl-node simulate``
-and then ``dfl-node testbed`` (4 nodes, round mode), for this tree and for the tree before issue 21, in one run.
+and then ``dfl-node testbed`` (4 nodes, round mode), for this tree and for an older tree, in one run.
 
 Both drivers play the same rounds (same seed, plan, data and settings: their final parameters are compared,
 and must be bit-identical), so the difference of their times per round is what the daemons add over the same
 nodes in one process: transfers over gRPC and real time. A testbed round's time is measured between the first
 and the last point after round 0 of the run's accuracy curve (start-up and discovery left out), as
 ``(wall_time_s[last] - wall_time_s[first]) / (round[last] - round[first])``. The simulator's curve is in virtual
-seconds (since issue 19 it is the same nodes on a virtual clock), so its round is timed by the clock around the
+seconds (it runs the same nodes on a virtual clock), so its round is timed by the clock around the
 command instead: a run of the case's rounds less a run of half as many, start-up included in both.
 
-Cases (issue 21's table): digits Def-KT 200 rounds, digits FedAvg 100 rounds, MNIST MLP (784-200-200-10)
+Cases (the table's): digits Def-KT 200 rounds, digits FedAvg 100 rounds, MNIST MLP (784-200-200-10)
 Def-KT 30 rounds (needs ``--data-dir``, the folder of the real datasets); every learning setting is given, so
-both trees run the same config. ``--before`` (a commit; default: ``main`` where issue 21 measured its table)
+both trees run the same config. ``--before`` (a commit; default: ``main`` where the table was first measured)
 is checked out in a temporary ``git worktree`` and run through ``PYTHONPATH`` from outside the repository
 (so that neither the working directory nor the editable install answers for ``dfl_node``); the trees take
 turns case by case, so a noisy machine slows both alike. Prints one JSON object.
@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ISSUE_21_MAIN = "d8998e2"  # where issue 21 measured its table
+ISSUE_21_MAIN = "d8998e2"  # where the table was first measured
 DIGITS = ["--dataset", "digits", "--batch-size", "20", "--mkt-batch-size", "20", "--lr", "0.05", "--eval-every", "10"]
 CASES: dict[str, list[str]] = {
     "digits-defkt": [*DIGITS, "--algorithm", "defkt", "--rounds", "200"],

@@ -1,4 +1,4 @@
-"""What differential privacy costs a training step on a CPU (issue 47: at most 2.5× a plain step): local training of
+"""What differential privacy costs a training step on a CPU (the target: at most 2.5× a plain step): local training of
 000's MNIST MLP (784-200-200-10) and its CNN at batch 200, plain (:func:`~dfl_node.learning.training.local_sgd`) and
 with DP-SGD (the same call with a node's :class:`~dfl_node.learning.privacy.PrivateTraining`: Poisson batches of
 expected size 200, per-sample clipping, noise, the account).

@@ -1,4 +1,4 @@
-"""A model through a relay against the same model direct, on loopback (issue 45's line: ≤ 1.5×).
+"""A model through a relay against the same model direct, on loopback (the target: ≤ 1.5×).
 
 Two real ``dfl-node start`` daemons: a relay (``relay``, reachable: a loopback node is direct) and a receiver
 (``node-1``, started with ``--relay`` naming it, so it holds a slot there and advertises the slot). The sender is

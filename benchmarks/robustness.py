@@ -1,4 +1,4 @@
-"""The robustness table (issue 34): what compromised members cost the honest ones, without and with the defences.
+"""The robustness table: what compromised members cost the honest ones, without and with the defences.
 
 By default the issue's table: six algorithms (Def-KT, FullAvg, Combo, FedAvg, fairness-aware pulls, DFML) on 10
 simulated nodes of the embedded digits, ζ = 4 shards, 100 rounds; each attack of ``dfl-node simulate

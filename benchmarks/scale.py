@@ -1,4 +1,4 @@
-"""Density (issue 21): N real daemons on one machine in async mode, with the RSS and CPU of each.
+"""Density: N real daemons on one machine in async mode, with the RSS and CPU of each.
 
 Two fleets of ``--nodes`` ``dfl-node start`` processes (default 16) on loopback, planned and watched by the
 testbed's own helpers (:mod:`dfl_node.testbed.launcher`) on the shards ``dfl-node testbed`` writes (the embedded

@@ -2,7 +2,7 @@
 MLP setting (ζ=4, K=10, Q=1), 1 torch thread.
 
 The default ``--before`` is the last tree whose simulator had a round loop of its own (``Simulation``, before
-issue 19 made ``dfl-node simulate`` K of the daemon's nodes on a virtual clock); ``--after`` is this tree.
+``dfl-node simulate`` became K of the daemon's nodes on a virtual clock); ``--after`` is this tree.
 The before tree is checked out in a temporary ``git worktree``; each measurement is a child process importing
 ``dfl_node`` from one tree or the other, and the passes alternate (before, after, before, after…) so that a
 noisy machine slows both alike. Both trees are timed the same way, whole runs from the provisioned data to
@@ -69,8 +69,8 @@ def measure(tree: Path, config_path: Path, rounds: int, data_dir: str | None) ->
     import dfl_node  # noqa: PLC0415
     from dfl_node import sim  # noqa: PLC0415
 
-    # Where the trees this times keep the settings and provisioning: dfl_node.settings and learning.provision since
-    # issue 32; dfl_node.config, config_loader and learning.fleet before; load_config in dfl_node.config earlier
+    # Where the trees this times keep the settings and provisioning: dfl_node.settings and learning.provision now;
+    # dfl_node.config, config_loader and learning.fleet before; load_config in dfl_node.config earlier
     if (tree / "dfl_node" / "settings").is_dir():
         from dfl_node.learning.provision import provision  # noqa: PLC0415
         from dfl_node.settings.experiment import ExperimentConfig  # noqa: PLC0415
@@ -92,7 +92,7 @@ def measure(tree: Path, config_path: Path, rounds: int, data_dir: str | None) ->
         """A whole run of ``rounds`` rounds, evaluated at its start and end: (wall, CPU) seconds."""
         short = config.model_copy(update={"rounds": rounds, "eval_every": rounds})
         start, cpu = time.perf_counter(), time.process_time()
-        if hasattr(sim, "Simulation"):  # the simulator's own round loop (before issue 19)
+        if hasattr(sim, "Simulation"):  # the simulator's own round loop (older trees)
             sim.Simulation(short, algorithm, fleet).run()
         else:  # K real nodes on the virtual clock
             sim.run_fleet(short, algorithm, data=fleet)

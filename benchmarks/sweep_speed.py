@@ -1,7 +1,7 @@
 """Sweep speed: 12 short simulator runs one after another in this process, on the process pool, and
 on a private local Ray instance, all in one run (so the ratios survive a noisy machine).
 
-Prints one JSON object. Target (issue 10): on 2 cores the pool takes ≤ 0.6× the sequential time.
+Prints one JSON object. Target: on 2 cores the pool takes ≤ 0.6× the sequential time.
 Each runner runs the grid ``--repeat`` times, interleaved with the others; the best time counts.
 Ray gets a fresh local instance per pass, whose start is timed on its own (``ray_init_s``); its
 run time still includes starting its worker processes (each imports torch). Every runner must

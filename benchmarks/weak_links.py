@@ -1,4 +1,4 @@
-"""Links that break and devices that crawl (issue 44's experiments), with real ``dfl-node start`` daemons on loopback.
+"""Links that break and devices that crawl, with real ``dfl-node start`` daemons on loopback.
 
 * ``cut``: every connection to node-1's gRPC port goes through the weak-link proxy
   (:class:`~dfl_node.testbed.proxy.LinkProxy`: ``--rate`` bytes/s each way, each connection cut after ``--cut-after``

@@ -28,7 +28,7 @@ with atheris.instrument_imports(include=["dfl_node.net"]):
     from dfl_node.net.frames import decode_frame
     from dfl_node.net.proto import dfl_pb2 as pb
 
-from tests.codec_helpers import FP, SWARM, encoded_frames, make_msg, make_state  # noqa: E402  after instrumenting
+from tests.helpers.codec import FP, SWARM, encoded_frames, make_msg, make_state  # noqa: E402  after instrumenting
 
 STATE = make_state()
 MANIFEST = manifest_of(STATE)

@@ -1,8 +1,8 @@
-"""The figures each fuzz file reports and checks (issue 13, "Hostile input"): malformed inputs tried, by
+"""The figures each fuzz file reports and checks ("Hostile input"): malformed inputs tried, by
 where they went in; crashes; received pickles unpickled; RSS and open file descriptors before its first
 case and after its last.
 
-Issue 13 asks for at least :data:`MIN_INPUTS` malformed inputs. The suite is two files (the codec
+The suite must try at least :data:`MIN_INPUTS` malformed inputs. The suite is two files (the codec
 in-process, the RPCs of a real node), each of which can run alone, so each prints its own figures and
 checks its own share of the minimum: the two shares add up to :data:`MIN_INPUTS`.
 
@@ -107,7 +107,7 @@ class Figures:
         name) and check the ones every file shares: its share of the inputs tried, no crash, nothing
         unpickled, RSS and fds bounded. Run with ``-s`` to see them."""
         total = sum(self.tried.values())
-        print(f"\n---- fuzz figures (issue 13): {self.title} ----")
+        print(f"\n---- fuzz figures: {self.title} ----")
         for surface, n in sorted(self.tried.items()):
             print(f"  {surface:<32} {n:>6}")
         print(f"malformed inputs tried {total} (this file's share of the {MIN_INPUTS}: at least {self.minimum})")

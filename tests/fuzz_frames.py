@@ -1,5 +1,5 @@
 """Malformed transfers for the fuzz suite (shared by test_fuzz_codec.py and test_fuzz_grpc.py): a genuine
-transfer (:data:`RAW`, cut from codec_helpers' model) and hypothesis strategies that break it — headers
+transfer (:data:`RAW`, cut from :mod:`tests.helpers.codec`'s model) and hypothesis strategies that break it — headers
 with wrong fields, sizes and entries, chunk streams with flipped, missing, extra or oversized bytes and
 wrong declared lengths, frame bytes that look like chunks, and model states with NaN/Inf values.
 
@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from dfl_node.net.codec import Limits
 from dfl_node.net.frames import _varint, chunk_frame, decode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
-from tests.codec_helpers import encoded_frames, make_msg, make_state
 from tests.fuzz_strategies import (
     NON_FINITE_BITS,
     digests,
@@ -34,6 +33,7 @@ from tests.fuzz_strategies import (
     uint32s,
     uint64s,
 )
+from tests.helpers.codec import encoded_frames, make_msg, make_state
 
 LIMITS = Limits()  # what a node runs with
 

@@ -30,9 +30,9 @@ from dfl_node.peering.messages import Ack
 from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon
 from dfl_node.settings.node import NodeConfig
-from tests.codec_helpers import encoded_frames
 from tests.fuzz_figures import MIN_GRPC_INPUTS, Figures
 from tests.fuzz_strategies import CLASSES, INPUT_SHAPE
+from tests.helpers.codec import encoded_frames
 
 T = TypeVar("T")
 

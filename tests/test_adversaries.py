@@ -1,4 +1,4 @@
-"""The simulator's adversaries (issue 34): which nodes are compromised, what each attack sends, and a fleet of
+"""The simulator's adversaries: which nodes are compromised, what each attack sends, and a fleet of
 real nodes under attack, without and with a defence."""
 
 from __future__ import annotations
@@ -16,34 +16,24 @@ from dfl_node.algorithms.base import sample_pairs
 from dfl_node.algorithms.combo import Combo
 from dfl_node.algorithms.defkt import DefKT
 from dfl_node.algorithms.messages import ModelMessage
-from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.provision import TRAIN_FILE, fleet_ids, provision
-from dfl_node.learning.settings import SharedSettings
 from dfl_node.results import RunResult
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.simulation import Adversaries
 from dfl_node.sim import run_fleet
 from dfl_node.sim.adversaries import adversary_nodes, compromised_algorithm, poisoned_fleet
-from tests.conftest import error_lines, invoke
+from tests.helpers.cli import error_lines, invoke
+from tests.helpers.contexts import TINY_SETTINGS, tiny_context
 
-CONFIG = SharedSettings(batch_size=8, mkt_batch_size=8, lr=0.1, hidden=[16])
 SEND = Step(0, Group("b", ("a",)))  # round 0: node a sends to node b
-
-
-def node(node_id: str, seed: int = 0) -> NodeContext:
-    g = torch.Generator().manual_seed(seed)
-    data = ArrayDataset(torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g), 10)
-    spec = ModelSpec("mlp", (16,))
-    return NodeContext(node_id, spec.build((1, 8, 8), 10, seed=0), spec, data.subset(range(32)),
-                       data.subset(range(32, 40)), CONFIG)
 
 
 def sent(algorithm: str, attack: str | None, seed: int = 0) -> tuple[ModelMessage, NodeContext]:
     """What node a sends in round 0, honest (``attack`` None) or compromised, and its context after."""
-    ctx = node("a", seed)
+    ctx = tiny_context("a", seed)
     adversary = Adversaries.model_validate(attack) if attack else None
-    algo = compromised_algorithm(algorithm, CONFIG, None, adversary) if adversary else make_algorithm(algorithm, CONFIG)
+    algo = (compromised_algorithm(algorithm, TINY_SETTINGS, None, adversary) if adversary
+            else make_algorithm(algorithm, TINY_SETTINGS))
     assert algo is not None
     return algo.transmit(ctx, SEND), ctx
 
@@ -102,9 +92,9 @@ def test_the_compromised_nodes_are_seeded_and_nested() -> None:
 
 
 def test_a_compromised_algorithm_is_still_its_algorithm() -> None:
-    algo = compromised_algorithm("defkt", CONFIG, None, Adversaries(kind="sign-flip", fraction=0.1))
+    algo = compromised_algorithm("defkt", TINY_SETTINGS, None, Adversaries(kind="sign-flip", fraction=0.1))
     assert isinstance(algo, DefKT) and algo.name == "defkt"
-    assert compromised_algorithm("defkt", CONFIG, None, Adversaries(kind="label-flip", fraction=0.1)) is None
+    assert compromised_algorithm("defkt", TINY_SETTINGS, None, Adversaries(kind="label-flip", fraction=0.1)) is None
 
 
 def test_sign_flip_scale_and_noise_change_the_model_as_it_leaves() -> None:
@@ -129,18 +119,18 @@ def test_false_count_claims_its_strength_in_samples() -> None:
 
 
 def test_a_free_rider_sends_back_what_it_received_never_what_it_trained() -> None:
-    rider = node("b", seed=1)
+    rider = tiny_context("b", seed=1)
     start = copy.deepcopy(rider.model.state_dict())
-    algo = compromised_algorithm("combo", CONFIG, None, Adversaries(kind="free-rider", fraction=0.1))
+    algo = compromised_algorithm("combo", TINY_SETTINGS, None, Adversaries(kind="free-rider", fraction=0.1))
     assert isinstance(algo, Combo)
     first = algo.transmit(rider, SEND)  # nothing received yet: the model it had before it trained
     assert all(torch.equal(p.values, start[p.name].reshape(-1)[p.start : p.start + p.values.numel()])
                for p in first.parts)
-    peer = node("a", seed=2)
+    peer = tiny_context("a", seed=2)
     with torch.no_grad():
         for p in peer.model.parameters():
             p.add_(1.0)  # a model unlike anything the rider holds
-    segment = make_algorithm("combo", CONFIG).transmit(peer, SEND)
+    segment = make_algorithm("combo", TINY_SETTINGS).transmit(peer, SEND)
     reply = algo.aggregate(rider, Step(0, Group("b", ("a",))), [segment])["a"]
     peer_state = peer.model.state_dict()  # the peer trained in place: these are the values it sent
     assert all(torch.equal(p.values, start[p.name].reshape(-1)[p.start : p.start + p.values.numel()])

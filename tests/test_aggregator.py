@@ -27,7 +27,7 @@ from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.wire import SERVICE_NAME
 from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, poll_status, stop_all, wait_until
-from tests.conftest import FLEET
+from tests.helpers.fleet import FLEET
 from tests.stalled_sender import first_frames, pack
 
 pytestmark = pytest.mark.slow
@@ -98,7 +98,7 @@ def test_a_sender_killed_mid_stream_is_left_out_and_the_round_completes(fleet_sh
 
 async def _a_half_open_stream(aggregator: NodeProcess, swarm: str) -> tuple[pb.Ack, float]:
     """The aggregator's only sender sends a header and a few chunks, then nothing — its process alive,
-    its TCP connection open (issue 13: such a stream held the receiver role for good). Returns the ack
+    its TCP connection open (such a stream once held the receiver role for good). Returns the ack
     of the aggregator role taken afterwards and how long the node was held."""
     common = dict(round=0, epoch=0, holder="test", aggregator=aggregator.id,
                   aggregator_address=f"127.0.0.1:{aggregator.grpc_port}", deadline_s=DEADLINE_S, senders=["node-3"])

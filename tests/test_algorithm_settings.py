@@ -1,7 +1,7 @@
-"""Each algorithm's own settings are a model of their own (issue 19): the algorithm reads them from ``settings``,
+"""Each algorithm's own settings are a model of their own: the algorithm reads them from ``settings``,
 which holds those and no others, while a fleet's settings keep them all in their ``per_algorithm`` part
 (:class:`AlgorithmOptions`), named flat for flags, ``DFL_*`` variables and config files. The settings every
-algorithm shares (:class:`SharedSettings`) are all an algorithm's ``config`` holds (issue 32)."""
+algorithm shares (:class:`SharedSettings`) are all an algorithm's ``config`` holds."""
 
 from __future__ import annotations
 

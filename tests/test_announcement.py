@@ -13,12 +13,12 @@ import ipaddress
 import socket
 
 import pytest
-from discovery_helpers import ann  # shared with test_discovery.py
 from zeroconf import InterfaceChoice
 from zeroconf.asyncio import AsyncServiceInfo
 
 from dfl_node.addresses import parse_peer
 from dfl_node.net.announcement import SERVICE_TYPE, Announcement, mdns_interfaces, service_name
+from tests.helpers.discovery import ann
 
 
 @pytest.mark.parametrize(

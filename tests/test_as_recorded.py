@@ -1,4 +1,4 @@
-"""A recorded fleet simulated as it was recorded (issue 46): ``--partition as-recorded`` makes each subfolder (or
+"""A recorded fleet simulated as it was recorded: ``--partition as-recorded`` makes each subfolder (or
 file) of ``--dataset FOLDER`` one node, with the validation split its daemon would make and the folder's ``test.*``
 as the global test set; a partition that pools files refuses a folder with subfolders rather than read half of it.
 
@@ -23,10 +23,9 @@ from dfl_node.node.data_watch import NodeData
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.loading import load_config
 from dfl_node.settings.node import NodeConfig
-from tests.conftest import error_lines, invoke
-from tests.test_data_files import write_csv
+from tests.helpers.cli import error_lines, invoke
+from tests.helpers.data_files import write_csv
 
-# by name, not in the order they are written: node i is the i-th device by name
 DEVICES = {"east": 40, "north": 55, "south": 30}  # device → samples, in sorted order (index = node)
 CLASSES, TEST_MARK = 3, 99.0
 SOUTH_VAL = 8  # south has a val.npz of its own: its validation set, as a daemon reads one

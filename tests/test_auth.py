@@ -1,4 +1,4 @@
-"""An authenticated swarm (issue 13): mutual TLS with the swarm's CA, from files or derived from a swarm key.
+"""An authenticated swarm: mutual TLS with the swarm's CA, from files or derived from a swarm key.
 
 - ``dfl-node certs`` issues the CA, node certificates and swarm keys; a node told to authenticate
   whose files are missing or wrong refuses to start with one line (exit 1), never runs without it.
@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import shutil
 import stat
@@ -26,41 +25,17 @@ from safetensors.torch import load_file
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.cli import cli
 from dfl_node.errors import OperatorError
-from dfl_node.net.certs import init_ca, issue_node, new_secret
-from dfl_node.net.convert import to_wire
+from dfl_node.net.certs import new_secret
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.swarm_tls import read_swarm_keys
 from dfl_node.net.tls import TlsError, TlsFiles, dns_names, load_tls
-from dfl_node.node.daemon import Node
 from dfl_node.service.run import _bind_http, announcement
 from dfl_node.service.wiring import Daemon
 from dfl_node.testbed.launcher import all_done, free_port, wait_until
-from tests.conftest import FLEET, loopback_fleet, simulated, until
-from tests.test_startup_errors import node_config, running, start_cli
-
-IDS = [f"node-{i}" for i in range(FLEET.nodes)]
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The swarm CA and a certificate per fleet node (loopback: 127.0.0.1 is a name of each), plus an
-    intruder: a certificate for node-2 from a CA of its own."""
-    root = tmp_path_factory.mktemp("pki")
-    init_ca(root / "ca")
-    for node_id in IDS:
-        issue_node(root / "ca", node_id, root / node_id, ips=("127.0.0.1",))
-    init_ca(root / "other-ca")
-    issue_node(root / "other-ca", "node-2", root / "intruder", ips=("127.0.0.1",))
-    return root
-
-
-def hello_from(node: Node, **changes: object) -> pb.HelloRequest:
-    """A compatible Hello in another node's name (what a stranger that copied our settings would send)."""
-    return to_wire(dataclasses.replace(node.hello(), **changes))
-
-
-# ----------------------------------------------------------------------------- issuing credentials
+from tests.helpers.fleet import FLEET, loopback_fleet, simulated
+from tests.helpers.nodes import hello_from, quiet_node_config, running, start_cli
+from tests.helpers.waiting import until
 
 
 def test_certs_cli_issues_the_ca_node_certificates_and_a_swarm_key(tmp_path: Path) -> None:
@@ -164,7 +139,7 @@ def test_unusable_credentials_stop_the_node_before_anything(fleet_shards: Path, 
                                                             case: str) -> None:
     settings, line = _settings(pki, tmp_path, case)
     with pytest.raises(OperatorError) as refused:
-        Daemon.build(node_config(fleet_shards, tmp_path / "state", **settings))
+        Daemon.build(quiet_node_config(fleet_shards, tmp_path / "state", **settings))
     assert str(refused.value) == line
     assert not (tmp_path / "state").exists()  # nothing locked or written
 
@@ -172,7 +147,7 @@ def test_unusable_credentials_stop_the_node_before_anything(fleet_shards: Path, 
 async def test_dfl_node_start_with_tls_and_a_missing_certificate_exits_1_with_one_line(
         fleet_shards: Path, pki: Path, tmp_path: Path) -> None:
     settings, line = _settings(pki, tmp_path, "missing certificate")
-    status, lines, text = await start_cli(node_config(fleet_shards, tmp_path / "state", **settings))
+    status, lines, text = await start_cli(quiet_node_config(fleet_shards, tmp_path / "state", **settings))
     assert status == 1 and lines == [f"error: {line}"] and "serving" not in text
 
 
@@ -189,8 +164,9 @@ def _channel(address: str, folder: Path, name: str) -> grpc.aio.Channel:
 async def test_mtls_a_foreign_certificate_is_refused_at_the_handshake_and_a_false_id_at_hello(
         fleet_shards: Path, pki: Path, tmp_path: Path) -> None:
     def config(node_id: str, folder: Path, peers: list[str], port: int):  # noqa: ANN202
-        return node_config(fleet_shards, tmp_path / node_id / folder.name, id=node_id, data=fleet_shards / node_id,
-                           grpc_port=port, tls_dir=folder, peers=peers, mode="async", interval=3600)
+        return quiet_node_config(fleet_shards, tmp_path / node_id / folder.name, id=node_id,
+                                 data=fleet_shards / node_id, grpc_port=port, tls_dir=folder, peers=peers,
+                                 mode="async", interval=3600)
 
     ports = [free_port() for _ in range(3)]
     a, b, x = (f"127.0.0.1:{p}" for p in ports)
@@ -259,7 +235,7 @@ def test_the_rest_api_binds_loopback_unless_told_even_when_grpc_serves_every_int
         fleet_shards: Path, tmp_path: Path) -> None:
     everywhere = dict(host="0.0.0.0", advertise="127.0.0.1", http_port=free_port(), insecure=True)
     for changes, bound in ((everywhere, "127.0.0.1"), ({**everywhere, "http_host": "0.0.0.0"}, "0.0.0.0")):
-        sock = _bind_http(node_config(fleet_shards, tmp_path, **changes).api)
+        sock = _bind_http(quiet_node_config(fleet_shards, tmp_path, **changes).api)
         assert sock is not None
         try:
             assert sock.getsockname()[0] == bound

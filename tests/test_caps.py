@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dfl_node.algorithms.base import sample_pairs
 from dfl_node.learning.provision import fleet_ids, provision, write_fleet
 from dfl_node.testbed.launcher import Placement, all_done, plan_fleet, wait_until
-from tests.conftest import FLEET, running_daemons
+from tests.helpers.fleet import FLEET, running_daemons
 
 pytestmark = pytest.mark.slow
 CONFIG = FLEET.model_copy(update={"nodes": 2, "rounds": 6, "eval_every": 6, "hidden": [128, 128]})

@@ -1,4 +1,4 @@
-"""Crash-safe checkpoints (issue 13): two generations, verified on load, never a half-written model."""
+"""Crash-safe checkpoints: two generations, verified on load, never a half-written model."""
 
 from __future__ import annotations
 

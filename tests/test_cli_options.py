@@ -1,4 +1,4 @@
-"""The verbs' options are generated from the config models (issue 9): every setting is a flag, named
+"""The verbs' options are generated from the config models: every setting is a flag, named
 ``--field-name`` (``--algorithm`` / ``--peer`` repeated for the lists ``algorithms`` / ``peers``),
 with the field's description and ``[env: DFL_FIELD; default: …]`` as help (``repeatable`` for a list); names
 of algorithms, datasets, partitions and models are the registries', so registering one is all every verb needs
@@ -25,12 +25,11 @@ from dfl_node.learning.shard_settings import AS_RECORDED, ShardSettings
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.loading import load_config
 from dfl_node.settings.node import NodeConfig
-from tests.conftest import error_lines, invoke, verb_command
+from tests.helpers.cli import START, error_lines, invoke, verb_command
 
 EXPERIMENT_VERBS = ("simulate", "testbed")
 VERB_MODELS: list[tuple[str, type[BaseModel]]] = [*((verb, ExperimentConfig) for verb in EXPERIMENT_VERBS),
                                                   ("start", NodeConfig), ("partition", ExperimentConfig)]
-START = ("start", "--id", "node-0", "--data", "shards/node-0")
 PARTITION_NAMES = (*PARTITIONS, AS_RECORDED)  # the partition setting's: the schemes, and a recorded fleet as it is
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -93,9 +92,9 @@ def test_every_field_is_a_flag_with_its_description(verb: str, model: type[BaseM
         assert option.help is not None and option.help.startswith(f"{field.description}  [")
         notes = option.help.rsplit("  [", 1)[1].rstrip("]").split("; ")
         assert f"env: DFL_{name.upper()}" in notes
-        assert ("repeatable" in notes) == bool(option.multiple), (verb, name)  # issue 20: said, not guessed
+        assert ("repeatable" in notes) == bool(option.multiple), (verb, name)  # said, not left to guess
         default = None if field.is_required() else field.get_default(call_default_factory=True)
-        if default not in (None, []):  # issue 20: defaults were learnt only from the code
+        if default not in (None, []):  # a default is said, not learnt from the code
             assert any(n.startswith("default: ") for n in notes), (verb, name, notes)
         assert option.opts[0] in shown.output, (verb, name)
     assert {"--config"} <= {opt for p in options.values() for opt in p.opts}
@@ -148,7 +147,7 @@ def test_experiment_flags_reach_the_config(verb: str) -> None:
 
 @pytest.mark.usefixtures("built")
 def test_partition_offers_only_what_decides_the_shards() -> None:
-    """Issue 20: `partition` offered ~35 training-only flags."""
+    """`partition` once offered ~35 training-only flags."""
     config = config_of("partition", "--out", "shards", "--partition", "shards", "--zeta", "3", "--val-fraction", "0.3",
                        "--seed", "5", "--nodes", "6")
     shards = config.shards
@@ -225,7 +224,7 @@ def test_a_registered_algorithm_is_accepted_everywhere(monkeypatch: pytest.Monke
 
 
 def test_a_flag_name_means_one_thing_on_every_verb() -> None:
-    """Issue 20: ``--duration`` read "stop volunteering after" on start and "virtual seconds the fleet runs" on
+    """``--duration`` once read "stop volunteering after" on start and "virtual seconds the fleet runs" on
     simulate. Its defaults differ on purpose (a daemon volunteers until stopped; a testbed or a simulated run
     must end), its meaning does not; ``--algorithm`` names one algorithm per use, repeatable where a verb runs
     several."""

@@ -1,7 +1,7 @@
 """dfl_node.net.codec: model ⇄ frames round trips, chunking, memory bounds and async assembly.
 
 Every rejection (TransferRejected reasons, the pickle attack) is tested in
-``test_codec_rejections.py``; the helpers both files use are in ``codec_helpers.py``.
+``test_codec_rejections.py``; the helpers both files use are in ``tests/helpers/codec.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import tracemalloc
 
 import pytest
 import torch
-from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state, read_frames_of
 
 import dfl_node
 from dfl_node import heap
@@ -24,14 +23,17 @@ from dfl_node.net.codec import Limits, TransferRejected, prepare
 from dfl_node.net.convert import transfer_result
 from dfl_node.net.frames import decode_frame, encode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
-
-
-def assert_same_parts(got: tuple[TensorPart, ...], want: tuple[TensorPart, ...]) -> None:
-    assert [(p.name, p.shape, p.start) for p in got] == [(p.name, p.shape, p.start) for p in want]
-    for g, w in zip(got, want):
-        assert g.values.dtype == w.values.dtype and g.values.dim() == 1
-        assert torch.equal(g.values, w.values), g.name
-
+from tests.helpers.codec import (
+    FP,
+    SWARM,
+    assembler,
+    assert_same_parts,
+    feed_all,
+    frames_of,
+    make_msg,
+    make_state,
+    read_frames_of,
+)
 
 # --- round trips -------------------------------------------------------------------------------------
 

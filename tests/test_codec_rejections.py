@@ -14,13 +14,13 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from codec_helpers import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state
 
 import dfl_node
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.codec import Limits, MessageAssembler, TransferRejected
 from dfl_node.net.convert import transfer_result
 from dfl_node.net.proto import dfl_pb2 as pb
+from tests.helpers.codec import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state
 
 
 def reject(asm: MessageAssembler, frames: list[pb.Frame]) -> tuple[str, int]:

@@ -1,4 +1,4 @@
-"""Operator mistakes in settings (issue 8): every unusable config file, flag, ``DFL_*`` variable or
+"""Operator mistakes in settings: every unusable config file, flag, ``DFL_*`` variable or
 config-file key is reported in one line that names the setting the way the operator wrote it, exit 2;
 relative paths in a config file are read from the file's folder; a missing dataset is one line, exit 1.
 
@@ -17,7 +17,7 @@ from dfl_node.algorithms import ALGORITHMS
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.loading import ConfigError, load_config
 from dfl_node.settings.node import NodeConfig
-from tests.conftest import error_lines, invoke
+from tests.helpers.cli import START, error_lines, invoke
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -28,7 +28,6 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-START = ("start", "--id", "node-0", "--data", "shards/node-0")
 
 # ----------------------------------------------------------------------------- config files
 

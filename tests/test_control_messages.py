@@ -26,7 +26,7 @@ from dfl_node.service.wiring import Daemon
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.links import LinkProfile
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import FLEET, node_config, virtual_fleet
+from tests.helpers.fleet import FLEET, fleet_node_config, virtual_fleet
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,7 +137,7 @@ def test_between_two_nodes_of_the_simulator(fleet_shards: Path, tmp_path: Path) 
 async def grpc_node(shards: Path, state: Path, node_id: str, swarm: str) -> AsyncIterator[tuple[Node, str]]:
     """A real node on gRPC (as ``dfl-node start`` runs it), in this process; and its gRPC address."""
     port = free_port()
-    config = node_config(id=node_id, data=shards / node_id, test_data=shards / "test.safetensors", grpc_port=port,
+    config = fleet_node_config(id=node_id, data=shards / node_id, test_data=shards / "test.safetensors", grpc_port=port,
                          http_port=free_port(), mdns=False, swarm=swarm, state_dir=state / node_id)
     served = Daemon.build(config)
     stop = asyncio.Event()

@@ -1,4 +1,4 @@
-"""The fast path of issue 35 on the CPU: :mod:`dfl_node.learning.cuda_graphs` with its eager stand-in for a CUDA
+"""The CUDA-graph fast path on the CPU: :mod:`dfl_node.learning.cuda_graphs` with its eager stand-in for a CUDA
 graph (:class:`EagerRecorder`), so that all of it but the capture itself — the static row order, the zeroed
 momentum buffers, the loss sum, the warm-up that puts the models back, the cache, the fall-back — runs here and
 must give the eager loop's bits. The epoch bodies (``local_epoch``, ``mkt_epoch``) are what a CUDA graph captures.

@@ -1,4 +1,4 @@
-"""The dashboard as an operator sees it: a real browser on a real fleet (issue 20, "A fleet dashboard").
+"""The dashboard as an operator sees it: a real browser on a real fleet ("A fleet dashboard").
 
 `dfl-node testbed` runs 4 daemons in round mode; headless Debian chromium, driven by Selenium through the system
 chromedriver (never Selenium Manager: nothing is downloaded), opens node-0's page and must see the fleet live —
@@ -32,8 +32,7 @@ import pytest
 from dfl_node.api.app import create_app
 from dfl_node.records.metrics import NodeMetrics
 from dfl_node.testbed.launcher import free_port
-from tests.test_http_token import new_token
-from tests.test_startup_errors import node_config, start_env
+from tests.helpers.nodes import new_token, quiet_node_config, start_env
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -349,7 +348,7 @@ def test_dashboard_asks_for_the_rest_token_once(fleet_shards: Path, tmp_path: Pa
 
     require_browser()
     token_file = new_token(tmp_path / "http.token")
-    config = node_config(fleet_shards, tmp_path / "state", http_port=free_port(), http_token_file=token_file)
+    config = quiet_node_config(fleet_shards, tmp_path / "state", http_port=free_port(), http_token_file=token_file)
     url = f"http://127.0.0.1:{config.api.http_port}/"
     log = (tmp_path / "node.log").open("w")
     node = subprocess.Popen([sys.executable, "-m", "dfl_node", "start"], env=start_env(config), stdout=log,
@@ -360,24 +359,25 @@ def test_dashboard_asks_for_the_rest_token_once(fleet_shards: Path, tmp_path: Pa
             assert node.poll() is None and time.monotonic() < deadline, (tmp_path / "node.log").read_text()[-3000:]
             time.sleep(0.1)
         with chromium(tmp_path / "chromium-profile") as driver:
-            def until(what: str, condition: Callable[[Any], Any]) -> Any:
+            def until_page_shows(what: str, condition: Callable[[Any], Any]) -> Any:
                 return WebDriverWait(driver, WAIT_S, poll_frequency=0.2).until(condition, f"waiting for {what}")
 
             login_shown = "return !document.querySelector('#login').hidden"
             node_shown = ("return document.querySelector('#node-id').textContent === 'node-0' && "
                           "document.querySelector('#login').hidden")
             driver.get(url)
-            until("the page to ask for the token", lambda d: d.execute_script(login_shown))
+            until_page_shows("the page to ask for the token", lambda d: d.execute_script(login_shown))
             assert driver.execute_script("return document.querySelector('#node-id').textContent") == "…"
             driver.find_element("css selector", "#login-token").send_keys(token_file.read_text().strip())
             driver.find_element("css selector", "#login button").click()
-            until("node-0's page", lambda d: d.execute_script(node_shown))
-            until("no error", lambda d: d.execute_script("return document.querySelector('#error').textContent") == "")
+            until_page_shows("node-0's page", lambda d: d.execute_script(node_shown))
+            until_page_shows("no error",
+                             lambda d: d.execute_script("return document.querySelector('#error').textContent") == "")
             driver.refresh()  # asked once: the token is kept for this node's address
-            until("node-0's page after a reload", lambda d: d.execute_script(node_shown))
+            until_page_shows("node-0's page after a reload", lambda d: d.execute_script(node_shown))
             driver.execute_script("localStorage.setItem('dfl-node REST token', 'not-the-token')")
             driver.refresh()
-            until("a wrong token to be asked again", lambda d: d.execute_script(login_shown))
+            until_page_shows("a wrong token to be asked again", lambda d: d.execute_script(login_shown))
     finally:
         os.killpg(node.pid, signal.SIGTERM)
         node.wait(timeout=30)

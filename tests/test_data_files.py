@@ -1,4 +1,4 @@
-"""A user's data files (issue 31): the CSV reader, NPZ and safetensors files, the stable hold-out, and a node's
+"""A user's data files: the CSV reader, NPZ and safetensors files, the stable hold-out, and a node's
 data folder read at start and again as it grows (``dfl_node.learning.csv_reader``, ``data_files``,
 ``local_data``)."""
 
@@ -19,19 +19,7 @@ from dfl_node.learning.data_files import read_samples
 from dfl_node.learning.data_format import DataFormat
 from dfl_node.learning.datasets import ArrayDataset, load_shard, save_shard
 from dfl_node.learning.local_data import LocalData, holdout, split_rows
-
-
-def write_csv(path: Path, x: np.ndarray, y: np.ndarray, header: bool = True) -> Path:
-    names = ",".join([f"f{i}" for i in range(x.shape[1])] + ["label"])
-    np.savetxt(path, np.column_stack([x, y]), delimiter=",", header=names if header else "", comments="",
-               fmt=["%.7g"] * x.shape[1] + ["%d"])
-    return path
-
-
-def blobs(n: int, features: int = 4, classes: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, classes, n)
-    return (rng.standard_normal((n, features)) + y[:, None]).astype(np.float32), y
+from tests.helpers.data_files import blobs, write_csv
 
 
 def rows(data: ArrayDataset) -> set[tuple[float, ...]]:

@@ -1,4 +1,4 @@
-"""A fleet of real daemons on CSV files (issue 31): three ``dfl-node start`` on loopback, each given only its own
+"""A fleet of real daemons on CSV files: three ``dfl-node start`` on loopback, each given only its own
 folder of CSV files (no learning settings: they are sized to the data), learn; a file appended to one node's
 folder while they run raises its sample count in ``/status`` and is trained on; a corrupt file put in another's is
 skipped, counted and logged once, and the fleet goes on.
@@ -19,7 +19,7 @@ from dfl_node.learning.provision import fleet_ids, provision
 from dfl_node.learning.settings import DATASET_DEPENDENT, sized_defaults
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.launcher import Placement, done_twice, fetch_json, plan_fleet, wait_until
-from tests.conftest import running_daemons
+from tests.helpers.fleet import running_daemons
 
 ROUNDS, APPEND_AT = 30, 3
 CONFIG = ExperimentConfig(nodes=3, partition="iid", seed=7, rounds=ROUNDS, eval_every=10)

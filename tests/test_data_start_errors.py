@@ -1,4 +1,4 @@
-"""Bad data at start (issue 31): ``dfl-node start`` on each kind of malformed data says one line naming the file
+"""Bad data at start: ``dfl-node start`` on each kind of malformed data says one line naming the file
 (and the row or sample), exits 2, and starts nothing; a hand-made shard of the wrong shape was a 47-line traceback.
 
 The cases run in one fresh process that calls ``dfl-node``'s console entry point once per case, as the script
@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.test_data_files import blobs, write_csv
+from tests.helpers.data_files import blobs, write_csv
 
 HEADER = "a,b,label\n"
 CASES = ("non-numeric cell", "NaN", "Inf", "column count", "label outside the classes", "empty file", "sample shape",

@@ -1,4 +1,4 @@
-"""Defaults that learn (issue 20): a fleet given no learning settings learns the embedded digits.
+"""Defaults that learn: a fleet given no learning settings learns the embedded digits.
 
 000's MNIST settings (B = 200, lr 0.01) give a node of a 4-node digits fleet ~290 samples, one or two SGD steps an
 epoch: 20 rounds of four ``dfl-node start`` daemons with no learning flags ended at 10 % mean local accuracy. Batch
@@ -28,7 +28,8 @@ from dfl_node.learning.settings import DATASET_DEPENDENT, PER_DATASET, SharedSet
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import Placement, done_twice, plan_fleet, poll_status, wait_until
-from tests.conftest import invoke, running_daemons
+from tests.helpers.cli import invoke
+from tests.helpers.fleet import running_daemons
 
 PAPER = {"batch_size": 200, "mkt_batch_size": 200, "lr": 0.01}  # 000's MNIST settings
 DIGITS = {"batch_size": 20, "mkt_batch_size": 20, "lr": 0.05}
@@ -50,7 +51,7 @@ def mean_local(statuses: dict[str, Any]) -> float:
 @pytest.mark.slow
 @pytest.mark.usefixtures("clean_env")
 def test_daemons_started_with_no_learning_settings_learn_digits(tmp_path: Path) -> None:
-    """The issue's fleet (README "Run a fleet" without its --lr / --batch-size flags): `dfl-node partition`, then
+    """A newcomer's fleet (README "Run a fleet" without its --lr / --batch-size flags): `dfl-node partition`, then
     four `dfl-node start` given only their id, data, ports, peers and --rounds 20, in round mode."""
     shards = tmp_path / "shards"
     done = invoke("partition", "--dataset", "digits", "--nodes", "4", "--partition", "iid", "--out", str(shards))
@@ -84,7 +85,7 @@ def test_testbed_with_no_flags_learns_and_its_results_hold_the_settings_used(tmp
     assert {k: result["config"][k] for k in DATASET_DEPENDENT} == DIGITS  # what the daemons were given
     local = [n["local_accuracy"] for n in result["nodes"]]
     assert sum(local) / len(local) >= LEARNS, local
-    # issue 20: without --workdir a good run's logs were deleted; its logs and state stay (its shards go)
+    # without --workdir a good run's logs were once deleted; its logs and state stay (its shards go)
     kept = re.findall(r"node logs and state kept in (\S+)", done.stderr)
     assert len(kept) == 1, done.stderr
     assert sorted(p.name for p in Path(kept[0]).glob("defkt/node-*.log")) == [f"node-{i}.log" for i in range(4)]

@@ -1,4 +1,4 @@
-"""The defences a receiver screens a group's messages with (issue 34): each refuses (or bounds) what it is for,
+"""The defences a receiver screens a group's messages with: each refuses (or bounds) what it is for,
 keeps what it is not for, and is off unless its setting is given."""
 
 from __future__ import annotations

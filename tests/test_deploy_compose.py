@@ -27,7 +27,7 @@ from dfl_node.net.swarm_tls import read_swarm_keys
 from dfl_node.net.tls import load_tls
 from dfl_node.secret_file import read_secret
 from dfl_node.testbed.netns import PER_NODE_KEYS
-from tests.deploy_helpers import (
+from tests.helpers.deploy import (
     COMPOSE,
     COMPOSE_SWARM_KEY,
     COMPOSE_TLS,
@@ -36,10 +36,10 @@ from tests.deploy_helpers import (
     ROOT,
     SECRET_MARKERS,
     SHARED,
+    deployed_node_config,
     documented_commands,
     in_readme,
     mounted,
-    node_config,
     run_documented,
     tls_of,
 )
@@ -159,7 +159,7 @@ def test_compose_nodes_share_the_node_command_line(compose: dict, monkeypatch: p
         host_ports.append(published)
         # what `dfl-node status --all` dials from the host
         assert env["DFL_STATUS_URL"] == f"http://127.0.0.1:{published}"
-        config = node_config({**SHARED, **env}, monkeypatch)
+        config = deployed_node_config({**SHARED, **env}, monkeypatch)
         assert (config.id, config.network.host, config.membership.mdns) == (nid, "0.0.0.0", True)
         # said explicitly (node.env): a private bridge
         assert config.network.insecure and config.network.open_to_network
@@ -213,7 +213,7 @@ def test_compose_tls_documented_certs_load_where_each_node_reads_them(
     for name, svc in nodes.items():
         override = tls["services"][name]
         env = {**SHARED, **svc["environment"], **override["environment"]}
-        config = node_config(env, monkeypatch)
+        config = deployed_node_config(env, monkeypatch)
         assert not config.network.insecure and not config.network.open_to_network
         # a relative secret target is mounted at /run/secrets/<target>; ${CERTS_DIR:-./certs} is ./certs here
         mounts = {Path("/run/secrets") / s["target"]: tmp_path / interpolate(tls["secrets"][s["source"]]["file"], [])
@@ -239,7 +239,7 @@ def test_compose_swarm_key_override_adds_only_the_key_and_its_documented_key_loa
         assert set(svc) == {"environment", "secrets"} and svc["environment"] == SWARM_KEY_ENV
         mounts = {Path("/run/secrets") / s["target"]: tmp_path / resolved["secrets"][s["source"]]["file"]
                   for s in svc["secrets"]}
-        config = node_config({**SHARED, **nodes[name]["environment"], **svc["environment"]}, monkeypatch)
+        config = deployed_node_config({**SHARED, **nodes[name]["environment"], **svc["environment"]}, monkeypatch)
         assert not config.network.insecure and not config.network.open_to_network
         assert len(read_swarm_keys(mounts[config.network.swarm_key_file])) == 1
         assert len(read_secret(mounts[config.api.http_token_file], "REST token", "http-token")) == 64

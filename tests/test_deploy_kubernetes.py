@@ -20,16 +20,16 @@ from cryptography import x509
 from dfl_node.learning.provision import fleet_ids
 from dfl_node.net.tls import dns_names, load_tls
 from dfl_node.testbed.netns import PER_NODE_KEYS
-from tests.deploy_helpers import (
+from tests.helpers.deploy import (
     DEPLOY,
     K8S_TLS,
     NODE_ENV,
     SECRET_MARKERS,
     SHARED,
+    deployed_node_config,
     documented_commands,
     in_readme,
     mounted,
-    node_config,
     run_documented,
     tls_of,
 )
@@ -67,7 +67,7 @@ def test_kubernetes_env_is_node_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for index in range(replicas):
         pod_name = f"{sts['metadata']['name']}-{index}"
         env = expand(node["env"], {"POD_NAME": pod_name, "POD_INDEX": str(index)})
-        config = node_config({**SHARED, **{k: v for k, v in env.items() if k.startswith("DFL_")}}, monkeypatch)
+        config = deployed_node_config({**SHARED, **{k: v for k, v in env.items() if k.startswith("DFL_")}}, monkeypatch)
         assert config.id == fleet_ids(replicas)[index] and config.network.advertise == f"{pod_name}.{service}"
         # node.env says it: the plain variant trusts its pod network
         assert not config.membership.mdns and config.network.insecure
@@ -174,7 +174,7 @@ def test_kubernetes_documented_secret_gives_each_pod_its_certificate(
     configs, used = [], set()
     for index in range(sts["spec"]["replicas"]):
         env = expand(node["env"], {"POD_NAME": f"{sts['metadata']['name']}-{index}", "POD_INDEX": str(index)})
-        config = node_config({**SHARED, **{k: v for k, v in env.items() if k.startswith("DFL_")}}, monkeypatch)
+        config = deployed_node_config({**SHARED, **{k: v for k, v in env.items() if k.startswith("DFL_")}}, monkeypatch)
         assert not config.network.insecure
         files = tls_of(config)
         token = config.api.http_token_file

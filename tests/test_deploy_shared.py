@@ -13,7 +13,7 @@ import pytest
 
 from dfl_node.learning.provision import fleet_ids
 from dfl_node.testbed.netns import PER_NODE_KEYS, NetnsHost, node_environment
-from tests.deploy_helpers import (
+from tests.helpers.deploy import (
     COMPOSE,
     COMPOSE_TLS,
     DEPLOY,
@@ -23,7 +23,7 @@ from tests.deploy_helpers import (
     ROOT,
     SECRET_MARKERS,
     SHARED,
-    node_config,
+    deployed_node_config,
 )
 
 
@@ -67,7 +67,7 @@ def test_netns_testbed_uses_node_env(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         host = NetnsHost(f"dfl-x-h{index + 1}", f"10.77.0.{index + 1}")
         env = node_environment(SHARED, index, count, host, tmp_path / "shards", tmp_path / "state")
         assert {k: v for k, v in env.items() if k in SHARED} == SHARED and set(env) - set(SHARED) == set(PER_NODE_KEYS)
-        config = node_config(env, monkeypatch)
+        config = deployed_node_config(env, monkeypatch)
         assert config.id == fleet_ids(count)[index] and config.network.advertised_host == host.address
     script = (DEPLOY / "netns" / "testbed.sh").read_text()
     assert "-m dfl_node.testbed.netns" in script and "docker" not in script

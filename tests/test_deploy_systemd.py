@@ -18,7 +18,7 @@ from dfl_node.net.certs import CA_CERT, NODE_CERT, NODE_KEY
 from dfl_node.net.tls import load_tls
 from dfl_node.settings.loading import ConfigError
 from dfl_node.testbed.netns import read_env_file
-from tests.deploy_helpers import DEPLOY, FIELDS, SHARED, node_config, tls_of
+from tests.helpers.deploy import DEPLOY, FIELDS, SHARED, deployed_node_config, tls_of
 
 SYSTEMD_TLS = DEPLOY / "systemd" / "dfl-node-tls.conf"
 
@@ -56,19 +56,19 @@ def test_systemd_unit_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert SHARED["DFL_HTTP_HOST"] == "0.0.0.0" and device["DFL_HTTP_HOST"] == "127.0.0.1"
     assert SHARED["DFL_INSECURE"] == "true" and device["DFL_INSECURE"] == "false"
     with pytest.raises(ConfigError, match=r"--swarm-key-file\) is set"):  # its LAN address, no credentials
-        node_config({**SHARED, **device}, monkeypatch)
+        deployed_node_config({**SHARED, **device}, monkeypatch)
     # the documented way out: the fleet's swarm key, the line to uncomment
     (key_line,) = [line[1:] for line in device_file.read_text().splitlines() if line.startswith("#DFL_SWARM_KEY_FILE=")]
     name, _, path = key_line.partition("=")
-    config = node_config({**SHARED, **device, name: path}, monkeypatch)
+    config = deployed_node_config({**SHARED, **device, name: path}, monkeypatch)
     assert config.network.host != "0.0.0.0" and config.state_path.is_relative_to("/var/lib/dfl-node")
     assert not config.network.open_to_network and config.network.swarm_key_file.is_relative_to("/etc/dfl-node")
     # REST on its LAN address: with the token, the lines to uncomment (without it, the node refuses to start)
     rest = dict(line[1:].partition("=")[::2] for line in device_file.read_text().splitlines()
                 if line.startswith(("#DFL_HTTP_HOST=", "#DFL_HTTP_TOKEN_FILE=")))
     with pytest.raises(ConfigError, match=r"REST API on 192\.168\.1\.50 .* without a token"):
-        node_config({**SHARED, **device, name: path, "DFL_HTTP_HOST": rest["DFL_HTTP_HOST"]}, monkeypatch)
-    config = node_config({**SHARED, **device, name: path, **rest}, monkeypatch)
+        deployed_node_config({**SHARED, **device, name: path, "DFL_HTTP_HOST": rest["DFL_HTTP_HOST"]}, monkeypatch)
+    config = deployed_node_config({**SHARED, **device, name: path, **rest}, monkeypatch)
     assert config.api.http_host == config.network.host and config.api.http_token_file.is_relative_to("/etc/dfl-node")
 
 
@@ -106,7 +106,7 @@ def test_systemd_tls_dropin_hands_the_node_its_credentials(tmp_path: Path, monke
     creds.mkdir()
     for credential, source in credentials.items():
         shutil.copy(etc / Path(source).name, creds / credential)
-    config = node_config({**SHARED, **device, name: str(creds)}, monkeypatch)
+    config = deployed_node_config({**SHARED, **device, name: str(creds)}, monkeypatch)
     assert not config.network.insecure and not config.network.open_to_network
     assert load_tls(tls_of(config), config.id).node_id == device["DFL_ID"]
 

@@ -1,4 +1,4 @@
-"""The ``device`` setting (issue 10): auto|cpu|cuda in every verb, an absent CUDA a one-line settings
+"""The ``device`` setting: auto|cpu|cuda in every verb, an absent CUDA a one-line settings
 error (exit 2, never a silent fallback), and CPU runs — the default — unchanged.
 
 This suite runs on CPUs: what a CUDA machine does is checked only as far as choosing the device.
@@ -20,7 +20,7 @@ from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
 from dfl_node.testbed.launcher import node_env
-from tests.conftest import error_lines, invoke
+from tests.helpers.cli import error_lines, invoke
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 NO_CUDA = not torch.cuda.is_available()

@@ -28,12 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from discovery_helpers import BIND, ann, nid  # shared with test_announcement.py
 from zeroconf.asyncio import AsyncZeroconf
 
 from dfl_node.net import discovery
 from dfl_node.net.announcement import Announcement, fingerprint_matches
 from dfl_node.net.discovery import MdnsDiscovery
+from tests.helpers.discovery import BIND, ann, nid
 
 FIND_TIMEOUT = 10.0
 REPO = Path(__file__).resolve().parents[1]

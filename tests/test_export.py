@@ -19,9 +19,9 @@ from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import ModelSpec, param_digest
 from dfl_node.node.persistence import Checkpoint, read_trained
-from tests.conftest import FLEET, daemon, error_lines, invoke, simulated
+from tests.helpers.cli import error_lines, invoke
+from tests.helpers.fleet import FLEET, daemon, simulated
 
-# An application on a device: dfl_node is not importable (an import of it fails), the export and numpy are all.
 APPLICATION = """
 import json, sys
 sys.modules["dfl_node"] = None  # no dfl-node here: importing it raises ImportError

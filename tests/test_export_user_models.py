@@ -1,4 +1,4 @@
-"""``dfl-node export`` of a node that runs a model of the user's own (issue 46): a ``package.module:factory`` on
+"""``dfl-node export`` of a node that runs a model of the user's own: a ``package.module:factory`` on
 PYTHONPATH, or an installed entry-point plugin. The export runs as an operator runs it, a fresh ``dfl-node``
 process (nothing of the user's imported yet), whose ONNX file onnxruntime runs to the logits and probabilities
 (``/predict``'s) of the node's model, rebuilt here from its checkpoint with the registry. Where the user's code is
@@ -21,10 +21,11 @@ from safetensors.torch import load_file
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.export import probabilities
 from dfl_node.learning.models import ModelSpec
-from tests.conftest import daemon
-from tests.plugin_helpers import install_plugin
+from tests.helpers.fleet import daemon
+from tests.helpers.plugins import install_plugin
 
-# A model of the user's own, as issue 46's harmodel: a tiny dilated temporal convolution over the sample's values.
+# A model of the user's own, as the forecasting example's harmodel: a tiny dilated temporal convolution over the
+# sample's values.
 USER_MODULE = '''
 import math
 

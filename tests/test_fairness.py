@@ -1,5 +1,5 @@
 """002: eqs. 4–5 by hand (with the clipping edges), the fairness-aware aggregation, and the fairness view
-of a run's results (its scenarios' partitions are in test_partitions.py)."""
+of a run's results (its scenarios' partitions are in test_data_partitions.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fault injection (issue 13, 18): real ``dfl-node start`` daemons on loopback, killed with SIGKILL at seeded
+"""Fault injection: real ``dfl-node start`` daemons on loopback, killed with SIGKILL at seeded
 random moments and restarted, in round mode and in async mode, a fleet for each (under -n, side by side). Each run
 prints its figures (``pytest -s`` shows them); the invariants are :mod:`tests.chaos`'s.
 """
@@ -28,7 +28,7 @@ from tests.chaos import (
     stall_bound,
     storm_timeouts,
 )
-from tests.conftest import FLEET
+from tests.helpers.fleet import FLEET
 
 pytestmark = pytest.mark.slow
 
@@ -143,5 +143,5 @@ def test_kill_9_storm_in_async_mode(fleet_shards: Path, tmp_path: Path) -> None:
     assert ledger.lost_models() == [] and ledger.repeated_fusions() == []
 
 
-# ----------------------------------------------------------------------------- one failure of issue 13 each
+# ----------------------------------------------------------------------------- one failure each, pinned
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from dfl_node.learning.provision import architectures as fleet_architectures
 from dfl_node.learning.provision import provision
 from dfl_node.testbed.launcher import all_done, wait_until
-from tests.conftest import FLEET, loopback_fleet, simulated
+from tests.helpers.fleet import FLEET, loopback_fleet, simulated
 
 pytestmark = pytest.mark.slow
 

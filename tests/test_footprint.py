@@ -1,4 +1,4 @@
-"""What a node installs and loads (issue 21): `dfl-node start` imports nothing it does not use, and the verbs
+"""What a node installs and loads: `dfl-node start` imports nothing it does not use, and the verbs
 that draw (the ``[plot]`` extra) say in one line how to get matplotlib where it is missing."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from dfl_node.cli import cli
 from dfl_node.testbed.launcher import Placement, plan_fleet
-from tests.conftest import FLEET
+from tests.helpers.fleet import FLEET
 
 ROOT = Path(__file__).resolve().parents[1]
 PLOT_MISSING = "draws with matplotlib, which is not installed: pip install 'dfl-node[plot]'"

@@ -1,4 +1,4 @@
-"""Fuzzing the receive path in-process (issue 13, "Hostile input"), with hypothesis: the bulk of the suite.
+"""Fuzzing the receive path in-process ("Hostile input"), with hypothesis: the bulk of the suite.
 
 Why: the codec, the chunk fast path and every RPC take bytes from anyone who can reach the port.
 The hand-written rejection tests (test_codec_rejections.py, test_node_hostile.py, test_node_bounds.py)
@@ -9,7 +9,7 @@ probes — and drives them through the very code a node's Transfer and Probe han
 (``decode_frame`` → ``MessageAssembler`` → the finite-values gate, and ``probe_from_request``), without
 a node, so that thousands of cases take seconds. test_fuzz_grpc.py sends such input to a real node.
 
-What the issue asks of the node, checked here for its receive path:
+What a node must withstand, checked here for its receive path:
 
 * this file's share of the 10,000 malformed inputs (tests/fuzz_figures.py) tried, and 0 crashes: every
   one is refused with a reason (never an exception or an ERROR log line);
@@ -42,7 +42,6 @@ from dfl_node.net.frames import ReadFrame, decode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.node.gate import check_finite
 from dfl_node.peering.probes import ProbeRequest, probe_from_request
-from tests.codec_helpers import FP, SWARM, encoded_frames, make_msg
 from tests.fuzz_figures import MIN_CODEC_INPUTS, Figures, open_fds, rss_mb
 from tests.fuzz_frames import (
     FRAME_BYTES,
@@ -57,6 +56,7 @@ from tests.fuzz_frames import (
     poisoned_states,
 )
 from tests.fuzz_strategies import CLASSES, FUZZ, INPUT_SHAPE, genuine_probe, mutated_probes
+from tests.helpers.codec import FP, SWARM, encoded_frames, make_msg
 
 T = TypeVar("T")
 

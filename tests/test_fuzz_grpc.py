@@ -1,4 +1,4 @@
-"""Fuzzing all six RPCs of a real node over gRPC (issue 13, "Hostile input"), with hypothesis.
+"""Fuzzing all six RPCs of a real node over gRPC ("Hostile input"), with hypothesis.
 
 Why: every RPC takes bytes from anyone who can reach the port, and what the codec refuses in-process
 (test_fuzz_codec.py) must also be refused, counted and harmless when it arrives over the wire: random
@@ -39,8 +39,6 @@ from dfl_node import PROTOCOL_VERSION
 from dfl_node.net.frames import decode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.testbed.launcher import free_port
-from tests.codec_helpers import encoded_frames
-from tests.conftest import node_config
 from tests.fuzz_figures import open_fds, rss_mb
 from tests.fuzz_frames import FRAME_BYTES, LIMITS, mutated_headers, mutated_streams, poisoned_states
 from tests.fuzz_node import BUSY, FIGURES, REQUESTS, STATE_CHANGES, LiveNode, flood, identity, send_genuine
@@ -54,15 +52,18 @@ from tests.fuzz_strategies import (
     uint32s,
     uint64s,
 )
+from tests.helpers.codec import encoded_frames
+from tests.helpers.fleet import fleet_node_config
 
 GRPC_MAX = LIMITS.max_message_bytes  # a bigger message is refused by gRPC itself, before the node sees it
 
 
 @pytest.fixture(scope="module")
 def live(fleet_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveNode]:
-    config = node_config(id="node-0", data=fleet_shards / "node-0", grpc_port=free_port(), http_port=free_port(),
-                         mdns=False, swarm=f"fuzz-{uuid.uuid4().hex[:6]}", state_dir=tmp_path_factory.mktemp("fuzzed"),
-                         algorithm="defkt-select", selection="probe-samples")  # round mode: epochs, token in play
+    config = fleet_node_config(id="node-0", data=fleet_shards / "node-0", grpc_port=free_port(), http_port=free_port(),
+                               mdns=False, swarm=f"fuzz-{uuid.uuid4().hex[:6]}",
+                               state_dir=tmp_path_factory.mktemp("fuzzed"),
+                               algorithm="defkt-select", selection="probe-samples")  # round mode: epochs, token in play
     with FIGURES.errors_logged():
         node = LiveNode(config)
         try:

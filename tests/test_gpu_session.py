@@ -1,7 +1,7 @@
-"""Issue 35 without a GPU: several runs at once give the bits of one after another, and the prepared device session
-(``benchmarks/gpu_session.sh``, which runs ``benchmarks/gpu_speed.py``) goes through every step on the CPU at tiny
-sizes — the machine check, the quick sections, the choice, the full run under its limit, the plot and the archive —
-so that the one GPU session finds no bug these can."""
+"""The GPU session without a GPU: several runs at once give the bits of one after another, and the prepared device
+session (``benchmarks/gpu_session.sh``, which runs ``benchmarks/gpu_speed.py``) goes through every step on the CPU at
+tiny sizes — the machine check, the quick sections, the choice, the full run under its limit, the plot and the
+archive — so that the one GPU session finds no bug these can."""
 
 from __future__ import annotations
 

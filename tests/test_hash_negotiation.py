@@ -1,4 +1,4 @@
-"""The payload hash (issue 21): BLAKE3 where both ends offer it in Hello, sha256 otherwise; a receiver refuses
+"""The payload hash: BLAKE3 where both ends offer it in Hello, sha256 otherwise; a receiver refuses
 a header naming a hash it did not offer, with a reason, and keeps serving.
 
 The codec's side in process; the negotiation against a real node (real gRPC on loopback); forged headers in
@@ -12,7 +12,6 @@ import hashlib
 
 import blake3
 import pytest
-from codec_helpers import assembler, feed_all, frames_of, make_msg
 
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.hashes import DEFAULT_HASH, OFFERED_HASHES, negotiate
@@ -20,8 +19,8 @@ from dfl_node.net import buffers, codec
 from dfl_node.net.client import PeerClient
 from dfl_node.net.codec import TransferRejected
 from dfl_node.peering.messages import Hello
-from tests.test_codec import assert_same_parts
-from tests.test_node_hostile import Target, _hello, target  # noqa: F401  (a fixture: a real node on loopback)
+from tests.helpers.codec import assembler, assert_same_parts, feed_all, frames_of, make_msg
+from tests.helpers.hostile import Target, stranger_hello
 
 
 def reason(frames, **kw) -> str:
@@ -114,7 +113,7 @@ def hello(t: Target) -> Hello:
 
 
 @pytest.mark.parametrize(("offers", "agreed"), [(("blake3", "sha256"), "blake3"), (("sha256",), "sha256")])
-async def test_a_push_carries_the_hash_both_ends_offer(target: Target, offers: tuple[str, ...], agreed: str,  # noqa: F811
+async def test_a_push_carries_the_hash_both_ends_offer(target: Target, offers: tuple[str, ...], agreed: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Both ends negotiate BLAKE3 in Hello; a peer that offers only sha256 (no wheel) gets sha256; either way
     the node takes the model."""
@@ -143,8 +142,8 @@ async def test_a_push_carries_the_hash_both_ends_offer(target: Target, offers: t
     assert target.node.tally.counters["fusions"] == 1 and (await target.rejected()) == {}
 
 
-async def test_a_node_offers_its_hashes_in_every_hello_reply(target: Target) -> None:  # noqa: F811
-    accepted = await target.stub.Hello(_hello(target), timeout=5)
-    refused = await target.stub.Hello(_hello(target, swarm="other"), timeout=5)
+async def test_a_node_offers_its_hashes_in_every_hello_reply(target: Target) -> None:
+    accepted = await target.stub.Hello(stranger_hello(target), timeout=5)
+    refused = await target.stub.Hello(stranger_hello(target, swarm="other"), timeout=5)
     assert tuple(accepted.hashes) == tuple(refused.hashes) == OFFERED_HASHES
 

@@ -1,4 +1,4 @@
-"""The REST API's bearer token (issue 34): with ``--http-token-file`` every route but ``/healthz`` answers 401
+"""The REST API's bearer token: with ``--http-token-file`` every route but ``/healthz`` answers 401
 without it (and with a wrong one), the verbs that query a node send it, and a node serving REST beyond loopback
 without one starts only with ``--insecure``.
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,15 +20,7 @@ import pytest
 from dfl_node.errors import OperatorError
 from dfl_node.service.wiring import Daemon
 from dfl_node.testbed.launcher import free_port
-from tests.test_startup_errors import node_config, running, start_cli
-
-
-def new_token(path: Path) -> Path:
-    """The token as an operator makes it: ``dfl-node certs http-token``."""
-    subprocess.run([sys.executable, "-m", "dfl_node", "certs", "http-token", str(path)], check=True,
-                   capture_output=True, timeout=60)
-    assert path.stat().st_mode & 0o077 == 0 and len(path.read_text().strip()) == 64
-    return path
+from tests.helpers.nodes import new_token, quiet_node_config, running, start_cli
 
 
 async def cli(*args: str) -> tuple[int, str, str]:
@@ -45,7 +36,7 @@ async def cli(*args: str) -> tuple[int, str, str]:
 async def test_every_route_but_healthz_needs_the_token(fleet_shards: Path, tmp_path: Path) -> None:
     token_file = new_token(tmp_path / "http.token")
     token = token_file.read_text().strip()
-    config = node_config(fleet_shards, tmp_path / "state", http_port=free_port(), http_token_file=token_file)
+    config = quiet_node_config(fleet_shards, tmp_path / "state", http_port=free_port(), http_token_file=token_file)
     async with running(config) as node:
         base = f"http://127.0.0.1:{node.config.api.http_port}"
         wrong = token[:-1] + ("1" if token.endswith("0") else "0")  # one character off (a token ends in 0 1 in 16)
@@ -75,7 +66,7 @@ async def test_every_route_but_healthz_needs_the_token(fleet_shards: Path, tmp_p
 
 async def test_status_and_predict_send_the_token(fleet_shards: Path, tmp_path: Path) -> None:
     token_file = new_token(tmp_path / "http.token")
-    config = node_config(fleet_shards, tmp_path / "state", http_port=free_port(), http_token_file=token_file)
+    config = quiet_node_config(fleet_shards, tmp_path / "state", http_port=free_port(), http_token_file=token_file)
     (tmp_path / "one.json").write_text(json.dumps({"samples": [[0.0] * 64]}))
     async with running(config) as node:
         url = f"http://127.0.0.1:{node.config.api.http_port}"
@@ -99,9 +90,9 @@ def test_rest_beyond_loopback_needs_a_token_or_insecure(fleet_shards: Path, tmp_
     open_rest = dict(http_port=free_port(), http_host="0.0.0.0")
     with pytest.raises(ValueError, match=r"the REST API on 0\.0\.0\.0 is reachable from the network without a "
                                           r"token.*--http-token-file"):
-        node_config(fleet_shards, tmp_path / "state", **open_rest)
-    assert node_config(fleet_shards, tmp_path / "state", **open_rest, insecure=True).api.open_to_network
-    config = node_config(fleet_shards, tmp_path / "state", **open_rest, http_token_file=tmp_path / "http.token")
+        quiet_node_config(fleet_shards, tmp_path / "state", **open_rest)
+    assert quiet_node_config(fleet_shards, tmp_path / "state", **open_rest, insecure=True).api.open_to_network
+    config = quiet_node_config(fleet_shards, tmp_path / "state", **open_rest, http_token_file=tmp_path / "http.token")
     assert not config.api.open_to_network
     with pytest.raises(OperatorError, match=r"^REST token file .*http\.token does not exist"):
         Daemon.build(config)  # read at start: a node never serves without the token it was told to require
@@ -111,7 +102,8 @@ def test_rest_beyond_loopback_needs_a_token_or_insecure(fleet_shards: Path, tmp_
 
 
 async def test_start_refuses_open_rest_with_one_line(fleet_shards: Path, tmp_path: Path) -> None:
-    config = node_config(fleet_shards, tmp_path / "state", http_port=free_port(), insecure=True, http_host="0.0.0.0")
+    config = quiet_node_config(fleet_shards, tmp_path / "state", http_port=free_port(), insecure=True,
+                               http_host="0.0.0.0")
     status, lines, text = await start_cli(config, DFL_INSECURE="false")  # the operator did not say it
     assert status == 2 and "serving" not in text
     assert [line for line in lines if line.lower().startswith("error")] == [

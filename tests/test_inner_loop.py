@@ -1,4 +1,4 @@
-"""The simulator's inner loop (issue 10) does only forward, backward and step, and computes exactly
+"""The simulator's inner loop does only forward, backward and step, and computes exactly
 what the plain loop computes: a gather per batch, a fresh optimiser per update, a deep copy per
 trained model. Each test runs the plain loop written out here beside the project's and wants the
 same bits."""

@@ -1,4 +1,4 @@
-"""Joining through any member (``--join``, issue 33): real nodes on loopback, no mDNS.
+"""Joining through any member (``--join``): real nodes on loopback, no mDNS.
 
 A node given a join address that nobody serves yet tries it again with backoff, joins once a member is there, and
 then leaves the seed to the membership (a seed that goes down is not greeted again); a third node joining through
@@ -19,12 +19,12 @@ from dfl_node.node.daemon import Node
 from dfl_node.node.swim import ALIVE
 from dfl_node.peering.messages import MAX_UPDATES, MemberUpdate, Ping
 from dfl_node.testbed.launcher import free_port
-from tests.test_startup_errors import node_config, running
+from tests.helpers.nodes import quiet_node_config, running
 
 WITHIN = 15.0  # seconds: each wait here is for a few periods of 0.2 s
 
 
-async def until(check: Callable[[], bool], what: str) -> None:
+async def membership_shows(check: Callable[[], bool], what: str) -> None:
     """Poll ``check`` (a membership's state: no event says a third node learned a fourth) until it holds."""
     async with asyncio.timeout(WITHIN):
         while not check():
@@ -35,21 +35,22 @@ async def until(check: Callable[[], bool], what: str) -> None:
 async def test_a_node_joins_through_a_seed_that_comes_up_late_and_then_leaves_it_be(fleet_shards: Path,
                                                                                  tmp_path: Path) -> None:
     seed = f"127.0.0.1:{free_port()}"
-    b_config = node_config(fleet_shards, tmp_path / "b", id="node-1", data=fleet_shards / "node-1", join=[seed])
+    b_config = quiet_node_config(fleet_shards, tmp_path / "b", id="node-1", data=fleet_shards / "node-1", join=[seed])
     async with running(b_config) as b:
         seeds = b.membership.seeds
-        await until(lambda: seeds.tries >= 2, "the seed tried again while nobody serves there")
+        await membership_shows(lambda: seeds.tries >= 2, "the seed tried again while nobody serves there")
         assert not seeds.joined and not b.membership.alive_ids()
-        a_config = node_config(fleet_shards, tmp_path / "a", grpc_port=int(seed.rsplit(":", 1)[1]))
+        a_config = quiet_node_config(fleet_shards, tmp_path / "a", grpc_port=int(seed.rsplit(":", 1)[1]))
         async with contextlib.AsyncExitStack() as stack:
             a = await stack.enter_async_context(running(a_config))
-            await until(lambda: seeds.joined, "b joined through a")
-            c_config = node_config(fleet_shards, tmp_path / "c", id="node-2", data=fleet_shards / "node-2",
-                                   join=[b.address])
+            await membership_shows(lambda: seeds.joined, "b joined through a")
+            c_config = quiet_node_config(fleet_shards, tmp_path / "c", id="node-2", data=fleet_shards / "node-2",
+                                         join=[b.address])
             c = await stack.enter_async_context(running(c_config))
             nodes = {"node-0": a, "node-1": b, "node-2": c}
-            await until(lambda: all(n.membership.alive_ids() == sorted(set(nodes) - {i}) for i, n in nodes.items()),
-                        "every node knows every other")
+            await membership_shows(
+                lambda: all(n.membership.alive_ids() == sorted(set(nodes) - {i}) for i, n in nodes.items()),
+                "every node knows every other")
             tries = seeds.tries
         # a (b's seed) is down: b, which joined, does not greet its seed again
         await asyncio.sleep(1.0)  # five periods, in which a node not yet joined would have tried its seed
@@ -68,9 +69,10 @@ def ghosts(node: Node, count: int, address: str) -> list[MemberUpdate]:
 async def test_gossiped_members_are_used_only_once_they_answer_our_hello(fleet_shards: Path, tmp_path: Path) -> None:
     # periods of 0.05 s, suspicions that time out unconfirmed within ~2 s and the dead forgotten a second later:
     # 64 rumours are probed, suspected, declared dead and forgotten in seconds
-    a_config = node_config(fleet_shards, tmp_path / "a", peer_timeout=1.0, heartbeat=0.05, suspicion_max=1.0,
-                           peer_expiry=1.0)
-    b_config = node_config(fleet_shards, tmp_path / "b", id="node-1", data=fleet_shards / "node-1", peer_timeout=1.0)
+    a_config = quiet_node_config(fleet_shards, tmp_path / "a", peer_timeout=1.0, heartbeat=0.05, suspicion_max=1.0,
+                                 peer_expiry=1.0)
+    b_config = quiet_node_config(fleet_shards, tmp_path / "b", id="node-1", data=fleet_shards / "node-1",
+                                 peer_timeout=1.0)
     async with running(a_config) as a, running(b_config) as b:
         membership, nobody = a.membership, f"127.0.0.1:{free_port()}"
         updates = ghosts(a, 64, nobody)
@@ -86,7 +88,7 @@ async def test_gossiped_members_are_used_only_once_they_answer_our_hello(fleet_s
             assert len(table.pending) <= table.max_pending and not ghost_ids & set(membership.alive_ids())
             return True
 
-        await until(lambda: checked() and "node-1" in membership.alive_ids(), "the real member confirmed")
-        await until(lambda: checked() and not ghost_ids & set(membership.swim.members),
-                    "every ghost probed, declared dead and forgotten")
+        await membership_shows(lambda: checked() and "node-1" in membership.alive_ids(), "the real member confirmed")
+        await membership_shows(lambda: checked() and not ghost_ids & set(membership.swim.members),
+                               "every ghost probed, declared dead and forgotten")
         assert membership.alive_ids() == ["node-1"] and set(membership.swim.members) == {"node-1"}

@@ -3,8 +3,8 @@ and inside the node, state written by its owner only.
 
 The graph is read from the source with :mod:`ast`, so nothing is imported: every ``import`` counts,
 including those inside functions (they run, just later) and those under ``if TYPE_CHECKING:`` (they never
-run, but a module that names another's type for its checker depends on it as much: issue 32 found ten modules
-of ``node/`` in one circle that way). Importing ``dfl_node.a.b`` from outside package ``dfl_node.a`` also runs
+run, but a module that names another's type for its checker depends on it as much: ten modules
+of ``node/`` were once in one circle that way). Importing ``dfl_node.a.b`` from outside package ``dfl_node.a`` also runs
 ``dfl_node/a/__init__.py``, so it is an edge to that package too.
 
 Run as a script to print the graph's cycles and the layering violations:

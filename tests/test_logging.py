@@ -18,7 +18,7 @@ from dfl_node.cli.logs import setup_logging
 from dfl_node.node.clock import Clock
 from dfl_node.node.peers import PeerTable
 from dfl_node.peering.messages import HelloReply
-from tests.conftest import invoke, verb_command
+from tests.helpers.cli import invoke, verb_command
 
 VERBS = sorted(VERB_TABLE)
 
@@ -77,7 +77,7 @@ def test_a_line_is_dated_text_or_one_json_object(fmt: str) -> None:
 
 
 def test_help_status_and_stop_import_neither_torch_nor_the_node(tmp_path: Path) -> None:
-    """Issue 20: `dfl-node --help` and `status` imported torch (1.6-2.7 s, ~256 MB for a status query)."""
+    """`dfl-node --help` and `status` once imported torch (1.6-2.7 s, ~256 MB for a status query)."""
     for args in (["--help"], ["status", "http://127.0.0.1:9"], ["stop", str(tmp_path)], ["status", "--help"]):
         code = ("import sys; from dfl_node.cli import cli\n"
                 f"try:\n    cli({args!r})\nexcept SystemExit:\n    pass\n"
@@ -93,7 +93,7 @@ def test_each_verbs_line_in_help_opens_its_own_help() -> None:
 
 
 async def test_a_node_says_how_many_peers_it_has_while_it_waits(caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 20: a node waiting for ``--min-peers`` said nothing; now it says how many it has, when that changes."""
+    """A node waiting for ``--min-peers`` once said nothing; now it says how many it has, when that changes."""
     table = PeerTable("me", hello=None, clock=Clock(), heartbeat=1.0, timeout=3.0, static=[])  # type: ignore[arg-type]
     with caplog.at_level(logging.INFO, logger="dfl_node.node.peers"):
         waiting = asyncio.create_task(table.wait_for(2))

@@ -1,4 +1,4 @@
-"""Membership inference (issue 47, "the leak, measured"): the attack's figures on hand-built scores, the attack on a
+"""Membership inference ("the leak, measured"): the attack's figures on hand-built scores, the attack on a
 model that overfit and on one that has no members among the samples compared, and the simulator's
 ``privacy_audit``, which reports the attack and changes no bit of the run."""
 
@@ -31,7 +31,7 @@ from dfl_node.learning.training import SgdParams, local_sgd
 from dfl_node.results import read_results, write_results
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim import run_fleet
-from tests.conftest import invoke
+from tests.helpers.cli import invoke
 
 
 def t(*values: float) -> torch.Tensor:

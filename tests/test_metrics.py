@@ -1,4 +1,4 @@
-"""What an operator sees of a running fleet (issue 20): ``/metrics`` by the book, ``/fleet``, and the INFO lines.
+"""What an operator sees of a running fleet: ``/metrics`` by the book, ``/fleet``, and the INFO lines.
 
 One real fleet (three daemons on loopback, six rounds) is run once for the module; each test reads one thing
 from what it served and logged. ``/metrics`` is parsed with ``prometheus_client``'s own parser and checked by
@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dfl_node.records.metrics import NodeMetrics
 from dfl_node.testbed.launcher import NodeProcess, wait_until
-from tests.conftest import FLEET, loopback_fleet
-from tests.test_api import make_status
-from tests.test_deploy_monitoring import HISTOGRAMS, KNOWN
+from tests.helpers.fleet import FLEET, loopback_fleet
+from tests.helpers.metric_names import HISTOGRAMS, KNOWN
+from tests.helpers.rest import make_status
 
 pytestmark = pytest.mark.slow
 ROUNDS = 6

@@ -1,4 +1,4 @@
-"""The multi-site testbed (issue 33): 3 sites (bridges in namespaces, routed to each other by a router namespace),
+"""The multi-site testbed: 3 sites (bridges in namespaces, routed to each other by a router namespace),
 2 daemons each, every node given one ``--join`` address in the next site. mDNS stays within each site (each site's
 monitor hears its own nodes and nobody else's), yet every node knows every other within a few seconds of the last
 start, and the fleet learns, in round mode (so the same models as on one LAN, or in the simulator)."""

@@ -1,4 +1,4 @@
-"""A node's own step that goes non-finite is undone, never kept (issue 34: one scaled member killed an honest one).
+"""A node's own step that goes non-finite is undone, never kept (one scaled member once killed an honest one).
 
 A fusion of finite but huge values (a `scale` adversary's model) goes NaN; the node must keep exactly what it had,
 answer nobody, refuse the fused messages as ``non_finite_result`` — and in a fleet, finish with every honest model
@@ -29,7 +29,7 @@ from dfl_node.learning.provision import fleet_ids
 from dfl_node.node.persistence import MODEL_FILE, PREVIOUS, read_trained
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim import run_fleet
-from tests.test_adversaries import CONFIG, node
+from tests.helpers.contexts import TINY_SETTINGS, tiny_context
 
 FUSE = Step(0, Group("b", ("a",)))  # round 0: node b fuses node a's model
 SCALE = 1e30  # finite in float32 (max 3.4e38); a mutual learning's KL on its logits is not
@@ -74,8 +74,8 @@ class Recorded:
 
 def pair(algorithm_name: str) -> tuple[Any, NodeContext, ModelMessage]:
     """An aggregator b (DFML: with its peak model, and α_n set by an earlier fusion) and node a's message to it."""
-    algorithm = make_algorithm(algorithm_name, CONFIG)
-    a, b = node("a", seed=1), node("b", seed=2)
+    algorithm = make_algorithm(algorithm_name, TINY_SETTINGS)
+    a, b = tiny_context("a", seed=1), tiny_context("b", seed=2)
     for ctx in (a, b):
         equip(algorithm, ctx, seed=0)
     if algorithm_name == "dfml":
@@ -115,8 +115,9 @@ def test_a_fusion_that_goes_non_finite_is_undone_bit_for_bit_refused_and_answers
 
 
 def test_a_sender_whose_own_training_diverges_is_undone_says_so_and_sends_nothing() -> None:
-    config = CONFIG.model_copy(update={"lr": 1e30, "sender_keeps_trained": True})  # SGD that blows up, kept in place
-    a = node("a")
+    # SGD that blows up, kept in place
+    config = TINY_SETTINGS.model_copy(update={"lr": 1e30, "sender_keeps_trained": True})
+    a = tiny_context("a")
     a.config = config
     before = a.snapshot()
     transport = Recorded(a, [])

@@ -1,4 +1,4 @@
-"""A fleet across NAT, in network namespaces (issue 45): 3 sites of 3 daemons, the last two sites behind masquerading
+"""A fleet across NAT, in network namespaces: 3 sites of 3 daemons, the last two sites behind masquerading
 routers (no port forwarding, no route in: ``tests/test_nat_sites.py`` checks that), every home node given one
 ``--join`` address, of a public node, and no mDNS: nothing but the internet's rules.
 
@@ -39,7 +39,7 @@ from dfl_node.testbed.launcher import GRPC_PORT, NodeProcess, Placement, all_don
 from dfl_node.testbed.netns import list_namespaces
 from dfl_node.testbed.sites import SitesTopology
 from tests.chaos import durable_states, expected_fingerprint
-from tests.conftest import running_daemons, simulated
+from tests.helpers.fleet import running_daemons, simulated
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]

@@ -20,7 +20,7 @@ import pytest
 from dfl_node.testbed.namespaces import run_inside
 from dfl_node.testbed.netns import _STALE, NetnsHost, list_namespaces
 from dfl_node.testbed.sites import SitesTopology
-from tests.conftest import error_lines, invoke
+from tests.helpers.cli import error_lines, invoke
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]

@@ -19,8 +19,8 @@ import pytest
 from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.testbed.launcher import NodeProcess, wait_until
 from dfl_node.testbed.netns import NetnsTopology, delete_namespace, list_namespaces, node_environment, read_env_file
-from tests.conftest import FLEET
-from tests.test_testbed_cli import summary_rounds
+from tests.helpers.cli import summary_rounds
+from tests.helpers.fleet import FLEET
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
@@ -103,7 +103,7 @@ def readme_netns_testbed() -> list[str]:
 
 
 def test_the_readme_netns_testbed_command_finishes(tmp_path: Path) -> None:
-    """Issue 18: the README's command failed after 600 s with every node "not answering" (its REST API on
+    """The README's command once failed after 600 s with every node "not answering" (its REST API on
     127.0.0.1 inside each namespace, polled at 10.77.0.N) although every node had finished its rounds."""
     args = readme_netns_testbed()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}

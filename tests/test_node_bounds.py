@@ -1,4 +1,4 @@
-"""What a peer can make a node keep or write (issue 13): refusals counted durably, logs rate-limited,
+"""What a peer can make a node keep or write: refusals counted durably, logs rate-limited,
 garbage requests refused without a traceback, a bounded history, a bounded peer table."""
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon
 from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import node_config, until
+from tests.helpers.fleet import fleet_node_config
+from tests.helpers.waiting import until
 
 
 def config_for(shards: Path, state: Path, **settings: object) -> NodeConfig:
     base = dict(id="node-0", data=shards / "node-0", grpc_port=free_port(), http_port=0, mdns=False,
                 swarm=f"bounds-{uuid.uuid4().hex[:6]}", state_dir=state, evaluate=False, mode="async",
                 interval=3600.0)  # no exchanges: these tests watch the node itself
-    return node_config(**{**base, **settings})
+    return fleet_node_config(**{**base, **settings})
 
 
 class Running:

@@ -3,15 +3,9 @@ Hello or transfer is refused with a reason counted in /status.rejected, and the 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import pickle
 import threading
-import uuid
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import httpx
@@ -19,99 +13,12 @@ import pytest
 
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.algorithms import Role
-from dfl_node.algorithms.messages import ModelMessage, parts_from_state
-from dfl_node.learning.models import build_model
-from dfl_node.net.client import open_transfer
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.server import start_server
-from dfl_node.node.daemon import Node
-from dfl_node.service.run import run_node
-from dfl_node.service.wiring import Daemon
-from dfl_node.testbed.launcher import free_port
-from tests.codec_helpers import frames_of
-from tests.conftest import node_config, order, until
-
-
-@dataclass
-class Target:
-    node: Node
-    stub: pb_grpc.DflNodeStub
-    url: str
-
-    async def rejected(self) -> dict[str, int]:
-        async with httpx.AsyncClient(trust_env=False) as http:
-            return (await http.get(f"{self.url}/status")).json()["rejected"]
-
-    async def expect(self, sender: str = "stranger", round_: int = 0) -> None:
-        """Make the node the aggregator of a group of ``round_`` whose one sender is ``sender`` (as a holder
-        would). A node plays each round once: after a fusion, the next group must be of a later round."""
-        ack = await self.node.roles.play(order(round=round_, role="aggregator", aggregator=self.node.config.id,
-                                               senders=(sender,), deadline_s=30))
-        assert ack.ok and ack.reason != "already_played", ack
-
-    async def transfer(self, frames: Iterable[pb.Frame]) -> pb.TransferResult:
-        """Send raw frames with the node's own client path and return the receiver's verdict."""
-        result, call, _ = await open_transfer(self.stub.Transfer, frames, timeout=10)
-        call.cancel()
-        return result
-
-    def message(self, seed: int = 99, round_: int = 0) -> ModelMessage:
-        cfg = self.node.config
-        model = build_model(cfg.learning.model, (1, 8, 8), 10, hidden=cfg.learning.hidden, seed=seed)
-        return ModelMessage(sender="stranger", round=round_, purpose="defkt.model", num_samples=100,
-                            parts=parts_from_state(model.state_dict()), model=self.node.identity.model)
-
-    def frames(self, chunk_size: int = 4096, round_: int = 0) -> list[pb.Frame]:
-        return frames_of(self.message(round_=round_), chunk_size, swarm=self.node.config.swarm,
-                         fingerprint=self.node.identity.fingerprint)
-
-
-@contextlib.asynccontextmanager
-async def targeted(fleet_shards: Path, tmp_path: Path, **settings: object) -> AsyncIterator[Target]:
-    """A real node on gRPC and REST, ``settings`` given (flat keys), and a stub that reaches it."""
-    config = node_config(**{
-        "id": "node-0", "data": fleet_shards / "node-0", "test_data": fleet_shards / "test.safetensors",
-        "grpc_port": free_port(), "http_port": free_port(), "mdns": False, "swarm": f"hostile-{uuid.uuid4().hex[:6]}",
-        "state_dir": tmp_path / "state", **settings})
-    served = Daemon.build(config)
-    node = served.node
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_node(served, stop))
-    await node.ready.wait()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{config.network.grpc_port}",
-                                        options=[("grpc.max_send_message_length", 64 << 20)])
-    try:
-        yield Target(node, pb_grpc.DflNodeStub(channel), f"http://127.0.0.1:{config.api.http_port}")
-    finally:
-        await channel.close()
-        stop.set()
-        await task
-
-
-@pytest.fixture
-async def target(fleet_shards: Path, tmp_path: Path) -> AsyncIterator[Target]:
-    async with targeted(fleet_shards, tmp_path) as found:
-        yield found
-
-
-async def assert_still_serving(t: Target) -> None:
-    """A genuine model is still accepted and fused after the attack."""
-    before = t.node.tally.counters["fusions"]
-    round_ = t.node.progress.played + 1  # the next round this node has not played
-    await t.expect(round_=round_)
-    verdict = await t.transfer(t.frames(round_=round_))
-    assert verdict.accepted, verdict
-    await t.node.roles.settled()  # the verdict comes once the model is validated; fusing follows
-    assert t.node.tally.counters["fusions"] == before + 1
-    assert t.node.roles.role.value == "idle" and t.node.history()[-1].event == "fusion"
-
-
-def _hello(t: Target, **changes: object) -> pb.HelloRequest:
-    fields = dict(protocol_version=PROTOCOL_VERSION, swarm=t.node.config.swarm, node_id="stranger",
-                  fingerprint=t.node.identity.fingerprint, algorithm="defkt", grpc_address="127.0.0.1:1", boot_id="b",
-                  model=t.node.identity.model, sample_shape=[1, 8, 8], num_classes=10)
-    return pb.HelloRequest(**{**fields, **changes})
+from tests.helpers.codec import frames_of
+from tests.helpers.hostile import Target, assert_still_serving, stranger_hello
+from tests.helpers.nodes import order
+from tests.helpers.waiting import until
 
 
 @pytest.mark.parametrize(("change", "reason"), [
@@ -127,7 +34,7 @@ def _hello(t: Target, **changes: object) -> pb.HelloRequest:
     ({"fingerprint": "0" * 64, "num_classes": 3}, "num_classes_mismatch"),
 ])
 async def test_incompatible_peer_is_refused_at_hello(target: Target, change: dict, reason: str) -> None:
-    reply = await target.stub.Hello(_hello(target, **change), timeout=5)
+    reply = await target.stub.Hello(stranger_hello(target, **change), timeout=5)
     assert not reply.accepted and reply.reason == reason
     assert (await target.rejected()) == {reason: 1}
     async with httpx.AsyncClient(trust_env=False) as http:
@@ -136,7 +43,7 @@ async def test_incompatible_peer_is_refused_at_hello(target: Target, change: dic
                                                                                     "127.0.0.1:1")
     table = target.node.membership.table
     assert "stranger" not in table.peers and "stranger" not in table.pending
-    ok = await target.stub.Hello(_hello(target), timeout=5)
+    ok = await target.stub.Hello(stranger_hello(target), timeout=5)
     assert ok.accepted and "stranger" in table.pending  # a peer only once it answers a Hello of ours
 
 
@@ -185,7 +92,7 @@ def _pickle_dtype(f: list[pb.Frame]) -> list[pb.Frame]:
 
 
 def _unknown_hash(f: list[pb.Frame]) -> list[pb.Frame]:
-    """A header naming a hash the node never offered (issue 21): refused at the header, with its name."""
+    """A header naming a hash the node never offered: refused at the header, with its name."""
     header = pb.TransferHeader()
     header.CopyFrom(f[0].header)
     header.hash = "md5"
@@ -318,7 +225,7 @@ async def test_standard_grpc_services_refuse_garbage_without_a_traceback(
         assert {code for (path, _), code in codes.items() if path == REFLECTION} == {grpc.StatusCode.UNIMPLEMENTED}
         assert _tracebacks(caplog) == []
         assert (await target.rejected()) == {"undecodable": 3 * len(GARBAGE)}
-        reply = await target.stub.Hello(_hello(target), timeout=5)  # and the node still serves
+        reply = await target.stub.Hello(stranger_hello(target), timeout=5)  # and the node still serves
         assert reply.accepted
     finally:
         await channel.close()

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from dfl_node.algorithms import Role
 from dfl_node.node.daemon import Node
-from tests.conftest import daemon
+from tests.helpers.fleet import daemon
 
 
 def _node(shards: Path, state: Path) -> Node:
@@ -75,7 +75,7 @@ async def test_a_volunteer_stopped_while_inviting_gives_its_role_back(fleet_shar
 
 @pytest.mark.asyncio
 async def test_a_role_that_fails_leaves_the_model_as_its_checkpoint_has_it(fleet_shards: Path, tmp_path: Path) -> None:
-    """Issue 21: a role no longer copies the model before it starts (a second model in memory for the whole
+    """A role no longer copies the model before it starts (a second model in memory for the whole
     role); a role that does not complete reads the models back from the newest checkpoint."""
     node = _node(fleet_shards, tmp_path / "state")
     assert node.learner.checkpoint.generation is None  # a new node writes nothing until it serves (or a role starts)

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from codec_helpers import FP, SWARM, frames_of, make_msg, make_state
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.client import PeerClient
@@ -25,6 +24,7 @@ from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.wire import WireIdentity
 from dfl_node.peering.errors import TransferRefused
 from dfl_node.peering.messages import PullRequest
+from tests.helpers.codec import FP, SWARM, frames_of, make_msg, make_state
 
 
 class LingeringPeer(pb_grpc.DflNodeServicer):

@@ -1,4 +1,4 @@
-"""`dfl-node plot` of async runs (issue 20): drawn against the seconds since they started (or the fleet's fusions
+"""`dfl-node plot` of async runs: drawn against the seconds since they started (or the fleet's fusions
 where a result has no times), never against "rounds" they did not have; round and async runs each in their own
 row of panels; legend labels that name the mode and leave out settings a run's mode ignored (the testbed's
 default rounds=20 of a run that ran for --duration). The figures are inspected as objects, on Agg."""

@@ -1,8 +1,8 @@
-"""A user's own model and algorithm as plugins (issue 31): installed through entry points, or named as
+"""A user's own model and algorithm as plugins: installed through entry points, or named as
 ``package.module:factory``; a node builds a peer's model only from what is installed here, and a peer whose model
 or algorithm is not installed here is refused at Hello (``unknown_model``, ``unknown_algorithm``), visibly.
 
-The plugin is a throwaway package the test installs for real (:mod:`tests.plugin_helpers`): a ``*.dist-info``
+The plugin is a throwaway package the test installs for real (:mod:`tests.helpers.plugins`): a ``*.dist-info``
 beside the package on ``sys.path`` (this process: the simulator) and ``PYTHONPATH`` (the daemons).
 """
 
@@ -23,8 +23,9 @@ from safetensors.torch import load_file
 
 from dfl_node.learning.models import ModelSpec
 from dfl_node.testbed.launcher import Placement, all_done, plan_fleet, wait_until
-from tests.conftest import FLEET, error_lines, invoke, loopback_fleet, running_daemons, simulated
-from tests.plugin_helpers import install_plugin
+from tests.helpers.cli import error_lines, invoke
+from tests.helpers.fleet import FLEET, loopback_fleet, running_daemons, simulated
+from tests.helpers.plugins import install_plugin
 
 
 def _on_pythonpath(folder: Path) -> str:

@@ -1,4 +1,4 @@
-"""Well-formed but poisoned models (issue 13): NaN/Inf weights, and models below an accuracy floor.
+"""Well-formed but poisoned models: NaN/Inf weights, and models below an accuracy floor.
 
 The codec cannot see them (the bytes match the header and its sha256) and neither can the algorithm
 (the right purpose, architecture and tensors), so before this check a NaN model was accepted, fused
@@ -16,8 +16,8 @@ import torch
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
 from dfl_node.net.client import open_transfer
-from tests.codec_helpers import frames_of
-from tests.test_node_hostile import Target, assert_still_serving, target  # noqa: F401  (the fixture)
+from tests.helpers.codec import frames_of
+from tests.helpers.hostile import Target, assert_still_serving
 
 
 def poisoned(t: Target, value: float) -> ModelMessage:
@@ -31,7 +31,7 @@ def poisoned(t: Target, value: float) -> ModelMessage:
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
-async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target, value: float) -> None:  # noqa: F811 - the fixture
+async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target, value: float) -> None:
     node = target.node
     digest, history = node.learner.digest, len(node.history())
     await target.expect()
@@ -47,7 +47,7 @@ async def test_a_non_finite_model_is_refused_and_changes_nothing(target: Target,
     await assert_still_serving(target)
 
 
-async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target) -> None:  # noqa: F811 - the fixture
+async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target) -> None:
     """An untrained model (about 10 % on digits) passes with the gate off and is refused with a floor of 0.5."""
     node = target.node
     node.config.roles.min_accuracy = 0.5
@@ -61,8 +61,8 @@ async def test_the_accuracy_gate_refuses_a_model_below_the_floor(target: Target)
     await assert_still_serving(target)
 
 
-async def test_the_norm_bound_refuses_a_sign_flipped_model_once_its_group_is_in(target: Target) -> None:  # noqa: F811 - the fixture
-    """Over real gRPC (issue 34): the transfer is accepted whole, then screened with its group; its stream ends
+async def test_the_norm_bound_refuses_a_sign_flipped_model_once_its_group_is_in(target: Target) -> None:
+    """Over real gRPC: the transfer is accepted whole, then screened with its group; its stream ends
     ABORTED with the reason, the refusal is counted once, the model is untouched, and the node keeps serving."""
     node = target.node
     node.config.defences.norm_bound = 0.5

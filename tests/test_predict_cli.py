@@ -21,13 +21,13 @@ import torch
 from dfl_node.learning.datasets import load_shard
 from dfl_node.node.daemon import Node
 from dfl_node.testbed.launcher import free_port
-from tests.test_startup_errors import node_config, running
+from tests.helpers.nodes import quiet_node_config, running
 
 
 @contextlib.asynccontextmanager
 async def running_node(shards: Path, state: Path) -> AsyncIterator[Node]:
     """A node of the test fleet in this process, its REST API on a free port."""
-    async with running(node_config(shards, state, http_port=free_port())) as node:
+    async with running(quiet_node_config(shards, state, http_port=free_port())) as node:
         yield node
 
 

@@ -37,7 +37,7 @@ from dfl_node.records.metrics import NodeMetrics
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
-from tests.conftest import FLEET, daemon
+from tests.helpers.fleet import FLEET, daemon
 
 SAMPLES, BATCH = 24, 8
 DP = dict(batch_size=BATCH, mkt_batch_size=BATCH, lr=0.1, momentum=0.5, dp_noise=1.0, dp_clip=0.01)

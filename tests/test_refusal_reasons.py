@@ -1,4 +1,4 @@
-"""The refusal reasons a node counts (issue 34): one catalogue the code cannot outgrow, exported at 0 in /metrics
+"""The refusal reasons a node counts: one catalogue the code cannot outgrow, exported at 0 in /metrics
 before the first refusal, and /metrics' OpenAPI description naming the exposition format its header says."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dfl_node.node.compatibility import REASONS as HELLO_REASONS
 from dfl_node.peering.errors import UNCOUNTED_REFUSALS
 from dfl_node.peering.reasons import REASONS
 from dfl_node.records.metrics import NodeMetrics
-from tests.test_api import client, make_status, node  # noqa: F401  (client, node: the fixtures)
+from tests.helpers.rest import make_status
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dfl_node"
 # Where the code names a reason it counts (or answers, and the answering network counts) as a string literal.
@@ -53,7 +53,7 @@ def test_metrics_export_every_known_reason_from_zero() -> None:
     assert counts == {**dict.fromkeys(REASONS, 0.0), "norm_bound": 3.0}
 
 
-async def test_the_openapi_description_names_the_format_the_header_says(client: httpx.AsyncClient) -> None:  # noqa: F811
+async def test_the_openapi_description_names_the_format_the_header_says(client: httpx.AsyncClient) -> None:
     header = (await client.get("/metrics")).headers["content-type"]
     version = re.search(r"version=([\d.]+)", header)
     assert version is not None

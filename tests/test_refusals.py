@@ -9,17 +9,17 @@ import logging
 import httpx
 import pytest
 
-from tests.test_node_hostile import Target, _hello, target  # noqa: F401 - the fixture
+from tests.helpers.hostile import Target, stranger_hello
 
 STRANGERS = 50
 
 
 async def test_a_flood_of_refused_strangers_is_bounded_in_status_and_in_the_log(
-        target: Target, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811 - the fixture
+        target: Target, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, "dfl_node.node.refusals")
     for i in range(STRANGERS):
-        reply = await target.stub.Hello(_hello(target, node_id=f"stranger-{i:02d}", fingerprint="0" * 64,
-                                               sample_shape=[5]), timeout=5)
+        reply = await target.stub.Hello(stranger_hello(target, node_id=f"stranger-{i:02d}", fingerprint="0" * 64,
+                                                       sample_shape=[5]), timeout=5)
         assert (reply.accepted, reply.reason) == (False, "sample_shape_mismatch")
     async with httpx.AsyncClient(trust_env=False) as http:
         status = (await http.get(f"{target.url}/status")).json()
@@ -28,5 +28,5 @@ async def test_a_flood_of_refused_strangers_is_bounded_in_status_and_in_the_log(
     assert kept == [f"stranger-{i:02d}" for i in range(STRANGERS - 32, STRANGERS)]  # the newest 32
     lines = [r.getMessage() for r in caplog.records if "at hello" in r.getMessage()]
     assert len(lines) == 10 and all("refused stranger-" in line for line in lines)  # 10 a minute, then silence
-    ok = await target.stub.Hello(_hello(target), timeout=5)
+    ok = await target.stub.Hello(stranger_hello(target), timeout=5)
     assert ok.accepted

@@ -1,4 +1,4 @@
-"""Relays (issue 45): nodes that peers cannot dial are reached through a member that peers can, on loopback.
+"""Relays: nodes that peers cannot dial are reached through a member that peers can, on loopback.
 
 - Four daemons under the swarm key or mutual TLS, two of them relayed (``--relay``, each by another relay), learn bit
   for bit as the simulator's fleet on one LAN does: every Hello, probe, role, token and model of the relayed nodes
@@ -34,16 +34,16 @@ from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.relay import MAGIC, RelayServer, Tunnels, pump
 from dfl_node.net.swarm_tls import read_swarm_keys, swarm_tls
 from dfl_node.testbed.launcher import Placement, all_done, free_port, plan_fleet, wait_until
-from tests.conftest import FLEET, running_daemons, simulated, until
-from tests.test_auth import pki  # noqa: F401  (the fixture)
-from tests.test_startup_errors import node_config, running
+from tests.helpers.fleet import FLEET, running_daemons, simulated
+from tests.helpers.nodes import quiet_node_config, running
+from tests.helpers.waiting import until
 
 RELAYED = {"node-1": 0, "node-3": 2}  # relayed node → the node that relays it (by index)
 UNSERVED = "127.0.0.1:9"  # the discard port: nothing listens there
 
 
 @pytest.mark.parametrize("security", ["swarm-key", "mtls"])
-def test_relayed_nodes_learn_bit_for_bit_as_on_one_lan(fleet_shards: Path, pki: Path, tmp_path: Path,  # noqa: F811
+def test_relayed_nodes_learn_bit_for_bit_as_on_one_lan(fleet_shards: Path, pki: Path, tmp_path: Path,
                                                         security: str) -> None:
     config = FLEET.model_copy(update={"rounds": 10})
     key = new_secret(tmp_path / "swarm.key")
@@ -144,9 +144,9 @@ async def test_a_relay_sees_only_tls_and_a_stranger_gets_neither_a_slot_nor_the_
     relay_at = f"127.0.0.1:{ports[0]}"
 
     def config(node_id: str, **changes: object):  # noqa: ANN202
-        return node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id,
-                           grpc_port=ports[int(node_id[-1])], swarm_key_file=key, mode="async", interval=0.5,
-                           **changes)
+        return quiet_node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id,
+                                 grpc_port=ports[int(node_id[-1])], swarm_key_file=key, mode="async", interval=0.5,
+                                 **changes)
 
     async with running(config("node-0")) as relay, running(config("node-1", peers=[relay_at], relay=relay_at)) as b:
         await until(lambda: b.reach.state == "relayed" and relay.membership.alive_ids() == ["node-1"],

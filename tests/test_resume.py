@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from codec_helpers import FP, SWARM, assembler, make_msg
-from test_codec import assert_same_parts
 
 from dfl_node.algorithms.plan import Group, Step
 from dfl_node.net.codec import TransferRejected, copy_header, prepare
@@ -21,6 +19,7 @@ from dfl_node.peering.messages import Offer
 from dfl_node.peering.resume import Resume, chunk_size
 from dfl_node.sim.clock import VirtualClock, run_virtual
 from dfl_node.sim.network import payload_key
+from tests.helpers.codec import FP, SWARM, assembler, assert_same_parts, make_msg
 
 
 def read(frames: list) -> list:

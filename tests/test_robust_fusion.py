@@ -1,4 +1,4 @@
-"""The robust fusion math and the attacks, as plain functions (issue 34), against hand-computed values."""
+"""The robust fusion math and the attacks, as plain functions, against hand-computed values."""
 
 from __future__ import annotations
 

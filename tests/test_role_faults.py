@@ -1,4 +1,4 @@
-"""A node's roles under the faults issue 18 found: real :class:`Node` objects, real gRPC servers on loopback.
+"""A node's roles under the faults a fleet once met: real :class:`Node` objects, real gRPC servers on loopback.
 
 * A round played again ends as an unfailed one would: a role that does not complete puts the node's
   models back (an aggregator's own local training, a sender's training in place), so the replay starts
@@ -28,7 +28,8 @@ from dfl_node.net.server import start_server
 from dfl_node.node.daemon import Node
 from dfl_node.node.orders import Order
 from dfl_node.peering.messages import Assignment, HelloReply, Progress
-from tests.conftest import daemon, order
+from tests.helpers.fleet import daemon
+from tests.helpers.nodes import order
 
 
 def make_node(shards: Path, state: Path, node_id: str, algorithm: str, **settings: object) -> Node:

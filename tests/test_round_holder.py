@@ -25,7 +25,7 @@ from dfl_node.node.tally import Tally
 from dfl_node.peering.messages import Ack, HelloReply, Progress, Token
 from dfl_node.records.metrics import NodeMetrics
 from dfl_node.settings.node import MembershipSettings, ScheduleSettings
-from tests.conftest import FLEET
+from tests.helpers.fleet import FLEET
 
 MEMBERS = ["node-0", "node-1", "node-2", "node-3"]
 

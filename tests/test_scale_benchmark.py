@@ -1,8 +1,8 @@
-"""benchmarks/scale.py (issue 21) at tiny scale: 3 daemons, a few seconds each of idle and of work.
+"""benchmarks/scale.py at tiny scale: 3 daemons, a few seconds each of idle and of work.
 
 Why: the benchmark is a 5-minute, 16-daemon run that nobody starts casually, so without this a change to the
 testbed's helpers or to ``/status`` could break it unnoticed. Here both of its fleets start, discover each
-other, the run fuses, and the JSON carries every figure the issue asks for. The figures themselves (RSS,
+other, the run fuses, and the JSON carries every figure the benchmark reports. The figures themselves (RSS,
 CPU) are not asserted: this is a shared 2-core machine; only that they were measured.
 """
 

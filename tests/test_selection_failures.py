@@ -1,4 +1,4 @@
-"""Issue 11's failure cases: a selection candidate that never answers its probe (the daemon's own nodes on the
+"""Peer selection's failure cases: a selection candidate that never answers its probe (the daemon's own nodes on the
 in-memory network and the virtual clock), and a pull source that dies mid-stream (real daemons: a gRPC stream
 that breaks). Each must leave the fleet running.
 
@@ -29,8 +29,8 @@ from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.fleet import BASE_PORT
 from dfl_node.testbed.launcher import NodeProcess, Placement, free_port, plan_fleet, stop_all, wait_until
-from tests.conftest import FLEET, virtual_fleet
 from tests.fake_peer import FakeNode
+from tests.helpers.fleet import FLEET, virtual_fleet
 
 pytestmark = pytest.mark.slow
 FAKE = "node-3"  # sorts after the real node-0..node-2

@@ -31,7 +31,7 @@ from dfl_node.service.run import _listen, run_node
 from dfl_node.service.wiring import Daemon
 from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import node_config
+from tests.helpers.fleet import fleet_node_config
 
 ROUNDS = 6
 
@@ -39,7 +39,7 @@ ROUNDS = 6
 def config(shards: Path, state: Path, node_id: str, **changes: object) -> NodeConfig:
     settings = dict(id=node_id, data=shards / node_id, grpc_port=free_port(), http_port=free_port(), mdns=False,
                     state_dir=state / node_id, evaluate=False, heartbeat=0.2, token_timeout=1.0, rounds=0)
-    return node_config(**{**settings, **changes})
+    return fleet_node_config(**{**settings, **changes})
 
 
 async def test_predict_answers_what_the_trained_model_gives_in_process(fleet_shards: Path, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Async mode on the daemon's own nodes, in one process on the virtual clock (issue 19): no global clock, each
+"""Async mode on the daemon's own nodes, in one process on the virtual clock: no global clock, each
 node volunteers, invites (or pulls, or probes and binds), fuses at most one group at a time, and goes on until
 its ``duration`` of virtual seconds is over. These were real-daemon tests of one to two minutes of wall time
 each; gRPC, mDNS and real processes in async mode stay covered by the real kill -9 storm (tests/test_faults.py).
@@ -15,7 +15,7 @@ import pytest
 
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.links import LinkProfile
-from tests.conftest import FLEET, virtual_fleet
+from tests.helpers.fleet import FLEET, virtual_fleet
 
 STEP_S = 0.01  # virtual seconds per training step: a fusion takes a while, so volunteers meet busy peers
 

@@ -1,4 +1,4 @@
-"""One failure each (issues 13 and 18), pinned: the daemon's own nodes in one process, on the in-memory network
+"""One failure each, pinned: the daemon's own nodes in one process, on the in-memory network
 and the virtual clock (:class:`~dfl_node.sim.fleet.VirtualFleet`), killed at the moment each case names. Training
 steps cost virtual time (``STEP_S``), so a node is caught mid-training or mid-fusion for certain, and each run
 is the same every time. The invariants are read from what the nodes made durable (:mod:`dfl_node.sim.ledger`).
@@ -24,7 +24,8 @@ from dfl_node.sim.fleet import VirtualFleet
 from dfl_node.sim.ledger import Ledger, completed_rounds
 from dfl_node.sim.links import LinkProfile
 from tests.chaos import HISTORY_LIMIT, SEED, STALL_BOUND, TIMEOUTS, stall_bound
-from tests.conftest import FLEET, until, virtual_fleet
+from tests.helpers.fleet import FLEET, virtual_fleet
+from tests.helpers.waiting import until
 
 STEP_S = 0.05  # virtual seconds per training step: a round's training and fusion take seconds
 Script = Callable[[VirtualFleet], Awaitable[list[float]]]  # plays the case's kills; returns when each happened
@@ -65,7 +66,7 @@ def kill_and_restart(fleet: VirtualFleet, node: Node, after: float = 0.5) -> flo
 
 
 def test_a_round_whose_sender_died_before_its_transfer_is_played_again(fleet_shards: Path, tmp_path: Path) -> None:
-    """Issue 13: "pairing … did not complete" and the holder moved on, so the round had no fusion at all. The
+    """Once "pairing … did not complete" and the holder moved on, so the round had no fusion at all. The
     sender (not the holder: the token would die with it) is killed while it trains, before it transfers."""
     async def script(fleet: VirtualFleet) -> list[float]:
         sender = await first(fleet, lambda n: n.roles.role is Role.SENDER and not n.progress.holding)
@@ -78,7 +79,7 @@ def test_a_round_whose_sender_died_before_its_transfer_is_played_again(fleet_sha
 
 @pytest.mark.parametrize("mode", ["round", "async"])
 def test_an_aggregator_killed_after_accepting_loses_no_model(fleet_shards: Path, tmp_path: Path, mode: str) -> None:
-    """Issue 13: a receiver answered "accepted" and died before its fusion was durable; its sender (and in round
+    """A receiver once answered "accepted" and died before its fusion was durable; its sender (and in round
     mode the holder) counted the exchange as done. The kill lands while it fuses."""
     async def script(fleet: VirtualFleet) -> list[float]:
         return [kill_and_restart(fleet, await first(fleet, lambda n: n.roles.fusing))]
@@ -94,7 +95,7 @@ def test_an_aggregator_killed_after_accepting_loses_no_model(fleet_shards: Path,
 
 
 def test_a_restarted_lowest_node_regenerates_from_the_fleets_round(fleet_shards: Path, tmp_path: Path) -> None:
-    """Issue 13: a restarted node resumed one round behind the others and regenerated the token from there, so
+    """A restarted node once resumed one round behind the others and regenerated the token from there, so
     rounds ran twice. node-0 (the lowest id, so the one that regenerates) and the holder are killed together,
     when node-0's checkpoint is behind the fleet; token_timeout is longer than their restart, so node-0 is back
     before anyone else would act."""
@@ -113,7 +114,7 @@ def test_a_restarted_lowest_node_regenerates_from_the_fleets_round(fleet_shards:
 
 def test_members_killed_in_turn_neither_stall_the_token_nor_repeat_a_round(fleet_shards: Path,
                                                                           tmp_path: Path) -> None:
-    """Issue 13: after a crash the fleet stalled (67 s) with nobody regenerating the token, and for a moment
+    """After a crash the fleet once stalled (67 s) with nobody regenerating the token, and for a moment
     three nodes showed "holder". A member that is neither the holder nor next in turn is killed at a random
     moment and restarted, three times."""
     rng = random.Random(SEED)

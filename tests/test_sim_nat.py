@@ -1,4 +1,4 @@
-"""Nodes behind NAT in the simulator (issue 45): a device class with ``nat: true`` serves where nobody can dial it.
+"""Nodes behind NAT in the simulator: a device class with ``nat: true`` serves where nobody can dial it.
 Each such node finds that out (dial-backs that fail), holds a slot on a reachable member chosen by rendezvous hashing,
 and is reached through it for everything — the daemon's own code (:mod:`dfl_node.node.reach`) over the memory
 network, whose fabric routes calls to a slot through its relay and counts what the relay carries.

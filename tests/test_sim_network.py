@@ -1,4 +1,4 @@
-"""Real :class:`Node` objects on the in-memory peer network and a virtual clock, in one process (issue 19).
+"""Real :class:`Node` objects on the in-memory peer network and a virtual clock, in one process.
 
 The nodes are the daemon's own (round scheduler, roles, collector, checkpoints), with static peers and no mDNS;
 only their two ports differ: :class:`~dfl_node.sim.network.MemoryFabric` instead of gRPC, and a
@@ -25,7 +25,8 @@ from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.experiment import run_fleet
 from dfl_node.sim.fleet import VirtualFleet
 from dfl_node.sim.links import LinkProfile
-from tests.conftest import FLEET, simulated, until, virtual_fleet
+from tests.helpers.fleet import FLEET, simulated, virtual_fleet
+from tests.helpers.waiting import until
 
 ROUNDS = 3
 
@@ -106,7 +107,7 @@ def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_vir
 
 
 def test_nodes_that_evaluate_on_the_schedule_draw_the_simulators_curve(fleet_shards: Path, tmp_path: Path) -> None:
-    """Issue 21: a node evaluated after every change, which cost more than a round where the test set is large.
+    """A node once evaluated after every change, which cost more than a round where the test set is large.
     Now only the models that stand at the curve's points are evaluated — once each, a model off the schedule
     just before a later role replaces it — and the curve is still that of nodes evaluated every round, value
     for value."""

@@ -1,7 +1,7 @@
 """benchmarks/sim_speed.py's before/after machinery on a tiny setting, so that README's benchmark
 command cannot silently stop running again.
 
-Why: the benchmark times the tree before issue 10 (a temporary ``git worktree`` of an old commit)
+Why: the benchmark times an older tree (a temporary ``git worktree`` of an old commit)
 against this one, each in a child process that must import ``dfl_node`` from its own tree. It once
 died in the old tree's pass, because the editable install of another checkout served it the newer
 ``dfl_node.settings.loading`` (``'ExperimentConfig' object has no attribute 'unusable_here'``), and no

@@ -1,4 +1,4 @@
-"""Deterministic fault storms (issue 19): the daemon's own nodes in one process, on the in-memory network and the
+"""Deterministic fault storms: the daemon's own nodes in one process, on the in-memory network and the
 virtual clock (:func:`dfl_node.sim.experiment.run_fleet`), through 20 seeded kill -9s and a partition each —
 token holders, aggregators mid-fusion, senders, restarts faster than ``peer_timeout`` and slower — then a slow,
 lossy link and a slow node, over many seeds. Every invariant is read from what the nodes made durable
@@ -30,7 +30,7 @@ STORM_FILE = Path(__file__).parent.parent / "experiments" / "sim_storm.yaml"  # 
 STORM = load_config(ExperimentConfig, STORM_FILE, {})
 DURATION = 1500.0  # async mode: as long as the round-mode storm takes
 # Seeds per run: CI plays 6 round-mode storms and 2 async ones (~2 min of one core); DFL_STORM_SEEDS=50 plays
-# the full sweep the issue asked for (50 and 10; ~12 min), run by hand before a change to the node's fault paths.
+# the full sweep (50 and 10; ~12 min), run by hand before a change to the node's fault paths.
 ROUND_SEEDS = int(os.environ.get("DFL_STORM_SEEDS", "6"))
 ASYNC_SEEDS = max(2, ROUND_SEEDS // 5)
 

@@ -1,8 +1,8 @@
-"""Start-up is all-or-nothing (issue 8): every operator mistake at ``dfl-node start`` is one line on
+"""Start-up is all-or-nothing: every operator mistake at ``dfl-node start`` is one line on
 stderr and exit 1, and a failed start leaves nothing bound, announced, locked or written. A second
 node with the same ``--id`` is caught by the Hello handshake; a restarted node resumes against the
 rounds it is configured with now. A node that serves beyond loopback with no credentials starts only
-with ``--insecure`` (issue 18), and then says so.
+with ``--insecure``, and then says so.
 
 Tests that bind 0.0.0.0 must run in a private network namespace (``unshare -n``), as all daemon tests do.
 
@@ -13,14 +13,9 @@ a real ``dfl-node start``, is awaited as a subprocess).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import re
 import socket
-import sys
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -29,72 +24,16 @@ import pytest
 import zeroconf
 
 from dfl_node.errors import OperatorError
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.net.certs import new_secret
 from dfl_node.net.discovery import MdnsDiscovery
 from dfl_node.node.daemon import Node
 from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon
 from dfl_node.settings.node import NodeConfig
-from dfl_node.testbed.launcher import free_port, node_env
-from tests import conftest
+from dfl_node.testbed.launcher import free_port
+from tests.helpers.nodes import quiet_node_config, running, start_cli
 
-SWARM = f"startup-{uuid.uuid4().hex[:6]}"
-LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S* (DEBUG|INFO|WARNING|ERROR|CRITICAL) +\S+: ")
-EXIT_TIMEOUT = 40.0  # a node that should have refused to start is still running after this: it started
 NOT_HERE = "192.0.2.20"  # TEST-NET-1 (RFC 5737): never an address of this machine
-
-
-def node_config(shards: Path, state: Path, **changes: object) -> NodeConfig:
-    """A quiet node of the test fleet: no mDNS, no REST, no evaluation unless a test asks for them."""
-    settings = dict(id="node-0", data=shards / "node-0", grpc_port=free_port(), http_port=0, mdns=False, swarm=SWARM,
-                    state_dir=state, evaluate=False, heartbeat=0.2, token_timeout=0.5)
-    return conftest.node_config(**{**settings, **changes})
-
-
-@contextlib.asynccontextmanager
-async def running(config: NodeConfig) -> AsyncIterator[Node]:
-    """A node in this process, ready (or its start-up error raised), stopped on the way out."""
-    daemon, stop = Daemon.build(config), asyncio.Event()
-    node = daemon.node
-    task = asyncio.create_task(run_node(daemon, stop))
-    ready = asyncio.create_task(node.ready.wait())
-    try:
-        await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            task.result()
-        yield node
-    finally:
-        ready.cancel()
-        stop.set()
-        await task
-
-
-def start_env(config: NodeConfig) -> dict[str, str]:
-    """The environment of ``dfl-node start`` that runs ``config``: this one's, less its DFL_* variables, plus the
-    config's as DFL_* variables."""
-    learning = {*SharedSettings.model_fields, *AlgorithmOptions.model_fields}
-    node_settings = {k: v for k, v in config.flat(exclude_none=True).items() if k not in learning}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}
-    return env | node_env(config.learning, config.per_algorithm, **node_settings)
-
-
-async def start_cli(config: NodeConfig, **changes: str) -> tuple[int, list[str], str]:
-    """``dfl-node start`` with the config as DFL_* variables (``changes``: variables set afterwards, for a
-    setting no NodeConfig may hold): its exit status, the stderr lines that are not log records, and all of stderr."""
-    env = start_env(config) | changes
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "dfl_node", "start", env=env,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    try:
-        _, err = await asyncio.wait_for(proc.communicate(), EXIT_TIMEOUT)
-    except TimeoutError:
-        pytest.fail(f"dfl-node start still runs after {EXIT_TIMEOUT} s: it started despite the mistake")
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    text = err.decode()
-    return proc.returncode, [line for line in text.splitlines() if not LOG_RECORD.match(line)], text
 
 
 # ----------------------------------------------------------------------------- one line, exit 1
@@ -105,7 +44,7 @@ async def test_a_grpc_port_in_use_is_refused(fleet_shards: Path, tmp_path: Path)
     port = occupier.add_insecure_port("127.0.0.1:0")
     await occupier.start()
     try:
-        status, lines, text = await start_cli(node_config(fleet_shards, tmp_path / "state", grpc_port=port))
+        status, lines, text = await start_cli(quiet_node_config(fleet_shards, tmp_path / "state", grpc_port=port))
     finally:
         await occupier.stop(None)
     assert status == 1 and "serving" not in text
@@ -115,14 +54,14 @@ async def test_a_grpc_port_in_use_is_refused(fleet_shards: Path, tmp_path: Path)
 async def test_an_http_port_in_use_is_refused_before_anything_serves(fleet_shards: Path, tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as occupier:
         port = occupier.getsockname()[1]
-        config = node_config(fleet_shards, tmp_path / "state", http_port=port, mdns=True)
+        config = quiet_node_config(fleet_shards, tmp_path / "state", http_port=port, mdns=True)
         status, lines, text = await start_cli(config)
     assert status == 1 and "serving" not in text and "mDNS" not in text
     assert lines == [f"error: HTTP port 127.0.0.1:{port} is already in use (another node? choose --http-port)"]
 
 
 async def test_a_host_that_is_not_on_this_machine_is_refused(fleet_shards: Path, tmp_path: Path) -> None:
-    config = node_config(fleet_shards, tmp_path / "state", host=NOT_HERE, insecure=True)  # off loopback: said so
+    config = quiet_node_config(fleet_shards, tmp_path / "state", host=NOT_HERE, insecure=True)  # off loopback: said so
     status, lines, _ = await start_cli(config)
     assert status == 1
     assert lines == [f"error: cannot bind {NOT_HERE}:{config.network.grpc_port}: that address is not on this machine "
@@ -130,24 +69,24 @@ async def test_a_host_that_is_not_on_this_machine_is_refused(fleet_shards: Path,
 
 
 async def test_missing_shards_are_one_line(fleet_shards: Path, tmp_path: Path) -> None:
-    status, lines, _ = await start_cli(node_config(fleet_shards, tmp_path / "state", data=tmp_path / "none"))
+    status, lines, _ = await start_cli(quiet_node_config(fleet_shards, tmp_path / "state", data=tmp_path / "none"))
     assert status == 2  # input that cannot be used, as bad usage: nothing was started
     assert lines == [f"error: --data {tmp_path / 'none'}: no such file or folder"]
 
 
 async def test_a_state_dir_holds_one_node(fleet_shards: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    async with running(node_config(fleet_shards, state, evaluate=True)):  # evaluating w0 checkpoints it
+    async with running(quiet_node_config(fleet_shards, state, evaluate=True)):  # evaluating w0 checkpoints it
         assert (state / "model.safetensors").is_file()
-        second = node_config(fleet_shards, state, id="node-1", data=fleet_shards / "node-1")
+        second = quiet_node_config(fleet_shards, state, id="node-1", data=fleet_shards / "node-1")
         status, lines, text = await start_cli(second)
     assert status == 1
     assert lines == [f"error: state dir {state} is in use by another running node (pid {os.getpid()}); "
                      "give each node its own --state-dir"]
-    # issue 18: the lock comes before anything reads the state dir, so no "node-1 resuming at round 0
+    # the lock comes before anything reads the state dir, so no "node-1 resuming at round 0
     # (checkpoint in …)" line from another node's checkpoint precedes the error
     assert "resuming" not in text and "checkpoint" not in text, text
-    async with running(node_config(fleet_shards, state)) as again:  # released when the first node stopped
+    async with running(quiet_node_config(fleet_shards, state)) as again:  # released when the first node stopped
         assert again.ready.is_set()
 
 
@@ -156,10 +95,10 @@ async def test_a_state_dir_holds_one_node(fleet_shards: Path, tmp_path: Path) ->
 
 async def test_a_second_node_with_the_same_id_does_not_start(fleet_shards: Path, tmp_path: Path,
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    async with running(node_config(fleet_shards, tmp_path / "first")) as first:
+    async with running(quiet_node_config(fleet_shards, tmp_path / "first")) as first:
         with caplog.at_level(logging.ERROR):
-            status, lines, text = await start_cli(node_config(fleet_shards, tmp_path / "second", mdns=True,
-                                                              peers=[first.address]))
+            status, lines, text = await start_cli(quiet_node_config(fleet_shards, tmp_path / "second", mdns=True,
+                                                                    peers=[first.address]))
         assert first.tally.rejected == {"duplicate_id": 1}  # the running node reports the impostor's Hello…
         assert [r.levelno for r in caplog.records if "node-0" in r.getMessage()] == [logging.ERROR]
     assert status == 1 and "mDNS" not in text  # …and the impostor stops before it announces itself
@@ -169,8 +108,8 @@ async def test_a_second_node_with_the_same_id_does_not_start(fleet_shards: Path,
 
 async def test_a_duplicate_met_after_start_up_is_reported_once(fleet_shards: Path, tmp_path: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
-    async with running(node_config(fleet_shards, tmp_path / "a")) as a, \
-            running(node_config(fleet_shards, tmp_path / "b")) as b:
+    async with running(quiet_node_config(fleet_shards, tmp_path / "a")) as a, \
+            running(quiet_node_config(fleet_shards, tmp_path / "b")) as b:
         probes, enough, hello = 0, asyncio.Event(), a.membership.table.hello
 
         async def counted(address: str, timeout: float):  # noqa: ANN202
@@ -215,7 +154,7 @@ async def test_a_failed_start_up_leaves_nothing_behind(fleet_shards: Path, tmp_p
                                                        caplog: pytest.LogCaptureFixture, occupy, problem: str) -> None:
     occupier = occupy(monkeypatch)
     http_port = occupier.getsockname()[1] if occupier else free_port()
-    config = node_config(fleet_shards, tmp_path / "state", http_port=http_port, mdns=True, evaluate=True)
+    config = quiet_node_config(fleet_shards, tmp_path / "state", http_port=http_port, mdns=True, evaluate=True)
     try:
         with caplog.at_level(logging.INFO), pytest.raises(OperatorError, match=problem):
             async with running(config):
@@ -238,12 +177,12 @@ async def test_a_failed_start_up_leaves_nothing_behind(fleet_shards: Path, tmp_p
 async def test_done_is_recomputed_from_the_rounds_configured_now(fleet_shards: Path, tmp_path: Path,
                                                                  caplog: pytest.LogCaptureFixture,
                                                                  mode: str, rounds: int, done: bool) -> None:
-    finished = Daemon.build(node_config(fleet_shards, tmp_path, mode=mode, rounds=10)).node
+    finished = Daemon.build(quiet_node_config(fleet_shards, tmp_path, mode=mode, rounds=10)).node
     finished.progress.finish(10)
     await finished.save()
     finished.learner.checkpoint.lock.release()  # a Node holds its state dir from construction; this one never runs
     with caplog.at_level(logging.INFO):
-        again = Daemon.build(node_config(fleet_shards, tmp_path, mode=mode, rounds=rounds)).node
+        again = Daemon.build(quiet_node_config(fleet_shards, tmp_path, mode=mode, rounds=rounds)).node
     assert again.progress.round == 10 and again.progress.done is done
     if mode == "round" and rounds:
         assert f"resuming at round 10 of {rounds}" in caplog.text
@@ -265,9 +204,9 @@ async def test_a_finished_fleet_resumes_when_given_more_rounds(fleet_shards: Pat
     ports = [free_port(), free_port()]
 
     def fleet(rounds: int) -> list[Daemon]:
-        return [Daemon.build(node_config(fleet_shards, tmp_path / f"node-{i}", id=f"node-{i}",
-                                         data=fleet_shards / f"node-{i}", grpc_port=port,
-                                         peers=[f"127.0.0.1:{p}" for p in ports if p != port], rounds=rounds))
+        return [Daemon.build(quiet_node_config(fleet_shards, tmp_path / f"node-{i}", id=f"node-{i}",
+                                               data=fleet_shards / f"node-{i}", grpc_port=port,
+                                               peers=[f"127.0.0.1:{p}" for p in ports if p != port], rounds=rounds))
                 for i, port in enumerate(ports)]
 
     first = await run_until_finished(fleet(2))
@@ -298,7 +237,7 @@ def insecure_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def test_serving_beyond_loopback_without_credentials_is_refused(fleet_shards: Path, tmp_path: Path) -> None:
-    config = node_config(fleet_shards, tmp_path / "state", **EVERYWHERE, insecure=True)
+    config = quiet_node_config(fleet_shards, tmp_path / "state", **EVERYWHERE, insecure=True)
     status, lines, text = await start_cli(config, DFL_INSECURE="false")  # the operator did not say it
     assert status == 2 and "serving" not in text
     assert [line for line in lines if line.lower().startswith("error")] == [OPEN_REFUSED]
@@ -307,7 +246,7 @@ async def test_serving_beyond_loopback_without_credentials_is_refused(fleet_shar
 
 async def test_an_insecure_node_says_so_at_start_and_in_its_status(fleet_shards: Path, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    config = node_config(fleet_shards, tmp_path / "state", **EVERYWHERE, insecure=True, http_port=free_port())
+    config = quiet_node_config(fleet_shards, tmp_path / "state", **EVERYWHERE, insecure=True, http_port=free_port())
     with caplog.at_level(logging.INFO):
         async with running(config):
             status = await get_status(config)
@@ -319,7 +258,8 @@ async def test_an_insecure_node_says_so_at_start_and_in_its_status(fleet_shards:
 async def test_a_swarm_key_serves_beyond_loopback_without_the_flag(fleet_shards: Path, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     key = new_secret(tmp_path / "swarm.key")
-    config = node_config(fleet_shards, tmp_path / "state", **EVERYWHERE, swarm_key_file=key, http_port=free_port())
+    config = quiet_node_config(fleet_shards, tmp_path / "state", **EVERYWHERE, swarm_key_file=key,
+                               http_port=free_port())
     assert not config.network.insecure
     with caplog.at_level(logging.INFO):
         async with running(config):
@@ -329,7 +269,7 @@ async def test_a_swarm_key_serves_beyond_loopback_without_the_flag(fleet_shards:
 
 
 async def test_loopback_needs_no_flag_and_is_not_insecure(fleet_shards: Path, tmp_path: Path) -> None:
-    config = node_config(fleet_shards, tmp_path / "state", http_port=free_port())
+    config = quiet_node_config(fleet_shards, tmp_path / "state", http_port=free_port())
     assert (config.network.host, config.network.insecure) == ("127.0.0.1", False)
     async with running(config):
         assert (await get_status(config))["insecure"] is False

@@ -1,4 +1,4 @@
-"""Static peers (``--peer``) that do not answer are said, not accepted in silence (issue 18).
+"""Static peers (``--peer``) that do not answer are said, not accepted in silence.
 
 A real ``dfl-node start --peer nosuchhost.invalid:50051 --peer 127.0.0.1:PORT --no-mdns`` (nothing listens on
 PORT yet) must log, at WARNING, why each gets no answer (the name does not resolve; the port refuses
@@ -26,7 +26,7 @@ import pytest
 
 from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.testbed.launcher import free_port, node_env
-from tests.test_startup_errors import node_config, running
+from tests.helpers.nodes import quiet_node_config, running
 
 NOWHERE = "nosuchhost.invalid:50051"  # .invalid never resolves (RFC 2606)
 WITHIN = 15.0  # seconds: every wait of this module is for a log line that should come within a heartbeat or two
@@ -80,7 +80,7 @@ async def _unreachable(http_port: int) -> list[str]:
 
 async def test_an_unanswered_static_peer_is_logged_listed_and_retried(fleet_shards: Path, tmp_path: Path) -> None:
     late = f"127.0.0.1:{free_port()}"  # a node starts there later
-    config = node_config(fleet_shards, tmp_path / "a", http_port=free_port(), heartbeat=0.3, min_peers=2)
+    config = quiet_node_config(fleet_shards, tmp_path / "a", http_port=free_port(), heartbeat=0.3, min_peers=2)
     learning = {*SharedSettings.model_fields, *AlgorithmOptions.model_fields, "peers", "mdns"}
     settings = {k: v for k, v in config.flat(exclude_none=True).items() if k not in learning}
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFL_")}
@@ -96,8 +96,8 @@ async def test_an_unanswered_static_peer_is_logged_listed_and_retried(fleet_shar
         await stderr.wait_for(r"serving gRPC")
         assert await _unreachable(config.api.http_port) == sorted([NOWHERE, late])
 
-        b = node_config(fleet_shards, tmp_path / "b", id="node-1", data=fleet_shards / "node-1",
-                        grpc_port=int(late.rsplit(":", 1)[1]))
+        b = quiet_node_config(fleet_shards, tmp_path / "b", id="node-1", data=fleet_shards / "node-1",
+                              grpc_port=int(late.rsplit(":", 1)[1]))
         async with running(b):
             await stderr.wait_for(rf"static peer {re.escape(late)} answers now")
             assert await _unreachable(config.api.http_port) == [NOWHERE]  # still retried, still listed

@@ -17,7 +17,7 @@ from dfl_node.records.history import HistoryEntry
 from dfl_node.records.peers import PeerInfo
 from dfl_node.records.status import NodeStatus
 from dfl_node.records.urls import normalize_url, peer_url
-from tests.test_api import app_of
+from tests.helpers.rest import app_of
 
 
 class FakeNode:
@@ -160,7 +160,7 @@ def test_all_as_json(fleet, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_all_fits_80_columns_in_a_pipe_and_wide_shows_every_column(fleet, capsys: pytest.CaptureFixture[str],
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 20: piped or at 80 columns every cell of --all was "…", so a script polling it never saw "done"."""
+    """Piped or at 80 columns every cell of --all once was "…", so a script polling it never saw "done"."""
     monkeypatch.setenv("COLUMNS", "80")
     assert show_status(url_of(fleet["beta"]), all_peers=True) == 0
     lines = capsys.readouterr().out.splitlines()

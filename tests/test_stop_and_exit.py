@@ -1,4 +1,4 @@
-"""Stopping and batch use (issue 20): ``dfl-node stop STATE_DIR`` stops the node running there, as SIGTERM does
+"""Stopping and batch use: ``dfl-node stop STATE_DIR`` stops the node running there, as SIGTERM does
 (its state saved, its folder released), and ``--exit-when-done`` makes a node with ``--rounds`` exit 0 once the
 fleet is done, so it can be a batch job or a script step. Real daemons on loopback."""
 
@@ -12,7 +12,8 @@ import pytest
 from dfl_node.node.persistence import STATE_FILE
 from dfl_node.node.state_lock import StateLock
 from dfl_node.testbed.launcher import wait_until
-from tests.conftest import FLEET, error_lines, invoke, loopback_fleet
+from tests.helpers.cli import error_lines, invoke
+from tests.helpers.fleet import FLEET, loopback_fleet
 
 pytestmark = pytest.mark.slow
 

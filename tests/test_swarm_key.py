@@ -1,4 +1,4 @@
-"""The swarm key (issue 34): mutual TLS with a swarm CA derived from the key (:mod:`dfl_node.net.swarm_tls`), on
+"""The swarm key: mutual TLS with a swarm CA derived from the key (:mod:`dfl_node.net.swarm_tls`), on
 in-process nodes over real gRPC.
 
 - Every key holder derives the same CA; each node issues itself a fresh certificate at start, which passes the
@@ -31,8 +31,8 @@ from dfl_node.net.tls import TlsFiles, dns_names, load_tls
 from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
 from dfl_node.service.run import announcement
 from dfl_node.testbed.launcher import free_port
-from tests.test_auth import hello_from, until
-from tests.test_startup_errors import node_config, running
+from tests.helpers.nodes import hello_from, quiet_node_config, running
+from tests.helpers.waiting import until
 
 
 def test_every_key_holder_derives_the_same_ca_and_each_node_issues_its_own_certificate(tmp_path: Path) -> None:
@@ -72,8 +72,8 @@ async def test_keyless_and_wrong_key_peers_fail_the_handshake_and_a_connection_s
     key, other = new_secret(tmp_path / "swarm.key"), new_secret(tmp_path / "other.key")
 
     def config(node_id: str, peers: list[str], port: int, key_file: Path | None):  # noqa: ANN202
-        return node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id, grpc_port=port,
-                           swarm_key_file=key_file, peers=peers, mode="async", interval=3600)
+        return quiet_node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id,
+                                 grpc_port=port, swarm_key_file=key_file, peers=peers, mode="async", interval=3600)
 
     ports = [free_port() for _ in range(4)]
     a, b, c, d = (f"127.0.0.1:{p}" for p in ports)
@@ -123,9 +123,9 @@ async def test_a_rollover_node_talks_to_both_key_generations(fleet_shards: Path,
 
     def config(node_id: str):  # noqa: ANN202
         (tmp_path / f"{node_id}.key").write_text(files[node_id])
-        return node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id,
-                           grpc_port=ports[node_id], swarm_key_file=tmp_path / f"{node_id}.key", mode="async",
-                           interval=3600)
+        return quiet_node_config(fleet_shards, tmp_path / node_id, id=node_id, data=fleet_shards / node_id,
+                                 grpc_port=ports[node_id], swarm_key_file=tmp_path / f"{node_id}.key", mode="async",
+                                 interval=3600)
 
     async with running(config("node-0")) as both, running(config("node-1")) as switched, \
             running(config("node-2")) as old:

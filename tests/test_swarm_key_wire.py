@@ -1,4 +1,4 @@
-"""A man in the middle between two swarm-key nodes (issue 34): a TCP proxy on the path of a model transfer.
+"""A man in the middle between two swarm-key nodes: a TCP proxy on the path of a model transfer.
 
 - Passing bytes through, it captures the stream: without a key the sent model's float32 bytes are there in clear
   (the check can fail), with the key (TLS 1.3) none of them is.
@@ -25,8 +25,7 @@ from dfl_node.net.certs import new_secret
 from dfl_node.node.daemon import Node
 from dfl_node.peering.errors import PeerUnreachable, TransferRefused
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import order
-from tests.test_startup_errors import node_config, running
+from tests.helpers.nodes import order, quiet_node_config, running
 
 FLIP_AT = 8000  # an offset of the sender's stream inside the model's payload (the model is ~14 KB)
 WINDOW = 64  # bytes of a tensor looked for in the capture
@@ -97,8 +96,8 @@ async def test_a_man_in_the_middle_reads_no_model_and_a_flipped_byte_breaks_the_
         fleet_shards: Path, tmp_path: Path, keyed: bool) -> None:
     key = new_secret(tmp_path / "swarm.key") if keyed else None
     port = free_port()
-    config = node_config(fleet_shards, tmp_path / "node-0", grpc_port=port, swarm_key_file=key, mode="async",
-                         interval=3600)
+    config = quiet_node_config(fleet_shards, tmp_path / "node-0", grpc_port=port, swarm_key_file=key, mode="async",
+                               interval=3600)
     # node-1's side: its own credentials (a certificate it issues itself from the key), dialing through the proxy
     sender = load_security("node-1", swarm_key_file=key, hosts=("127.0.0.1",)) if keyed else NO_SECURITY
     async with running(config) as node:

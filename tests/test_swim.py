@@ -1,4 +1,4 @@
-"""The membership by SWIM (issue 33): its rules one by one on a lone node (:class:`~dfl_node.node.swim.Swim`), its
+"""The membership by SWIM: its rules one by one on a lone node (:class:`~dfl_node.node.swim.Swim`), its
 gossip queue's bounds, the Ping over gRPC's conversion, and whole simulated fleets of the daemon's own nodes: a load
 per node that does not grow with the fleet, no false suspicion, a kill known everywhere within the stated bound,
 every start known everywhere in a few periods."""
@@ -357,7 +357,7 @@ def test_a_kill_is_known_to_every_live_member_within_the_stated_bound(tmp_path: 
 
 @pytest.mark.slow  # a minute of one core: first, beside the other long tests, not alone at the end
 def test_at_a_thousand_members_a_kill_and_a_newcomer_are_known_everywhere_within_their_bounds() -> None:
-    """Issue 33 at N = 1,000 (the memberships alone: :mod:`tests.membership_fleet`): once the fleet has met (its
+    """The membership at N = 1,000 (the memberships alone: :mod:`tests.membership_fleet`): once the fleet has met (its
     start known everywhere), a kill -9 is known dead by every live member within :func:`detection_bound`, and a new
     member, which lists the fleet but which nobody lists, is known by every member within :func:`join_bound`:
     O(log N) periods. Measured here: ~22 s and ~16 s, against bounds of 95 s and 33 s."""

@@ -1,4 +1,4 @@
-"""Fleets of the tasks besides classes (issue 46), on the real meters of ``examples/smart-meters`` recorded as they
+"""Fleets of the tasks besides classes, on the real meters of ``examples/smart-meters`` recorded as they
 were (``--partition as-recorded``): daemons learn bit for bit what the simulator's nodes learn, for forecasting and
 for anomaly detection; and an anomaly fleet flags injected anomalies better than each meter alone."""
 
@@ -16,7 +16,7 @@ from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.learning.tasks import task_of
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.launcher import all_done, wait_until
-from tests.conftest import loopback_fleet, simulated
+from tests.helpers.fleet import loopback_fleet, simulated
 
 METERS = Path(__file__).resolve().parents[1] / "examples" / "smart-meters" / "data"
 HOURS = [f"h{h:02d}" for h in range(24)]

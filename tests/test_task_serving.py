@@ -1,4 +1,4 @@
-"""What a node of another task than classification shows and serves (issue 46): a regression fleet and an anomaly
+"""What a node of another task than classification shows and serves: a regression fleet and an anomaly
 fleet of two real nodes each (real gRPC, the REST API on a real port, in this process) learn for a few rounds;
 then every place that shows a figure names the task's metric (``/status``, ``/metrics``, ``dfl-node status``, the
 run's last log line), ``/predict`` answers what the node's own model gives in this process (a regressor's values;
@@ -30,8 +30,8 @@ from dfl_node.records.formatting import figure
 from dfl_node.records.metrics import figure_metric
 from dfl_node.service.wiring import Daemon
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import invoke
-from tests.test_startup_errors import node_config, running
+from tests.helpers.cli import invoke
+from tests.helpers.nodes import quiet_node_config, running
 
 FEATURES, TARGETS, ROUNDS = 6, 2, 4
 
@@ -70,10 +70,10 @@ async def fleet(tmp_path: Path, task: str, data: list[tuple[np.ndarray, np.ndarr
         folder = tmp_path / f"node-{i}"
         folder.mkdir()
         np.savez(folder / "readings.npz", x=x, y=y)
-        configs.append(node_config(tmp_path, tmp_path / "state" / f"node-{i}", id=f"node-{i}", data=folder,
-                                   test_data=tmp_path / "test.npz", task=task, grpc_port=ports[i],
-                                   http_port=free_port(), peers=[f"127.0.0.1:{ports[1 - i]}"], rounds=ROUNDS,
-                                   evaluate=True, **settings))
+        configs.append(quiet_node_config(tmp_path, tmp_path / "state" / f"node-{i}", id=f"node-{i}", data=folder,
+                                         test_data=tmp_path / "test.npz", task=task, grpc_port=ports[i],
+                                         http_port=free_port(), peers=[f"127.0.0.1:{ports[1 - i]}"], rounds=ROUNDS,
+                                         evaluate=True, **settings))
     async with running(configs[0]) as first, running(configs[1]) as second:
         nodes = [first, second]
         await asyncio.wait_for(asyncio.gather(*(n.scheduler.finished.wait() for n in nodes)), 60)
@@ -171,7 +171,7 @@ async def test_a_regression_node_names_its_rmse_and_answers_values(
     torch.testing.assert_close(torch.from_numpy(onnx).double(), values, rtol=1e-5, atol=1e-5)
 
 
-# An autoencoder of the user's own, named as package.module:factory (issue 46: every way of naming a model serves
+# An autoencoder of the user's own, named as package.module:factory (every way of naming a model serves
 # and exports for every task): a bottleneck of 4 over the sample's values, the factory's "classes" its outputs
 USER_AUTOENCODER = """
 import math

@@ -1,4 +1,4 @@
-"""Tasks (issue 46): what a fleet learns besides classes. Regression and anomaly detection train, fuse by Def-KT's
+"""Tasks: what a fleet learns besides classes. Regression and anomaly detection train, fuse by Def-KT's
 mutual knowledge transfer and are judged through the node's task; classification is what it always was; an
 algorithm that needs classes refuses another task at start, in one line."""
 
@@ -27,8 +27,7 @@ from dfl_node.learning.settings import BUILTIN_TASK_NAMES, SharedSettings
 from dfl_node.learning.tasks import BUILTIN_TASKS, Anomaly, Classification, roc_auc, task_of
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
-from tests.conftest import invoke
-from tests.test_cli_options import START, error_lines
+from tests.helpers.cli import START, error_lines, invoke
 
 FEATURES, TARGETS = 6, 2
 NODE = {"id": "node-0", "data": "shards/node-0"}  # what a node's settings need besides those under test

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from dfl_node.testbed.launcher import all_done, done_twice
-from tests.conftest import wait_for
+from tests.helpers.cli import summary_rounds
+from tests.helpers.waiting import wait_for
 
 NODES = 3
 # the tiny digits preset, one algorithm, 3 daemons with 1 torch thread each: seconds, not minutes
@@ -106,13 +107,6 @@ def log_tails(folder: Path, lines: int = 15) -> str:
                      for log in sorted(folder.glob("**/node-*.log")))
 
 
-def summary_rounds(stdout: str) -> int:
-    """The "rounds" cell of the summary table's testbed row (algorithm | driver | rounds | …)."""
-    rows = [line for line in stdout.splitlines() if re.search(r"defkt\s*│\s*testbed", line)]
-    assert len(rows) == 1, stdout
-    return int(rows[0].split("│")[3])
-
-
 def status(role: str, done: bool, fusions: int) -> dict:
     return {"role": role, "done": done, "fusions": fusions}
 
@@ -147,7 +141,7 @@ def test_async_run_stops_after_duration_and_reports_the_exchanges_it_made(testbe
     assert [r["round"] for r in result["history"]][-1] == fusions
     assert all(r["round"] <= fusions for r in result["history"])
     assert "completed exchanges" in stdout  # the summary says what its rounds count
-    # issue 20: nobody could open a dashboard during a run; now every node's URL and the work folder are printed
+    # once nobody could open a dashboard during a run; now every node's URL and the work folder are printed
     assert f"defkt: work folder {work / 'defkt'}" in stdout
     urls = re.findall(r"^  (node-\d+)  (http://\S+/)$", stdout, flags=re.M)
     assert [node for node, _ in urls] == [f"node-{i}" for i in range(NODES)], stdout

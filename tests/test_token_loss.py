@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dfl_node.service.run import run_node
 from dfl_node.testbed.launcher import free_port
-from tests.conftest import daemon
+from tests.helpers.fleet import daemon
 
 ROUNDS = 8
 

@@ -1,4 +1,4 @@
-"""A dataset of the user's own in ``simulate`` and ``partition`` (issue 31): a CSV file or folder, or a
+"""A dataset of the user's own in ``simulate`` and ``partition``: a CSV file or folder, or a
 ``dfl_node.datasets`` plugin, shared out by every partition; learning defaults sized to it, the same on every node
 of a fleet; and no silent fallback to digits."""
 
@@ -21,8 +21,8 @@ from dfl_node.node.data_watch import NodeData
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
-from tests.conftest import error_lines, invoke
-from tests.test_data_files import blobs, write_csv
+from tests.helpers.cli import error_lines, invoke
+from tests.helpers.data_files import blobs, write_csv
 
 ROWS, FEATURES, CLASSES = 600, 5, 3
 
@@ -170,7 +170,7 @@ def test_a_failing_plugin_is_one_line(plugin_module: str) -> None:
 
 
 def test_a_nodes_own_csv_gets_defaults_sized_to_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The issue's 216 rows got B = 200 and lr 0.01, one SGD step an epoch, silently."""
+    """216 rows once got B = 200 and lr 0.01, one SGD step an epoch, silently."""
     path = write_csv(tmp_path / "dev1.csv", *blobs(270, 6, 3, seed=13))
     config = NodeConfig(id="dev1", data=path, num_classes=3)
     with caplog.at_level(logging.INFO, logger="dfl_node"):

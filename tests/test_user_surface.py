@@ -1,4 +1,4 @@
-"""What users type stays what it was (issue 32): every verb's options, and every config key and ``DFL_*`` variable of
+"""What users type stays what it was: every verb's options, and every config key and ``DFL_*`` variable of
 a node's and an experiment's settings, against ``tests/data/user_surface.json``, captured on main (6fea10d) before
 the settings were nested by part.
 

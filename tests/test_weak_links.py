@@ -20,7 +20,7 @@ from dfl_node.algorithms.base import sample_pairs
 from dfl_node.learning.provision import fleet_ids, provision, write_fleet
 from dfl_node.testbed.launcher import Placement, all_done, plan_fleet, wait_until
 from dfl_node.testbed.proxy import LinkProxy
-from tests.conftest import FLEET, running_daemons, simulated
+from tests.helpers.fleet import FLEET, running_daemons, simulated
 
 pytestmark = pytest.mark.slow
 CONFIG = FLEET.model_copy(update={"nodes": 3, "rounds": 5, "eval_every": 5, "hidden": [256, 256]})

@@ -1,4 +1,4 @@
-"""A device's time series as forecasting windows (issue 46): input length, horizon and stride; validation is the
+"""A device's time series as forecasting windows: input length, horizon and stride; validation is the
 series' last period and no window crosses into it; the windows grow with the file; a fleet forecasts from them."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dfl_node.learning.data_format import DataFormat
 from dfl_node.learning.local_data import LocalData
 from dfl_node.learning.windows import period_split, windows
 from dfl_node.settings.experiment import ExperimentConfig
-from tests.conftest import simulated
+from tests.helpers.fleet import simulated
 
 SERIES = DataFormat(window=4, horizon=2, stride=1, target_column=["load"])
 

@@ -1,4 +1,4 @@
-"""Opt-in lossy models on the wire (issue 21, ``--wire-dtype float16|int8``): encoded by the sender, checked
+"""Opt-in lossy models on the wire (``--wire-dtype float16|int8``): encoded by the sender, checked
 against the receiver's own setting and the declared manifest, decoded back to the model's dtype, and the
 simulator's networks losing exactly what the codec loses."""
 
@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from codec_helpers import assembler, feed_all, frames_of, make_msg
 
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.net.client import PeerClient
@@ -19,7 +18,8 @@ from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.names import WireDtype
 from dfl_node.sim import run_fleet
 from dfl_node.sim.network import wire_size
-from tests.test_node_hostile import targeted
+from tests.helpers.codec import assembler, feed_all, frames_of, make_msg
+from tests.helpers.hostile import targeted
 
 LOSSY = ("float16", "int8")
 

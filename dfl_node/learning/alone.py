@@ -1,4 +1,4 @@
-"""A device learning alone: the baseline a fleet's exchanges must beat (issue 46: ``benchmarks/forecast.py``, the
+"""A device learning alone: the baseline a fleet's exchanges must beat (``benchmarks/forecast.py``, the
 anomaly fleet's test). The device's model starts from the fleet's ``w0`` and trains on its own data only, with the
 fleet's settings (architecture, seed, batch size, learning rate, task), for as many passes as it is given."""
 

@@ -1,7 +1,7 @@
 """Local training and mutual knowledge transfer on CUDA as replays of captured CUDA graphs, one graph per epoch.
 
 Why: a step of 000's CNN at B = 200 is about a hundred small kernels. Launched one by one from Python the GPU
-waits for the launches (issue 35: 1.3–1.6 ms a step eagerly, for ~0.1 ms of arithmetic). Captured once, a whole
+waits for the launches (measured: 1.3–1.6 ms a step eagerly, for ~0.1 ms of arithmetic). Captured once, a whole
 epoch — its gathers, forward and backward passes, SGD-with-momentum updates and loss sum — is one launch, and
 nothing in it reads a value back to the host.
 

@@ -1,4 +1,4 @@
-"""A time series as samples to forecast (issue 46): ``window`` consecutive steps of every channel in, the ``horizon``
+"""A time series as samples to forecast: ``window`` consecutive steps of every channel in, the ``horizon``
 steps after them of the target channels out, a window every ``stride`` steps (Darts' and GluonTS' input length,
 horizon and stride).
 

@@ -212,7 +212,7 @@ class NetnsTopology:
             _ip("-n", host.name, "link", "set", "veth0", "up")
             _ip("-n", host.name, "route", "add", "224.0.0.0/4", "dev", "veth0")  # multicast without a default route
 
-    # ------------------------------------------------------------------- faults (tests/test_partition.py)
+    # ------------------------------------------------------------------- faults (tests/test_network_partitions.py)
     def port(self, index: int) -> str:
         """The switch port of host ``index`` (0-based), in the switch namespace."""
         return f"p{index + 1}"

@@ -1,4 +1,4 @@
-"""Faults (issue 13) in network namespaces: a partition that heals, and a slow, lossy link.
+"""Faults in network namespaces: a partition that heals, and a slow, lossy link.
 
 Partition and heal run in **async mode**: round mode has one token, so while the fleet is cut in
 two only the side holding the token can go on (by design: the other side waits for it, or, after
@@ -19,7 +19,7 @@ import pytest
 from dfl_node.learning.provision import provision, write_fleet
 from dfl_node.testbed.launcher import NodeProcess, all_done, fetch_json, wait_until
 from dfl_node.testbed.netns import NetnsTopology, list_namespaces, node_environment, read_env_file
-from tests.conftest import FLEET, running_daemons
+from tests.helpers.fleet import FLEET, running_daemons
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]

@@ -1,15 +1,16 @@
-"""Shared helpers of the codec tests (test_codec.py and test_codec_rejections.py).
+"""Transfers as the codec, wire and fuzz tests build them.
 
 A fixed model state with every supported kind of tensor, messages carrying it,
-the encoder and an assembler preset to one swarm and fingerprint, and feeding a
-whole frame list. Kept in one place so both files build transfers the same way.
+the encoder and an assembler preset to one swarm and fingerprint, feeding a
+whole frame list, and comparing decoded parts. Kept in one place so every file
+builds transfers the same way.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dfl_node.algorithms.messages import ModelMessage, parts_from_state
+from dfl_node.algorithms.messages import ModelMessage, TensorPart, parts_from_state
 from dfl_node.net.codec import MessageAssembler, manifest_of, prepare
 from dfl_node.net.frames import ReadFrame, decode_frame, encode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
@@ -68,3 +69,11 @@ def feed_all(asm: MessageAssembler, frames: list[ReadFrame]) -> tuple[pb.Transfe
     for f in frames:
         asm.feed(f)
     return asm.finish()
+
+
+def assert_same_parts(got: tuple[TensorPart, ...], want: tuple[TensorPart, ...]) -> None:
+    """``got`` holds exactly ``want``'s parts: names, shapes, offsets, dtypes and values, flat."""
+    assert [(p.name, p.shape, p.start) for p in got] == [(p.name, p.shape, p.start) for p in want]
+    for g, w in zip(got, want):
+        assert g.values.dtype == w.values.dtype and g.values.dim() == 1
+        assert torch.equal(g.values, w.values), g.name

@@ -21,7 +21,7 @@ from dfl_node.settings.loading import load_config
 from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.netns import read_env_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_TLS = ROOT / "docker-compose.tls.yml"
@@ -33,7 +33,7 @@ SHARED = read_env_file(NODE_ENV)
 SECRET_MARKERS = ("PRIVATE KEY", "BEGIN CERTIFICATE")  # PEM; no credentials live in this repository
 
 
-def node_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> NodeConfig:
+def deployed_node_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> NodeConfig:
     """What `dfl-node start` would make of exactly this environment."""
     for key in [k for k in os.environ if k.startswith("DFL_")]:
         monkeypatch.delenv(key)
