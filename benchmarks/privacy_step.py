@@ -21,10 +21,10 @@ import time
 
 import torch
 
+from dfl_node.learning.algorithm_settings import SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.privacy import PrivateTraining
-from dfl_node.learning.settings import SharedSettings
 from dfl_node.learning.training import SgdParams, local_sgd
 
 BATCH = 200

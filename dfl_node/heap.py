@@ -43,7 +43,7 @@ def trim_heap() -> bool:
     """Hand the C heap's free memory back to the kernel (glibc's ``malloc_trim``) once more than
     :data:`KEEP_FREE` of it is free; False where there is no ``malloc_trim``.
 
-    A receiver calls it once a group's transfers are over (:meth:`~dfl_node.node.collector.Collector.close`).
+    A receiver calls it once a group's transfers are over (:meth:`~dfl_node.node.exchange.collector.Collector.close`).
     Concurrent streams leave gRPC's freed read buffers spread over malloc's per-thread arenas, where
     glibc keeps them mapped (:mod:`dfl_node.net.allocator` keeps freed memory on the heap on purpose
     while a stream runs). Measured on an aggregator (FullAvg) taking groups of 4 concurrent 100 MB

@@ -1,7 +1,7 @@
 """A ``str`` setting that names an entry of one of the package's registries (algorithms, datasets,
 partitions, models): the marker, and how the CLI finds it on a field.
 
-It sits below every settings module (:mod:`dfl_node.learning.settings`, :mod:`dfl_node.settings.experiment`,
+It sits below every settings module (:mod:`dfl_node.learning.algorithm_settings`, :mod:`dfl_node.settings.experiment`,
 :mod:`dfl_node.settings.node`) and imports none of the registries itself: each marker's ``lookup`` does,
 when called.
 """

@@ -11,7 +11,7 @@ stored with it — never from what a node said over REST before it died:
 * no accepted model is lost: each transfer a sender counts as done ("send" in its history) was fused
   by its aggregator, durably ("fusion" there, naming the sender);
 * round mode: after each kill the fleet fuses again within a bound set by the configured timeouts — the
-  tighter one of ``dfl_node.node.rounds`` ("Liveness") when the victim was back within ``peer_timeout``.
+  tighter one of ``dfl_node.node.schedule.rounds`` ("Liveness") when the victim was back within ``peer_timeout``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.models import ModelSpec, fingerprint
 from dfl_node.learning.provision import TRAIN_FILE
-from dfl_node.node.rounds import liveness_bound
-from dfl_node.node.swim_bounds import detection_bound, notice_bound
+from dfl_node.node.membership.swim_bounds import detection_bound, notice_bound
+from dfl_node.node.schedule.rounds import liveness_bound
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim import ledger
@@ -42,7 +42,7 @@ SEED = 13
 KILLS = int(os.environ.get("DFL_FAULT_KILLS", "8"))
 TIMEOUTS = {"heartbeat": 0.2, "peer_timeout": 1.0, "token_timeout": 2.0, "round_timeout": 15.0, "stream_timeout": 5.0}
 # After a kill the fleet fuses again within: the membership's detection bound (the crash is known everywhere:
-# dfl_node.node.swim_bounds.detection_bound), token_timeout (a lost token is
+# dfl_node.node.membership.swim_bounds.detection_bound), token_timeout (a lost token is
 # regenerated), round_timeout (the holder, or the regenerating node, waits that long at most for a crashed
 # member to come back, as it may hold the only record of the newest round), then one round of its own
 # (training, transfer, fusion, checkpoints: a freshly restarted process's first round took up to 6 s on a
@@ -72,7 +72,7 @@ def daemon_start_s(shards: Path, workdir: Path) -> float:
 
 
 def stall_bound(timeouts: dict[str, float], back_within_peer_timeout: bool) -> float:
-    """:func:`dfl_node.node.rounds.liveness_bound` for one crash, plus one round's own work (ROUND_MARGIN)."""
+    """:func:`dfl_node.node.schedule.rounds.liveness_bound` for one crash, plus one round's own work (ROUND_MARGIN)."""
     membership = MembershipSettings(heartbeat=timeouts["heartbeat"], peer_timeout=timeouts["peer_timeout"])
     detection = (notice_bound if back_within_peer_timeout else detection_bound)(membership, FLEET.nodes)
     return liveness_bound(detection=detection, token_timeout=timeouts["token_timeout"],

@@ -24,8 +24,8 @@ from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
 from dfl_node.net.client import open_transfer
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.node.daemon import Node
-from dfl_node.node.orders import Order
+from dfl_node.node.exchange.assignments import Assignment
+from dfl_node.node.node import Node
 from dfl_node.peering.messages import Ack
 from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon
@@ -158,7 +158,7 @@ class LiveNode:
         """Make the node the aggregator of a round-0 group whose one sender is "stranger" (as a holder would)."""
         async def play() -> Ack:
             await self.node.roles.settled()
-            return await self.node.roles.play(Order(Role.AGGREGATOR, Step(0, Group(self.config.id, ("stranger",))),
+            return await self.node.roles.play(Assignment(Role.AGGREGATOR, Step(0, Group(self.config.id, ("stranger",))),
                                                     deadline_s=30))
 
         ack = self.run(play())

@@ -1,9 +1,9 @@
 """A fleet of the daemon's memberships alone, on the simulator's fabric and virtual clock: SWIM, the peer table and
-the Hello handshake (:class:`~dfl_node.node.membership.Membership`) as a node runs them, with the default settings
-and every other node a static peer as the simulator plans a fleet, but without models or data — so that a thousand
-members cost about a second of wall time per virtual second, and the membership's bounds at N = 1,000 can be checked
-by a test (``tests/test_swim.py``). Kills are kill -9 as the simulator's fleet plays them (every task of the node
-cancelled, its calls dropped); a restart is a new boot at the same address. The figures are the simulator's
+the Hello handshake (:class:`~dfl_node.node.membership.membership.Membership`) as a node runs them, with the default
+settings and every other node a static peer as the simulator plans a fleet, but without models or data — so that a
+thousand members cost about a second of wall time per virtual second, and the membership's bounds at N = 1,000 can be
+checked by a test (``tests/test_swim.py``). Kills are kill -9 as the simulator's fleet plays them (every task of the
+node cancelled, its calls dropped); a restart is a new boot at the same address. The figures are the simulator's
 (:class:`~dfl_node.sim.membership.MembershipRecord`)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.algorithms.base import derive_seed
 from dfl_node.algorithms.plan import NodeProfile
-from dfl_node.node.membership import Membership
-from dfl_node.node.progress import RoundProgress
-from dfl_node.node.tally import Tally
+from dfl_node.node.core.progress import RoundProgress
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.membership.membership import Membership
 from dfl_node.peering.messages import Hello, HelloReply, Ping, PingAck
 from dfl_node.peering.wire_dtypes import EXACT
 from dfl_node.records.metrics import NodeMetrics

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from dfl_node.algorithms import ALGORITHMS, make_algorithm
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
+from dfl_node.learning.algorithm_settings import AlgorithmOptions, SharedSettings
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 

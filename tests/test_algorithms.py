@@ -10,10 +10,10 @@ import torch
 
 from dfl_node.algorithms import Algorithm, AlgorithmError, Group, NodeContext, NodeProfile, Step, make_algorithm
 from dfl_node.algorithms.messages import ModelMessage
+from dfl_node.learning.algorithm_settings import SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fusion import segment_ranges
 from dfl_node.learning.models import ModelSpec, build_model
-from dfl_node.learning.settings import SharedSettings
 
 STEP = Step(0, Group("b", ("a",)))  # round 0: node a sends to node b
 

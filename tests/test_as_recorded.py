@@ -18,8 +18,8 @@ import torch
 from dfl_node.cli.testbed import TESTBED_DEFAULTS
 from dfl_node.learning.datasets import ArrayDataset, load_shard
 from dfl_node.learning.provision import TEST_FILE, TRAIN_FILE, VAL_FILE, fleet_ids, provision, write_fleet
-from dfl_node.node.clock import Clock
-from dfl_node.node.data_watch import NodeData
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.model.data_watch import NodeData
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.loading import load_config
 from dfl_node.settings.node import NodeConfig

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dfl_node.errors import OperatorError
-from dfl_node.node.persistence import MODEL_FILE, PREVIOUS, STATE_FILE, Checkpoint
+from dfl_node.node.model.persistence import MODEL_FILE, PREVIOUS, STATE_FILE, Checkpoint
 
 FP = "fingerprint-a"
 

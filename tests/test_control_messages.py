@@ -17,14 +17,14 @@ import pytest
 from dfl_node.net.envelopes import MAX_BODY, refusal
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.node.daemon import Node
+from dfl_node.node.node import Node
 from dfl_node.node.requests import PeerRequests
 from dfl_node.peering.control import answer, control_message, handles, kind_named
 from dfl_node.peering.errors import PeerUnreachable, TransferRefused, TransferRejected
 from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon
 from dfl_node.sim.clock import run_virtual
-from dfl_node.sim.links import LinkProfile
+from dfl_node.sim.link_profiles import LinkProfile
 from dfl_node.testbed.launcher import free_port
 from tests.helpers.fleet import FLEET, fleet_node_config, virtual_fleet
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dfl_node.learning.algorithm_settings import DATASET_DEPENDENT, sized_defaults
 from dfl_node.learning.provision import fleet_ids, provision
-from dfl_node.learning.settings import DATASET_DEPENDENT, sized_defaults
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.launcher import Placement, done_twice, fetch_json, plan_fleet, wait_until
 from tests.helpers.fleet import running_daemons

@@ -2,7 +2,7 @@
 
 000's MNIST settings (B = 200, lr 0.01) give a node of a 4-node digits fleet ~290 samples, one or two SGD steps an
 epoch: 20 rounds of four ``dfl-node start`` daemons with no learning flags ended at 10 % mean local accuracy. Batch
-sizes and learning rate now default per dataset (``dfl_node.learning.settings.PER_DATASET``): the experiment's
+sizes and learning rate now default per dataset (``dfl_node.learning.algorithm_settings.PER_DATASET``): the experiment's
 dataset decides them for ``simulate``, ``testbed`` and ``partition``, a node's shard (which names its dataset) for
 ``start``; a flag, a ``DFL_*`` variable or a config file's key always wins, and mnist, fashion_mnist and cifar10
 keep the papers' values, which the simulator reproduces.
@@ -22,9 +22,9 @@ import pytest
 
 from dfl_node.cli.options import DEMO_DEFAULTS
 from dfl_node.cli.testbed import TESTBED_DEFAULTS
+from dfl_node.learning.algorithm_settings import DATASET_DEPENDENT, PER_DATASET, SharedSettings, dataset_defaults
 from dfl_node.learning.datasets import DATASETS, shard_dataset
 from dfl_node.learning.provision import TRAIN_FILE, node_dataset, provision, write_fleet
-from dfl_node.learning.settings import DATASET_DEPENDENT, PER_DATASET, SharedSettings, dataset_defaults
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.testbed.launcher import Placement, done_twice, plan_fleet, poll_status, wait_until

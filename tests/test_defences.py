@@ -12,9 +12,9 @@ import torch
 from dfl_node.algorithms import Group, NodeContext, Step, make_algorithm
 from dfl_node.algorithms.defences import screen
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
+from dfl_node.learning.algorithm_settings import AlgorithmOptions, DefenceSettings, SharedSettings
 from dfl_node.learning.datasets import load_dataset
 from dfl_node.learning.models import ModelSpec
-from dfl_node.learning.settings import AlgorithmOptions, DefenceSettings, SharedSettings
 from dfl_node.learning.training import SgdParams, evaluate, local_sgd
 
 SPEC = ModelSpec("mlp", (16,))

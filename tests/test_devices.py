@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from dfl_node.algorithms.messages import ModelMessage, on_device, parts_from_state
+from dfl_node.learning.algorithm_settings import SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.devices import device_problem, resolve_device
 from dfl_node.learning.provision import provision
-from dfl_node.learning.settings import SharedSettings
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet

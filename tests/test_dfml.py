@@ -15,13 +15,13 @@ from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile,
 from dfl_node.algorithms.base import equip, generator_for
 from dfl_node.algorithms.messages import state_from_parts
 from dfl_node.cli import cli
+from dfl_node.learning.algorithm_settings import AlgorithmOptions, SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import alpha_at, class_proportions, wsm_loss
 from dfl_node.learning.provision import provision
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.learning.training import SgdParams, local_sgd
-from dfl_node.node.persistence import Checkpoint
+from dfl_node.node.model.persistence import Checkpoint
 from dfl_node.results import cluster_accuracy, comparison, rounds_to_reach, write_results
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim import run_fleet

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import ModelSpec, param_digest
-from dfl_node.node.persistence import Checkpoint, read_trained
+from dfl_node.node.model.persistence import Checkpoint, read_trained
 from tests.helpers.cli import error_lines, invoke
 from tests.helpers.fleet import FLEET, daemon, simulated
 

@@ -11,10 +11,10 @@ from click.testing import CliRunner
 
 from dfl_node.algorithms import Group, NodeContext, Step, make_algorithm
 from dfl_node.cli import cli
+from dfl_node.learning.algorithm_settings import SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fairness import fairness_weight
 from dfl_node.learning.models import ModelSpec
-from dfl_node.learning.settings import SharedSettings
 from dfl_node.results import EvalRecord, NodeResult, RunResult, fairness, write_results
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.loading import ConfigError, load_config

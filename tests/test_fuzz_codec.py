@@ -40,7 +40,7 @@ from dfl_node.net.codec import CHUNK_SIZE, MessageAssembler, TransferRejected, m
 from dfl_node.net.convert import from_wire
 from dfl_node.net.frames import ReadFrame, decode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.node.gate import check_finite
+from dfl_node.node.exchange.arrival_checks import check_finite
 from dfl_node.peering.probes import ProbeRequest, probe_from_request
 from tests.fuzz_figures import MIN_CODEC_INPUTS, Figures, open_fds, rss_mb
 from tests.fuzz_frames import (

@@ -11,11 +11,11 @@ import torch.nn.functional as F
 
 from dfl_node.algorithms import AlgorithmError, Group, NodeContext, NodeProfile, Step, make_algorithm
 from dfl_node.algorithms.base import sample_gather, senders_for
+from dfl_node.learning.algorithm_settings import SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fusion import average_states
 from dfl_node.learning.models import ModelSpec, spread
 from dfl_node.learning.provision import architectures
-from dfl_node.learning.settings import SharedSettings
 from dfl_node.learning.training import SgdParams, local_sgd, minibatches
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim import run_fleet

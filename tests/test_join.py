@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from dfl_node.node.daemon import Node
-from dfl_node.node.swim import ALIVE
+from dfl_node.node.membership.swim import ALIVE
+from dfl_node.node.node import Node
 from dfl_node.peering.messages import MAX_UPDATES, MemberUpdate, Ping
 from dfl_node.testbed.launcher import free_port
 from tests.helpers.nodes import quiet_node_config, running

@@ -150,6 +150,23 @@ LAYERS = {
     "dfl_node.sim": ("dfl_node.net", "dfl_node.service", "dfl_node.cli"),
     "dfl_node.service": ("dfl_node.sim", "dfl_node.cli"),
 }
+# Inside the node (docs/architecture.md), one way too: core (clock, logs, progress, counters) under the model and the
+# membership, which know nothing of each other; the exchange (roles, transport, collector) over both; the schedulers
+# over the exchange; and on top the node itself (node.py composes the parts, requests.py answers peers, views.py
+# reports). Every module of the node is in exactly one of these (test_every_node_module_has_a_layer).
+NODE_TOP = ("dfl_node.node.node", "dfl_node.node.requests", "dfl_node.node.views")
+NODE_PARTS = ("dfl_node.node.core", "dfl_node.node.model", "dfl_node.node.membership", "dfl_node.node.exchange",
+              "dfl_node.node.schedule")
+NODE_LAYERS = {
+    "dfl_node.node.core": (*NODE_PARTS[1:], *NODE_TOP),
+    "dfl_node.node.model": ("dfl_node.node.membership", "dfl_node.node.exchange", "dfl_node.node.schedule",
+                            *NODE_TOP),
+    "dfl_node.node.membership": ("dfl_node.node.model", "dfl_node.node.exchange", "dfl_node.node.schedule",
+                                 *NODE_TOP),
+    "dfl_node.node.exchange": ("dfl_node.node.schedule", *NODE_TOP),
+    "dfl_node.node.schedule": NODE_TOP,
+}
+NODE_FILES = sorted((ROOT / PACKAGE / "node").rglob("*.py"))  # the node's modules, its subpackages' included
 PROTOBUF = ("dfl_node.net.proto",)  # the generated messages; google.protobuf is checked as an external import
 
 
@@ -160,15 +177,15 @@ def graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_the_known_edges(graph: dict[str, set[str]]) -> None:
     """A guard on the parser itself: edges that certainly exist are found, and none point outside."""
-    assert "dfl_node.learning.settings" in graph["dfl_node.algorithms.base"]
+    assert "dfl_node.learning.algorithm_settings" in graph["dfl_node.algorithms.base"]
     assert "dfl_node.algorithms" in graph["dfl_node.settings.names"]  # its lazy lookup counts
     assert all(t in graph for targets in graph.values() for t in targets)
 
 
 def test_type_checking_imports_count() -> None:
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dfl_node.node.daemon import Node\n")
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dfl_node.node.node import Node\n")
     modules = [node.module for node in _imports(tree) if isinstance(node, ast.ImportFrom)]
-    assert modules == ["typing", "dfl_node.node.daemon"]
+    assert modules == ["typing", "dfl_node.node.node"]
 
 
 def test_the_leaves_import_nothing_of_the_package(graph: dict[str, set[str]]) -> None:
@@ -179,9 +196,31 @@ def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
     assert cycles(graph) == []
 
 
-@pytest.mark.parametrize("layer", sorted(LAYERS))
+@pytest.mark.parametrize("layer", sorted(LAYERS | NODE_LAYERS))
 def test_layers_import_only_downwards(graph: dict[str, set[str]], layer: str) -> None:
-    assert violations(graph, layer, LAYERS[layer]) == []
+    assert violations(graph, layer, (LAYERS | NODE_LAYERS)[layer]) == []
+
+
+def test_every_node_module_has_a_layer(graph: dict[str, set[str]]) -> None:
+    """A module added to the node outside its parts would escape the checks above."""
+    node = [m for m in graph if m.startswith("dfl_node.node.")]
+    placed = [m for m in node if m in NODE_TOP or any(m == p or m.startswith(p + ".") for p in NODE_PARTS)]
+    assert sorted(set(node) - set(placed)) == []
+    assert "dfl_node.node.membership.swim" in graph  # the walk looks into the subpackages, and so do
+    assert ROOT / PACKAGE / "node" / "membership" / "swim.py" in NODE_FILES  # the no-wire and one-owner checks
+
+
+def test_a_planted_violation_is_found(graph: dict[str, set[str]]) -> None:
+    """The check itself: the model's learner made to read the membership, and the clock the schedulers, are
+    caught."""
+    planted = {**graph, "dfl_node.node.model.learner": graph["dfl_node.node.model.learner"]
+               | {"dfl_node.node.membership.peers"},
+               "dfl_node.node.core.clock": {"dfl_node.node.schedule.rounds"}}
+    assert violations(planted, "dfl_node.node.model", NODE_LAYERS["dfl_node.node.model"]) == [
+        "dfl_node.node.model.learner -> dfl_node.node.membership.peers"]
+    assert violations(planted, "dfl_node.node.core", NODE_LAYERS["dfl_node.node.core"]) == [
+        "dfl_node.node.core.clock -> dfl_node.node.schedule.rounds"]
+    assert violations(graph, "dfl_node.node.model", NODE_LAYERS["dfl_node.node.model"]) == []
 
 
 def test_node_imports_no_protobuf_no_grpc_and_names_no_wire(graph: dict[str, set[str]]) -> None:
@@ -189,7 +228,7 @@ def test_node_imports_no_protobuf_no_grpc_and_names_no_wire(graph: dict[str, set
     node = [m for m in graph if m.startswith("dfl_node.node")]
     assert violations(graph, "dfl_node.node", PROTOBUF) == []
     assert [m for m in node if external_imports(m) & {"google", "grpc", "zeroconf"}] == []
-    named = [str(p.relative_to(ROOT)) for p in sorted((ROOT / PACKAGE / "node").glob("*.py"))
+    named = [str(p.relative_to(ROOT)) for p in NODE_FILES
              if "dfl_node.net" in p.read_text() or "import grpc" in p.read_text()]
     assert named == []
 
@@ -217,7 +256,7 @@ def test_the_node_s_state_is_written_by_its_owner_only() -> None:
     """design.md §4: each part of a node owns its state; another part changes it only through the owner's
     methods. (Its attributes are private, and ruff's SLF001 refuses ``other._attr``; this catches a write to a
     public attribute of a collaborator.)"""
-    writes = [w for p in sorted((ROOT / PACKAGE / "node").glob("*.py")) for w in foreign_writes(p)]
+    writes = [w for p in NODE_FILES for w in foreign_writes(p)]
     assert writes == []
 
 
@@ -233,11 +272,11 @@ if __name__ == "__main__":
     g = import_graph()
     for component in cycles(g):
         print("cycle:", " ".join(component))
-    for layer, forbidden in LAYERS.items():
+    for layer, forbidden in (LAYERS | NODE_LAYERS).items():
         for line in violations(g, layer, forbidden):
             print("layer:", line)
     for line in violations(g, "dfl_node.node", PROTOBUF):
         print("protobuf:", line)
-    for path in sorted((ROOT / PACKAGE / "node").glob("*.py")):
+    for path in NODE_FILES:
         for line in foreign_writes(path):
             print("foreign write:", line)

@@ -15,8 +15,8 @@ import pytest
 
 from dfl_node.cli import VERBS as VERB_TABLE
 from dfl_node.cli.logs import setup_logging
-from dfl_node.node.clock import Clock
-from dfl_node.node.peers import PeerTable
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.membership.peers import PeerTable
 from dfl_node.peering.messages import HelloReply
 from tests.helpers.cli import invoke, verb_command
 
@@ -53,7 +53,7 @@ def test_a_verbs_level_wins_over_the_groups(clean_env: None) -> None:
 
 def test_debug_is_ours_unless_the_libraries_are_asked_for() -> None:
     setup_logging("DEBUG")
-    assert logging.getLogger("dfl_node.node.daemon").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("dfl_node.node.node").isEnabledFor(logging.DEBUG)
     assert not logging.getLogger("grpc._cython.cygrpc").isEnabledFor(logging.DEBUG)
     assert logging.getLogger("grpc._cython.cygrpc").isEnabledFor(logging.INFO)
     assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
@@ -95,7 +95,7 @@ def test_each_verbs_line_in_help_opens_its_own_help() -> None:
 async def test_a_node_says_how_many_peers_it_has_while_it_waits(caplog: pytest.LogCaptureFixture) -> None:
     """A node waiting for ``--min-peers`` once said nothing; now it says how many it has, when that changes."""
     table = PeerTable("me", hello=None, clock=Clock(), heartbeat=1.0, timeout=3.0, static=[])  # type: ignore[arg-type]
-    with caplog.at_level(logging.INFO, logger="dfl_node.node.peers"):
+    with caplog.at_level(logging.INFO, logger="dfl_node.node.membership.peers"):
         waiting = asyncio.create_task(table.wait_for(2))
         for have, peer in enumerate(("a", "b")):
             while f"have {have}, need 2" not in caplog.text:  # the waiter has run up to its next wait

@@ -22,11 +22,11 @@ from safetensors.torch import load_file
 from dfl_node.algorithms import Group, NodeContext, Step, make_algorithm
 from dfl_node.algorithms.base import equip, sample_pairs
 from dfl_node.algorithms.defences import Refusal
-from dfl_node.algorithms.guard import NonFinite, first_non_finite, guarded
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.runner import play_aggregator, play_sender
+from dfl_node.algorithms.step_guard import NonFinite, first_non_finite, guarded
 from dfl_node.learning.provision import fleet_ids
-from dfl_node.node.persistence import MODEL_FILE, PREVIOUS, read_trained
+from dfl_node.node.model.persistence import MODEL_FILE, PREVIOUS, read_trained
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim import run_fleet
 from tests.helpers.contexts import TINY_SETTINGS, tiny_context

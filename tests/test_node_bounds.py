@@ -16,7 +16,7 @@ import pytest
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.node.daemon import Node
+from dfl_node.node.node import Node
 from dfl_node.peering.messages import MAX_UPDATES
 from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon

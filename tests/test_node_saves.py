@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from dfl_node.algorithms import Role
-from dfl_node.node.daemon import Node
+from dfl_node.node.node import Node
 from tests.helpers.fleet import daemon
 
 

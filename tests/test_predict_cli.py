@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dfl_node.learning.datasets import load_shard
-from dfl_node.node.daemon import Node
+from dfl_node.node.node import Node
 from dfl_node.testbed.launcher import free_port
 from tests.helpers.nodes import quiet_node_config, running
 

@@ -25,12 +25,12 @@ from dfl_node.algorithms.base import equip
 from dfl_node.cli import cli
 from dfl_node.errors import OperatorError
 from dfl_node.learning import privacy
+from dfl_node.learning.algorithm_settings import AlgorithmOptions, SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fusion import mkt_losses
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import dfml_losses, fml_losses
 from dfl_node.learning.privacy import PrivateTraining, clipped_gradients, norm_hooks
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.learning.training import Sgd
 from dfl_node.node.views import node_status
 from dfl_node.records.metrics import NodeMetrics

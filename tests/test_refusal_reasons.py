@@ -10,9 +10,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from dfl_node.algorithms.defences import REASONS as DEFENCE_REASONS
-from dfl_node.algorithms.guard import REASONS as GUARD_REASONS
+from dfl_node.algorithms.step_guard import REASONS as GUARD_REASONS
 from dfl_node.hashes import OFFERED_HASHES
-from dfl_node.node.compatibility import REASONS as HELLO_REASONS
+from dfl_node.node.membership.compatibility import REASONS as HELLO_REASONS
 from dfl_node.peering.errors import UNCOUNTED_REFUSALS
 from dfl_node.peering.reasons import REASONS
 from dfl_node.records.metrics import NodeMetrics

@@ -16,7 +16,7 @@ STRANGERS = 50
 
 async def test_a_flood_of_refused_strangers_is_bounded_in_status_and_in_the_log(
         target: Target, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, "dfl_node.node.refusals")
+    caplog.set_level(logging.WARNING, "dfl_node.node.membership.refusals")
     for i in range(STRANGERS):
         reply = await target.stub.Hello(stranger_hello(target, node_id=f"stranger-{i:02d}", fingerprint="0" * 64,
                                                        sample_shape=[5]), timeout=5)

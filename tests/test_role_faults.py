@@ -25,9 +25,10 @@ import torch
 
 from dfl_node.algorithms import Role
 from dfl_node.net.server import start_server
-from dfl_node.node.daemon import Node
-from dfl_node.node.orders import Order
-from dfl_node.peering.messages import Assignment, HelloReply, Progress
+from dfl_node.node.exchange.assignments import Assignment
+from dfl_node.node.node import Node
+from dfl_node.peering.messages import Assignment as WireAssignment
+from dfl_node.peering.messages import HelloReply, Progress
 from tests.helpers.fleet import daemon
 from tests.helpers.nodes import order
 
@@ -48,7 +49,7 @@ async def serving(node: Node) -> AsyncIterator[str]:
         await server.stop(None)
 
 
-def pull_order(aggregator: str, source: str, **extra: object) -> Order:
+def pull_order(aggregator: str, source: str, **extra: object) -> Assignment:
     return order(round=0, epoch=1, holder=aggregator, role=Role.AGGREGATOR.value, aggregator=aggregator,
                  senders=(source,), pull=True, **extra)
 
@@ -129,7 +130,7 @@ async def test_a_sender_gives_its_role_back_when_its_aggregator_accepts_no_conne
                        mode="async")
     with silent_listener() as address:
         started = time.monotonic()
-        ack = await asyncio.wait_for(sender.requests.assign(Assignment(
+        ack = await asyncio.wait_for(sender.requests.assign(WireAssignment(
             round=0, epoch=0, holder="node-1", role=Role.SENDER.value, aggregator="node-1",
             aggregator_address=address, senders=("node-0",))), timeout=20)
         await asyncio.wait_for(sender.roles.quiesce(), timeout=20)
@@ -146,7 +147,7 @@ async def test_an_assign_holds_the_aggregator_role_no_longer_than_our_max_round_
     node = make_node(fleet_shards, tmp_path, "node-0", "defkt", round_timeout=1.0, max_round_timeout=2.0,
                      mode="async")
     started = time.monotonic()
-    ack = await node.requests.assign(Assignment(round=0, epoch=0, holder="node-9", role=Role.AGGREGATOR.value,
+    ack = await node.requests.assign(WireAssignment(round=0, epoch=0, holder="node-9", role=Role.AGGREGATOR.value,
                                                 aggregator="node-0", senders=("node-9",), deadline_s=1000))
     assert ack.ok
     await asyncio.wait_for(node.roles.quiesce(), timeout=20)
@@ -159,12 +160,12 @@ async def test_an_assign_far_ahead_of_the_fleet_is_refused_and_counted(fleet_sha
     node = make_node(fleet_shards, tmp_path, "node-0", "defkt", round_window=100)
     know(node, "node-1", "127.0.0.1:1")
     node.membership.table.peers["node-1"].progress = Progress(round=500, epoch=1)
-    forged = Assignment(round=2**63, epoch=1, holder="node-9", role=Role.AGGREGATOR.value, aggregator="node-0",
+    forged = WireAssignment(round=2**63, epoch=1, holder="node-9", role=Role.AGGREGATOR.value, aggregator="node-0",
                         senders=("node-9",), deadline_s=1)
     ack = await node.requests.assign(forged)
     assert (ack.ok, ack.reason) == (False, "round_window")
     assert node.tally.rejected["round_window"] == 1 and node.roles.role is Role.IDLE
-    honest = Assignment(round=600, epoch=1, holder="node-1", role=Role.AGGREGATOR.value, aggregator="node-0",
+    honest = WireAssignment(round=600, epoch=1, holder="node-1", role=Role.AGGREGATOR.value, aggregator="node-0",
                         senders=("node-1",), deadline_s=0.2)
     assert (await node.requests.assign(honest)).reason != "round_window"  # within 100 of the fleet's round 500
     await asyncio.wait_for(node.roles.quiesce(), timeout=20)

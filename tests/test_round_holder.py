@@ -15,13 +15,13 @@ from collections.abc import Collection
 import pytest
 
 from dfl_node.algorithms import NodeProfile, make_algorithm
-from dfl_node.node.clock import Clock
-from dfl_node.node.orders import Order
-from dfl_node.node.peers import PeerTable
-from dfl_node.node.ports import SchedulerPort
-from dfl_node.node.progress import RoundProgress
-from dfl_node.node.rounds import RoundScheduler
-from dfl_node.node.tally import Tally
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.progress import RoundProgress
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.exchange.assignments import Assignment
+from dfl_node.node.membership.peers import PeerTable
+from dfl_node.node.schedule.ports import SchedulerPort
+from dfl_node.node.schedule.rounds import RoundScheduler
 from dfl_node.peering.messages import Ack, HelloReply, Progress, Token
 from dfl_node.records.metrics import NodeMetrics
 from dfl_node.settings.node import MembershipSettings, ScheduleSettings
@@ -31,7 +31,7 @@ MEMBERS = ["node-0", "node-1", "node-2", "node-3"]
 
 
 class TableMembers:
-    """The members of a node as a bare peer table knows them (:class:`~dfl_node.node.membership.Members`)."""
+    """The members of a node as a bare peer table knows them (:class:`~dfl_node.node.membership.membership.Members`)."""
 
     def __init__(self, node_id: str, table: PeerTable) -> None:
         self.node_id, self.table = node_id, table
@@ -77,7 +77,7 @@ class MinimalNode:
         self.clock = Clock()
         self.peers = PeerTable(node_id, self._no_hello, self.clock, heartbeat=0.05, timeout=peer_timeout, static=[])
         self.progress = RoundProgress(self.clock)
-        self.dispatched: list[tuple[str, Order]] = []
+        self.dispatched: list[tuple[str, Assignment]] = []
         self.work_s = 0.0  # as its roles: it has computed nothing (its groups' deadlines are round_timeout)
         metrics = NodeMetrics(node_id, lambda: None)  # type: ignore[arg-type,return-value]  # never scraped
         self.port = SchedulerPort(
@@ -98,7 +98,7 @@ class MinimalNode:
         self.peers.seen(HelloReply(node_id=peer_id, grpc_address=f"{peer_id}:1", boot_id="b", model="mlp:32,32",
                                    num_samples=1))
 
-    async def dispatch(self, node_id: str, order: Order) -> Ack:  # its roles: recorded
+    async def dispatch(self, node_id: str, order: Assignment) -> Ack:  # its roles: recorded
         self.dispatched.append((node_id, order))
         return Ack(ok=True)
 

@@ -21,10 +21,10 @@ from dfl_node.algorithms.selection import (
     rank_by_profile,
     rank_by_samples,
 )
+from dfl_node.learning.algorithm_settings import AlgorithmOptions, SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.provision import provision
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.probes import ProbeRequest, answer_from_reply, probe_from_request, probe_reply, probe_request

@@ -26,7 +26,7 @@ from dfl_node.api.serving import MAX_BATCH, MAX_BODY
 from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import param_digest
-from dfl_node.node.daemon import Node
+from dfl_node.node.node import Node
 from dfl_node.service.run import _listen, run_node
 from dfl_node.service.wiring import Daemon
 from dfl_node.settings.node import NodeConfig

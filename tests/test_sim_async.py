@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dfl_node.sim.clock import run_virtual
-from dfl_node.sim.links import LinkProfile
+from dfl_node.sim.link_profiles import LinkProfile
 from tests.helpers.fleet import FLEET, virtual_fleet
 
 STEP_S = 0.01  # virtual seconds per training step: a fusion takes a while, so volunteers meet busy peers

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from dfl_node.algorithms.plan import Role
-from dfl_node.node.daemon import Node
+from dfl_node.node.node import Node
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.fleet import VirtualFleet
 from dfl_node.sim.ledger import Ledger, completed_rounds
-from dfl_node.sim.links import LinkProfile
+from dfl_node.sim.link_profiles import LinkProfile
 from tests.chaos import HISTORY_LIMIT, SEED, STALL_BOUND, TIMEOUTS, stall_bound
 from tests.helpers.fleet import FLEET, virtual_fleet
 from tests.helpers.waiting import until

@@ -1,6 +1,6 @@
 """Nodes behind NAT in the simulator: a device class with ``nat: true`` serves where nobody can dial it.
 Each such node finds that out (dial-backs that fail), holds a slot on a reachable member chosen by rendezvous hashing,
-and is reached through it for everything — the daemon's own code (:mod:`dfl_node.node.reach`) over the memory
+and is reached through it for everything — the daemon's own code (:mod:`dfl_node.node.membership.reach`) over the memory
 network, whose fabric routes calls to a slot through its relay and counts what the relay carries.
 
 - Half a fleet behind NAT learns bit for bit what the same fleet learns on one LAN, its NATed nodes sending and
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dfl_node.node.reach import RECHECK_S
+from dfl_node.node.membership.reach import RECHECK_S
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.simulation import DeviceClass, FaultSchedule, KillFault
 from dfl_node.sim.experiment import run_fleet

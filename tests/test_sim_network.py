@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from dfl_node.node.daemon import Node
-from dfl_node.node.swim_bounds import detection_bound
+from dfl_node.node.membership.swim_bounds import detection_bound
+from dfl_node.node.node import Node
 from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim.clock import run_virtual
 from dfl_node.sim.experiment import run_fleet
 from dfl_node.sim.fleet import VirtualFleet
-from dfl_node.sim.links import LinkProfile
+from dfl_node.sim.link_profiles import LinkProfile
 from tests.helpers.fleet import FLEET, simulated, virtual_fleet
 from tests.helpers.waiting import until
 

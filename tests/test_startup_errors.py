@@ -26,7 +26,7 @@ import zeroconf
 from dfl_node.errors import OperatorError
 from dfl_node.net.certs import new_secret
 from dfl_node.net.discovery import MdnsDiscovery
-from dfl_node.node.daemon import Node
+from dfl_node.node.node import Node
 from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon
 from dfl_node.settings.node import NodeConfig

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
+from dfl_node.learning.algorithm_settings import AlgorithmOptions, SharedSettings
 from dfl_node.testbed.launcher import free_port, node_env
 from tests.helpers.nodes import quiet_node_config, running
 

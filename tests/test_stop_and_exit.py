@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dfl_node.node.persistence import STATE_FILE
-from dfl_node.node.state_lock import StateLock
+from dfl_node.node.model.persistence import STATE_FILE
+from dfl_node.node.model.state_lock import StateLock
 from dfl_node.testbed.launcher import wait_until
 from tests.helpers.cli import error_lines, invoke
 from tests.helpers.fleet import FLEET, loopback_fleet

@@ -22,7 +22,7 @@ from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
 from dfl_node.net.auth import NO_SECURITY, load_security
 from dfl_node.net.certs import new_secret
-from dfl_node.node.daemon import Node
+from dfl_node.node.node import Node
 from dfl_node.peering.errors import PeerUnreachable, TransferRefused
 from dfl_node.testbed.launcher import free_port
 from tests.helpers.nodes import order, quiet_node_config, running

@@ -1,4 +1,4 @@
-"""The membership by SWIM: its rules one by one on a lone node (:class:`~dfl_node.node.swim.Swim`), its
+"""The membership by SWIM: its rules one by one on a lone node (:class:`~dfl_node.node.membership.swim.Swim`), its
 gossip queue's bounds, the Ping over gRPC's conversion, and whole simulated fleets of the daemon's own nodes: a load
 per node that does not grow with the fleet, no false suspicion, a kill known everywhere within the stated bound,
 every start known everywhere in a few periods."""
@@ -15,14 +15,14 @@ import pytest
 
 from dfl_node.algorithms.plan import NodeProfile
 from dfl_node.net.convert import from_wire, to_wire
-from dfl_node.node.clock import Clock
-from dfl_node.node.gossip import Gossip
-from dfl_node.node.membership import Membership
-from dfl_node.node.peers import PeerTable
-from dfl_node.node.progress import RoundProgress
-from dfl_node.node.swim import ALIVE, DEAD, SUSPECT, Swim
-from dfl_node.node.swim_bounds import detection_bound, join_bound
-from dfl_node.node.tally import Tally
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.progress import RoundProgress
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.membership.membership import Membership
+from dfl_node.node.membership.peers import PeerTable
+from dfl_node.node.membership.piggyback import PiggybackQueue
+from dfl_node.node.membership.swim import ALIVE, DEAD, SUSPECT, Swim
+from dfl_node.node.membership.swim_bounds import detection_bound, join_bound
 from dfl_node.peering.errors import PeerUnreachable
 from dfl_node.peering.messages import MAX_ID, Hello, HelloReply, MemberUpdate, Ping, PingAck, Progress
 from dfl_node.records.metrics import NodeMetrics
@@ -250,7 +250,7 @@ def test_a_holder_greets_the_members_its_token_names_each_period_until_they_answ
 
 
 def test_the_gossip_queue_is_bounded_and_sends_each_update_log_n_times() -> None:
-    gossip = Gossip(retransmit_mult=4, per_message=8, capacity=20)
+    gossip = PiggybackQueue(retransmit_mult=4, per_message=8, capacity=20)
     for i in range(30):
         gossip.add(MemberUpdate(state=ALIVE, incarnation=1, node_id=f"n{i}"))
     assert len(gossip) == 20
@@ -267,7 +267,7 @@ def test_the_gossip_queue_picks_what_a_full_sort_would() -> None:
     """The queue's heaps against the rule written plainly: fewest sends first, newest first among equals, the most
     sent (oldest) dropped beyond capacity, each update dropped once sent ``limit`` times."""
     rng = random.Random(7)
-    gossip = Gossip(retransmit_mult=2, per_message=3, capacity=12)
+    gossip = PiggybackQueue(retransmit_mult=2, per_message=3, capacity=12)
     plain: dict[str, list[Any]] = {}  # id -> [update, sent, order]
     added = 0
     for _ in range(3000):

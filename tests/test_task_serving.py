@@ -25,7 +25,7 @@ from rich.console import Console
 from dfl_node.api.status_cli import show_status
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.tasks import Anomaly
-from dfl_node.node.daemon import Node
+from dfl_node.node.node import Node
 from dfl_node.records.formatting import figure
 from dfl_node.records.metrics import figure_metric
 from dfl_node.service.wiring import Daemon
@@ -122,7 +122,7 @@ def onnx_answers(node: Node, out: Path, x: np.ndarray) -> tuple[np.ndarray, dict
 
 async def test_a_regression_node_names_its_rmse_and_answers_values(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="dfl_node.node.daemon")
+    caplog.set_level(logging.INFO, logger="dfl_node.node.node")
     test_x, test_y = regression_data(100, 200)
     async with fleet(tmp_path, "regression", [regression_data(i, 150) for i in range(2)], (test_x, test_y),
                      hidden=[16], local_epochs=10, mkt_epochs=5, lr=0.02) as nodes:

@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from dfl_node.algorithms import NodeContext, make_algorithm
 from dfl_node.algorithms.base import sample_pairs
 from dfl_node.algorithms.plan import Step
+from dfl_node.learning.algorithm_settings import BUILTIN_TASK_NAMES, SharedSettings
 from dfl_node.learning.data_files import read_samples
 from dfl_node.learning.data_format import DataFormat
 from dfl_node.learning.datasets import ArrayDataset, load_dataset
 from dfl_node.learning.fusion import mkt_losses
 from dfl_node.learning.models import ModelSpec
-from dfl_node.learning.settings import BUILTIN_TASK_NAMES, SharedSettings
 from dfl_node.learning.tasks import BUILTIN_TASKS, Anomaly, Classification, roc_auc, task_of
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig

@@ -12,12 +12,12 @@ import pytest
 from safetensors.torch import load_file
 
 from dfl_node.errors import InputError
+from dfl_node.learning.algorithm_settings import DATASET_DEPENDENT, sized_defaults
 from dfl_node.learning.datasets import load_shard, shard_metadata
 from dfl_node.learning.partitions import PARTITIONS
 from dfl_node.learning.provision import TEST_FILE, TRAIN_FILE, VAL_FILE, fleet_ids, provision, write_fleet
-from dfl_node.learning.settings import DATASET_DEPENDENT, sized_defaults
-from dfl_node.node.clock import Clock
-from dfl_node.node.data_watch import NodeData
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.model.data_watch import NodeData
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet

@@ -20,7 +20,7 @@ from dfl_node.algorithms.fullavg import FullAvg
 from dfl_node.algorithms.gossip import Gossip
 from dfl_node.algorithms.partial import FedDropout, FedRolex, HeteroFL
 from dfl_node.algorithms.plan import Group, NodeProfile, Role, RoundPlan, Step
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
+from dfl_node.learning.algorithm_settings import AlgorithmOptions, SharedSettings
 from dfl_node.plugins import PluginError, installed, load_installed, origin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (DefKT, FullAvg, Combo, FedAvg, FedProx, Gossip,

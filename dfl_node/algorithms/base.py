@@ -26,10 +26,10 @@ from torch import nn
 
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
+from dfl_node.learning.algorithm_settings import AlgorithmSettings, NoSettings, SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.privacy import PrivateTraining
-from dfl_node.learning.settings import AlgorithmSettings, NoSettings, SharedSettings
 from dfl_node.learning.tasks import Task, task_of
 from dfl_node.learning.training import SgdParams, local_sgd
 
@@ -126,7 +126,7 @@ class NodeContext:
     def snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of :meth:`checkpoint_state`, in the form :meth:`restore_checkpoint` puts back: a checkpoint taken
         outside a role writes one, so that a role starting meanwhile cannot tear it. (A role that fails reads
-        the model back from the newest checkpoint: :meth:`dfl_node.node.daemon.Node.restore_durable`.)"""
+        the model back from the newest checkpoint: :meth:`dfl_node.node.node.Node.restore_durable`.)"""
         return {name: tensor.detach().clone() for name, tensor in self.checkpoint_state().items()}
 
     def restore_checkpoint(self, state: dict[str, torch.Tensor], *, exact: bool = False) -> None:
@@ -211,7 +211,8 @@ class Algorithm(ABC):
     architectures: ClassVar[Literal["identical", "any"]] = "identical"
     replies: ClassVar[bool] = False
     pulls: ClassVar[bool] = False
-    settings_model: ClassVar[type[AlgorithmSettings]] = NoSettings  # its own settings (dfl_node.learning.settings)
+    # its own settings (dfl_node.learning.algorithm_settings)
+    settings_model: ClassVar[type[AlgorithmSettings]] = NoSettings
     settings: AlgorithmSettings  # an instance of settings_model: a subclass narrows the type
     # The tasks it learns (dfl_node.learning.tasks): None, any (it trains, distils and judges through the node's
     # task); else those named, ``classes_only`` saying why (a node refuses the others at start)

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dfl_node.algorithms.base import AlgorithmError, NodeContext, PairAlgorithm
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
+from dfl_node.learning.algorithm_settings import ComboSettings
 from dfl_node.learning.fusion import average_parts_, expected_ranges, segment_parts
-from dfl_node.learning.settings import ComboSettings
 from dfl_node.learning.training import local_sgd
 
 

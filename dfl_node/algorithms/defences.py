@@ -3,7 +3,7 @@
 The round runner screens a group's messages once its aggregator has done its own local step and holds them all
 (:func:`dfl_node.algorithms.runner.play_aggregator`), and a sender screens the reply it gets back: the models
 compared with are then the ones the fusion will use, in the simulator and a daemon alike. Each defence is off
-unless its setting is given (:class:`~dfl_node.learning.settings.DefenceSettings`, the ``defences`` part of a
+unless its setting is given (:class:`~dfl_node.learning.algorithm_settings.DefenceSettings`, the ``defences`` part of a
 node's settings), so a fleet without them fuses exactly as before; each refusal is a :class:`Refusal`, counted by
 its reason like every other.
 
@@ -29,8 +29,8 @@ from torch import nn
 from dfl_node.algorithms.base import AlgorithmError, NodeContext
 from dfl_node.algorithms.gather import GatherAlgorithm
 from dfl_node.algorithms.messages import ModelMessage, state_from_parts
+from dfl_node.learning.algorithm_settings import DefenceSettings
 from dfl_node.learning.robust import capped_count, relative_distance
-from dfl_node.learning.settings import DefenceSettings
 from dfl_node.learning.training import evaluate
 
 REASONS = ("sample_count", "norm_bound", "relative_accuracy")  # what a defence's refusal is counted as

@@ -38,7 +38,7 @@ from dfl_node.algorithms.selection import (
     rank_by_profile,
     rank_by_samples,
 )
-from dfl_node.learning.settings import SelectionSettings, SharedSettings
+from dfl_node.learning.algorithm_settings import SelectionSettings, SharedSettings
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ from dfl_node.algorithms.base import AlgorithmError, NodeContext, generator_for,
 from dfl_node.algorithms.gather import GatherAlgorithm
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import Step
+from dfl_node.learning.algorithm_settings import DFMLSettings
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import (
     CycleState,
@@ -35,7 +36,6 @@ from dfl_node.learning.mutual import (
     updates_peak,
     weighted_mutual_learning,
 )
-from dfl_node.learning.settings import DFMLSettings
 from dfl_node.learning.training import SgdParams
 
 STATE = "dfml"  # prefix of this algorithm's keys in a plan's state

@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dfl_node.algorithms.base import Algorithm, NodeContext, sample_pairs
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
+from dfl_node.learning.algorithm_settings import FairAvgSettings
 from dfl_node.learning.fairness import fairness_weight
 from dfl_node.learning.fusion import weighted_average_
-from dfl_node.learning.settings import FairAvgSettings
 from dfl_node.learning.training import local_sgd
 
 log = logging.getLogger(__name__)

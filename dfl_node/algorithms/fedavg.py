@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext, sample_gather, senders_for
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import NodeProfile, RoundPlan, Step
+from dfl_node.learning.algorithm_settings import FedAvgSettings, FedProxSettings
 from dfl_node.learning.models import tensor_shapes
 from dfl_node.learning.mutual import class_proportions, supervision
 from dfl_node.learning.robust import aggregate_states
-from dfl_node.learning.settings import FedAvgSettings, FedProxSettings
 from dfl_node.learning.training import local_sgd
 
 

@@ -19,10 +19,10 @@ from dfl_node.algorithms.base import AlgorithmError, NodeContext
 from dfl_node.algorithms.gather import GatherAlgorithm
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import Step
+from dfl_node.learning.algorithm_settings import FMLSettings
 from dfl_node.learning.fusion import average_states
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.mutual import deep_mutual_learning
-from dfl_node.learning.settings import FMLSettings
 
 
 class FML(GatherAlgorithm):

@@ -17,9 +17,9 @@ from torch import nn
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext, sample_gather, senders_for
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import NodeProfile, RoundPlan, Step
+from dfl_node.learning.algorithm_settings import GroupSettings
 from dfl_node.learning.models import ModelSpec, tensor_shapes
 from dfl_node.learning.mutual import Distance, Supervision, class_proportions, supervision
-from dfl_node.learning.settings import GroupSettings
 from dfl_node.learning.tasks import Classification
 from dfl_node.learning.training import local_sgd
 

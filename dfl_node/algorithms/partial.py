@@ -20,6 +20,7 @@ from dfl_node.algorithms.base import AlgorithmError, NodeContext, generator_for
 from dfl_node.algorithms.gather import GatherAlgorithm
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
 from dfl_node.algorithms.plan import Step
+from dfl_node.learning.algorithm_settings import PartialSettings
 from dfl_node.learning.models import ModelSpec
 from dfl_node.learning.partial import (
     aggregate_partial,
@@ -31,7 +32,6 @@ from dfl_node.learning.partial import (
     tensor_indices,
     tensor_layers,
 )
-from dfl_node.learning.settings import PartialSettings
 
 
 class PartialTraining(GatherAlgorithm):

@@ -1,8 +1,8 @@
 """The round sequence, written once: local steps → transmissions → aggregate → replies.
 
 A node plays its roles in a group with these coroutines, over a :class:`Transport` — the node's
-(:class:`~dfl_node.node.transport.PeerTransport`), whose messages cross its peer network: gRPC streams in a daemon,
-memory in the simulator, which runs the same nodes. What a transport must guarantee is small:
+(:class:`~dfl_node.node.exchange.transport.PeerTransport`), whose messages cross its peer network: gRPC streams in a
+daemon, memory in the simulator, which runs the same nodes. What a transport must guarantee is small:
 ``push`` delivers a sender's message to its group's aggregator and returns the reply addressed to
 that sender (None if the algorithm sends none); ``gather`` returns the messages that reached the
 aggregator (pushed to it, or pulled by it from the group's sources); ``reply`` hands each sender
@@ -14,7 +14,7 @@ gathered — after its own local step, so it compares them with the model it fus
 sender the reply it gets; ``refuse`` counts each refusal, and tells a refused sender so. A group whose
 every message was refused still completes (the aggregator fused none): it is not played again.
 
-Every step that changes the node's own models runs :func:`~dfl_node.algorithms.guard.guarded`: one that leaves a
+Every step that changes the node's own models runs :func:`~dfl_node.algorithms.step_guard.guarded`: one that leaves a
 NaN or ±Inf is undone (:func:`_undo`: the transport puts back the state the role began from, its durable checkpoint,
 and the role's earlier steps are played again). A fusion undone refuses the messages it fused
 (``non_finite_result``: finite values that poison a fusion, a model scaled a millionfold, are no better than NaN)
@@ -38,11 +38,11 @@ from typing import Protocol, TypeVar
 
 from dfl_node.algorithms.base import Algorithm, AlgorithmError, NodeContext
 from dfl_node.algorithms.defences import Refusal, screen
-from dfl_node.algorithms.guard import NON_FINITE_RESULT, NonFinite, guarded
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectsReceiver
-from dfl_node.learning.settings import DefenceSettings
+from dfl_node.algorithms.step_guard import NON_FINITE_RESULT, NonFinite, guarded
+from dfl_node.learning.algorithm_settings import DefenceSettings
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """The node as its REST API sees it: everything a route reads, in one protocol.
 
 :func:`~dfl_node.api.app.create_app` is given one object of this shape rather than a callable per route, so a new
-route touches this protocol and the route only. The daemon's :class:`~dfl_node.node.daemon.Node` satisfies it
+route touches this protocol and the route only. The daemon's :class:`~dfl_node.node.node.Node` satisfies it
 structurally (nothing here imports it); tests give a fake of the same shape.
 """
 

@@ -1,6 +1,6 @@
 """The trained model put to use over REST: ``GET /model``, ``GET /model/info`` and ``POST /predict``.
 
-All three read the node's *committed* model (:class:`~dfl_node.node.served.ServedModel`): the one its newest
+All three read the node's *committed* model (:class:`~dfl_node.node.model.served.ServedModel`): the one its newest
 checkpoint holds, never one a role is changing, so an answer is that of one whole model, named by its digest.
 
 ``POST /predict`` takes JSON ``{"samples": [...]}``: 1 to :data:`MAX_BATCH` samples, each a nested list of the

@@ -10,7 +10,7 @@ import click
 
 from dfl_node.errors import OperatorError
 from dfl_node.learning.export import ANOMALY, CLASSIFICATION, ExportFormat, ModelCard, export
-from dfl_node.node.persistence import read_trained
+from dfl_node.node.model.persistence import read_trained
 
 SUFFIXES: dict[str, ExportFormat] = {".safetensors": "safetensors", ".pt": "torchscript", ".ts": "torchscript",
                                      ".onnx": "onnx"}

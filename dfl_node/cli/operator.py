@@ -14,7 +14,7 @@ import click
 from dfl_node.api.status_cli import DEFAULT_URL, show_status
 from dfl_node.cli.http_token import http_headers, http_token_option
 from dfl_node.errors import OperatorError
-from dfl_node.node.state_lock import StateLock
+from dfl_node.node.model.state_lock import StateLock
 
 
 @click.command()

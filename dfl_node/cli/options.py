@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from dfl_node.learning.settings import DATASET_DEPENDENT, per_dataset_default
+from dfl_node.learning.algorithm_settings import DATASET_DEPENDENT, per_dataset_default
 from dfl_node.rates import parse_cap
 from dfl_node.registered import Registered, registry_of
 from dfl_node.settings.experiment import ExperimentConfig
@@ -173,7 +173,7 @@ def node_options(func: F) -> F:
 
 
 # Preset used when `dfl-node simulate` / `testbed` get no config file: a quick, meaningful demo on digits (whose
-# batch sizes and learning rate are its dataset defaults, dfl_node.learning.settings.PER_DATASET).
+# batch sizes and learning rate are its dataset defaults, dfl_node.learning.algorithm_settings.PER_DATASET).
 DEMO_DEFAULTS: dict[str, Any] = {
     "name": "demo", "dataset": "digits", "partition": "shards", "zeta": 4, "nodes": 10,
     "rounds": 200, "eval_every": 20,

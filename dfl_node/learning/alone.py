@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dfl_node.learning.algorithm_settings import SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
-from dfl_node.learning.settings import SharedSettings
 from dfl_node.learning.tasks import task_of
 from dfl_node.learning.training import SgdParams, local_sgd
 

@@ -1,5 +1,5 @@
 """A node's own data (``--data``): a file, or a folder of files, as its training and validation sets; read at
-start, and again whenever :mod:`dfl_node.node.data_watch` sees the folder change.
+start, and again whenever :mod:`dfl_node.node.model.data_watch` sees the folder change.
 
 A folder's files are its ``.csv``, ``.npz`` and ``.safetensors`` files (:func:`~.data_files.is_data_file`), in
 the order they were last modified. ``val.*`` files are its validation set; ``test.*`` files are never read (the

@@ -1,7 +1,8 @@
 """Sample-level differential privacy: DP-SGD on every optimiser step that trains on a node's own data, with Opacus
 computing the per-sample gradient norms, clipping factors and noise, and accounting ε (its RDP accountant; no
-accountant of our own). On with ``dp_epsilon`` or ``dp_noise`` (:class:`~dfl_node.learning.settings.SharedSettings`);
-off, nothing here runs and every path trains as it did, bit for bit.
+accountant of our own). On with ``dp_epsilon`` or ``dp_noise``
+(:class:`~dfl_node.learning.algorithm_settings.SharedSettings`); off, nothing here runs and every path trains as it did,
+bit for bit.
 
 One function, :meth:`PrivateTraining.train`, is the step of every path that touches the data — local training
 (:func:`~dfl_node.learning.training.local_sgd`, FedProx's proximal term included), MKT fusion
@@ -51,7 +52,7 @@ torch offers, its stream unpredictable to whoever does not hold the seed.
 
 Not covered: figures a node computes on its validation split (accuracy in ``/status``, defkt-select's class
 profile, fairavg's weights) are not noised; ``--selection probe-samples``, which sends raw samples, is refused with
-DP on (:func:`~dfl_node.learning.settings.privacy_refusal`).
+DP on (:func:`~dfl_node.learning.algorithm_settings.privacy_refusal`).
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ from torch import nn
 
 from dfl_node.errors import OperatorError
 from dfl_node.learning import work
+from dfl_node.learning.algorithm_settings import SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
-from dfl_node.learning.settings import SharedSettings
 from dfl_node.learning.training import Sgd, SgdParams, autocast, batches_per_epoch, gather, release
 
 if TYPE_CHECKING:

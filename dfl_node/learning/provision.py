@@ -15,12 +15,12 @@ from typing import Protocol
 import numpy as np
 
 from dfl_node.errors import InputError
+from dfl_node.learning.algorithm_settings import DATASET_DEPENDENT, SharedSettings, dataset_defaults, sized_defaults
 from dfl_node.learning.dataset_refs import BUILTIN_DATASETS
 from dfl_node.learning.datasets import ArrayDataset, save_shard, shard_dataset, shard_metadata
 from dfl_node.learning.local_data import Reads
 from dfl_node.learning.models import ModelSpec, spread
 from dfl_node.learning.partitions import client_splits
-from dfl_node.learning.settings import DATASET_DEPENDENT, SharedSettings, dataset_defaults, sized_defaults
 from dfl_node.learning.shard_settings import AS_RECORDED, ShardSettings
 from dfl_node.learning.tasks import task_of
 from dfl_node.learning.user_datasets import load_any_dataset, load_recorded
@@ -96,9 +96,10 @@ def provision(plan: FleetPlan) -> FleetData:
     settings' ``seed``); a recorded fleet (``as-recorded``) is not split, each device is a client.
 
     A dataset of the user's own has no learning defaults of its own: the batch sizes and learning rate not given
-    are sized to its clients (:func:`~dfl_node.learning.settings.sized_defaults` of the median client's training
-    samples), filled into ``plan.learning`` — which the simulator's and the testbed's nodes are given — and written
-    into every shard, so that nodes started on them (``dfl-node partition``, then ``start``) resolve the same."""
+    are sized to its clients (:func:`~dfl_node.learning.algorithm_settings.sized_defaults` of the median client's
+    training samples), filled into ``plan.learning`` — which the simulator's and the testbed's nodes are given — and
+    written into every shard, so that nodes started on them (``dfl-node partition``, then ``start``) resolve the
+    same."""
     data, learning, nodes = plan.shards, plan.learning, plan.nodes
     reads = task_of(learning).reads
     clients, test = (_as_recorded if data.partition == AS_RECORDED else _shared_out)(data, learning.seed, nodes, reads)
@@ -157,7 +158,7 @@ def write_fleet(fleet: FleetData, out_dir: Path) -> list[Path]:
 
 def node_dataset(shard_dir: Path) -> str | None:
     """The dataset a node's shard folder (:func:`write_fleet`) was drawn from, whose learning defaults the node
-    uses (:data:`~dfl_node.learning.settings.PER_DATASET`); None where its training shard names none."""
+    uses (:data:`~dfl_node.learning.algorithm_settings.PER_DATASET`); None where its training shard names none."""
     return shard_dataset(shard_dir / TRAIN_FILE)
 
 

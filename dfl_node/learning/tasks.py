@@ -30,10 +30,10 @@ from torch import nn
 
 from dfl_node.errors import OperatorError
 from dfl_node.learning import work
+from dfl_node.learning.algorithm_settings import SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.fusion import mkt_losses
 from dfl_node.learning.local_data import Reads
-from dfl_node.learning.settings import SharedSettings
 from dfl_node.learning.training import Evaluation, LossFn, evaluate
 from dfl_node.plugins import PluginError, load_installed
 

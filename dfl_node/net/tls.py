@@ -7,7 +7,7 @@ certificate**: the subject CN *and* a DNS name of it are the node id (``dfl-node
 both). The answering side reads the caller's CN from the connection and refuses a Hello (or a
 Transfer, Pull, Probe) that claims another id; the dialing side verifies the answering certificate
 against the id it expects (gRPC's ``ssl_target_name_override``), or, before it knows one, against the
-host name it dialed (then confirms the id the answer claims; :mod:`dfl_node.node.handshake`).
+host name it dialed (then confirms the id the answer claims; :mod:`dfl_node.node.membership.handshake`).
 
 :func:`load_tls` checks everything a handshake would trip over, so a misconfigured node refuses to
 start with one line instead of running insecure or failing every peer at run time.

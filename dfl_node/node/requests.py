@@ -3,8 +3,8 @@ carries the requests (gRPC in a daemon, memory in the simulator).
 
 Everything here starts from a peer's request, which is checked (epoch fencing, swarm, the aggregator's
 expectations, the algorithm's own check, the poisoned-model gate) before it may take a role or touch the model;
-the roles themselves are :class:`~dfl_node.node.roles.Roles`'. Round mode answers a pull or a probe only after the
-node's last role settled, so the model served is the one the simulator's node would serve.
+the roles themselves are :class:`~dfl_node.node.exchange.roles.Roles`'. Round mode answers a pull or a probe only after
+the node's last role settled, so the model served is the one the simulator's node would serve.
 """
 
 from __future__ import annotations
@@ -15,22 +15,21 @@ import logging
 from dfl_node.algorithms import AlgorithmError
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.selection import SelectsReceiver
-from dfl_node.node.clock import Clock
-from dfl_node.node.collector import Admitted, Collector
-from dfl_node.node.gate import check_received
-from dfl_node.node.learner import Learner
-from dfl_node.node.membership import Membership
-from dfl_node.node.orders import Order
-from dfl_node.node.ports import Scheduler
-from dfl_node.node.progress import RoundProgress
-from dfl_node.node.reach import Reach
-from dfl_node.node.roles import Roles
-from dfl_node.node.tally import Tally
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.progress import RoundProgress
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.exchange.arrival_checks import check_received
+from dfl_node.node.exchange.assignments import Assignment
+from dfl_node.node.exchange.collector import Admitted, Collector
+from dfl_node.node.exchange.roles import Roles
+from dfl_node.node.membership.membership import Membership
+from dfl_node.node.membership.reach import Reach
+from dfl_node.node.model.learner import Learner
+from dfl_node.node.schedule.ports import Scheduler
 from dfl_node.peering import control
 from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.messages import (
     Ack,
-    Assignment,
     DialBackRequest,
     Hello,
     HelloReply,
@@ -41,6 +40,7 @@ from dfl_node.peering.messages import (
     ReserveRequest,
     Token,
 )
+from dfl_node.peering.messages import Assignment as WireAssignment
 from dfl_node.peering.probes import ProbeReply, ProbeRequest, probe_from_request, probe_reply
 from dfl_node.settings.node import RoleSettings, ScheduleSettings
 
@@ -176,13 +176,13 @@ class PeerRequests:
         self.tally.transferred("sent", sent)
         self.tally.transferred("received", received)
 
-    async def assign(self, request: Assignment) -> Ack:
+    async def assign(self, request: WireAssignment) -> Ack:
         """A role from a holder (round mode) or an inviting volunteer (async mode). It must name a role a node can
         be given, and its round lie within ``round_window`` rounds of the fleet's progress as we know it: an
         honest holder's round is the fleet's newest, so a far larger one is forged or broken, and playing it
         would carry our round (and the token we may regenerate from it) off to where no honest node is (a
         refusal, counted)."""
-        order = Order.of(request)
+        order = Assignment.of(request)
         if order is None:
             return Ack(ok=False, reason="unknown_role")
         newest = max([self.progress.round, *(p.round for p in self.membership.progress().values())])

@@ -16,16 +16,16 @@ from typing import Protocol
 
 from dfl_node.algorithms.plan import Role
 from dfl_node.learning.privacy import PrivateTraining
-from dfl_node.node.clock import Clock
-from dfl_node.node.data_watch import NodeData
-from dfl_node.node.learner import Learner
-from dfl_node.node.link_quality import LinkQuality
-from dfl_node.node.membership import Membership
-from dfl_node.node.peers import Peer
-from dfl_node.node.progress import RoundProgress
-from dfl_node.node.reach import Reach
-from dfl_node.node.roles import Roles
-from dfl_node.node.tally import Tally
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.progress import RoundProgress
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.exchange.link_quality import LinkQuality
+from dfl_node.node.exchange.roles import Roles
+from dfl_node.node.membership.membership import Membership
+from dfl_node.node.membership.peers import Peer
+from dfl_node.node.membership.reach import Reach
+from dfl_node.node.model.data_watch import NodeData
+from dfl_node.node.model.learner import Learner
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.records.counters import COUNTER_FIELDS
 from dfl_node.records.fleet import FleetMember, FleetView, TokenView
@@ -36,7 +36,7 @@ from dfl_node.settings.node import NodeConfig
 
 
 class Observed(Protocol):
-    """What the views read of a node (:class:`~dfl_node.node.daemon.Node`)."""
+    """What the views read of a node (:class:`~dfl_node.node.node.Node`)."""
 
     config: NodeConfig
     boot_id: str

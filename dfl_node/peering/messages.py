@@ -151,7 +151,7 @@ MAX_ADDRESS = 256  # characters of a member's address in an update
 
 @dataclass(frozen=True, kw_only=True)
 class MemberUpdate:
-    """One member's state as the membership's gossip spreads it (SWIM, :mod:`dfl_node.node.swim`): a newer
+    """One member's state as the membership's gossip spreads it (SWIM, :mod:`dfl_node.node.membership.swim`): a newer
     ``incarnation`` wins, and at the same one dead beats suspect beats alive. An alive update carries the
     member's Hello: its identity, its profile (architecture, sample count) and its round progress."""
 

@@ -2,7 +2,7 @@
 
 A node reaches a peer through a :class:`PeerLink` from its :class:`PeerNetwork`, and serves its peers
 as a :class:`PeerHandler`. Implementations: :mod:`dfl_node.net` over gRPC and mDNS (links:
-:class:`~dfl_node.net.client.PeerClient` from :class:`~dfl_node.net.links.GrpcNetwork`; the handler
+:class:`~dfl_node.net.client.PeerClient` from :class:`~dfl_node.net.network.GrpcNetwork`; the handler
 is called by :class:`~dfl_node.net.servicer.DflServicer`), and :mod:`dfl_node.sim.network` in memory. Who a
 peer is, where the network authenticates its peers, is the network's to check (:meth:`PeerNetwork.confirm`):
 the node sees only the verdict. Every method runs on the event loop.
@@ -42,7 +42,8 @@ class PeerLink(Protocol):
     async def assign(self, assignment: Assignment, timeout: float) -> Ack: ...
     async def pass_token(self, token: Token, timeout: float) -> Ack: ...
     async def probe(self, request: ProbeRequest, timeout: float) -> ProbeReply: ...
-    async def ping(self, ping: Ping, timeout: float) -> PingAck: ...  # a membership probe (dfl_node.node.swim)
+    # A membership probe (dfl_node.node.membership.swim).
+    async def ping(self, ping: Ping, timeout: float) -> PingAck: ...
     # Ask the peer to dial us back at the address we say we serve: whether peers can reach us (ok).
     async def dial_back(self, request: DialBackRequest, timeout: float) -> Ack: ...
     # A control message (dfl_node.peering.control) and its reply, of the type its kind registered. Raises TypeError for

@@ -8,7 +8,8 @@ refusals panel then reads 0 on a healthy fleet, not "No data") and an operator c
 from __future__ import annotations
 
 REASONS: dict[str, str] = {
-    # Hello: who the peer is (TLS: mTLS or the swarm key) and whether we can learn together (node/compatibility.py)
+    # Hello: who the peer is (TLS: mTLS or the swarm key) and whether we can learn together
+    # (node/membership/compatibility.py)
     "identity_mismatch": "a connection authenticated as one node speaks for another",
     "unauthenticated": "a peer's certificate names no node id",
     "tls_handshake": "a peer's certificate failed our checks, or ours its",
@@ -26,7 +27,7 @@ REASONS: dict[str, str] = {
     "duplicate_id": "another process answers with our node id",
     "peer_table_full": "too many unconfirmed peers at once",
     "undecodable": "a request that is not the message its RPC takes",
-    # the membership's probes (node/swim.py, net/servicer.py)
+    # the membership's probes (node/membership/swim.py, net/servicer.py)
     "too_many_updates": "a membership ping with more updates than its bound",
     # control messages (peering/control.py, net/envelopes.py)
     "unknown_control": "a control message of a kind not known (or not answered) here",
@@ -50,7 +51,7 @@ REASONS: dict[str, str] = {
     "hash_not_offered": "a transfer's digest of a hash we did not offer",
     "bad_sha256": "a transfer's payload does not match its sha256",
     "bad_blake3": "a transfer's payload does not match its BLAKE3 digest",
-    # a round's roles (node/requests.py, node/collector.py, node/rounds.py)
+    # a round's roles (node/requests.py, node/exchange/collector.py, node/schedule/rounds.py)
     "stale_epoch": "a request of a round token's older epoch",
     "not_expected": "a transfer from a node that is no sender of our group",
     "too_late": "a transfer after its group's aggregation began",
@@ -64,13 +65,13 @@ REASONS: dict[str, str] = {
     "bad_probe": "a malformed selection probe",
     "bad_probe_answer": "a candidate's answer to our probe is malformed",
     "algorithm": "a message our algorithm cannot fuse (purpose, segments, shapes)",
-    # what a received model holds (node/gate.py, algorithms/defences.py)
+    # what a received model holds (node/exchange/arrival_checks.py, algorithms/defences.py)
     "non_finite": "a received model holds NaN or ±Inf",
     "low_accuracy": "a received model below --min-accuracy on our validation split",
     "sample_count": "a received sample count over --sample-cap times ours (fused with the capped count)",
     "norm_bound": "a received model farther from ours than --norm-bound times our model's norm",
     "relative_accuracy": "a received model more than --relative-gate below ours on our validation split",
-    # what this node computed from them (algorithms/guard.py, algorithms/runner.py)
+    # what this node computed from them (algorithms/step_guard.py, algorithms/runner.py)
     "non_finite_result": "fusing a received model (or using a reply) left NaN or ±Inf in ours: undone, refused",
     "diverged": "our own training left NaN or ±Inf in our model: undone (a pull of it refused)",
 }

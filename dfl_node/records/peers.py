@@ -1,6 +1,7 @@
 """A row of the node's peer table (``/status``' ``peers``), and what the node measured of its link to the peer.
 
-The peer table (:mod:`dfl_node.node.peers`) keeps its rows as these records; ``/status`` serves them as they are.
+The peer table (:mod:`dfl_node.node.membership.peers`) keeps its rows as these records; ``/status`` serves them as they
+are.
 """
 
 from __future__ import annotations

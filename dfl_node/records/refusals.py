@@ -1,5 +1,5 @@
 """A peer refused at Hello (``/status``' ``refused_peers``), as the node's refusal table keeps it
-(:mod:`dfl_node.node.refusals`)."""
+(:mod:`dfl_node.node.membership.refusals`)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from dfl_node.errors import OperatorError
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.discovery import Announcement, MdnsDiscovery
 from dfl_node.net.server import start_server
-from dfl_node.node.daemon import Node
+from dfl_node.node.node import Node
 from dfl_node.node.views import rest_url
 from dfl_node.service.wiring import Daemon
 from dfl_node.settings.node import ApiSettings, NodeConfig
@@ -146,8 +146,8 @@ async def _check_static_peers(node: Node) -> None:
 
 async def _announce_on_mdns(node: Node) -> MdnsDiscovery:
     """Register on mDNS (after every other check passed); zeroconf's probe may also catch a duplicate id. A peer
-    announced there is greeted (:meth:`~dfl_node.node.membership.Membership.found`): with mTLS its certificate
-    must be for the id it announced (mDNS gives an IP address, which no certificate names)."""
+    announced there is greeted (:meth:`~dfl_node.node.membership.membership.Membership.found`): with mTLS its
+    certificate must be for the id it announced (mDNS gives an IP address, which no certificate names)."""
     config = node.config
     try:
         discovery = MdnsDiscovery(announcement(node), bind_host=config.network.host,

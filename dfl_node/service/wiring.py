@@ -1,9 +1,9 @@
 """The composition root of ``dfl-node start``: a node built on gRPC, with the security its settings ask for.
 
 The node knows nothing of gRPC, TLS or the swarm key: this module checks the security settings first (a node told
-to authenticate never runs without it), then builds the :class:`~dfl_node.node.daemon.Node` with a network factory
+to authenticate never runs without it), then builds the :class:`~dfl_node.node.node.Node` with a network factory
 that turns the node's model identity into the wire's (:class:`~dfl_node.net.wire.WireIdentity`: the codec's
-manifests and limits) and a :class:`~dfl_node.net.links.GrpcNetwork` over it.
+manifests and limits) and a :class:`~dfl_node.net.network.GrpcNetwork` over it.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from dfl_node.errors import OperatorError
 from dfl_node.net.auth import Security, load_security
 from dfl_node.net.codec import Limits, Manifest, manifest_of
-from dfl_node.net.links import GrpcNetwork
+from dfl_node.net.network import GrpcNetwork
 from dfl_node.net.pacing import Pacing
 from dfl_node.net.relay import RelayServer
 from dfl_node.net.wire import WireIdentity
-from dfl_node.node.clock import Clock
-from dfl_node.node.daemon import Node
-from dfl_node.node.identity import ModelIdentity, NetworkFactory
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.identity import ModelIdentity, NetworkFactory
+from dfl_node.node.node import Node
 from dfl_node.peering.messages import Hello
 from dfl_node.secret_file import SecretFileError, read_secret
 from dfl_node.settings.node import NodeConfig

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from dfl_node.learning.dataset_refs import BUILTIN_DATASETS
-from dfl_node.learning.settings import (
+from dfl_node.learning.algorithm_settings import (
     AlgorithmOptions,
     DefenceSettings,
     ModelSpecText,
@@ -23,6 +22,7 @@ from dfl_node.learning.settings import (
     gates_refusal,
     privacy_refusal,
 )
+from dfl_node.learning.dataset_refs import BUILTIN_DATASETS
 from dfl_node.learning.shard_settings import AS_RECORDED, CLASSLESS_PARTITIONS, ShardSettings
 from dfl_node.settings.names import WIRE_DTYPE_HELP, AlgorithmName, WireDtype
 from dfl_node.settings.parts import Composite
@@ -53,10 +53,10 @@ class ExperimentConfig(Composite):
 
     @model_validator(mode="after")
     def _dataset_defaults(self) -> ExperimentConfig:
-        """Batch sizes and learning rate not given are the dataset's (:data:`~dfl_node.learning.settings.PER_DATASET`):
-        the simulator, a testbed's daemons (which get them as ``DFL_*``) and the results file then see the same. A
-        dataset of the user's own has them sized to it once it is read
-        (:func:`~dfl_node.learning.provision.provision`)."""
+        """Batch sizes and learning rate not given are the dataset's
+        (:data:`~dfl_node.learning.algorithm_settings.PER_DATASET`): the simulator, a testbed's daemons (which get them
+        as ``DFL_*``) and the results file then see the same. A dataset of the user's own has them sized to it once it
+        is read (:func:`~dfl_node.learning.provision.provision`)."""
         if self.shards.dataset in BUILTIN_DATASETS:
             self.learning.use_dataset_defaults(self.shards.dataset)
         return self

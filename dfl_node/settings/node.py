@@ -17,8 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dfl_node.addresses import is_loopback, parse_peer
-from dfl_node.learning.data_format import DataFormat
-from dfl_node.learning.settings import (
+from dfl_node.learning.algorithm_settings import (
     DATASET_DEPENDENT,
     AlgorithmOptions,
     DefenceSettings,
@@ -26,6 +25,7 @@ from dfl_node.learning.settings import (
     gates_refusal,
     privacy_refusal,
 )
+from dfl_node.learning.data_format import DataFormat
 from dfl_node.rates import parse_cap
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.names import WIRE_DTYPE_HELP, AlgorithmName, WireDtype
@@ -351,7 +351,7 @@ class NodeConfig(Composite):
         testbed): its dataset's, or, for a dataset of the user's own, the fleet's, so the nodes of a fleet
         partitioned together resolve alike, and whatever reads this config sees the values in use. Given all
         three, no shard is read; data that carries none has them sized to it once read
-        (:class:`~dfl_node.node.data_watch.NodeData`)."""
+        (:class:`~dfl_node.node.model.data_watch.NodeData`)."""
         if not set(DATASET_DEPENDENT) <= self.learning.model_fields_set:
             from dfl_node.learning.provision import node_defaults  # noqa: PLC0415 - torch only to read a shard
 

@@ -26,9 +26,9 @@ from dfl_node.algorithms import Algorithm, NodeContext, make_algorithm
 from dfl_node.algorithms.base import derive_seed, generator_for
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.algorithms.plan import Step
+from dfl_node.learning.algorithm_settings import AlgorithmOptions, SharedSettings
 from dfl_node.learning.attacks import flipped_labels, noisy, scaled, sign_flipped
 from dfl_node.learning.provision import ClientData, FleetData, fleet_ids
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.simulation import Adversaries, adversary_counts
 

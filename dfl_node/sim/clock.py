@@ -10,7 +10,7 @@ one here. What we need is ~40 lines over asyncio's own scheduling:
 * :class:`VirtualTimeLoop`: ``time()`` is a number the loop owns. asyncio asks its selector to wait only
   when no callback is ready, for exactly the time until the next timer; our selector polls the real one
   without waiting and, if nothing came, moves the clock by that much instead. Every ``asyncio.sleep``,
-  ``wait_for`` and ``timeout`` of the node reads ``loop.time()`` (:class:`~dfl_node.node.clock.Clock`), so a
+  ``wait_for`` and ``timeout`` of the node reads ``loop.time()`` (:class:`~dfl_node.node.core.clock.Clock`), so a
   120 s token timeout costs no wall time. A loop with nothing ready and no timer is deadlocked (nothing can
   wake it: the simulator has no sockets): it raises :class:`Deadlock` instead of hanging.
 * :class:`InlineExecutor`, the loop's default executor: ``to_thread`` work runs *inline*, on the loop's
@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from dfl_node.learning import work
 from dfl_node.learning.devices import torch_threads
 from dfl_node.learning.work import Work
-from dfl_node.node.clock import Clock
+from dfl_node.node.core.clock import Clock
 
 # Where virtual wall time starts: 2020-01-01T00:00:00Z, a fixed epoch so that timestamps are reproducible.
 VIRTUAL_EPOCH = 1_577_836_800.0

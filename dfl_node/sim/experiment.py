@@ -18,7 +18,7 @@ from typing import Any
 from dfl_node.algorithms import make_algorithm
 from dfl_node.fleet_results import fleet_result
 from dfl_node.learning.provision import FleetData, provision, write_fleet
-from dfl_node.node.learner import Learner
+from dfl_node.node.model.learner import Learner
 from dfl_node.results import RunResult, inference_summary
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig

@@ -1,4 +1,4 @@
-"""K real nodes in one process: the daemon's own :class:`~dfl_node.node.daemon.Node` — its round or async
+"""K real nodes in one process: the daemon's own :class:`~dfl_node.node.node.Node` — its round or async
 scheduler, roles, collector, gate and checkpoints — each over the in-memory network
 (:class:`~dfl_node.sim.network.MemoryFabric`) instead of gRPC, on the virtual clock of a
 :class:`~dfl_node.sim.clock.VirtualTimeLoop`; a compromised one with its attack (:mod:`dfl_node.sim.adversaries`).
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from dfl_node.learning.provision import TEST_FILE, architectures, fleet_ids
-from dfl_node.node.daemon import Node
-from dfl_node.node.identity import ModelIdentity
+from dfl_node.node.core.identity import ModelIdentity
+from dfl_node.node.node import Node
 from dfl_node.peering.messages import Hello
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
@@ -28,13 +28,13 @@ from dfl_node.sim.adversaries import compromised_algorithm
 from dfl_node.sim.clock import VirtualClock
 from dfl_node.sim.costs import classes_of
 from dfl_node.sim.ledger import durable_states
-from dfl_node.sim.links import LinkProfile
+from dfl_node.sim.link_profiles import LinkProfile
 from dfl_node.sim.membership import MembershipRecord
 from dfl_node.sim.network import MemoryFabric, MemoryNetwork
 
 BASE_PORT = 50_000  # the fleet's addresses are 127.0.0.1:50000+i: names on the fabric, never bound
 # A node behind NAT serves at a private address (the same host, its own port): not loopback, so it asks whether peers
-# can dial it (:mod:`dfl_node.node.reach`), and the fabric says they cannot; its node relays nobody.
+# can dial it (:mod:`dfl_node.node.membership.reach`), and the fabric says they cannot; its node relays nobody.
 NAT_HOST = "192.168.0.1"
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dfl_node.node.persistence import Checkpoint
+from dfl_node.node.model.persistence import Checkpoint
 
 
 def durable_states(nodes: Iterable[tuple[str, Path, str]], history_limit: int) -> dict[str, dict[str, Any]]:

@@ -1,8 +1,8 @@
 """What the membership cost and how well it knew the fleet, in a simulated run: the results' ``membership`` block.
 
 A :class:`MembershipRecord` is told when each node starts and is killed (by the fleet), and every change of a
-member's state at every node (a listener on each node's :class:`~dfl_node.node.swim.Swim`); each node's side of
-the fabric counts the membership messages of the calls it made and their estimated bytes
+member's state at every node (a listener on each node's :class:`~dfl_node.node.membership.swim.Swim`); each node's side
+of the fabric counts the membership messages of the calls it made and their estimated bytes
 (:class:`~dfl_node.sim.traffic.Traffic`). From these, :meth:`MembershipRecord.figures`:
 
 * ``messages_per_node_s`` and ``bytes_per_node_s``: Hellos, pings and their answers, per node and virtual second;
@@ -10,7 +10,7 @@ the fabric counts the membership messages of the calls it made and their estimat
   was up then, and ``false_deaths``: members declared dead by somebody while they were up;
 * ``detections``: for each kill, how long until the first and until the last node up declared it dead (None: some
   did not before it came back or the run ended), beside the stated bound
-  (:func:`~dfl_node.node.swim_bounds.detection_bound`);
+  (:func:`~dfl_node.node.membership.swim_bounds.detection_bound`);
 * ``joins``: for each start, how long until every other node up knew the node alive (``join_s``: the longest; the
   start of the fleet, where all join at once, included).
 """
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Any
 
-from dfl_node.node.swim import ALIVE, DEAD, SUSPECT
-from dfl_node.node.swim_bounds import detection_bound
+from dfl_node.node.membership.swim import ALIVE, DEAD, SUSPECT
+from dfl_node.node.membership.swim_bounds import detection_bound
 from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim.network import MemoryNetwork
 

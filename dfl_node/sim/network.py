@@ -2,8 +2,8 @@
 
 :class:`MemoryFabric` is the medium every node shares: which address serves which node's handler, which
 addresses are down (a killed node) or cut off from each other (a partition), and what each link costs
-(:class:`~dfl_node.sim.links.LinkProfile`). A node gets its own :class:`MemoryNetwork` from it (its side of every
-link), and passes it to :class:`~dfl_node.node.daemon.Node` in place of the gRPC network.
+(:class:`~dfl_node.sim.link_profiles.LinkProfile`). A node gets its own :class:`MemoryNetwork` from it (its side of
+every link), and passes it to :class:`~dfl_node.node.node.Node` in place of the gRPC network.
 
 A call on a :class:`MemoryLink` drives the callee's handler exactly as :class:`~dfl_node.net.servicer.DflServicer`
 does — same order, same counting, same errors — so node code cannot tell the two networks apart:
@@ -72,7 +72,7 @@ from dfl_node.peering.probes import ProbeReply, ProbeRequest
 from dfl_node.peering.relays import RelayLoad
 from dfl_node.peering.resume import CHUNK, Resume
 from dfl_node.peering.wire_dtypes import EXACT, payload_bytes, through
-from dfl_node.sim.links import LinkProfile, ProfileFn
+from dfl_node.sim.link_profiles import LinkProfile, ProfileFn
 from dfl_node.sim.traffic import Traffic
 
 T = TypeVar("T")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from dfl_node.addresses import is_loopback
 from dfl_node.fleet_results import fleet_result
+from dfl_node.learning.algorithm_settings import AlgorithmOptions, SharedSettings
 from dfl_node.learning.provision import TEST_FILE, FleetData, architectures, fleet_ids
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
 from dfl_node.results import RunResult
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.fetch import fetch_all

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from dfl_node.algorithms import NodeContext
+from dfl_node.learning.algorithm_settings import SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.models import ModelSpec
-from dfl_node.learning.settings import SharedSettings
 
 TINY_SETTINGS = SharedSettings(batch_size=8, mkt_batch_size=8, lr=0.1, hidden=[16])
 

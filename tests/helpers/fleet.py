@@ -19,7 +19,7 @@ from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import NodeConfig
 from dfl_node.sim import run_fleet
 from dfl_node.sim.fleet import VirtualFleet, plan_nodes
-from dfl_node.sim.links import LinkProfile
+from dfl_node.sim.link_profiles import LinkProfile
 from dfl_node.testbed.launcher import NodeProcess, Placement, plan_fleet, stop_all
 
 # The fleet every daemon test uses: 4 nodes on digits, quick to train, and what the simulator runs too.

@@ -20,7 +20,7 @@ from dfl_node.learning.models import build_model
 from dfl_node.net.client import open_transfer
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.node.daemon import Node
+from dfl_node.node.node import Node
 from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon
 from dfl_node.testbed.launcher import free_port

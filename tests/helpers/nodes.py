@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from dfl_node.learning.settings import AlgorithmOptions, SharedSettings
+from dfl_node.learning.algorithm_settings import AlgorithmOptions, SharedSettings
 from dfl_node.net.convert import to_wire
 from dfl_node.net.proto import dfl_pb2 as pb
-from dfl_node.node.daemon import Node
-from dfl_node.node.orders import Order
-from dfl_node.peering.messages import Assignment
+from dfl_node.node.exchange.assignments import Assignment
+from dfl_node.node.node import Node
+from dfl_node.peering.messages import Assignment as WireAssignment
 from dfl_node.service.run import run_node
 from dfl_node.service.wiring import Daemon
 from dfl_node.settings.node import NodeConfig
@@ -87,9 +87,9 @@ async def start_cli(config: NodeConfig, **changes: str) -> tuple[int, list[str],
     return proc.returncode, [line for line in text.splitlines() if not LOG_RECORD.match(line)], text
 
 
-def order(**assignment: Any) -> Order:
+def order(**assignment: Any) -> Assignment:
     """The order an Assign of these fields gives a node (one it can play)."""
-    given = Order.of(Assignment(**assignment))
+    given = Assignment.of(WireAssignment(**assignment))
     assert given is not None, assignment
     return given
 

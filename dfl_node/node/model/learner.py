@@ -25,25 +25,25 @@ import torch
 
 from dfl_node.algorithms import Algorithm, NodeContext, NodeProfile
 from dfl_node.algorithms.base import equip
+from dfl_node.learning.algorithm_settings import SharedSettings
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.devices import resolve_device, use_backends
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import ModelSpec, fingerprint, param_digest
 from dfl_node.learning.privacy import PrivateTraining
-from dfl_node.learning.settings import SharedSettings
 from dfl_node.learning.tasks import task_of
-from dfl_node.node.clock import Clock
-from dfl_node.node.data_watch import NodeData
-from dfl_node.node.eval_schedule import EvalSchedule
-from dfl_node.node.identity import Layout, ModelIdentity
-from dfl_node.node.persistence import Checkpoint, load_served
-from dfl_node.node.progress import RoundProgress
-from dfl_node.node.served import ServedModel
-from dfl_node.node.tally import Tally
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.identity import Layout, ModelIdentity
+from dfl_node.node.core.progress import RoundProgress
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.model.data_watch import NodeData
+from dfl_node.node.model.eval_schedule import EvalSchedule
+from dfl_node.node.model.persistence import Checkpoint, load_served
+from dfl_node.node.model.served import ServedModel
 from dfl_node.records.history import HistoryEntry, SeriesAccuracy
 from dfl_node.settings.node import StorageSettings
 
-log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
+log = logging.getLogger("dfl_node.node.node")  # the node's own log lines, wherever the code sits
 MAX_LAYOUTS = 64  # other architectures' layouts kept at most: peers cannot grow the table without limit
 
 

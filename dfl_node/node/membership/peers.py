@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from dfl_node.algorithms.plan import NodeProfile
-from dfl_node.node.clock import Clock
-from dfl_node.node.logs import RateLimitedLog
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.logs import RateLimitedLog
 from dfl_node.peering.messages import MAX_ID, Hello, HelloReply, Progress
 from dfl_node.records.peers import PeerInfo
 

@@ -20,17 +20,17 @@ from typing import Protocol, TypeVar
 
 from dfl_node.algorithms import AlgorithmError
 from dfl_node.algorithms.defences import Refusal
-from dfl_node.algorithms.guard import DIVERGED
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.algorithms.plan import Role, Step
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectionError, check_answer
-from dfl_node.node.clock import Clock
-from dfl_node.node.collector import Collector
-from dfl_node.node.gate import check_finite, check_received
-from dfl_node.node.learner import Learner
-from dfl_node.node.link_quality import LinkQuality
-from dfl_node.node.orders import Order
-from dfl_node.node.tally import Tally
+from dfl_node.algorithms.step_guard import DIVERGED
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.exchange.arrival_checks import check_finite, check_received
+from dfl_node.node.exchange.assignments import Assignment
+from dfl_node.node.exchange.collector import Collector
+from dfl_node.node.exchange.link_quality import LinkQuality
+from dfl_node.node.model.learner import Learner
 from dfl_node.peering.errors import PeerUnreachable, TransferCut, TransferRefused, TransferRejected
 from dfl_node.peering.messages import Ack, PullRequest
 from dfl_node.peering.port import PeerNetwork
@@ -55,7 +55,7 @@ class AlreadyPlayed(Exception):
 
 
 class Player(Protocol):
-    """What a role's transport uses of the roles part that plays it (:class:`~dfl_node.node.roles.Roles`)."""
+    """What a role's transport uses of the roles part that plays it (:class:`~dfl_node.node.exchange.roles.Roles`)."""
 
     node_id: str
     swarm: str
@@ -67,17 +67,17 @@ class Player(Protocol):
     network: PeerNetwork
     links: LinkQuality
 
-    def address_in(self, node_id: str, order: Order) -> str | None: ...
-    def deadline_of(self, order: Order) -> float: ...
-    async def dispatch(self, node_id: str, order: Order) -> Ack: ...
+    def address_in(self, node_id: str, order: Assignment) -> str | None: ...
+    def deadline_of(self, order: Assignment) -> float: ...
+    async def dispatch(self, node_id: str, order: Assignment) -> Ack: ...
     def fusion_started(self) -> None: ...
 
 
 class PeerTransport:
     """The transport of one role (``order``) of the node whose ``roles`` play it."""
 
-    def __init__(self, roles: Player, order: Order, collector: Collector | None = None, *, aggregator_address: str = "",
-                 accepted: asyncio.Future[bool] | None = None) -> None:
+    def __init__(self, roles: Player, order: Assignment, collector: Collector | None = None, *,
+                 aggregator_address: str = "", accepted: asyncio.Future[bool] | None = None) -> None:
         self.roles = roles
         self.order = order  # the holder's address book; for an open group's sender, the holder and deadline a
         # chosen aggregator gets
@@ -282,7 +282,7 @@ class PeerTransport:
         roles, mine = self.roles, self.order
         chosen = step.group.aggregator
         address = self.address_of(chosen) or ""
-        role = Order(Role.AGGREGATOR, Step(step.round, step.group, dict(step.state)), self.epoch, mine.holder,
+        role = Assignment(Role.AGGREGATOR, Step(step.round, step.group, dict(step.state)), self.epoch, mine.holder,
                      address, roles.deadline_of(mine), mine.addresses)
         ack = await roles.dispatch(chosen, role)
         if ack.reason == "already_played":

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dfl_node.algorithms import Algorithm
-from dfl_node.node.clock import Clock
-from dfl_node.node.membership import Members
-from dfl_node.node.orders import Order
-from dfl_node.node.progress import RoundProgress
-from dfl_node.node.roles import Roles
-from dfl_node.node.tally import Tally
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.progress import RoundProgress
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.exchange.assignments import Assignment
+from dfl_node.node.exchange.roles import Roles
+from dfl_node.node.membership.membership import Members
 from dfl_node.peering.messages import Ack, Progress, Token
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.settings.node import MembershipSettings, ScheduleSettings
@@ -48,5 +48,5 @@ class Scheduler(Protocol):
 
     async def run(self) -> None: ...
     def on_join(self, peer_id: str, restarted: bool) -> None: ...  # a peer (re)joined
-    async def play(self, order: Order) -> Ack: ...  # a role a peer gives this node, played under this scheduler
+    async def play(self, order: Assignment) -> Ack: ...  # a role a peer gives this node, played under this scheduler
     async def token(self, request: Token) -> Ack: ...  # the round token, or its announcement

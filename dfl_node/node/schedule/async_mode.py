@@ -17,8 +17,8 @@ import random
 
 from dfl_node.algorithms.base import derive_seed
 from dfl_node.algorithms.plan import Role
-from dfl_node.node.orders import Order
-from dfl_node.node.ports import SchedulerPort
+from dfl_node.node.exchange.assignments import Assignment
+from dfl_node.node.schedule.ports import SchedulerPort
 from dfl_node.peering.messages import Ack, Token
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class AsyncScheduler:
     def on_join(self, peer_id: str, restarted: bool) -> None:
         """Nothing to tell a newcomer: there is no shared round state in async mode."""
 
-    async def play(self, order: Order) -> Ack:
+    async def play(self, order: Assignment) -> Ack:
         """An invitation from a volunteering aggregator (epoch 0): taken if this node is free."""
         if order.epoch != 0:
             return Ack(ok=False, reason="async_mode")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dfl_node.node.clock import Clock
+from dfl_node.node.core.clock import Clock
 
 
 class RoundProgress:

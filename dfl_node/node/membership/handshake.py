@@ -19,10 +19,10 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from dfl_node.node.compatibility import REASONS, Verdict, check, their_refusal
-from dfl_node.node.peers import PeerTable
-from dfl_node.node.refusals import Refusals
-from dfl_node.node.tally import Tally
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.membership.compatibility import REASONS, Verdict, check, their_refusal
+from dfl_node.node.membership.peers import PeerTable
+from dfl_node.node.membership.refusals import Refusals
 from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
 from dfl_node.peering.messages import Hello, HelloReply, Progress
 from dfl_node.peering.port import PeerNetwork

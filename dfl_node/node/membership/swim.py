@@ -35,10 +35,10 @@ import random
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from dfl_node.node.clock import Clock
-from dfl_node.node.gossip import Gossip
-from dfl_node.node.peers import PeerTable
-from dfl_node.node.swim_bounds import suspicion_timeouts, sync_interval
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.membership.peers import PeerTable
+from dfl_node.node.membership.piggyback import PiggybackQueue
+from dfl_node.node.membership.swim_bounds import suspicion_timeouts, sync_interval
 from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
 from dfl_node.peering.messages import MAX_ADDRESS, MAX_ID, MAX_MEMBERS, MAX_UPDATES, Hello, MemberUpdate, Ping, PingAck
 from dfl_node.peering.port import PeerNetwork
@@ -112,7 +112,7 @@ class Swim:
         self.members: dict[str, Member] = {}
         # where each member serves -> its id (the static addresses it covers; the table reads it)
         self.serving: dict[str, str] = serving if serving is not None else {}
-        self.gossip = Gossip(settings.retransmit_mult, PER_MESSAGE, capacity=1024)
+        self.gossip = PiggybackQueue(settings.retransmit_mult, PER_MESSAGE, capacity=1024)
         self.invalid = 0  # malformed updates peers sent us, dropped
         self.listeners: list[Listener] = []  # told of every change of a member's state here (the simulator's figures)
         self._announced: Hello | None = None

@@ -17,7 +17,8 @@ MAX_KEYS = 256  # reasons are our own stable codes; the bound only guards agains
 
 class RateLimitedLog:
     def __init__(self, logger: logging.Logger, clock: Callable[[], float], interval: float = 10.0) -> None:
-        """``clock``: the node's (:meth:`~dfl_node.node.clock.Clock.monotonic`), so a virtual clock paces it too."""
+        """``clock``: the node's (:meth:`~dfl_node.node.core.clock.Clock.monotonic`), so a virtual clock paces it
+        too."""
         self.logger, self.interval, self.clock = logger, interval, clock
         self._last: dict[str, float] = {}
         self.suppressed: Counter[str] = Counter()

@@ -4,11 +4,11 @@ a checkpoint describes it, and the copy a serving node keeps of the committed on
 *Which*: the model whose accuracy the node reports as its own (:meth:`Algorithm.reported_models`' first: the
 node's model, DFML's peak model). *Committed*: the model a checkpoint holds, never one that a role is training or
 fusing in a worker thread right now. The first request reads it from the node's newest checkpoint while no
-checkpoint is being written (:meth:`dfl_node.node.daemon.Node.committed_model`); from then on the node keeps a
+checkpoint is being written (:meth:`dfl_node.node.node.Node.committed_model`); from then on the node keeps a
 copy, replaced after every checkpoint (:meth:`ServedModel.commit`, in the thread that wrote the checkpoint, while
 the role that changed the model still holds it): a request reads that copy whatever the node is doing, and never
 waits for a role. A node nobody asks keeps nothing (an aggregator's memory, the simulator's hundreds of nodes).
-``dfl-node export`` reads the same model from a state folder (:func:`dfl_node.node.persistence.read_trained`): its
+``dfl-node export`` reads the same model from a state folder (:func:`dfl_node.node.model.persistence.read_trained`): its
 checkpoint's metadata says which entries form it and how to rebuild it (:meth:`ServedModel.metadata`).
 
 *What it means*: the node's task (:mod:`dfl_node.learning.tasks`) is in the checkpoint's metadata and every card,

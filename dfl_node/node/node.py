@@ -1,23 +1,24 @@
 """The node: one asyncio process that serves its peers, learns, and reports — a small composition of parts, each
 owning its state behind a narrow interface, so that only its owner writes a piece of state:
 
-* :class:`~dfl_node.node.progress.RoundProgress`: where it stands in the fleet's rounds (round, epoch, the
+* :class:`~dfl_node.node.core.progress.RoundProgress`: where it stands in the fleet's rounds (round, epoch, the
   round it last played, the token it holds, whether it is done);
-* :class:`~dfl_node.node.learner.Learner`: the model and its checkpoints (with its data, evaluation, history
+* :class:`~dfl_node.node.model.learner.Learner`: the model and its checkpoints (with its data, evaluation, history
   and the model served);
-* :class:`~dfl_node.node.membership.Membership`: who is in the fleet, read through
-  :class:`~dfl_node.node.membership.Members`;
-* :class:`~dfl_node.node.roles.Roles`: the one role it plays at a time, over a
-  :class:`~dfl_node.node.transport.PeerTransport`;
+* :class:`~dfl_node.node.membership.membership.Membership`: who is in the fleet, read through
+  :class:`~dfl_node.node.membership.membership.Members`;
+* :class:`~dfl_node.node.exchange.roles.Roles`: the one role it plays at a time, over a
+  :class:`~dfl_node.node.exchange.transport.PeerTransport`;
 * its scheduler (:mod:`.rounds` for token rounds, :mod:`.async_mode`), given a
-  :class:`~dfl_node.node.ports.SchedulerPort` of the parts it works with;
-* :class:`~dfl_node.node.tally.Tally`: what it counts; :class:`~dfl_node.node.link_quality.LinkQuality`: what its
+  :class:`~dfl_node.node.schedule.ports.SchedulerPort` of the parts it works with;
+* :class:`~dfl_node.node.core.tally.Tally`: what it counts; :class:`~dfl_node.node.exchange.link_quality.LinkQuality`:
+what its
   transfers measured of each link; :class:`~dfl_node.node.requests.PeerRequests`: what it answers its peers.
 
 It reaches its peers only through the peer network port (:mod:`dfl_node.peering`), which whoever runs it builds
-from the node's model (a :data:`~dfl_node.node.identity.NetworkFactory`: the daemon's composition root for gRPC,
+from the node's model (a :data:`~dfl_node.node.core.identity.NetworkFactory`: the daemon's composition root for gRPC,
 mDNS and its security, :mod:`dfl_node.service`; the simulator for its memory, :mod:`dfl_node.sim`), and reads
-time only from its :class:`~dfl_node.node.clock.Clock`.
+time only from its :class:`~dfl_node.node.core.clock.Clock`.
 
 Its log lines number rounds as ``/history`` does: the round a step completes (its index + 1), so the
 line of a fusion and its history entry say the same round.
@@ -34,23 +35,23 @@ from dfl_node.algorithms import Algorithm, Role, make_algorithm
 from dfl_node.algorithms.base import derive_seed
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.local_data import DataView
-from dfl_node.node.absences import Absences
-from dfl_node.node.async_mode import AsyncScheduler
-from dfl_node.node.clock import Clock
-from dfl_node.node.data_watch import NodeData
-from dfl_node.node.eval_schedule import EvalSchedule
-from dfl_node.node.identity import NetworkFactory
-from dfl_node.node.learner import Learner
-from dfl_node.node.link_quality import LinkQuality
-from dfl_node.node.membership import Membership
-from dfl_node.node.ports import Scheduler, SchedulerPort
-from dfl_node.node.progress import RoundProgress
-from dfl_node.node.reach import Reach
-from dfl_node.node.reports import Reporter
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.identity import NetworkFactory
+from dfl_node.node.core.progress import RoundProgress
+from dfl_node.node.core.reports import Reporter
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.exchange.absences import Absences
+from dfl_node.node.exchange.link_quality import LinkQuality
+from dfl_node.node.exchange.roles import Roles
+from dfl_node.node.membership.membership import Membership
+from dfl_node.node.membership.reach import Reach
+from dfl_node.node.model.data_watch import NodeData
+from dfl_node.node.model.eval_schedule import EvalSchedule
+from dfl_node.node.model.learner import Learner
 from dfl_node.node.requests import PeerRequests
-from dfl_node.node.roles import Roles
-from dfl_node.node.rounds import RoundScheduler
-from dfl_node.node.tally import Tally
+from dfl_node.node.schedule.async_mode import AsyncScheduler
+from dfl_node.node.schedule.ports import Scheduler, SchedulerPort
+from dfl_node.node.schedule.rounds import RoundScheduler
 from dfl_node.node.views import fleet_view, node_status, role_name
 from dfl_node.peering.messages import Hello, Progress
 from dfl_node.records.fleet import FleetView
@@ -128,7 +129,8 @@ class Node:
 
     @property
     def address(self) -> str:
-        """Where peers reach it: its own address, or its slot on its relay (:class:`~dfl_node.node.reach.Reach`)."""
+        """Where peers reach it: its own address, or its slot on its relay
+        (:class:`~dfl_node.node.membership.reach.Reach`)."""
         return self.reach.address
 
     def _restore(self) -> None:
@@ -151,7 +153,8 @@ class Node:
         """Our Hello: who we are, and where we stand. The same object while neither where we stand nor our data
         changed: every membership message carries it (a thousand a second in a thousand-node simulation), SWIM
         compares it with the last it announced, and a reply to a Hello is made from it. Its address is where peers
-        reach it (:class:`~dfl_node.node.reach.Reach`): a change is a new incarnation, which gossip spreads."""
+        reach it (:class:`~dfl_node.node.membership.reach.Reach`): a change is a new incarnation, which gossip
+        spreads."""
         config, ctx, identity, said = self.config, self.learner.ctx, self.identity, self._hello
         now = (self.own_progress(), ctx.num_samples, tuple(ctx.train.input_shape), ctx.train.num_classes,
                self.roles.work_s, self.reach.address, self.reach.relay, self.reach.state == "direct")

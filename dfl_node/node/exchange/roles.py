@@ -5,7 +5,7 @@ A sender or aggregator role runs as a task (``_settling``) through the round run
 and is held until its work is checkpointed; the next role, in round mode, waits for it (:meth:`Roles.settled`).
 Serving a pull (a source) and answering a probe (a candidate) are roles too, held for as long as they take; async
 mode's volunteering (:meth:`Roles.lead`) lives here. A role changes the model through the algorithm; the model,
-its evaluation and its checkpoints are the :class:`~dfl_node.node.learner.Learner`'s. A peer that leaves or
+its evaluation and its checkpoints are the :class:`~dfl_node.node.model.learner.Learner`'s. A peer that leaves or
 restarts while a group waits for it is :mod:`.absences`'.
 """
 
@@ -17,27 +17,27 @@ from collections.abc import Callable
 from typing import Literal
 
 from dfl_node.algorithms import Group, Role, Step
-from dfl_node.algorithms.guard import DIVERGED, NonFinite, guarded
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
 from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectsReceiver
-from dfl_node.learning.settings import DefenceSettings
-from dfl_node.node.clock import Clock
-from dfl_node.node.collector import Collector
-from dfl_node.node.learner import Learner
-from dfl_node.node.link_quality import LinkQuality
-from dfl_node.node.membership import Members
-from dfl_node.node.orders import Order
-from dfl_node.node.progress import RoundProgress
-from dfl_node.node.reports import Reporter
-from dfl_node.node.tally import Tally
-from dfl_node.node.transport import AlreadyPlayed, PeerTransport, TransferFailed
+from dfl_node.algorithms.step_guard import DIVERGED, NonFinite, guarded
+from dfl_node.learning.algorithm_settings import DefenceSettings
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.progress import RoundProgress
+from dfl_node.node.core.reports import Reporter
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.exchange.assignments import Assignment
+from dfl_node.node.exchange.collector import Collector
+from dfl_node.node.exchange.link_quality import LinkQuality
+from dfl_node.node.exchange.transport import AlreadyPlayed, PeerTransport, TransferFailed
+from dfl_node.node.membership.membership import Members
+from dfl_node.node.model.learner import Learner
 from dfl_node.peering.errors import PeerUnreachable, TransferRejected
 from dfl_node.peering.messages import Ack, Offer
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.settings.node import RoleSettings, ScheduleSettings
 
-log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
+log = logging.getLogger("dfl_node.node.node")  # the node's own log lines, wherever the code sits
 
 
 class Roles:
@@ -170,7 +170,7 @@ class Roles:
             self.progress.exchanged()
 
     # ----- the roles of a group ------------------------------------------------------------
-    async def play(self, order: Order) -> Ack:
+    async def play(self, order: Assignment) -> Ack:
         """Take a group role (a peer's Assign, or this node's own scheduler) and play it.
 
         Round mode: a round this node already played (its checkpoint says so) is answered ``already_played``
@@ -208,7 +208,7 @@ class Roles:
             await asyncio.shield(collector.gathered.wait())
         return Ack(ok=True)
 
-    def _give_up_stale(self, order: Order) -> None:
+    def _give_up_stale(self, order: Assignment) -> None:
         """Round mode: a holder's Assign for a later round, or for our own group again, while our group still waits
         for senders none of which began to send. The holder moves on from a group only once it fused or was given
         up, and plays a group again only once it failed: our Assign's answer was lost on the way (a relay that died
@@ -224,7 +224,7 @@ class Roles:
                      self.node_id, collector.round + 1, step.round + 1, ", ".join(sorted(collector.missing())))
             collector.expire()
 
-    def deadline_of(self, order: Order) -> float:
+    def deadline_of(self, order: Assignment) -> float:
         """How long a role of ``order`` may take: an aggregator's wait for its senders, a sender's transfer until its
         fusion is confirmed. What the order asks (a holder's deadline follows its members' speed), never longer than
         our own ``max_round_timeout`` (an Assign is a peer's request: it cannot hold our only role for as long as it
@@ -247,11 +247,11 @@ class Roles:
         shape = self.learner.algorithm.async_shape
         if shape == "select":  # 001: volunteer as a sender that chooses its receiver
             group = Group("", (self.node_id,), candidates=tuple(candidates[:wanted]))
-            return (await self.play(Order(Role.SENDER, Step(round_, group), holder=self.node_id,
+            return (await self.play(Assignment(Role.SENDER, Step(round_, group), holder=self.node_id,
                                           deadline_s=self.round_timeout))).ok
         if shape == "pull":  # nobody to invite: pull from the first ``wanted`` candidates
             group = Group(self.node_id, tuple(candidates[:wanted]), pull=True)
-            return (await self.play(Order(Role.AGGREGATOR, Step(round_, group)))).ok
+            return (await self.play(Assignment(Role.AGGREGATOR, Step(round_, group)))).ok
         try:
             self.take(Role.AGGREGATOR)
         except TransferRejected:
@@ -284,20 +284,20 @@ class Roles:
         step = Step(round_, Group(self.node_id, tuple(sorted(came))))
         collector.settle_on(step)
         self._settling = asyncio.get_running_loop().create_task(
-            self._play_aggregator(step, PeerTransport(self, Order(Role.AGGREGATOR, step), collector)))
+            self._play_aggregator(step, PeerTransport(self, Assignment(Role.AGGREGATOR, step), collector)))
         return True
 
-    def _invitation(self, round_: int, peer: str) -> Order:
+    def _invitation(self, round_: int, peer: str) -> Assignment:
         group = Group(self.node_id, (peer,))
-        return Order(Role.SENDER, Step(round_, group), holder=self.node_id, aggregator_address=self.address())
+        return Assignment(Role.SENDER, Step(round_, group), holder=self.node_id, aggregator_address=self.address())
 
-    def address_in(self, node_id: str, order: Order) -> str | None:
+    def address_in(self, node_id: str, order: Assignment) -> str | None:
         """Where ``node_id`` serves: as our membership knows it, else as the holder that planned the round knew
         it (``order.addresses``). The plan was made with it, and our table may not have confirmed it yet: a pull,
         probe or bind that skipped it would play a round other than the simulator's."""
         return self.members.address_of(node_id) or order.addresses.get(node_id) or None
 
-    async def dispatch(self, node_id: str, order: Order) -> Ack:
+    async def dispatch(self, node_id: str, order: Assignment) -> Ack:
         """A role for ``node_id``: played here if it is us, else sent as an Assign (failures become an Ack)."""
         if node_id == self.node_id:
             return await self.play(order)
@@ -305,7 +305,7 @@ class Roles:
         if address is None:
             return Ack(ok=False, reason="unreachable")
         try:
-            return await self.network.link(address).assign(order.assignment(), timeout=self.deadline_of(order))
+            return await self.network.link(address).assign(order.wire(), timeout=self.deadline_of(order))
         except PeerUnreachable as exc:
             return Ack(ok=False, reason=exc.reason)
 

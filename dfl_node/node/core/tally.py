@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
-from dfl_node.node.clock import Clock
-from dfl_node.node.logs import RateLimitedLog
-from dfl_node.node.progress import RoundProgress
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.logs import RateLimitedLog
+from dfl_node.node.core.progress import RoundProgress
 from dfl_node.records.fleet import FleetEvent
 from dfl_node.records.metrics import NodeMetrics, Timed
 
-log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
+log = logging.getLogger("dfl_node.node.node")  # the node's own log lines, wherever the code sits
 RECENT_LIMIT = 50  # /fleet's recent sends, fusions and refusals (this process only: not checkpointed)
 
 

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable
 from typing import Literal
 
-from dfl_node.node.clock import Clock
-from dfl_node.node.logs import RateLimitedLog
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.logs import RateLimitedLog
 from dfl_node.peering.messages import Hello
 from dfl_node.records.refusals import RefusedPeer
 

@@ -25,14 +25,14 @@ from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from dfl_node.addresses import is_loopback, parse_peer
-from dfl_node.node.clock import Clock
-from dfl_node.node.membership import Members
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.membership.membership import Members
 from dfl_node.peering.errors import PeerUnreachable, TransferRefused
 from dfl_node.peering.messages import Ack, DialBackRequest, HelloReply, ReserveRequest
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.peering.relays import Reservation
 
-log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
+log = logging.getLogger("dfl_node.node.node")  # the node's own log lines, wherever the code sits
 
 State = Literal["unknown", "direct", "relayed", "unreachable"]
 DIAL_BACK_S = 2.0  # how long a member may take to dial us back (a member's bound: DIAL_BACK_MAX_S)

@@ -6,7 +6,7 @@ dropped; a message carries at most ``per_message`` updates, those sent least oft
 repeats). A newer update about a member replaces the one queued about it. The queue keeps at most ``capacity``
 updates (the most repeated go first): a node's memory and its messages stay bounded however many members change
 at once (a thousand nodes starting together); a member whose news was dropped here is still learned by the
-periodic push-pull (:class:`~dfl_node.node.swim.Swim`).
+periodic push-pull (:class:`~dfl_node.node.membership.swim.Swim`).
 
 Every message takes from the queue, and at a thousand members it holds hundreds of updates for minutes after a
 start, so the next to send (fewest sends, newest first) is the top of a heap (memberlist keeps a B-tree for the same
@@ -32,7 +32,7 @@ class _Queued:
     order: int  # when it was queued: among equally sent updates, the newest go first
 
 
-class Gossip:
+class PiggybackQueue:
     def __init__(self, retransmit_mult: int, per_message: int, capacity: int) -> None:
         self.retransmit_mult, self.per_message, self.capacity = retransmit_mult, per_message, capacity
         self._queued: dict[str, _Queued] = {}  # by member id

@@ -4,8 +4,8 @@
 A look is a directory listing and a stat per file (:meth:`~dfl_node.learning.local_data.LocalData.scan`): cheap
 when nothing changed. A file is read once it has stayed the same for one look (a writer may be half-way through
 it), in a worker thread; the node's training and validation sets are then replaced where no role holds them
-(:meth:`~dfl_node.node.roles.Roles.quiesce`): never in the middle of a training or a fusion, and handed to the
-model's owner (:meth:`~dfl_node.node.learner.Learner.use_data`). Its profile (sample count), which plans and
+(:meth:`~dfl_node.node.exchange.roles.Roles.quiesce`): never in the middle of a training or a fusion, and handed to the
+model's owner (:meth:`~dfl_node.node.model.learner.Learner.use_data`). Its profile (sample count), which plans and
 averaging weights read, follows, since it is read from the data. A file version that
 cannot be read is skipped with one WARNING and counted in ``/status``; the node keeps the data it had.
 """
@@ -16,22 +16,22 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from dfl_node.learning.algorithm_settings import SharedSettings, sized_defaults
 from dfl_node.learning.datasets import ArrayDataset
 from dfl_node.learning.local_data import DataView, LocalData, read_test_set
-from dfl_node.learning.settings import SharedSettings, sized_defaults
 from dfl_node.learning.tasks import task_of
-from dfl_node.node.clock import Clock
+from dfl_node.node.core.clock import Clock
 from dfl_node.records.status import DataStatus
 from dfl_node.settings.node import DataSettings
 
-log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
+log = logging.getLogger("dfl_node.node.node")  # the node's own log lines, wherever the code sits
 MAX_SHOWN = 20  # skipped files named in /status, at most (all are counted)
 
 
 class NodeData:
     """The data of node ``node_id``, as ``settings`` describe it: its training and validation sets, its global
     test set, and what ``/status`` shows of them. Data that carries no learning defaults has them sized to it
-    here, in ``learning`` (:func:`~dfl_node.learning.settings.sized_defaults`), before anything reads them."""
+    here, in ``learning`` (:func:`~dfl_node.learning.algorithm_settings.sized_defaults`), before anything reads them."""
 
     def __init__(self, node_id: str, settings: DataSettings, learning: SharedSettings, clock: Clock) -> None:
         self.node_id, self.settings, self._clock = node_id, settings, clock

@@ -2,19 +2,20 @@
 
 A *seed* (:class:`Seeds`) is an address a member serves at, given to start from, not a member to greet forever (a
 static ``--peer`` is: the membership greets one that no member serves at every period). The node tries its seeds —
-a Hello, then a push-pull of whole views with whoever answered (:meth:`~dfl_node.node.membership.Membership.join`)
-— at start and then after doubling waits, up to :data:`JOIN_RETRY_MAX`, until one join succeeds; from then on the
-membership's probes and gossip keep it in the fleet, and a seed that is down costs nothing.
+a Hello, then a push-pull of whole views with whoever answered
+(:meth:`~dfl_node.node.membership.membership.Membership.join`) — at start and then after doubling waits, up to
+:data:`JOIN_RETRY_MAX`, until one join succeeds; from then on the membership's probes and gossip keep it in the fleet,
+and a seed that is down costs nothing.
 
 A member learned by gossip enters SWIM's view at once (it is probed, and gossiped on), but it is only a rumour until
-this node's own Hello confirms it (:meth:`PeerTable.confirm <dfl_node.node.peers.PeerTable.confirm>`): the handshake
-checks its compatibility and, under mutual TLS or a swarm key, that it is the node it claims to be, before the peer
-table — what schedulers pick from — takes it. So a member that lied about a third node cannot make us plan a round
+this node's own Hello confirms it (:meth:`PeerTable.confirm <dfl_node.node.membership.peers.PeerTable.confirm>`): the
+handshake checks its compatibility and, under mutual TLS or a swarm key, that it is the node it claims to be, before the
+peer table — what schedulers pick from — takes it. So a member that lied about a third node cannot make us plan a round
 with it, and under mTLS only nodes that prove their certificate are used. The confirmation is lazy, as SWIM's
 constant load demands: it is the member's first probe from us, in one period of two at most
-(:meth:`~dfl_node.node.swim.Swim.probe`), so that a node told of a thousand members at once does not say a thousand
-Hellos; it confirms them over the periods that follow, and the member greeted confirms us in return. The Hellos in
-flight are the peer table's pending entries, bounded by ``max_pending``. A rumour that nobody serves at its address
+(:meth:`~dfl_node.node.membership.swim.Swim.probe`), so that a node told of a thousand members at once does not say a
+thousand Hellos; it confirms them over the periods that follow, and the member greeted confirms us in return. The Hellos
+in flight are the peer table's pending entries, bounded by ``max_pending``. A rumour that nobody serves at its address
 fails its probes, is suspected and declared dead like any member, and is forgotten ``peer_expiry`` later.
 """
 

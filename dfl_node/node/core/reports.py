@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from dfl_node.node.clock import Clock
-from dfl_node.node.tally import Tally
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.tally import Tally
 from dfl_node.records.formatting import Figure, format_bytes
 from dfl_node.settings.node import ScheduleSettings
 
-log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
+log = logging.getLogger("dfl_node.node.node")  # the node's own log lines, wherever the code sits
 Accuracy = tuple[float | None, float | None]  # (local, global), of the node's task's metric
 
 

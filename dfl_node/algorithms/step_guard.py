@@ -1,7 +1,7 @@
 """A step that changes a node's own models and leaves a NaN or ±Inf in them is caught, and undone, never kept.
 
-The gate (:mod:`dfl_node.node.gate`) refuses received models that are not finite, but finite values can still
-poison a computation: a peer's model scaled a millionfold is finite, and a knowledge transfer's KL on its huge
+The gate (:mod:`dfl_node.node.exchange.arrival_checks`) refuses received models that are not finite, but finite values
+can still poison a computation: a peer's model scaled a millionfold is finite, and a knowledge transfer's KL on its huge
 logits, or an average with its huge weights, is not. A node that kept that result would checkpoint it, fail to
 verify its own checkpoints on restart, and be lost for good — one compromised member would destroy an honest one.
 So every step that changes the node's models by computation (the aggregator's local step and fusion, a sender's

@@ -10,7 +10,7 @@ corrupted file, resumes from the newest checkpoint that is whole — never from 
 and says so in the log. The model is stored with safetensors — never pickle — so loading a
 checkpoint cannot execute code.
 
-One folder serves one node: :class:`~dfl_node.node.state_lock.StateLock` holds an exclusive lock on it for
+One folder serves one node: :class:`~dfl_node.node.model.state_lock.StateLock` holds an exclusive lock on it for
 the node's life, so a second node started on the same ``--state-dir`` stops instead of overwriting the first's
 state.
 """
@@ -32,8 +32,8 @@ from dfl_node.errors import OperatorError
 from dfl_node.hashes import HASHES, OFFERED_HASHES
 from dfl_node.learning.export import TrainedModel
 from dfl_node.learning.models import ModelSpec
-from dfl_node.node.served import Served
-from dfl_node.node.state_lock import StateLock
+from dfl_node.node.model.served import Served
+from dfl_node.node.model.state_lock import StateLock
 from dfl_node.plugins import PluginError
 
 log = logging.getLogger(__name__)

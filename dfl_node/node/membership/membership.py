@@ -19,13 +19,13 @@ from typing import Any, Protocol
 
 from dfl_node.algorithms.plan import NodeProfile
 from dfl_node.errors import OperatorError
-from dfl_node.node.clock import Clock
-from dfl_node.node.handshake import Handshake
-from dfl_node.node.joins import Seeds
-from dfl_node.node.peers import Peer, PeerTable
-from dfl_node.node.refusals import Refusals
-from dfl_node.node.swim import DEAD, Swim
-from dfl_node.node.tally import Tally
+from dfl_node.node.core.clock import Clock
+from dfl_node.node.core.tally import Tally
+from dfl_node.node.membership.handshake import Handshake
+from dfl_node.node.membership.joins import Seeds
+from dfl_node.node.membership.peers import Peer, PeerTable
+from dfl_node.node.membership.refusals import Refusals
+from dfl_node.node.membership.swim import DEAD, Swim
 from dfl_node.peering.messages import MAX_MEMBERS, MAX_UPDATES, Hello, HelloReply, MemberUpdate, Ping, PingAck, Progress
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.records.peers import PeerInfo

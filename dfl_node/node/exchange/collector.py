@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Step
 from dfl_node.heap import trim_heap
-from dfl_node.node.clock import Clock
+from dfl_node.node.core.clock import Clock
 from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.messages import Offer
 

@@ -36,9 +36,9 @@
   carries a new boot id, and an aggregator that expects it stops waiting as soon as it hears it
   (:meth:`Absences.peer_joined`), as the holder's own Assign to its old incarnation failed with its connection.
   A member that stays down is known dead by every member within the membership's detection bound
-  (:func:`~dfl_node.node.swim_bounds.detection_bound`: a few probe periods, the longest suspicion, the gossip's rounds),
-  and one back within ``peer_timeout`` is known under its new boot within
-  :func:`~dfl_node.node.swim_bounds.notice_bound`. So the fleet fuses again within
+  (:func:`~dfl_node.node.membership.swim_bounds.detection_bound`: a few probe periods, the longest suspicion, the
+  gossip's rounds), and one back within ``peer_timeout`` is known under its new boot within
+  :func:`~dfl_node.node.membership.swim_bounds.notice_bound`. So the fleet fuses again within
   ``detection + token_timeout + 2·heartbeat + min(1 s, token_timeout/4)`` plus one round's own work:
   the restart (or the crash) known, a lost token's ``token_timeout`` of silence, the watchdog's
   tick and the holder's replay period. A *holder* that crashes may have assigned an aggregator and not yet
@@ -59,8 +59,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from dfl_node.algorithms import Group, Role, RoundPlan, Step
-from dfl_node.node.orders import Order
-from dfl_node.node.ports import SchedulerPort
+from dfl_node.node.exchange.assignments import Assignment
+from dfl_node.node.schedule.ports import SchedulerPort
 from dfl_node.peering.errors import PeerUnreachable
 from dfl_node.peering.messages import Ack, Progress, Token
 
@@ -308,8 +308,8 @@ class RoundScheduler:
         addresses = {m: a for m in group.members if (a := node.members.address_of(m)) is not None}
         deadline = self._deadline(group)
 
-        def order(role: Role) -> Order:
-            return Order(role, Step(round_, group, dict(state)), epoch, node.node_id,
+        def order(role: Role) -> Assignment:
+            return Assignment(role, Step(round_, group, dict(state)), epoch, node.node_id,
                          addresses.get(group.aggregator, ""), deadline, addresses)
 
         try:
@@ -390,7 +390,7 @@ class RoundScheduler:
         self.last_activity = self.node.clock.monotonic()
         return True
 
-    async def play(self, order: Order) -> Ack:
+    async def play(self, order: Assignment) -> Ack:
         """A role from a holder: fenced by its epoch, then played."""
         if not self._fresh(order.epoch):
             return Ack(ok=False, reason="stale_epoch")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from dfl_node.node.collector import Collector
-from dfl_node.node.membership import Members
-from dfl_node.node.roles import Roles
+from dfl_node.node.exchange.collector import Collector
+from dfl_node.node.exchange.roles import Roles
+from dfl_node.node.membership.membership import Members
 
-log = logging.getLogger("dfl_node.node.daemon")  # the node's own log lines, wherever the code sits
+log = logging.getLogger("dfl_node.node.node")  # the node's own log lines, wherever the code sits
 
 
 class Absences:
