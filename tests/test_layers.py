@@ -1,4 +1,4 @@
-"""The import graph of ``dfl_node``: no cycles, and the layers of ``shared/design.md`` (dependencies point down);
+"""The import graph of ``dfl_node``: no cycles, and the layers of ``docs/architecture.md`` (dependencies point down);
 and inside the node, state written by its owner only.
 
 The graph is read from the source with :mod:`ast`, so nothing is imported: every ``import`` counts,
@@ -127,7 +127,7 @@ def violations(graph: dict[str, set[str]], layer: str, forbidden: tuple[str, ...
                   for t in targets if any(inside(t, f) for f in forbidden))
 
 
-# design.md §1: cli → service (the daemon's composition root) | sim → node → algorithms → learning, the node
+# docs/architecture.md: cli → service (the daemon's composition root) | sim → node → algorithms → learning, the node
 # reaching its peers through the port (peering) that net and sim implement and keeping what it records in records,
 # which api serves; dependencies point down only.
 LEAVES = ("dfl_node.plugins", "dfl_node.registered", "dfl_node.errors", "dfl_node.hashes", "dfl_node.heap",
@@ -253,7 +253,7 @@ def foreign_writes(path: Path) -> list[str]:
 
 
 def test_the_node_s_state_is_written_by_its_owner_only() -> None:
-    """design.md §4: each part of a node owns its state; another part changes it only through the owner's
+    """docs/architecture.md: each part of a node owns its state; another part changes it only through the owner's
     methods. (Its attributes are private, and ruff's SLF001 refuses ``other._attr``; this catches a write to a
     public attribute of a collaborator.)"""
     writes = [w for p in NODE_FILES for w in foreign_writes(p)]
