@@ -14,14 +14,15 @@ from dfl_node.sim.costs import CostModel
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_algorithm_example_is_the_gossip_module() -> None:
+def test_the_algorithm_example_is_the_pull_and_gossip_modules() -> None:
     page = (ROOT / "docs" / "algorithms.md").read_text()
-    shown = re.search(r"The whole of pull gossip.*?```python\n(.*?)```", page, re.S)
+    shown = re.search(r"The whole of pull gossip.*?```python\n(.*?)```.*?```python\n(.*?)```", page, re.S)
     assert shown, "docs/algorithms.md lost its example"
-    module = (ROOT / "dfl_node" / "algorithms" / "gossip.py").read_text()
-    code = module.split('"""', 2)[2].lstrip("\n")  # the module without its docstring
-    assert shown.group(1) == code
-    assert len(module.splitlines()) < 60
+    for block, name in zip(shown.groups(), ("pull.py", "gossip.py"), strict=True):
+        module = (ROOT / "dfl_node" / "algorithms" / name).read_text()
+        code = module.split('"""', 2)[2].lstrip("\n")  # the module without its docstring
+        assert block == code, name
+        assert len(module.splitlines()) < 60
 
 
 def test_what_pyproject_and_readme_promise_is_in_the_repository() -> None:

@@ -19,7 +19,7 @@ from dfl_node.node.core.clock import Clock
 from dfl_node.node.core.progress import RoundProgress
 from dfl_node.node.core.tally import Tally
 from dfl_node.node.membership.membership import Membership
-from dfl_node.node.membership.peers import PeerTable
+from dfl_node.node.membership.peers import NoEvents, PeerTable
 from dfl_node.node.membership.piggyback import PiggybackQueue
 from dfl_node.node.membership.swim import ALIVE, DEAD, SUSPECT, Swim
 from dfl_node.node.membership.swim_bounds import detection_bound, join_bound
@@ -48,6 +48,16 @@ class _Network:
         pass
 
 
+class _SwimSees(NoEvents):
+    """The table's Hellos go into SWIM's view, as a node's membership has them (its other events are dropped)."""
+
+    def __init__(self, swim: Swim) -> None:
+        self.swim = swim
+
+    def seen(self, hello: Hello) -> None:
+        self.swim.seen(hello)
+
+
 def lone(run: Any) -> Any:
     """``run(swim)`` (awaited if a coroutine) on a loop, for node "a" whose own Hello says round 0 (no peer ever
     answers)."""
@@ -56,7 +66,7 @@ def lone(run: Any) -> Any:
         table = PeerTable("a", hello=None, clock=clock, heartbeat=1.0, timeout=4.0, static=[])  # type: ignore[arg-type]
         swim = Swim("a", MembershipSettings(), clock, table=table, network=_Network(),  # type: ignore[arg-type]
                     hello=lambda: hello("a"), compatible=lambda peer: True, seed=1)
-        table.on_seen = swim.seen
+        table.events = _SwimSees(swim)
         result = run(swim)
         return await result if asyncio.iscoroutine(result) else result
     return run_virtual(main())

@@ -6,7 +6,8 @@ own data (line 6: ``pef`` = accuracy, 002's choice), and averages them with the 
 (lines 7–8): P_i for its own model, P_j = 1 − P_i for the pulled one. A node whose own model does
 better on its own data keeps more of it, so a few nodes with large or skewed datasets cannot impose
 their model on the rest (002's "small-group domination"). The pair is only asked for its model
-(a pull group: sources are not told about the round). C, the clipping of P_i and the data pef is
+(a pull group: sources are not told about the round; lines 3–5 are the pull exchange it shares with
+pull gossip, :mod:`dfl_node.algorithms.pull`). C, the clipping of P_i and the data pef is
 measured on are settings; the readings are in :mod:`dfl_node.learning.fairness`.
 """
 
@@ -14,39 +15,24 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from dfl_node.algorithms.base import Algorithm, NodeContext, sample_pairs
-from dfl_node.algorithms.messages import ModelMessage, parts_from_state, state_from_parts
-from dfl_node.algorithms.plan import Group, NodeProfile, RoundPlan, Step
+from dfl_node.algorithms.base import NodeContext
+from dfl_node.algorithms.messages import ModelMessage, state_from_parts
+from dfl_node.algorithms.plan import Step
+from dfl_node.algorithms.pull import PullPairs
 from dfl_node.learning.algorithm_settings import FairAvgSettings
 from dfl_node.learning.fairness import fairness_weight
 from dfl_node.learning.fusion import weighted_average_
-from dfl_node.learning.training import local_sgd
 
 log = logging.getLogger(__name__)
 
 
-class FairAvg(Algorithm):
+class FairAvg(PullPairs):
     tasks = None  # 002's pef: the task's performance in [0, 1] (dfl_node.learning.tasks.Task.performance)
     settings_model = FairAvgSettings
     settings: FairAvgSettings
     name = "fairavg"
-    pulls = True  # 002 Alg. 1 line 5: "request the learning model w_j from node j"
-
-    def plan_round(self, round_: int, profiles: Sequence[NodeProfile], state: Mapping[str, str]) -> RoundPlan:
-        pairs = sample_pairs(self.config.seed, round_, [p.node_id for p in profiles], self.config.pairs)
-        return RoundPlan(round_, tuple(Group(g.aggregator, g.senders, pull=True) for g in pairs))
-
-    def local_step(self, ctx: NodeContext, step: Step) -> None:
-        local_sgd(ctx.model, ctx.train, ctx.local_params(), ctx.local_generator(step.round), loss_fn=ctx.task.loss,
-                  privacy=ctx.privacy)
-
-    def transmit(self, ctx: NodeContext, step: Step) -> ModelMessage:
-        return ctx.message(step.round, "fairavg.model", parts_from_state(ctx.model.state_dict()))
-
-    def check_message(self, ctx: NodeContext, message: ModelMessage) -> None:
-        self.check_whole(ctx, message, "fairavg.model")
 
     def weight(self, ctx: NodeContext, pulled: ModelMessage) -> float:
         """P_i (eq. 4) of this node's model against ``pulled``, both scored on this node's own data."""

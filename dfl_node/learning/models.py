@@ -291,7 +291,3 @@ def param_digest(state: Mapping[str, torch.Tensor]) -> str:
         h.update(name.encode())
         h.update(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # zero-copy buffer
     return h.hexdigest()
-
-
-def num_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

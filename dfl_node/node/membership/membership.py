@@ -63,11 +63,9 @@ class Membership:
         self.refusals = Refusals(node_id, clock, lambda peer, detail: tally.event("refusal", peer, detail),
                                  grace=settings.peer_timeout)
         serving: dict[str, str] = {}  # SWIM's, where its members serve: read by the table
-        self.table = PeerTable(node_id, lambda at, timeout: self.handshake.probe(at, timeout), clock,
-                               heartbeat=settings.heartbeat, timeout=settings.peer_timeout, static=settings.peers,
-                               on_join=on_join, expiry=settings.peer_expiry, max_pending=settings.max_pending_peers,
-                               on_forget=network.forget, on_lost=on_lost,
-                               on_seen=self._seen, on_forgotten=lambda p: self.swim.forget(p), served=serving)
+        self.table = PeerTable(node_id, self.dial, clock, heartbeat=settings.heartbeat, timeout=settings.peer_timeout,
+                               static=settings.peers, events=TableEvents(self, on_join, on_lost, network),
+                               expiry=settings.peer_expiry, max_pending=settings.max_pending_peers, served=serving)
         self.handshake = Handshake(hello, fingerprint_of, table=self.table, refusals=self.refusals, tally=tally,
                                    network=network)
         self.swim = Swim(node_id, settings, clock, table=self.table, network=network, hello=hello,
@@ -100,7 +98,7 @@ class Membership:
         return self.table.work_of(node_id)
 
     async def dial(self, address: str, timeout: float) -> HelloReply | None:
-        """One Hello to ``address`` (a member's dial-back): its compatible reply, else None."""
+        """One Hello to ``address`` (the peer table's, a member's dial-back): its compatible reply, else None."""
         return await self.handshake.probe(address, timeout)
 
     def is_direct(self, node_id: str) -> bool:
@@ -169,10 +167,6 @@ class Membership:
     def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
         self._joining.add(task := asyncio.get_running_loop().create_task(work))
         task.add_done_callback(self._joining.discard)
-
-    def _seen(self, peer: Hello) -> None:
-        """A member confirmed alive (its Hello, or its reply to ours): usable, in SWIM's view too."""
-        self.swim.seen(peer)
 
     async def join(self, address: str) -> bool:
         """Join the fleet through ``address``: a Hello confirms the member there, then a push-pull swaps views.
@@ -245,3 +239,31 @@ class Membership:
         """:class:`OperatorError` if another live node with our id was seen while starting."""
         if self.handshake.duplicate:
             raise OperatorError(self.handshake.duplicate)
+
+
+class TableEvents:
+    """What a membership does with its peer table's events (:class:`~dfl_node.node.membership.peers.MembershipEvents`):
+    a member confirmed alive is in SWIM's view too, and one forgotten leaves it; the node hears of joins and losses
+    (``on_join``, ``on_lost``); the network closes the channel of an address nobody uses. A class of its own, not
+    :class:`Membership`'s methods: ``Membership.lost`` is discovery's goodbye, which the table's is not, and
+    these events are no part of what the node asks of its membership."""
+
+    def __init__(self, membership: Membership, on_join: Callable[[str, bool], None], on_lost: Callable[[str], None],
+                 network: PeerNetwork) -> None:
+        self._membership = membership
+        self._on_join, self._on_lost, self._network = on_join, on_lost, network
+
+    def joined(self, peer_id: str, restarted: bool) -> None:
+        self._on_join(peer_id, restarted)
+
+    def seen(self, hello: Hello) -> None:
+        self._membership.swim.seen(hello)
+
+    def lost(self, peer_id: str) -> None:
+        self._on_lost(peer_id)
+
+    def forgotten(self, peer_id: str) -> None:
+        self._membership.swim.forget(peer_id)
+
+    def address_unused(self, address: str) -> None:
+        self._network.forget(address)

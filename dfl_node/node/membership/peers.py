@@ -12,7 +12,10 @@ probed at once and dropped if it does not answer within ``timeout``: its own Hel
 Hellos of ours (a flood of them, from any address, makes this node send at most ``max_pending`` Hellos a
 ``timeout``), while a greeting of this node's own — a member's gossip, a holder about to use it — goes again once
 the last one failed. A confirmed peer silent for ``expiry`` seconds leaves the table (and its channel is
-closed, ``on_forget``).
+closed, :meth:`MembershipEvents.address_unused`).
+
+What changes is told, as it happens, to one listener (:class:`MembershipEvents`), as memberlist tells its
+EventDelegate: the table's owner acts on it (:mod:`.membership`: SWIM's view, the node's rounds, the channels).
 
 A static address is the operator's word that a node is there, so one that does not answer (its name does
 not resolve, it refuses connections, it is silent) is not left in silence: it is logged at WARNING when it
@@ -29,6 +32,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from dfl_node.algorithms.plan import NodeProfile
 from dfl_node.node.core.clock import Clock
@@ -75,22 +79,56 @@ class Peer:
         return NodeProfile(self.id, self.model, self.num_samples)
 
 
+class MembershipEvents(Protocol):
+    """What happened in a :class:`PeerTable`, told to its one listener as it happens — synchronously, the table
+    already changed — so that the listener's own view (SWIM's, the rounds', the channels) keeps in step with it."""
+
+    def joined(self, peer_id: str, restarted: bool) -> None:
+        """``peer_id`` is alive: new, back after its silence, or a new boot of it (``restarted``); :meth:`seen`
+        follows with the Hello that said so."""
+
+    def seen(self, hello: Hello) -> None:
+        """Every Hello (or gossiped state) that says a peer is alive, joined or not."""
+
+    def lost(self, peer_id: str) -> None:
+        """A confirmed peer stopped answering (or said goodbye)."""
+
+    def forgotten(self, peer_id: str) -> None:
+        """A peer left the table for good (silent for ``expiry``)."""
+
+    def address_unused(self, address: str) -> None:
+        """Nobody in the table uses ``address`` any more (a forgotten peer's, a pending one's that never
+        answered): its channel can go."""
+
+
+class NoEvents:
+    """The listener of a table whose events nobody acts on (a table alone, in a test): each is dropped."""
+
+    def joined(self, peer_id: str, restarted: bool) -> None:
+        pass
+
+    def seen(self, hello: Hello) -> None:
+        pass
+
+    def lost(self, peer_id: str) -> None:
+        pass
+
+    def forgotten(self, peer_id: str) -> None:
+        pass
+
+    def address_unused(self, address: str) -> None:
+        pass
+
+
+NO_EVENTS = NoEvents()
+
+
 class PeerTable:
     def __init__(self, self_id: str, hello: HelloFn, clock: Clock, *, heartbeat: float, timeout: float,
-                 static: list[str],
-                 on_join: Callable[[str, bool], None] = lambda peer_id, restarted: None,
-                 expiry: float = 300.0, max_pending: int = 32,
-                 on_forget: Callable[[str], None] = lambda address: None,
-                 on_lost: Callable[[str], None] = lambda peer_id: None,
-                 on_seen: Callable[[Hello], None] = lambda hello: None,
-                 on_forgotten: Callable[[str], None] = lambda peer_id: None,
-                 served: Mapping[str, str] | None = None) -> None:
+                 static: list[str], events: MembershipEvents = NO_EVENTS, expiry: float = 300.0,
+                 max_pending: int = 32, served: Mapping[str, str] | None = None) -> None:
         self.self_id = self_id
-        self.on_seen = on_seen  # every Hello (or gossiped state) that says a peer is alive
-        self.on_forgotten = on_forgotten  # a peer left the table for good (dead for ``expiry``)
-        self.on_join = on_join
-        self.on_forget = on_forget  # an address nobody in the table uses any more: its channel can go
-        self.on_lost = on_lost  # a confirmed peer stopped answering (or said goodbye)
+        self.events = events  # told of every change, as it happens
         self.hello = hello
         self.clock = clock
         self.heartbeat = heartbeat
@@ -227,8 +265,8 @@ class PeerTable:
         if rejoined:
             log.info("peer %s at %s is alive", peer.id, peer.address)
             self._wake()
-            self.on_join(peer.id, restarted)
-        self.on_seen(reply)
+            self.events.joined(peer.id, restarted)
+        self.events.seen(reply)
 
     def knows(self, hello: Hello) -> bool:
         """Whether the peer of ``hello`` is confirmed here: this boot of it, at this address."""
@@ -272,7 +310,7 @@ class PeerTable:
             self._silent.add(peer_id)
             log.info("peer %s left (silent or said goodbye)", peer_id)
             self._wake()
-            self.on_lost(peer_id)
+            self.events.lost(peer_id)
 
     def unanswered(self, address: str, why: str) -> None:
         """Our Hello to ``address`` got no answer (``why``: "does not resolve (…)", "refuses connections", …).
@@ -345,14 +383,14 @@ class PeerTable:
                 del self.peers[peer.id]
                 self._silent.discard(peer.id)
                 log.info("peer %s forgotten (silent for %.0f s)", peer.id, now - peer.heard_at)
-                self.on_forgotten(peer.id)
+                self.events.forgotten(peer.id)
                 if not self._in_use(peer.address):
-                    self.on_forget(peer.address)
+                    self.events.address_unused(peer.address)
         for peer_id, (address, since) in list(self.pending.items()):
             if now - since > self.timeout:
                 del self.pending[peer_id]
                 if not self._in_use(address):
-                    self.on_forget(address)
+                    self.events.address_unused(address)
 
     def next_unknown(self) -> str | None:
         """The next static address no live peer, nor any member known, serves at (round robin): the membership
