@@ -18,8 +18,9 @@ from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.node.core.clock import Clock
 from dfl_node.node.core.progress import RoundProgress
 from dfl_node.node.core.tally import Tally
+from dfl_node.node.membership.events import NoEvents
 from dfl_node.node.membership.membership import Membership
-from dfl_node.node.membership.peers import NoEvents, PeerTable
+from dfl_node.node.membership.peers import PeerTable
 from dfl_node.node.membership.piggyback import PiggybackQueue
 from dfl_node.node.membership.swim import ALIVE, DEAD, SUSPECT, Swim
 from dfl_node.node.membership.swim_bounds import detection_bound, join_bound

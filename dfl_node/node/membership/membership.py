@@ -242,7 +242,7 @@ class Membership:
 
 
 class TableEvents:
-    """What a membership does with its peer table's events (:class:`~dfl_node.node.membership.peers.MembershipEvents`):
+    """What a membership does with its peer table's events (:class:`~dfl_node.node.membership.events.MembershipEvents`):
     a member confirmed alive is in SWIM's view too, and one forgotten leaves it; the node hears of joins and losses
     (``on_join``, ``on_lost``); the network closes the channel of an address nobody uses. A class of its own, not
     :class:`Membership`'s methods: ``Membership.lost`` is discovery's goodbye, which the table's is not, and

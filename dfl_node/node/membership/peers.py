@@ -12,9 +12,9 @@ probed at once and dropped if it does not answer within ``timeout``: its own Hel
 Hellos of ours (a flood of them, from any address, makes this node send at most ``max_pending`` Hellos a
 ``timeout``), while a greeting of this node's own — a member's gossip, a holder about to use it — goes again once
 the last one failed. A confirmed peer silent for ``expiry`` seconds leaves the table (and its channel is
-closed, :meth:`MembershipEvents.address_unused`).
+closed, :meth:`~.events.MembershipEvents.address_unused`).
 
-What changes is told, as it happens, to one listener (:class:`MembershipEvents`), as memberlist tells its
+What changes is told, as it happens, to one listener (:class:`~.events.MembershipEvents`), as memberlist tells its
 EventDelegate: the table's owner acts on it (:mod:`.membership`: SWIM's view, the node's rounds, the channels).
 
 A static address is the operator's word that a node is there, so one that does not answer (its name does
@@ -32,11 +32,11 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 from dfl_node.algorithms.plan import NodeProfile
 from dfl_node.node.core.clock import Clock
 from dfl_node.node.core.logs import RateLimitedLog
+from dfl_node.node.membership.events import NO_EVENTS, MembershipEvents
 from dfl_node.peering.messages import MAX_ID, Hello, HelloReply, Progress
 from dfl_node.records.peers import PeerInfo
 
@@ -77,50 +77,6 @@ class Peer:
 
     def profile(self) -> NodeProfile:
         return NodeProfile(self.id, self.model, self.num_samples)
-
-
-class MembershipEvents(Protocol):
-    """What happened in a :class:`PeerTable`, told to its one listener as it happens — synchronously, the table
-    already changed — so that the listener's own view (SWIM's, the rounds', the channels) keeps in step with it."""
-
-    def joined(self, peer_id: str, restarted: bool) -> None:
-        """``peer_id`` is alive: new, back after its silence, or a new boot of it (``restarted``); :meth:`seen`
-        follows with the Hello that said so."""
-
-    def seen(self, hello: Hello) -> None:
-        """Every Hello (or gossiped state) that says a peer is alive, joined or not."""
-
-    def lost(self, peer_id: str) -> None:
-        """A confirmed peer stopped answering (or said goodbye)."""
-
-    def forgotten(self, peer_id: str) -> None:
-        """A peer left the table for good (silent for ``expiry``)."""
-
-    def address_unused(self, address: str) -> None:
-        """Nobody in the table uses ``address`` any more (a forgotten peer's, a pending one's that never
-        answered): its channel can go."""
-
-
-class NoEvents:
-    """The listener of a table whose events nobody acts on (a table alone, in a test): each is dropped."""
-
-    def joined(self, peer_id: str, restarted: bool) -> None:
-        pass
-
-    def seen(self, hello: Hello) -> None:
-        pass
-
-    def lost(self, peer_id: str) -> None:
-        pass
-
-    def forgotten(self, peer_id: str) -> None:
-        pass
-
-    def address_unused(self, address: str) -> None:
-        pass
-
-
-NO_EVENTS = NoEvents()
 
 
 class PeerTable:
