@@ -3,10 +3,13 @@ receives models, whatever network they came over. A leaf: it imports nothing of 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Callable
+import math
+import time
+from collections.abc import Callable, Iterator
 
 
 class _MallInfo2(ctypes.Structure):
@@ -38,6 +41,24 @@ def _heap_calls() -> tuple[Callable[[int], int] | None, Callable[[], _MallInfo2]
 # 100 MB streams did not change (2.02-2.10x the model, its pooled buffers): their leftovers exceed this.
 KEEP_FREE = 32 << 20
 
+# Seconds (of the process's own clock) at least between two trims that do anything (0: none; :func:`spaced`), and
+# when the last one ran.
+_spacing = 0.0
+_trimmed_at = -math.inf
+
+
+@contextlib.contextmanager
+def spaced(seconds: float) -> Iterator[None]:
+    """While it lasts, :func:`trim_heap` trims at most once every ``seconds``: for a process that hosts many
+    receivers (the simulator's thousand nodes), where each trim walks the whole process's heap (gigabytes, ~4 ms)
+    and a group closes a hundred times a second of its time, handing back what one node's group freed."""
+    global _spacing
+    before, _spacing = _spacing, seconds
+    try:
+        yield
+    finally:
+        _spacing = before
+
 
 def trim_heap() -> bool:
     """Hand the C heap's free memory back to the kernel (glibc's ``malloc_trim``) once more than
@@ -52,11 +73,16 @@ def trim_heap() -> bool:
     with it, the RSS between groups stayed at the pooled buffers + 0.1-0.5x over 8 groups, peaks
     4.7-6.9x (``benchmarks/aggregator.py``), for 3-6 ms per call. Up to :data:`KEEP_FREE` stays: what the
     next transfer would otherwise fault back in (where ``mallinfo2`` is missing, everything goes back).
-    ``fordblks`` counts free heap whether or not it is still resident, so this errs towards trimming.
+    ``fordblks`` counts free heap whether or not it is still resident, so this errs towards trimming. Within
+    :func:`spaced`, a call that comes too soon after the last trim does nothing.
     """
+    global _trimmed_at
     trim, mallinfo2 = _heap_calls()
     if trim is None:
         return False
+    if _spacing and time.monotonic() - _trimmed_at < _spacing:
+        return True
     if mallinfo2 is None or mallinfo2().fordblks > KEEP_FREE:
         trim(0)
+        _trimmed_at = time.monotonic()
     return True

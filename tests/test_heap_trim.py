@@ -53,3 +53,14 @@ def test_more_free_heap_than_it_keeps_goes_back() -> None:
     got = trimmed(1024)  # 64 MiB free: concurrent streams' leftovers
     assert got["free"] > heap.KEEP_FREE
     assert got["released"] > 48 << 20
+
+
+def test_spaced_trims_at_most_once_in_its_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(heap, "_heap_calls", lambda: (calls.append, None))  # no mallinfo2: every trim is due
+    monkeypatch.setattr(heap, "_trimmed_at", float("-inf"))
+    with heap.spaced(3600.0):
+        assert heap.trim_heap() and heap.trim_heap()
+    assert calls == [0]  # the second came within the hour: nothing
+    assert heap.trim_heap()
+    assert calls == [0, 0]  # outside spaced(): every call trims, as before

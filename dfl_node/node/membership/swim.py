@@ -272,8 +272,10 @@ class Swim:
             self.table.lost(node_id)
             if not member.confirmed:
                 self._ghosts.add(node_id)
-        for listener in self.listeners:
-            listener(node_id, state, self.clock.monotonic(), origin)
+        if self.listeners:  # the time read once for all (a thousand members learned at a start, each told)
+            now = self.clock.monotonic()
+            for listener in self.listeners:
+                listener(node_id, state, now, origin)
 
     # ----- the probes --------------------------------------------------------------------------
     def _next_target(self) -> str | None:
