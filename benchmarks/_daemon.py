@@ -35,7 +35,7 @@ import torch
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import ModelSpec, build_model, fingerprint
 from dfl_node.learning.provision import provision, write_fleet
-from dfl_node.net.codec import Limits, manifest_of
+from dfl_node.net.manifest import Limits, manifest_of
 from dfl_node.net.wire import WireIdentity
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.testbed.launcher import free_port

@@ -55,7 +55,7 @@ from _daemon import (  # benchmarks/_daemon.py
 
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.client import PeerClient
-from dfl_node.net.codec import Outgoing
+from dfl_node.net.encoder import Outgoing
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.peering.messages import Assignment
 

@@ -65,7 +65,7 @@ from dfl_node import PROTOCOL_VERSION
 from dfl_node.hashes import HASHES
 from dfl_node.net.allocator import tune_for_streaming
 from dfl_node.net.client import PeerClient
-from dfl_node.net.codec import CHUNK_SIZE
+from dfl_node.net.manifest import CHUNK_SIZE
 from dfl_node.peering.messages import Assignment, Hello
 from dfl_node.testbed.launcher import free_port
 

@@ -24,8 +24,9 @@ import grpc
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import ModelSpec, fingerprint
-from dfl_node.net.codec import Limits, manifest_of, prepare
+from dfl_node.net.encoder import prepare
 from dfl_node.net.handlers import method_handlers
+from dfl_node.net.manifest import Limits, manifest_of
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.servicer import DflServicer
 from dfl_node.net.wire import SERVICE_NAME, WireIdentity

@@ -24,9 +24,11 @@ import atheris
 import torch  # noqa: F401  imported before instrumenting: coverage of our wire code only
 
 with atheris.instrument_imports(include=["dfl_node.net"]):
-    from dfl_node.net.codec import MessageAssembler, TransferRejected, manifest_of
+    from dfl_node.net.assembler import MessageAssembler
     from dfl_node.net.frames import decode_frame
+    from dfl_node.net.manifest import manifest_of
     from dfl_node.net.proto import dfl_pb2 as pb
+    from dfl_node.peering.errors import TransferRejected
 
 from tests.helpers.codec import FP, SWARM, encoded_frames, make_msg, make_state  # noqa: E402  after instrumenting
 

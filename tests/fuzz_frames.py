@@ -17,8 +17,8 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from dfl_node.net.codec import Limits
 from dfl_node.net.frames import _varint, chunk_frame, decode_frame
+from dfl_node.net.manifest import Limits
 from dfl_node.net.proto import dfl_pb2 as pb
 from tests.fuzz_strategies import (
     NON_FINITE_BITS,

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from dfl_node.algorithms.selection import MAX_PROBE_SAMPLES, probe_budget
-from dfl_node.net.codec import ALLOWED_DTYPES
+from dfl_node.net.manifest import ALLOWED_DTYPES
 from dfl_node.net.proto import dfl_pb2 as pb
 
 T = TypeVar("T")

@@ -27,7 +27,7 @@ def first_frames(sender: str, swarm: str, spec: str, input_size: int, classes: i
     chunks of many), a model of ``spec`` for ``input_size``² inputs and ``classes`` classes."""
     from dfl_node.algorithms.messages import ModelMessage, parts_from_state  # noqa: PLC0415
     from dfl_node.learning.models import ModelSpec, fingerprint  # noqa: PLC0415
-    from dfl_node.net.codec import prepare  # noqa: PLC0415
+    from dfl_node.net.encoder import prepare  # noqa: PLC0415
     from dfl_node.net.frames import encode_frame  # noqa: PLC0415
 
     parsed = ModelSpec.parse(spec)

@@ -1,4 +1,4 @@
-"""dfl_node.net.codec: model ⇄ frames round trips, chunking, memory bounds and async assembly.
+"""dfl_node.net's encoder and assembler: model ⇄ frames round trips, chunking, memory bounds and async assembly.
 
 Every rejection (TransferRejected reasons, the pickle attack) is tested in
 ``test_codec_rejections.py``; the helpers both files use are in ``tests/helpers/codec.py``.
@@ -18,11 +18,14 @@ import torch
 import dfl_node
 from dfl_node import heap
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
-from dfl_node.net import buffers, codec
-from dfl_node.net.codec import Limits, TransferRejected, prepare
+from dfl_node.net import buffers
+from dfl_node.net.assembler import assemble
 from dfl_node.net.convert import transfer_result
+from dfl_node.net.encoder import prepare
 from dfl_node.net.frames import decode_frame, encode_frame
+from dfl_node.net.manifest import CHUNK_SIZE, Limits
 from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.peering.errors import TransferRejected
 from tests.helpers.codec import (
     FP,
     SWARM,
@@ -93,7 +96,7 @@ def test_bool_payload_bytes_are_normalised() -> None:
 # --- chunking ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("chunk_size", [1, 7, 64, 4096, codec.CHUNK_SIZE])
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, 4096, CHUNK_SIZE])
 def test_chunks_are_bounded_and_packed(chunk_size: int) -> None:
     msg = make_msg()
     frames = frames_of(msg, chunk_size=chunk_size)
@@ -110,7 +113,7 @@ def test_model_spanning_many_default_chunks() -> None:
     state = {"big": torch.randn(3 * 262144 + 1000), "small": torch.randn(3)}  # ~3 MiB float32
     msg = make_msg(state)
     frames = frames_of(msg)
-    assert [len(f.chunk.data) for f in frames[1:]] == [codec.CHUNK_SIZE] * 3 + [4000 + 12]
+    assert [len(f.chunk.data) for f in frames[1:]] == [CHUNK_SIZE] * 3 + [4000 + 12]
     _, got = feed_all(assembler(state), frames)
     assert_same_parts(got.parts, msg.parts)
 
@@ -144,7 +147,7 @@ def test_encoder_streams_lazily() -> None:
     finally:
         tracemalloc.stop()
     assert n == 16
-    assert after_header < 1 << 20 and peak < 4 * codec.CHUNK_SIZE
+    assert after_header < 1 << 20 and peak < 4 * CHUNK_SIZE
 
 
 def _rss_kib(field: str) -> int:
@@ -181,13 +184,13 @@ async def _aiter(frames: list[pb.Frame]):
 async def test_assemble_reads_a_stream_to_its_end() -> None:
     msg = make_msg()
     frames = frames_of(msg, chunk_size=300)
-    header, got = await codec.assemble(_aiter(frames), assembler())
+    header, got = await assemble(_aiter(frames), assembler())
     assert header.round == 42
     assert_same_parts(got.parts, msg.parts)
     with pytest.raises(TransferRejected, match="trailing_data"):
-        await codec.assemble(_aiter(frames + [frames[-1]]), assembler())
+        await assemble(_aiter(frames + [frames[-1]]), assembler())
     with pytest.raises(TransferRejected, match="truncated"):
-        await codec.assemble(_aiter(frames[:-2]), assembler())
+        await assemble(_aiter(frames[:-2]), assembler())
 
 
 async def test_transfer_over_real_grpc_on_loopback() -> None:
@@ -206,7 +209,7 @@ async def test_transfer_over_real_grpc_on_loopback() -> None:
     class Servicer(pb_grpc.DflNodeServicer):
         async def Transfer(self, request_iterator, context):
             try:
-                _, got = await codec.assemble(request_iterator, assembler(state))
+                _, got = await assemble(request_iterator, assembler(state))
             except TransferRejected as e:
                 yield pb.Frame(result=transfer_result(e))
                 return
@@ -230,7 +233,7 @@ async def test_transfer_over_real_grpc_on_loopback() -> None:
             stream = call.__aiter__()
             first = await stream.__anext__()
             assert first.WhichOneof("kind") == "result" and first.result.accepted
-            header, got = await asyncio.wait_for(codec.assemble(stream, assembler(state)), 10)
+            header, got = await asyncio.wait_for(assemble(stream, assembler(state)), 10)
             assert header.sender == "server" and torch.equal(got.parts[0].values, state["w"] * 2)
 
             # the header alone: the server refuses at the header and ends the call, and chunks still being

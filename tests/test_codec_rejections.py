@@ -1,4 +1,4 @@
-"""dfl_node.net.codec: every rejection of a transfer, and received bytes are never unpickled.
+"""dfl_node.net.assembler: every rejection of a transfer, and received bytes are never unpickled.
 
 Each TransferRejected reason is provoked with honest frames against a
 mismatching assembler or with forged headers, and the frame that was refused
@@ -17,9 +17,11 @@ import torch
 
 import dfl_node
 from dfl_node.algorithms.messages import ModelMessage
-from dfl_node.net.codec import Limits, MessageAssembler, TransferRejected
+from dfl_node.net.assembler import MessageAssembler
 from dfl_node.net.convert import transfer_result
+from dfl_node.net.manifest import Limits
 from dfl_node.net.proto import dfl_pb2 as pb
+from dfl_node.peering.errors import TransferRejected
 from tests.helpers.codec import FP, SWARM, assembler, feed_all, frames_of, make_msg, make_state
 
 

@@ -35,12 +35,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfl_node.algorithms.selection import SelectionError, check_probe
+from dfl_node.net.assembler import MessageAssembler
 from dfl_node.net.buffers import BufferPool
-from dfl_node.net.codec import CHUNK_SIZE, MessageAssembler, TransferRejected, manifest_of
 from dfl_node.net.convert import from_wire
 from dfl_node.net.frames import ReadFrame, decode_frame
+from dfl_node.net.manifest import CHUNK_SIZE, manifest_of
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.node.exchange.arrival_checks import check_finite
+from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.probes import ProbeRequest, probe_from_request
 from tests.fuzz_figures import MIN_CODEC_INPUTS, Figures, open_fds, rss_mb
 from tests.fuzz_frames import (

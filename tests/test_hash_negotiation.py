@@ -15,9 +15,10 @@ import pytest
 
 from dfl_node import PROTOCOL_VERSION
 from dfl_node.hashes import DEFAULT_HASH, OFFERED_HASHES, negotiate
-from dfl_node.net import buffers, codec
+from dfl_node.net import buffers
+from dfl_node.net.assembler import MessageAssembler
 from dfl_node.net.client import PeerClient
-from dfl_node.net.codec import TransferRejected
+from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.messages import Hello
 from tests.helpers.codec import assembler, assert_same_parts, feed_all, frames_of, make_msg
 from tests.helpers.hostile import Target, stranger_hello
@@ -118,14 +119,14 @@ async def test_a_push_carries_the_hash_both_ends_offer(target: Target, offers: t
     """Both ends negotiate BLAKE3 in Hello; a peer that offers only sha256 (no wheel) gets sha256; either way
     the node takes the model."""
     seen: list[str] = []
-    finish = codec.MessageAssembler.finish
+    finish = MessageAssembler.finish
 
-    def recording(self: codec.MessageAssembler):  # type: ignore[no-untyped-def]
+    def recording(self: MessageAssembler):  # type: ignore[no-untyped-def]
         header, message = finish(self)
         seen.append(header.hash)
         return header, message
 
-    monkeypatch.setattr(codec.MessageAssembler, "finish", recording)
+    monkeypatch.setattr(MessageAssembler, "finish", recording)
     client = PeerClient(f"127.0.0.1:{target.node.config.network.grpc_port}",
                         dataclasses.replace(target.node.network.wire, hashes=offers))  # type: ignore[attr-defined]
     try:

@@ -18,7 +18,7 @@ import pytest
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.net.client import PeerClient
-from dfl_node.net.codec import Limits, manifest_of
+from dfl_node.net.manifest import Limits, manifest_of
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.wire import WireIdentity

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from dfl_node.algorithms.plan import Group, Step
-from dfl_node.net.codec import TransferRejected, copy_header, prepare
+from dfl_node.net.encoder import copy_header, prepare
 from dfl_node.net.frames import decode_frame
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.node.exchange.collector import Collector
+from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.messages import Offer
 from dfl_node.peering.resume import Resume, chunk_size
 from dfl_node.sim.clock import VirtualClock, run_virtual

@@ -10,7 +10,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from dfl_node.net.codec import Limits
+from dfl_node.net.manifest import Limits
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
 from dfl_node.net.server import start_server

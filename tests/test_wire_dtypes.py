@@ -12,7 +12,8 @@ import torch
 
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.net.client import PeerClient
-from dfl_node.net.codec import Limits, TransferRejected
+from dfl_node.net.manifest import Limits
+from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.wire_dtypes import EXACT, decode, encode, encoding, payload_bytes, through
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.names import WireDtype

@@ -1,9 +1,9 @@
 """What algorithms send each other: models or model pieces, as plain tensors plus metadata.
 
 A message is transport-agnostic: the simulator hands it over in memory, the daemon streams it
-through ``dfl_node.net.codec``. Every payload is a list of :class:`TensorPart` — a contiguous
-range of one tensor's flattened elements — so a full model, a Combo segment of the flattened
-parameter vector, or a width slice all travel in the same shape.
+through ``dfl_node.net.encoder`` and ``dfl_node.net.assembler``. Every payload is a list of
+:class:`TensorPart` — a contiguous range of one tensor's flattened elements — so a full model, a Combo
+segment of the flattened parameter vector, or a width slice all travel in the same shape.
 """
 
 from __future__ import annotations

@@ -21,11 +21,13 @@ import grpc
 
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.hashes import DEFAULT_HASH, negotiate
+from dfl_node.net.assembler import MessageAssembler, assemble
 from dfl_node.net.auth import NO_SECURITY, Security
-from dfl_node.net.codec import MessageAssembler, Outgoing, assemble, chunk_for, copy_header
 from dfl_node.net.convert import from_wire, to_wire
+from dfl_node.net.encoder import Outgoing, copy_header
 from dfl_node.net.envelopes import refusal, reply_opened, sealed
 from dfl_node.net.frames import ReadFrame, WireFrame, decode_frame, encode_frame, wire_size
+from dfl_node.net.manifest import chunk_for
 from dfl_node.net.pacing import NO_PACING, Pacing
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
@@ -174,7 +176,7 @@ async def _remaining(call: grpc.aio.StreamStreamCall | grpc.aio.UnaryStreamCall)
 async def _refused(call: grpc.aio.StreamStreamCall | grpc.aio.UnaryStreamCall, result: pb.TransferResult
                    ) -> TransferRefused:
     """The peer's refusal, once its call has ended: cancelling the call at once would race the status the
-    peer is sending (see :func:`~dfl_node.net.codec.assemble`)."""
+    peer is sending (see :func:`~dfl_node.net.assembler.assemble`)."""
     with contextlib.suppress(grpc.aio.AioRpcError):
         async for _ in _remaining(call):
             return TransferRefused("protocol", f"frames after a refusal ({result.reason})")
@@ -328,7 +330,7 @@ class PeerClient:
 
     async def send(self, outgoing: Outgoing, *, timeout: float, on_accepted: Callable[[], None] | None = None,
                    resume: Resume | None = None) -> tuple[ModelMessage | None, int, int]:
-        """:meth:`push` of a message already encoded (:func:`~dfl_node.net.codec.prepare`)."""
+        """:meth:`push` of a message already encoded (:func:`~dfl_node.net.encoder.prepare`)."""
         resume = resume if resume is not None else Resume(prepared=outgoing)
         resume.size = outgoing.header.ByteSize() + outgoing.header.total_size
         try:

@@ -2,7 +2,7 @@
 :class:`~dfl_node.peering.port.PeerHandler`, in the port's own messages (converted here, :mod:`dfl_node.net.convert`).
 
 The servicer does all the byte work itself: it validates a Transfer's stream with
-:class:`~dfl_node.net.codec.MessageAssembler` *before* the node sees a model, refuses and counts what a
+:class:`~dfl_node.net.assembler.MessageAssembler` *before* the node sees a model, refuses and counts what a
 connection may not send (:mod:`dfl_node.net.auth`), and streams replies back. How gRPC reaches it
 (request decoding) is :mod:`dfl_node.net.handlers`; binding it to a port, :mod:`dfl_node.net.server`.
 """
@@ -18,11 +18,13 @@ import grpc
 from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.plan import Role
 from dfl_node.hashes import DEFAULT_HASH, negotiate
+from dfl_node.net.assembler import MessageAssembler, assemble
 from dfl_node.net.auth import Authenticator
-from dfl_node.net.codec import MessageAssembler, assemble, chunk_for, copy_header
 from dfl_node.net.convert import from_wire, to_wire, transfer_result
+from dfl_node.net.encoder import copy_header
 from dfl_node.net.envelopes import opened, refusal_status, reply_sealed
 from dfl_node.net.frames import ReadFrame, WireFrame, wire_size
+from dfl_node.net.manifest import chunk_for
 from dfl_node.net.pacing import NO_PACING, Pacing
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
@@ -74,7 +76,7 @@ class DflServicer(pb_grpc.DflNodeServicer):
 
     async def Hello(self, request: pb.HelloRequest, context: grpc.aio.ServicerContext) -> pb.HelloReply:
         reply = to_wire(self.node.hello(from_wire(request, Hello), context.peer(), self.auth.hello(request, context)))
-        reply.hashes[:] = self.wire.hashes  # what the peer's pushes may carry (codec.negotiate)
+        reply.hashes[:] = self.wire.hashes  # what the peer's pushes may carry (hashes.negotiate)
         return reply
 
     def _refuse(self, context: grpc.aio.ServicerContext, claimed: str | None = None) -> TransferRejected | None:

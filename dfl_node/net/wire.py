@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 
 from dfl_node.algorithms.messages import ModelMessage, on_device
 from dfl_node.hashes import DEFAULT_HASH, OFFERED_HASHES
+from dfl_node.net.assembler import MessageAssembler
 from dfl_node.net.buffers import BufferPool
-from dfl_node.net.codec import Limits, Manifest, MessageAssembler, Outgoing, Resolver, prepare
+from dfl_node.net.encoder import Outgoing, prepare
+from dfl_node.net.manifest import Limits, Manifest, Resolver
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.peering.wire_dtypes import EXACT
 
@@ -46,7 +48,7 @@ class WireIdentity:
     limits: Limits
     resolve: Resolver | None = field(default=None, compare=False)
     buffers: BufferPool = field(default_factory=BufferPool, compare=False)  # receive buffers, reused across transfers
-    hashes: tuple[str, ...] = OFFERED_HASHES  # the payload digests we accept, preferred first (codec.negotiate)
+    hashes: tuple[str, ...] = OFFERED_HASHES  # the payload digests we accept, preferred first (hashes.negotiate)
     wire_dtype: str = EXACT
 
     def assembler(self) -> MessageAssembler:

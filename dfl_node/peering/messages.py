@@ -4,7 +4,7 @@ Each mirrors one message of ``proto/dfl/v1/dfl.proto`` field by field, under the
 :mod:`dfl_node.net.convert` converts them generically) and with protobuf's defaults (so a message
 that leaves a field out means what it means on the wire). What only the wire needs stays on the wire:
 the payload hashes a Hello or a pull offers,
-a transfer's manifest and digest (:mod:`dfl_node.net.codec`). Maps are typed as read-only mappings and
+a transfer's manifest and digest (:mod:`dfl_node.net.manifest`). Maps are typed as read-only mappings and
 repeated fields are tuples: a message that crossed to a node is never changed there.
 """
 

@@ -33,7 +33,7 @@ REASONS: dict[str, str] = {
     "unknown_control": "a control message of a kind not known (or not answered) here",
     "bad_control": "a control message whose body is not its kind's fields (not JSON, a wrong type, a missing object)",
     "control_too_large": "a control message's body over its bound (64 KiB)",
-    # a transfer's stream (net/codec.py, net/servicer.py)
+    # a transfer's stream (net/assembler.py, net/servicer.py)
     "truncated": "a transfer's stream ended early (from a node that is no member: a member's is kept to resume)",
     "bad_resume": "a stream that goes on from a place or a payload other than what is held of it",
     "idle_timeout": "a transfer's stream stalled",

@@ -6,9 +6,10 @@ int8 with one symmetric scale per tensor (``q = round(x / scale)``, ``scale = ma
 float32's bytes. Integer and bool tensors always travel exactly, as does a tensor already as narrow as the
 wire dtype. A receiver decodes back to its model's dtype.
 
-Both networks apply the same two functions: the gRPC codec (:mod:`dfl_node.net.codec`) encodes a sender's
-tensors into the payload and decodes them on receipt, and the simulator hands each message over as
-:func:`through` makes it, so a simulated fleet measures the accuracy a daemon fleet would get. Every node of
+Both networks apply the same two functions: over gRPC, :mod:`dfl_node.net.encoder` encodes a sender's
+tensors into the payload and :mod:`dfl_node.net.assembler` decodes them on receipt, and the simulator hands
+each message over as :func:`through` makes it, so a simulated fleet measures the accuracy a daemon fleet would
+get. Every node of
 a swarm must use the same setting: peers whose settings differ refuse each other at Hello.
 """
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dfl_node.errors import OperatorError
 from dfl_node.net.auth import Security, load_security
-from dfl_node.net.codec import Limits, Manifest, manifest_of
+from dfl_node.net.manifest import Limits, Manifest, manifest_of
 from dfl_node.net.network import GrpcNetwork
 from dfl_node.net.pacing import Pacing
 from dfl_node.net.relay import RelayServer

@@ -11,8 +11,10 @@ from __future__ import annotations
 import torch
 
 from dfl_node.algorithms.messages import ModelMessage, TensorPart, parts_from_state
-from dfl_node.net.codec import MessageAssembler, manifest_of, prepare
+from dfl_node.net.assembler import MessageAssembler
+from dfl_node.net.encoder import prepare
 from dfl_node.net.frames import ReadFrame, decode_frame, encode_frame
+from dfl_node.net.manifest import manifest_of
 from dfl_node.net.proto import dfl_pb2 as pb
 
 SWARM, FP = "swarm-a", "fp-123"

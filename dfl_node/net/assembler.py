@@ -1,19 +1,10 @@
-"""Where model bytes cross the wire: :class:`ModelMessage` ⇄ a stream of ``dfl.v1.Frame``.
-
-A transfer is one ``header`` frame (sender, swarm, version, fingerprint, a manifest of
-:class:`TensorEntry` ranges with byte offsets, total size, the payload's digest and the hash it is under)
-followed by ``chunk`` frames of at most :data:`CHUNK_SIZE` bytes. The payload is each part's elements as
-raw little-endian bytes, back to back in manifest order, with no padding and **no pickle**: received bytes
-only ever become tensors through ``torch.frombuffer`` with a dtype from :data:`ALLOWED_DTYPES` (or an
-encoding of :mod:`dfl_node.peering.wire_dtypes`, decoded to such a dtype).
-
-The digest is BLAKE3 where both ends offer it (:mod:`dfl_node.hashes`, exchanged in Hello and in a
-pull's request), sha256 otherwise; a receiver refuses a hash it did not offer.
+"""The receiver's half of a transfer: frames back into a :class:`ModelMessage`, checked before anything is allocated.
 
 The receiver (:class:`MessageAssembler`) checks the whole header against its own model before it
 allocates anything, then copies chunks into one buffer, reused across transfers, and hashes them in the
-intake thread as they arrive (both :mod:`dfl_node.net.buffers`), so the event loop only hands chunks on. How
-frames become bytes is :mod:`dfl_node.net.frames`.
+intake thread as they arrive (both :mod:`dfl_node.net.buffers`), so the event loop only hands chunks on.
+It holds what arrived of a stream that was cut, for the stream that resumes it. The format is
+:mod:`dfl_node.net.manifest`'s; the sender's half is :mod:`dfl_node.net.encoder`.
 """
 
 from __future__ import annotations
@@ -21,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import torch
 
@@ -32,169 +21,15 @@ import dfl_node
 from dfl_node.algorithms.messages import ModelMessage, TensorPart
 from dfl_node.hashes import DEFAULT_HASH, DIGEST_BYTES, HASHES, OFFERED_HASHES, Hasher
 from dfl_node.net.buffers import INTAKE, MAX_PENDING_CHUNKS, BufferPool, absorb
-from dfl_node.net.frames import ReadFrame, WireFrame, chunk_frame
+from dfl_node.net.frames import ReadFrame
+from dfl_node.net.manifest import ALLOWED_DTYPES, ENCODING_NAMES, Limits, Manifest, Resolver, numel
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.peering.errors import TransferRejected
-from dfl_node.peering.resume import CHUNK, chunk_size
-from dfl_node.peering.wire_dtypes import ENCODINGS, EXACT, INT8_LEVELS, decode, encode, encoding
+from dfl_node.peering.wire_dtypes import ENCODINGS, EXACT, INT8_LEVELS, decode, encoding
 
-if sys.byteorder != "little":  # the payload is the in-memory layout; every supported target is little-endian
-    raise ImportError("dfl_node.net.codec requires a little-endian host")
-
-CHUNK_SIZE = CHUNK
-ALLOWED_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-_DTYPE_NAMES = {dt: name for name, dt in ALLOWED_DTYPES.items()}
-_ENCODING_NAMES = {dt: name for name, dt in ENCODINGS.items()}
-
-
-Manifest = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
 # What a payload is: a stream that resumes a cut one must name the same (only its resume flags may differ).
 _PAYLOAD_FIELDS = ("sender", "swarm", "protocol_version", "round", "purpose", "fingerprint", "manifest", "total_size",
                    "digest", "hash", "num_samples", "metadata", "epoch", "model")
-Resolver = Callable[[str], tuple[str, Manifest]]  # another architecture's spec -> (its fingerprint, its manifest)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a receiver accepts; everything is checked at the header, before allocation, except chunk sizes."""
-
-    max_total_bytes: int = 512 << 20
-    max_chunk_bytes: int = CHUNK_SIZE
-    max_header_bytes: int = 1 << 20
-    max_tensors: int = 4096
-
-    @property
-    def max_message_bytes(self) -> int:
-        """A safe ``grpc.max_receive_message_length`` for a Transfer stream (largest frame plus framing)."""
-        return max(self.max_chunk_bytes, self.max_header_bytes) + 1024
-
-
-def manifest_of(state: Mapping[str, torch.Tensor]) -> Manifest:
-    """The receiver-side manifest of a state dict: name -> (dtype, full shape)."""
-    return {name: (t.dtype, tuple(t.shape)) for name, t in state.items()}
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-@dataclass(frozen=True)
-class _WirePart:
-    raw: memoryview  # the bytes that travel
-    encoding: str  # "" (as the part's dtype), or a name of ENCODINGS
-    scale: float  # int8's scale, else 0.0
-
-
-def _wire_part(part: TensorPart, wire_dtype: str) -> _WirePart:
-    """The part's elements as they travel: raw bytes, without a copy when the values are already flat CPU
-    tensors that travel exactly; encoded (a new tensor) on a lossy wire."""
-    values = part.values.detach().cpu().reshape(-1).contiguous()
-    if values.dtype not in _DTYPE_NAMES:
-        raise ValueError(f"part {part.name!r}: dtype {values.dtype} cannot be sent")
-    if part.start < 0 or part.start + values.numel() > _numel(part.shape):
-        raise ValueError(f"part {part.name!r}: range exceeds shape {part.shape}")
-    wire_values, scale = encode(values, wire_dtype)
-    name = "" if wire_values is values else _ENCODING_NAMES[wire_values.dtype]
-    return _WirePart(wire_values.view(torch.uint8).numpy().data, name, scale)  # the array's own buffer: no copy
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    """A message ready to stream: its validated-by-the-peer header (with the payload's digest) and its bytes.
-
-    Preparing costs one hashing pass over the payload; do it once per message (in a worker thread),
-    then stream it to as many peers as needed with :meth:`frames`.
-    """
-
-    header: pb.TransferHeader
-    raws: tuple[memoryview, ...]
-
-    def frames(self, chunk_size: int = CHUNK_SIZE) -> Iterator[WireFrame]:
-        """The header frame, then the whole payload in chunk frames of at most ``chunk_size`` bytes."""
-        yield pb.Frame(header=self.header)
-        yield from self.chunks(0, chunk_size)
-
-    def chunks(self, start: int = 0, chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
-        """Encoded chunk frames of the payload from byte ``start`` on (what a receiver that holds the bytes before
-        it still needs), of at most ``chunk_size`` bytes, cut lazily from the parts."""
-        if chunk_size <= 0:
-            raise ValueError("chunk_size must be positive")
-        if not 0 <= start <= self.header.total_size:
-            raise ValueError(f"start {start} is outside the payload's {self.header.total_size} bytes")
-        pieces: list[memoryview] = []  # small parts are packed together so that every chunk but the last is full
-        filled = 0
-        skip = start
-        for raw in self.raws:
-            if skip >= raw.nbytes:
-                skip -= raw.nbytes
-                continue
-            pos, skip = skip, 0
-            while pos < raw.nbytes:
-                take = min(chunk_size - filled, raw.nbytes - pos)
-                pieces.append(raw[pos : pos + take])
-                filled += take
-                pos += take
-                if filled == chunk_size:
-                    yield chunk_frame(pieces)
-                    pieces, filled = [], 0
-        if pieces:
-            yield chunk_frame(pieces)
-
-
-def copy_header(header: pb.TransferHeader, **changes: object) -> pb.TransferHeader:
-    """``header`` with ``changes`` (a resumed stream's flags): a copy, the prepared message's own stays as it is."""
-    copied = pb.TransferHeader()
-    copied.CopyFrom(header)
-    for name, value in changes.items():
-        setattr(copied, name, value)
-    return copied
-
-
-def chunk_for(asked: int) -> int:
-    """The chunk size a stream uses for a receiver that asked for chunks of at most ``asked`` bytes (0: ours)."""
-    return chunk_size(asked, CHUNK_SIZE)
-
-
-def prepare(msg: ModelMessage, *, swarm: str, fingerprint: str, epoch: int = 0, hash: str = DEFAULT_HASH,
-            wire_dtype: str = EXACT) -> Outgoing:
-    """Build the header (manifest with byte offsets, total size, the payload's digest under ``hash``) for
-    ``msg``, its floating tensors encoded for a ``wire_dtype`` wire.
-
-    The parts must not change afterwards (``parts_from_state`` already hands out copies).
-    """
-    wire_parts = tuple(_wire_part(p, wire_dtype) for p in msg.parts)
-    digest = HASHES[hash]()
-    header = pb.TransferHeader(
-        sender=msg.sender, swarm=swarm, protocol_version=dfl_node.PROTOCOL_VERSION, round=msg.round,
-        purpose=msg.purpose, fingerprint=fingerprint, num_samples=msg.num_samples, metadata=msg.metadata,
-        epoch=epoch, model=msg.model, hash=hash,
-    )  # fmt: skip
-    offset = 0
-    for part, wire in zip(msg.parts, wire_parts):
-        digest.update(wire.raw)
-        header.manifest.append(
-            pb.TensorEntry(
-                name=part.name, dtype=_DTYPE_NAMES[part.values.dtype], shape=part.shape, start=part.start,
-                count=part.values.numel(), offset=offset, nbytes=wire.raw.nbytes, encoding=wire.encoding,
-                scale=wire.scale,
-            )
-        )  # fmt: skip
-        offset += wire.raw.nbytes
-    header.total_size = offset
-    header.digest = digest.digest()
-    return Outgoing(header, tuple(w.raw for w in wire_parts))
 
 
 class MessageAssembler:
@@ -339,7 +174,7 @@ class MessageAssembler:
                 raise self._reject("dtype_not_allowed", f"{e.name!r}: dtype {e.dtype!r}, expected {want_dtype}")
             if tuple(e.shape) != tuple(want_shape):
                 raise self._reject("shape_mismatch", f"{e.name!r}: shape {tuple(e.shape)}, ours {tuple(want_shape)}")
-            if e.start + e.count > _numel(tuple(want_shape)):
+            if e.start + e.count > numel(tuple(want_shape)):
                 raise self._reject("bad_manifest", f"{e.name!r}: elements {e.start}+{e.count} beyond the tensor")
             travels_as = self._check_encoding(e, dtype)
             if e.nbytes != e.count * travels_as.itemsize or e.offset != offset:
@@ -370,7 +205,7 @@ class MessageAssembler:
         another setting is refused at Hello; a header that differs anyway is refused here), and int8 with a
         finite positive scale whose 127 steps stay finite in ``dtype``."""
         expected = encoding(dtype, self._wire_dtype)
-        want = _ENCODING_NAMES[expected] if expected is not None else ""
+        want = ENCODING_NAMES[expected] if expected is not None else ""
         if e.encoding != want:
             raise self._reject("wire_dtype_mismatch", f"{e.name!r} travels as {(e.encoding or e.dtype)[:40]!r}; our "
                                                       f"wire dtype ({self._wire_dtype}) sends {e.dtype} as "
