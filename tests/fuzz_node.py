@@ -22,7 +22,7 @@ import torch
 from dfl_node.algorithms import Group, Role, Step
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
-from dfl_node.net.client import open_transfer
+from dfl_node.net.client_streams import open_transfer
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.node.exchange.assignments import Assignment
 from dfl_node.node.node import Node

@@ -15,7 +15,7 @@ import torch
 
 from dfl_node.algorithms.messages import ModelMessage, parts_from_state
 from dfl_node.learning.models import build_model
-from dfl_node.net.client import open_transfer
+from dfl_node.net.client_streams import open_transfer
 from tests.helpers.codec import frames_of
 from tests.helpers.hostile import Target, assert_still_serving
 

@@ -2,19 +2,17 @@
 
 The client half of the peer network port (:class:`~dfl_node.peering.port.PeerLink`): it takes and returns
 the port's messages, converting them at this edge (:mod:`dfl_node.net.convert`), and turns gRPC's
-failures into the port's (:mod:`dfl_node.peering.errors`). It streams a model out and reads the verdict
-concurrently (:func:`open_transfer`), assembles and checks a reply or a pulled model as the server does
-(:class:`~dfl_node.net.wire.WireIdentity`). With TLS (mutual TLS, or a swarm key's), the channel checks the
+failures into the port's (:mod:`dfl_node.net.call_failures`). It streams a model out and reads the verdict
+concurrently (:mod:`dfl_node.net.client_streams`), assembles and checks a reply or a pulled model as the server
+does (:class:`~dfl_node.net.wire.WireIdentity`). With TLS (mutual TLS, or a swarm key's), the channel checks the
 peer's certificate. The server side is :mod:`dfl_node.net.servicer` and :mod:`dfl_node.net.server`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
@@ -23,6 +21,8 @@ from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.hashes import DEFAULT_HASH, negotiate
 from dfl_node.net.assembler import MessageAssembler, assemble
 from dfl_node.net.auth import NO_SECURITY, Security
+from dfl_node.net.call_failures import unreachable, was_cut
+from dfl_node.net.client_streams import held_of, read_refusal, remaining, resume_at, write_for_verdict
 from dfl_node.net.convert import from_wire, to_wire
 from dfl_node.net.encoder import Outgoing, copy_header
 from dfl_node.net.envelopes import refusal, reply_opened, sealed
@@ -55,133 +55,6 @@ from dfl_node.peering.messages import (
 )
 from dfl_node.peering.probes import ProbeReply, ProbeRequest
 from dfl_node.peering.resume import Resume
-
-
-def why_unanswered(exc: grpc.aio.AioRpcError, timeout: float) -> str:
-    """Why a call got no answer, in an operator's words (the rest of a log line "peer ADDRESS …"): gRPC
-    says it in one UNAVAILABLE status with the resolver's or the socket's text inside."""
-    details = (exc.details() or "")[:200]
-    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return f"does not answer within {timeout:g} s"
-    if "resolv" in details.lower():  # "errors resolving …" (c-ares), "DNS resolution failed …" (native)
-        return f"does not resolve ({details})"
-    if "Connection refused" in details:
-        return "refuses connections (nothing listens on that port)"
-    return f"is unreachable ({exc.code().name}: {details})"
-
-
-def _unreachable(exc: grpc.aio.AioRpcError, timeout: float) -> PeerUnreachable:
-    return PeerUnreachable(exc.code().name.lower(), why_unanswered(exc, timeout))
-
-
-async def open_transfer(
-    transfer: grpc.aio.StreamStreamMultiCallable, frames: Iterable[WireFrame], timeout: float
-) -> tuple[pb.TransferResult, grpc.aio.StreamStreamCall, int]:
-    """A Transfer call that writes ``frames`` while reading the peer's verdict; returns (verdict, call, bytes
-    written): :func:`write_for_verdict` on a call of its own."""
-    call = transfer(timeout=timeout, wait_for_ready=True)
-    result, sent = await write_for_verdict(call, frames)
-    return result, call, sent
-
-
-async def write_for_verdict(call: grpc.aio.StreamStreamCall, frames: Iterable[WireFrame],
-                            pacing: Pacing = NO_PACING,
-                            wrote: Callable[[int], None] | None = None) -> tuple[pb.TransferResult, int]:
-    """Write ``frames`` on ``call`` (each as ``pacing``'s upload cap allows, and told to ``wrote`` once written, so
-    that a stream that breaks counts what it wrote too) while reading the peer's verdict; returns (verdict, bytes
-    written).
-
-    Writing and reading run concurrently because a receiver may refuse at the header (busy, wrong
-    fingerprint…) and close the stream while we are still writing: the verdict must still reach us
-    rather than a write error. After an acceptance every frame has been written.
-    """
-    sent = 0
-
-    async def write_all() -> None:
-        nonlocal sent
-        for frame in frames:
-            size = wire_size(frame)
-            await pacing.sent(size)
-            sent += size
-            await call.write(frame)
-            if wrote is not None:
-                wrote(size)
-        await call.done_writing()
-
-    writer = asyncio.get_running_loop().create_task(write_all())
-    try:
-        first = await call.read()
-    except grpc.aio.AioRpcError:
-        failed = writer.exception() if writer.done() and not writer.cancelled() else None
-        if failed is not None and not isinstance(failed, (grpc.aio.AioRpcError, asyncio.InvalidStateError)):
-            raise failed from None  # not the call's end (which the read reports): a bug of ours
-        await _stopped(writer)
-        raise
-    if isinstance(first, pb.Frame) and first.WhichOneof("kind") == "result" and first.result.accepted:
-        await writer
-        return first.result, sent
-    await _stopped(writer)
-    if not isinstance(first, pb.Frame) or first.WhichOneof("kind") != "result":
-        raise TransferRefused("protocol", "peer sent no result frame")
-    return first.result, sent
-
-
-async def _stopped(writer: asyncio.Task[None]) -> None:
-    """``writer`` cancelled, once its call has ended (refused, cut): what it would still write goes nowhere."""
-    writer.cancel()
-    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, asyncio.InvalidStateError):
-        await writer
-
-
-def _cut(exc: grpc.aio.AioRpcError) -> bool:
-    """Whether a call that had begun ended because its connection did (the link dropped, or the peer died): gRPC
-    says so with UNAVAILABLE (or INTERNAL, CANCELLED: a stream reset, a server gone under the call)."""
-    return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED)
-
-
-@dataclass(frozen=True)
-class _Held:
-    """What arrived of a reply or a pulled model before its stream was cut: the payload's digest, and its bytes."""
-
-    digest: bytes
-    received: int
-
-
-def _held(resume: Resume) -> _Held | None:
-    """What ``resume`` holds of a reply or a pulled model from a stream that was cut (None: nothing)."""
-    held = resume.held
-    if not isinstance(held, MessageAssembler) or held.header is None:
-        return None
-    return _Held(held.header.digest, held.received)
-
-
-async def _resume_at(call: grpc.aio.StreamStreamCall, total: int) -> int:
-    """The receiver's answer to a resumed push: the payload bytes it holds (we go on from there), or its refusal."""
-    first = await call.read()
-    if first is grpc.aio.EOF:
-        raise TransferRefused("protocol", "the receiver ended a resumed transfer without an answer")
-    if isinstance(first, pb.Frame) and first.WhichOneof("kind") == "result":
-        raise await _refused(call, first.result)
-    if not isinstance(first, pb.Frame) or first.WhichOneof("kind") != "resume" or first.resume.offset > total:
-        raise TransferRefused("protocol", f"a resumed transfer was answered with no offset within {total} bytes")
-    return first.resume.offset
-
-
-async def _remaining(call: grpc.aio.StreamStreamCall | grpc.aio.UnaryStreamCall) -> AsyncIterator[ReadFrame]:
-    """The rest of a response stream; ``read()`` and ``async for`` must not be mixed on one call."""
-    while (frame := await call.read()) is not grpc.aio.EOF:
-        yield frame
-
-
-async def _refused(call: grpc.aio.StreamStreamCall | grpc.aio.UnaryStreamCall, result: pb.TransferResult
-                   ) -> TransferRefused:
-    """The peer's refusal, once its call has ended: cancelling the call at once would race the status the
-    peer is sending (see :func:`~dfl_node.net.assembler.assemble`)."""
-    with contextlib.suppress(grpc.aio.AioRpcError):
-        async for _ in _remaining(call):
-            return TransferRefused("protocol", f"frames after a refusal ({result.reason})")
-    return TransferRefused(result.reason, result.detail)
-
 
 T = TypeVar("T")
 
@@ -237,7 +110,7 @@ class PeerClient:
                 if "Hostname" in failure and self.on_wrong_host is not None:
                     self.on_wrong_host(self.address)  # another node is there now: the host name, then its id
                 raise PeerUnauthenticated("tls_handshake", failure) from exc
-            raise _unreachable(exc, timeout) from exc
+            raise unreachable(exc, timeout) from exc
 
     async def _hello(self, request: pb.HelloRequest, timeout: float) -> pb.HelloReply:
         """Our hashes offered, and the one our pushes carry learnt from the reply."""
@@ -266,7 +139,7 @@ class PeerClient:
         try:
             return await call()
         except grpc.aio.AioRpcError as exc:
-            raise _unreachable(exc, timeout) from exc
+            raise unreachable(exc, timeout) from exc
 
     async def _unary(self, method: grpc.aio.UnaryUnaryMultiCallable, message: Any, timeout: float) -> Any:
         """One round RPC: ``message`` to the wire, the call, its answer back to the port's type. The connection
@@ -289,7 +162,7 @@ class PeerClient:
         try:
             return await method(request, timeout=left, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
-            raise (refused(exc) or _unreachable(exc, left)) from exc
+            raise (refused(exc) or unreachable(exc, left)) from exc
 
     async def assign(self, assignment: Assignment, timeout: float) -> Ack:
         return await self._unary(self.stub.Assign, assignment, timeout)
@@ -347,7 +220,7 @@ class PeerClient:
         the reply (the rest of it, where a cut stream had brought its start)."""
         await self._reachable()
         resume.attempts += 1
-        header, held = outgoing.header, _held(resume)
+        header, held = outgoing.header, held_of(resume)
         if resume.resuming or resume.chunk_bytes:
             header = copy_header(header, resume=resume.resuming, chunk_size=resume.chunk_bytes,
                                  reply_digest=held.digest if held else b"", reply_offset=held.received if held else 0)
@@ -362,7 +235,7 @@ class PeerClient:
             if resume.resuming:
                 first = pb.Frame(header=header)
                 await call.write(first)
-                offset = await _resume_at(call, header.total_size)
+                offset = await resume_at(call, header.total_size)
                 resume.landed(offset, chunk)  # what the attempt before carried
                 wrote(wire_size(first))
                 frames: Iterable[WireFrame] = outgoing.chunks(offset, chunk)
@@ -370,7 +243,7 @@ class PeerClient:
                 frames = itertools.chain([pb.Frame(header=header)], outgoing.chunks(0, chunk))
             result, _ = await write_for_verdict(call, frames, self.pacing, wrote)
             if not result.accepted:
-                raise await _refused(call, result)
+                raise await read_refusal(call, result)
             resume.offset = header.total_size
             if on_accepted is not None:
                 on_accepted()  # the aggregator has the message; its reply (if any) comes after its aggregation
@@ -379,7 +252,7 @@ class PeerClient:
                 return None, resume.sent, resume.received  # no reply model: the normal case (Def-KT, FullAvg)
             reply = await self._take(call, following, resume, "reply from")
         except grpc.aio.AioRpcError as exc:
-            if _cut(exc):
+            if was_cut(exc):
                 raise TransferCut(f"{self.address}: {exc.details() or exc.code().name}") from exc
             raise
         finally:
@@ -399,7 +272,7 @@ class PeerClient:
         wire_request = to_wire(request)
         wire_request.hashes[:] = self.wire.hashes  # the source's model comes with a digest we accept
         wire_request.chunk_size = resume.chunk_bytes
-        if held := _held(resume):
+        if held := held_of(resume):
             wire_request.digest, wire_request.offset = held.digest, held.received
         return await self._call(lambda: self._pull(wire_request, timeout, resume), timeout)
 
@@ -412,10 +285,10 @@ class PeerClient:
             if first is grpc.aio.EOF:
                 raise TransferRefused("protocol", "the source sent nothing")
             if isinstance(first, pb.Frame) and first.WhichOneof("kind") == "result":
-                raise await _refused(call, first.result)
+                raise await read_refusal(call, first.result)
             message = await self._take(call, first, resume, "pulled from")
         except grpc.aio.AioRpcError as exc:
-            if _cut(exc):
+            if was_cut(exc):
                 raise TransferCut(f"{self.address}: {exc.details() or exc.code().name}") from exc
             raise
         finally:
@@ -439,7 +312,7 @@ class PeerClient:
                 assembler.feed(first)
             resume.held, start = assembler, assembler.received
             try:
-                _, message = await assemble(_remaining(call), assembler, self.pacing.received)
+                _, message = await assemble(remaining(call), assembler, self.pacing.received)
             finally:
                 if assembler.header is not None:
                     received = assembler.received - start + assembler.header.ByteSize()
