@@ -1,11 +1,11 @@
 """Links that break and devices that crawl, with real ``dfl-node start`` daemons on loopback.
 
 * ``cut``: every connection to node-1's gRPC port goes through the weak-link proxy
-  (:class:`~dfl_node.testbed.proxy.LinkProxy`: ``--rate`` bytes/s each way, each connection cut after ``--cut-after``
-  seconds); Def-KT in round mode. Reports the rounds, the wall time, the proxy's counters (bytes per model that
-  crossed into node-1, against the model's size) and whether the fleet's models equal the simulator's for the same
-  seed over perfect links, bit for bit. The issue's run: 2 nodes, MNIST, the 784-200-200-10 MLP (800 kB), 100 kB/s,
-  cut every 5 s, 6 rounds.
+  (:class:`~dfl_node.testbed.threaded_proxy.LinkProxy`: ``--rate`` bytes/s each way, each connection cut after
+  ``--cut-after`` seconds); Def-KT in round mode. Reports the rounds, the wall time, the proxy's counters (bytes
+  per model that crossed into node-1, against the model's size) and whether the fleet's models equal the
+  simulator's for the same seed over perfect links, bit for bit. The issue's run: 2 nodes, MNIST, the
+  784-200-200-10 MLP (800 kB), 100 kB/s, cut every 5 s, 6 rounds.
 * ``never``: the same, but node-0's link cuts each connection too soon for any model to cross (``--cut-after``
   0.3 s at 100 kB/s: 30 kB, less than a 64 KiB chunk), in a fleet of 4: the fleet plans around it. Reports the
   rounds, the groups planned around and the wall time.
@@ -54,7 +54,7 @@ from dfl_node.testbed.launcher import (  # noqa: E402
     stop_all,
     wait_until,
 )
-from dfl_node.testbed.proxy import LinkProxy  # noqa: E402
+from dfl_node.testbed.threaded_proxy import LinkProxy  # noqa: E402
 
 CGROUP = Path("/sys/fs/cgroup/cpu")
 

@@ -22,7 +22,9 @@ from collections.abc import Iterator
 import pytest
 
 from dfl_node.rates import TokenBucket, parse_rate
-from dfl_node.testbed.proxy import AsyncLinkProxy, LinkProxy, parse_address
+from dfl_node.testbed.addresses import parse_address
+from dfl_node.testbed.async_proxy import AsyncLinkProxy
+from dfl_node.testbed.threaded_proxy import LinkProxy
 
 LOOPBACK = "127.0.0.1"
 IO_TIMEOUT_S = 5.0  # no socket call of a test blocks longer: a broken proxy fails the test, not hangs it

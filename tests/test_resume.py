@@ -19,7 +19,7 @@ from dfl_node.peering.errors import TransferRejected
 from dfl_node.peering.messages import Offer
 from dfl_node.peering.resume import Resume, chunk_size
 from dfl_node.sim.clock import VirtualClock, run_virtual
-from dfl_node.sim.network import payload_key
+from dfl_node.sim.payloads import payload_key
 from tests.helpers.codec import FP, SWARM, assembler, assert_same_parts, make_msg
 
 

@@ -1,5 +1,5 @@
 """Real daemons over a link that drops: every connection to node-0's gRPC port goes through a proxy that passes
-100 kB/s each way and cuts each connection after 2 s (:class:`~dfl_node.testbed.proxy.LinkProxy`), so a 340 KB
+100 kB/s each way and cuts each connection after 2 s (:class:`~dfl_node.testbed.threaded_proxy.LinkProxy`), so a 340 KB
 model needs 1.7 connections' lifetimes to cross — more than the 800 kB model at 100 kB/s cut every 5 s (1.6) that
 stopped a round-mode fleet before transfers resumed. Every round completes, each model crosses in less than 1.5
 times its size, and the fleet ends with the simulator's models for the same seed over perfect links, bit for bit.
@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from dfl_node.algorithms.base import sample_pairs
 from dfl_node.learning.provision import fleet_ids, provision, write_fleet
 from dfl_node.testbed.launcher import Placement, all_done, plan_fleet, wait_until
-from dfl_node.testbed.proxy import LinkProxy
+from dfl_node.testbed.threaded_proxy import LinkProxy
 from tests.helpers.fleet import FLEET, running_daemons, simulated
 
 pytestmark = pytest.mark.slow

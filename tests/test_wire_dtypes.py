@@ -18,7 +18,7 @@ from dfl_node.peering.wire_dtypes import EXACT, decode, encode, encoding, payloa
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.names import WireDtype
 from dfl_node.sim import run_fleet
-from dfl_node.sim.network import wire_size
+from dfl_node.sim.payloads import wire_size
 from tests.helpers.codec import assembler, feed_all, frames_of, make_msg
 from tests.helpers.hostile import targeted
 

@@ -1,6 +1,6 @@
 """Relays, as the node sees them: a reservation it holds on a relay (a member its peers can dial), and what a relay
 carries for the members it relays. The bytes are the network's (:mod:`dfl_node.net.relay` over TCP; the
-simulator's fabric, :mod:`dfl_node.sim.network`); who relays whom, and when, is the node's
+simulator's fabric, :mod:`dfl_node.sim.relays`); who relays whom, and when, is the node's
 (:mod:`dfl_node.node.membership.reach`).
 """
 

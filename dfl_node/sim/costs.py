@@ -13,7 +13,7 @@ from dfl_node.learning.work import Work
 from dfl_node.settings.simulation import DeviceClass, LinkClass, LinkFault
 from dfl_node.sim.clock import CostFn
 from dfl_node.sim.link_profiles import LinkProfile, ProfileFn
-from dfl_node.sim.network import current_node
+from dfl_node.sim.owners import current_node
 
 DEFAULT = "default"
 

@@ -29,8 +29,9 @@ from dfl_node.sim.clock import VirtualClock
 from dfl_node.sim.costs import classes_of
 from dfl_node.sim.ledger import durable_states
 from dfl_node.sim.link_profiles import LinkProfile
+from dfl_node.sim.links import MemoryNetwork
 from dfl_node.sim.membership import MembershipRecord
-from dfl_node.sim.network import MemoryFabric, MemoryNetwork
+from dfl_node.sim.network import MemoryFabric
 
 BASE_PORT = 50_000  # the fleet's addresses are 127.0.0.1:50000+i: names on the fabric, never bound
 # A node behind NAT serves at a private address (the same host, its own port): not loopback, so it asks whether peers

@@ -1,5 +1,5 @@
 """What a peer-port message other than a model would take on the wire, for the simulator's membership figures
-(:class:`Traffic`); a model's is :func:`~dfl_node.sim.network.wire_size`.
+(:class:`Traffic`); a model's is :func:`~dfl_node.sim.payloads.wire_size`.
 
 A thousand nodes size tens of millions of values a virtual minute (a push-pull carries a whole view), so the common
 types are told apart by their exact type before anything else, and the size of a Hello, a reply to one or a
