@@ -4,7 +4,7 @@ A gRPC message arrives whole or not at all, so a stream that is cut leaves its r
 before the cut. That end keeps them — an aggregator's collector for a push (:mod:`dfl_node.node.exchange.collector`),
 the link itself for a pull or a reply — and the next attempt carries only the rest: over gRPC, bytes verified in order
 under the payload's digest (:mod:`dfl_node.net.assembler`); in the simulator, the same counts of virtual bytes
-(:mod:`dfl_node.sim.links`). The node's transport makes one :class:`Resume` per message and tries again after each
+(:mod:`dfl_node.sim.endpoints`). The node's transport makes one :class:`Resume` per message and tries again after each
 cut for as long as the receiving end keeps making progress (:mod:`dfl_node.node.exchange.transport`), on either network.
 """
 

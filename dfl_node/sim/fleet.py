@@ -27,9 +27,9 @@ from dfl_node.settings.simulation import Adversaries
 from dfl_node.sim.adversaries import compromised_algorithm
 from dfl_node.sim.clock import VirtualClock
 from dfl_node.sim.costs import classes_of
+from dfl_node.sim.endpoints import MemoryNetwork
 from dfl_node.sim.ledger import durable_states
 from dfl_node.sim.link_profiles import LinkProfile
-from dfl_node.sim.links import MemoryNetwork
 from dfl_node.sim.membership import MembershipRecord
 from dfl_node.sim.network import MemoryFabric
 

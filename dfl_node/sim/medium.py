@@ -2,7 +2,7 @@
 callee's that a deadline, a dropping link or the callee's death ends.
 
 :class:`Medium` is all of :class:`~dfl_node.sim.network.MemoryFabric` that a link uses
-(:mod:`dfl_node.sim.links`): reachability, relay slots and task ownership, with the costs and the calls; the
+(:mod:`dfl_node.sim.endpoints`): reachability, relay slots and task ownership, with the costs and the calls; the
 fabric adds the fleet's side (endpoints, serving, killing).
 """
 

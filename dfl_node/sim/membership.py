@@ -25,7 +25,7 @@ from typing import Any
 from dfl_node.node.membership.swim import ALIVE, DEAD, SUSPECT
 from dfl_node.node.membership.swim_bounds import detection_bound
 from dfl_node.settings.node import MembershipSettings
-from dfl_node.sim.links import MemoryNetwork
+from dfl_node.sim.endpoints import MemoryNetwork
 
 
 @dataclass

@@ -7,7 +7,7 @@ every link), and passes it to :class:`~dfl_node.node.node.Node` in place of the 
 
 The fabric is made of parts with one job each: who answers and who can connect (:mod:`dfl_node.sim.reachability`),
 the NAT relay slots (:mod:`dfl_node.sim.relays`), whose work each task is (:mod:`dfl_node.sim.owners`), what a call
-crosses (:mod:`dfl_node.sim.medium`); a node's side of it and its links are :mod:`dfl_node.sim.links`.
+crosses (:mod:`dfl_node.sim.medium`); a node's side of it and its links are :mod:`dfl_node.sim.endpoints`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from dfl_node.peering.port import PeerHandler
 from dfl_node.peering.wire_dtypes import EXACT
-from dfl_node.sim.links import MemoryNetwork
+from dfl_node.sim.endpoints import MemoryNetwork
 from dfl_node.sim.medium import Medium
 
 

@@ -2,7 +2,7 @@
 plus a header estimate), the hash that names it where a link can cut a transfer, and the copy a receiver gets.
 
 Split from the fabric (:mod:`dfl_node.sim.network`) because every part of it counts bytes the same way: the links
-that carry models (:mod:`dfl_node.sim.links`) and the tests that check those counts against the codec's.
+that carry models (:mod:`dfl_node.sim.endpoints`) and the tests that check those counts against the codec's.
 """
 
 from __future__ import annotations
