@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import secrets
 import socket
 import threading
 import uuid
@@ -31,7 +31,7 @@ from dfl_node.net.auth import Security
 from dfl_node.net.certs import new_secret
 from dfl_node.net.proto import dfl_pb2 as pb
 from dfl_node.net.proto import dfl_pb2_grpc as pb_grpc
-from dfl_node.net.relay import MAGIC, RelayServer, Tunnels, pump
+from dfl_node.net.relay import MAGIC, TOKEN_BYTES, RelayServer, Tunnels, pump
 from dfl_node.net.swarm_tls import read_swarm_keys, swarm_tls
 from dfl_node.testbed.launcher import Placement, all_done, free_port, plan_fleet, wait_until
 from tests.helpers.fleet import FLEET, running_daemons, simulated
@@ -184,10 +184,12 @@ async def test_a_relay_sees_only_tls_and_a_stranger_gets_neither_a_slot_nor_the_
                     await pb_grpc.DflNodeStub(channel).Hello(pb.HelloRequest(node_id="node-9"), timeout=5)
                 assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
         assert relay.status().relaying.connections >= spliced + 2  # the relay passed them on: node-1 refused them
-        # a connection that claims to be the relayed node's tunnel, with a guessed token, is closed
+        # a connection that claims to be the relayed node's tunnel, with a guessed token, is closed (a token as the
+        # node's are, hex: random bytes may hold a newline, which ends the line early, and the bytes left unread
+        # would make the close a reset)
         host, _, port = slot.rpartition(":")
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(MAGIC + os.urandom(16) + b"\n")
+        writer.write(MAGIC + secrets.token_hex(TOKEN_BYTES).encode() + b"\n")
         assert await asyncio.wait_for(reader.read(), 5) == b""
         writer.close()
         fusions = b.tally.counters["fusions"]
