@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from dfl_node.node.membership.swim import ALIVE
+from dfl_node.node.membership.swim_member import ALIVE
 from dfl_node.node.node import Node
 from dfl_node.peering.messages import MAX_UPDATES, MemberUpdate, Ping
 from dfl_node.testbed.launcher import free_port

@@ -22,8 +22,9 @@ from dfl_node.node.membership.events import NoEvents
 from dfl_node.node.membership.membership import Membership
 from dfl_node.node.membership.peers import PeerTable
 from dfl_node.node.membership.piggyback import PiggybackQueue
-from dfl_node.node.membership.swim import ALIVE, DEAD, SUSPECT, Swim
+from dfl_node.node.membership.swim import Swim
 from dfl_node.node.membership.swim_bounds import detection_bound, join_bound
+from dfl_node.node.membership.swim_member import ALIVE, DEAD, SUSPECT
 from dfl_node.peering.errors import PeerUnreachable
 from dfl_node.peering.messages import MAX_ID, Hello, HelloReply, MemberUpdate, Ping, PingAck, Progress
 from dfl_node.records.metrics import NodeMetrics

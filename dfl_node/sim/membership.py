@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Any
 
-from dfl_node.node.membership.swim import ALIVE, DEAD, SUSPECT
 from dfl_node.node.membership.swim_bounds import detection_bound
+from dfl_node.node.membership.swim_member import ALIVE, DEAD, SUSPECT
 from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim.endpoints import MemoryNetwork
 

@@ -25,7 +25,8 @@ from dfl_node.node.membership.handshake import Handshake
 from dfl_node.node.membership.joins import Seeds
 from dfl_node.node.membership.peers import Peer, PeerTable
 from dfl_node.node.membership.refusals import Refusals
-from dfl_node.node.membership.swim import DEAD, Swim
+from dfl_node.node.membership.swim import Swim
+from dfl_node.node.membership.swim_member import DEAD
 from dfl_node.peering.messages import MAX_MEMBERS, MAX_UPDATES, Hello, HelloReply, MemberUpdate, Ping, PingAck, Progress
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.records.peers import PeerInfo

@@ -22,7 +22,8 @@ pull of whole views, with the member a node joins through (a static or discovere
 every ``sync_interval`` seconds (scaled up beyond 32 members, as memberlist does) with a random member, makes sure
 that a node learns the members whose news it missed.
 
-Its bounds (how soon a crash, a restart, a newcomer is known everywhere): :mod:`.swim_bounds`.
+Its bounds (how soon a crash, a restart, a newcomer is known everywhere): :mod:`.swim_bounds`; what it knows of each
+member, and which updates it takes: :mod:`.swim_member`.
 """
 
 from __future__ import annotations
@@ -33,60 +34,22 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 
 from dfl_node.node.core.clock import Clock
 from dfl_node.node.membership.peers import PeerTable
 from dfl_node.node.membership.piggyback import PiggybackQueue
 from dfl_node.node.membership.swim_bounds import suspicion_timeouts, sync_interval
+from dfl_node.node.membership.swim_member import ALIVE, DEAD, RANK, SUSPECT, Member, plain, valid
 from dfl_node.peering.errors import PeerUnauthenticated, PeerUnreachable
-from dfl_node.peering.messages import MAX_ADDRESS, MAX_ID, MAX_MEMBERS, MAX_UPDATES, Hello, MemberUpdate, Ping, PingAck
+from dfl_node.peering.messages import MAX_MEMBERS, MAX_UPDATES, Hello, MemberUpdate, Ping, PingAck
 from dfl_node.peering.port import PeerNetwork
 from dfl_node.settings.node import MembershipSettings
 
 log = logging.getLogger(__name__)
 
-ALIVE, SUSPECT, DEAD = "alive", "suspect", "dead"
-RANK = {ALIVE: 0, SUSPECT: 1, DEAD: 2}  # at one incarnation, the worse news wins
 CONFIRMATIONS = 2  # k: independent suspicions that bring the timeout down to its minimum (memberlist: mult − 2)
 ANNOUNCE_TO = 8  # members a node that moved tells at once (the rest hear it by gossip)
 PER_MESSAGE = 8  # updates of gossip a message carries besides its sender's own (MAX_UPDATES bounds what we take)
-
-
-def _valid(update: MemberUpdate) -> bool:
-    """Whether a peer's ``update`` is one we may take: a known state, ids and address of bounded length, an alive
-    update carrying the Hello of the member it names (the rest of a Hello is bounded as a Hello RPC's is)."""
-    if update.state not in RANK or not 0 < len(update.node_id) <= MAX_ID or len(update.sender) > MAX_ID:
-        return False
-    hello = update.hello
-    return update.state != ALIVE or (hello.node_id == update.node_id and 0 < len(hello.grpc_address) <= MAX_ADDRESS)
-
-
-def _plain(hello: Hello) -> Hello:
-    """``hello`` as a Hello, a HelloReply's extras dropped (a Hello as it is: it is frozen, and a thousand members
-    sharing one object is what the simulator sizes once)."""
-    return hello if type(hello) is Hello else Hello(**{k: getattr(hello, k) for k in Hello.__dataclass_fields__})
-
-
-@dataclass
-class Member:
-    """What SWIM knows of one member (its address, profile and progress are the peer table's)."""
-
-    incarnation: int = 0
-    state: str = ALIVE
-    hello: Hello | None = None  # its newest Hello, as it announced it (for a push-pull)
-    suspected_at: float = 0.0
-    suspecters: set[str] = field(default_factory=set)
-    said: MemberUpdate | None = None  # what a push-pull says of it (kept while nothing changes)
-    confirmed: bool = True  # our Hello confirmed this boot at its address (the peer table has it): usable
-    died_at: float = 0.0  # when it was declared dead here (an unconfirmed one is forgotten ``peer_expiry`` later)
-
-    def view(self, node_id: str, by: str) -> MemberUpdate:
-        if (said := self.said) is None or said.state != self.state or said.incarnation != self.incarnation:
-            said = self.said = MemberUpdate(state=self.state, incarnation=self.incarnation, node_id=node_id,
-                                            sender=by, hello=self.hello if self.state == ALIVE and self.hello
-                                            else Hello())
-        return said
 
 
 Listener = Callable[[str, str, float, str], None]  # (member, its new state here, the loop's time, who said so)
@@ -127,7 +90,7 @@ class Swim:
     # ----- what this node says --------------------------------------------------------------
     def own(self) -> MemberUpdate:
         """Our own state: a new incarnation, gossiped, whenever our Hello changed since we last said it."""
-        hello = _plain(self._hello())
+        hello = plain(self._hello())
         if self._said is None or (hello is not self._announced and hello != self._announced):
             if self._announced is not None:
                 self.incarnation += 1
@@ -141,7 +104,7 @@ class Swim:
         against. The identity the checks read does not change while a node runs; the progress a Hello also carries
         changes each round, and building it afresh for each of a thousand members learned at a start is what this
         spares."""
-        return self._announced if self._announced is not None else _plain(self._hello())
+        return self._announced if self._announced is not None else plain(self._hello())
 
     def _updates(self) -> tuple[MemberUpdate, ...]:
         return (self.own(), *self.gossip.take(len(self.members) + 1))
@@ -169,7 +132,7 @@ class Swim:
         """A member the Hello handshake confirmed (alive now, whatever its incarnation said)."""
         new = hello.node_id not in self.members
         member = self.members.setdefault(hello.node_id, Member())
-        self._serves(hello.node_id, member, _plain(hello))
+        self._serves(hello.node_id, member, plain(hello))
         member.said, member.confirmed = None, True
         if new or member.state != ALIVE:
             self._set(hello.node_id, member, ALIVE, hello.node_id)
@@ -200,7 +163,7 @@ class Swim:
             if (member is not None and update.state == ALIVE and member.hello is not None
                     and update.incarnation <= member.incarnation):
                 continue
-            if not _valid(update):
+            if not valid(update):
                 self.invalid += 1
                 log.debug("%s: membership update about %r dropped (malformed)", self.node_id, update.node_id[:64])
             elif update.node_id == self.node_id:
