@@ -22,7 +22,7 @@ from dfl_node.node.core.tally import Tally
 from dfl_node.node.exchange.link_quality import LinkQuality
 from dfl_node.node.exchange.roles import Roles
 from dfl_node.node.membership.membership import Membership
-from dfl_node.node.membership.peers import Peer
+from dfl_node.node.membership.peer_record import Peer
 from dfl_node.node.membership.reach import Reach
 from dfl_node.node.model.data_watch import NodeData
 from dfl_node.node.model.learner import Learner

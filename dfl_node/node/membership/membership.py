@@ -23,7 +23,8 @@ from dfl_node.node.core.clock import Clock
 from dfl_node.node.core.tally import Tally
 from dfl_node.node.membership.handshake import Handshake
 from dfl_node.node.membership.joins import Seeds
-from dfl_node.node.membership.peers import Peer, PeerTable
+from dfl_node.node.membership.peer_record import Peer
+from dfl_node.node.membership.peers import PeerTable
 from dfl_node.node.membership.refusals import Refusals
 from dfl_node.node.membership.swim import Swim
 from dfl_node.node.membership.swim_member import DEAD

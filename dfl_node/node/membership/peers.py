@@ -1,4 +1,5 @@
-"""The peer table: who is out there, at which address, with which profile and progress, and whether they live.
+"""The peer table: who is out there, at which address, with which profile and progress, and whether they live
+(each a :class:`~.peer_record.Peer`).
 
 Peers come from mDNS, from static ``--peer`` addresses, from Hellos they send us, and from the membership's
 gossip. mDNS cannot tell that a node crashed (its records linger for many minutes), so liveness is the
@@ -31,12 +32,12 @@ import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
 
 from dfl_node.algorithms.plan import NodeProfile
 from dfl_node.node.core.clock import Clock
 from dfl_node.node.core.logs import RateLimitedLog
 from dfl_node.node.membership.events import NO_EVENTS, MembershipEvents
+from dfl_node.node.membership.peer_record import Peer
 from dfl_node.peering.messages import MAX_ID, Hello, HelloReply, Progress
 from dfl_node.records.peers import PeerInfo
 
@@ -48,35 +49,6 @@ EAGER_FLEET = 32
 UNANSWERED_LOG_INTERVAL = 60.0  # seconds between two WARNINGs about the same silent static peer
 
 HelloFn = Callable[[str, float], Awaitable[HelloReply | None]]  # (address, timeout) -> accepted reply, or None
-
-
-@dataclass
-class Peer:
-    id: str
-    address: str
-    http_port: int
-    boot_id: str
-    algorithm: str
-    last_seen: float  # wall clock, for people
-    heard_at: float  # the loop's clock: how long it has been silent
-    status_url: str = ""
-    model: str = ""
-    num_samples: int = 0
-    work_s: float = 0.0  # seconds of computation its last role took, as it says (0: unknown)
-    relay: str = ""  # the member it is reached through, as it says ("": directly)
-    direct: bool = False  # a member dialed it back, as it says: it may dial others back, and relay them
-    alive: bool = True
-    progress: Progress | None = None  # where it stood at its last reply to our Hello
-    holding_since: float | None = None  # wall clock: since when its replies say it holds the token (its epoch)
-
-    def info(self) -> PeerInfo:
-        return PeerInfo(id=self.id, address=self.address, http_port=self.http_port or None,
-                        status_url=self.status_url or None, last_seen=self.last_seen, alive=self.alive,
-                        algorithm=self.algorithm, model=self.model or None, work_s=self.work_s or None,
-                        relay=self.relay or None)
-
-    def profile(self) -> NodeProfile:
-        return NodeProfile(self.id, self.model, self.num_samples)
 
 
 class PeerTable:
