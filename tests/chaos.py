@@ -11,7 +11,7 @@ stored with it — never from what a node said over REST before it died:
 * no accepted model is lost: each transfer a sender counts as done ("send" in its history) was fused
   by its aggregator, durably ("fusion" there, naming the sender);
 * round mode: after each kill the fleet fuses again within a bound set by the configured timeouts — the
-  tighter one of ``dfl_node.node.schedule.rounds`` ("Liveness") when the victim was back within ``peer_timeout``.
+  tighter one of ``dfl_node.node.schedule.liveness`` when the victim was back within ``peer_timeout``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dfl_node.learning.datasets import load_shard
 from dfl_node.learning.models import ModelSpec, fingerprint
 from dfl_node.learning.provision import TRAIN_FILE
 from dfl_node.node.membership.swim_bounds import detection_bound, notice_bound
-from dfl_node.node.schedule.rounds import liveness_bound
+from dfl_node.node.schedule.liveness import liveness_bound
 from dfl_node.settings.experiment import ExperimentConfig
 from dfl_node.settings.node import MembershipSettings
 from dfl_node.sim import ledger
@@ -72,7 +72,8 @@ def daemon_start_s(shards: Path, workdir: Path) -> float:
 
 
 def stall_bound(timeouts: dict[str, float], back_within_peer_timeout: bool) -> float:
-    """:func:`dfl_node.node.schedule.rounds.liveness_bound` for one crash, plus one round's own work (ROUND_MARGIN)."""
+    """:func:`dfl_node.node.schedule.liveness.liveness_bound` for one crash, plus one round's own work
+    (ROUND_MARGIN)."""
     membership = MembershipSettings(heartbeat=timeouts["heartbeat"], peer_timeout=timeouts["peer_timeout"])
     detection = (notice_bound if back_within_peer_timeout else detection_bound)(membership, FLEET.nodes)
     return liveness_bound(detection=detection, token_timeout=timeouts["token_timeout"],

@@ -71,7 +71,7 @@ def test_what_compute_and_links_cost_changes_no_bit(algorithm: str, fleet_shards
 def test_a_killed_holder_s_token_is_regenerated_within_the_liveness_bound_of_virtual_time(
         fleet_shards: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """kill -9 of the token holder mid-run (never restarted): the others regenerate the token and finish every
-    round. A member down for good is waited for, so the stall is bounded by rounds.py's "Liveness" bound
+    round. A member down for good is waited for, so the stall is bounded by liveness.py's bound
     with ``round_timeout`` added; every wait is a virtual-time ``wait_for``, so a hang fails in seconds."""
     caplog.set_level(logging.INFO, logger="dfl_node")  # shown if it fails: what the scheduler waited for
     rounds, token_timeout, round_timeout, peer_timeout, heartbeat = 6, 30.0, 60.0, 4.0, 1.0

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from dfl_node.algorithms.plan import Role
 from dfl_node.node.membership.swim_bounds import detection_bound, notice_bound
 from dfl_node.node.node import Node
-from dfl_node.node.schedule.rounds import liveness_bound
+from dfl_node.node.schedule.liveness import liveness_bound
 from dfl_node.settings.node import NodeConfig
 from dfl_node.settings.simulation import FaultSchedule, KillFault, LinkFault, PartitionFault, SlowNodeFault
 from dfl_node.sim.costs import CostModel
@@ -34,8 +34,8 @@ ROLE_WAIT_S = 120.0  # how long a kill waits for a node in its role before it ta
 
 
 def stall_bound(config: NodeConfig, quick: bool, round_work: float) -> float:
-    """:func:`~dfl_node.node.schedule.rounds.liveness_bound` for ``config``'s timeouts and fleet (a simulated node lists
-    every other as a static peer), plus one round's own work."""
+    """:func:`~dfl_node.node.schedule.liveness.liveness_bound` for ``config``'s timeouts and fleet (a simulated node
+    lists every other as a static peer), plus one round's own work."""
     membership, schedule = config.membership, config.schedule
     members = len(membership.peers) + 1
     detection = notice_bound(membership, members) if quick else detection_bound(membership, members)

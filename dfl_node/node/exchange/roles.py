@@ -3,10 +3,11 @@ the group it aggregates (:class:`Roles`).
 
 A sender or aggregator role runs as a task (``_settling``) through the round runner over :class:`PeerTransport`
 and is held until its work is checkpointed; the next role, in round mode, waits for it (:meth:`Roles.settled`).
-Serving a pull (a source) and answering a probe (a candidate) are roles too, held for as long as they take; async
-mode's volunteering (:meth:`Roles.lead`) lives here. A role changes the model through the algorithm; the model,
-its evaluation and its checkpoints are the :class:`~dfl_node.node.model.learner.Learner`'s. A peer that leaves or
-restarts while a group waits for it is :mod:`.absences`'.
+Serving a pull (a source) and answering a probe (a candidate) are roles too, held for as long as they take
+(:mod:`.requested_roles`, which :class:`Roles` inherits); async mode's volunteering (:meth:`Roles.lead`) lives here.
+A role changes the model through the algorithm; the model, its evaluation and its checkpoints are the
+:class:`~dfl_node.node.model.learner.Learner`'s. A peer that leaves or restarts while a group waits for it is
+:mod:`.absences`'.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ from collections.abc import Callable
 from typing import Literal
 
 from dfl_node.algorithms import Group, Role, Step
-from dfl_node.algorithms.messages import ModelMessage
 from dfl_node.algorithms.runner import SelectionFailed, play_aggregator, play_sender
-from dfl_node.algorithms.selection import Probe, ProbeAnswer, SelectsReceiver
-from dfl_node.algorithms.step_guard import DIVERGED, NonFinite, guarded
+from dfl_node.algorithms.step_guard import NonFinite
 from dfl_node.learning.algorithm_settings import DefenceSettings
 from dfl_node.node.core.clock import Clock
 from dfl_node.node.core.progress import RoundProgress
@@ -29,6 +28,7 @@ from dfl_node.node.core.tally import Tally
 from dfl_node.node.exchange.assignments import Assignment
 from dfl_node.node.exchange.collector import Collector
 from dfl_node.node.exchange.link_quality import LinkQuality
+from dfl_node.node.exchange.requested_roles import RequestedRoles
 from dfl_node.node.exchange.transport import AlreadyPlayed, PeerTransport, TransferFailed
 from dfl_node.node.membership.membership import Members
 from dfl_node.node.model.learner import Learner
@@ -40,7 +40,7 @@ from dfl_node.settings.node import RoleSettings, ScheduleSettings
 log = logging.getLogger("dfl_node.node.node")  # the node's own log lines, wherever the code sits
 
 
-class Roles:
+class Roles(RequestedRoles):
     """The roles of node ``node_id`` (serving at ``address()``: its own, or its relay slot). It reads its peers from
     ``members`` and reaches them over ``network``; the model is ``learner``'s; ``progress`` and ``tally`` are told
     what each role did."""
@@ -378,35 +378,3 @@ class Roles:
     def _forget_ended(self, collector: Collector) -> None:
         if self._ended is collector:
             self._ended = None
-
-    # ----- roles a peer asks for -------------------------------------------------------------
-    async def serve_pull(self, round_: int, aggregator: str, state: dict[str, str]) -> ModelMessage:
-        """Serve our model to a pulling aggregator (a pull group's source), as the algorithm transmits it."""
-        self.take(Role.SOURCE)
-        try:
-            await self.learner.checkpointed()  # what a transmit that goes non-finite is undone to
-            await self.learner.settle_evaluation(round_)  # a pull may change the source's model (002 trains it)
-            step = Step(round_, Group(aggregator, (self.node_id,), pull=True), state)
-            ctx = self.learner.ctx
-            try:
-                message = await asyncio.to_thread(guarded(ctx, self.learner.algorithm.transmit), ctx, step)
-            except NonFinite as exc:  # our training diverged: undone, and we have nothing finite to serve
-                await self.learner.restore_durable()
-                detail = f"round {round_ + 1}: training to serve left {exc}; undone"
-                raise TransferRejected(DIVERGED, detail) from None
-            self.tally.count("models_sent")
-            await self.exchanged("send", round_ + 1, aggregator)
-            return message
-        finally:
-            self.release()
-
-    async def answer_probe(self, probe: Probe) -> ProbeAnswer:
-        """A candidate's answer to a selecting sender's probe (001), from our current model."""
-        algorithm = self.learner.algorithm
-        assert isinstance(algorithm, SelectsReceiver)
-        self.take(Role.CANDIDATE)
-        try:
-            return await asyncio.to_thread(algorithm.answer, self.learner.ctx, probe)
-        finally:
-            self.release()
-

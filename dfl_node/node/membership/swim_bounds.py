@@ -1,5 +1,6 @@
 """The bounds of :mod:`.swim`'s failure detector and gossip, derived from the membership settings and the fleet's
-size: what the simulator's figures, the round-mode liveness bound (:mod:`.rounds`) and the tests hold it to.
+size: what the simulator's figures, the round-mode liveness bound (:mod:`~dfl_node.node.schedule.liveness`) and
+the tests hold it to.
 
 Liveness bound. A member that crashes is probed by some member in each period with probability ~1 − 1/e, and
 each live member reaches it in its round robin within 2 N periods; from the first failed probe it is suspected
