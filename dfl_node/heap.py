@@ -8,6 +8,7 @@ import ctypes
 import ctypes.util
 import functools
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -41,23 +42,26 @@ def _heap_calls() -> tuple[Callable[[int], int] | None, Callable[[], _MallInfo2]
 # 100 MB streams did not change (2.02-2.10x the model, its pooled buffers): their leftovers exceed this.
 KEEP_FREE = 32 << 20
 
-# Seconds (of the process's own clock) at least between two trims that do anything (0: none; :func:`spaced`), and
-# when the last one ran.
-_spacing = 0.0
+# Seconds (of the process's own clock) at least between two trims that do anything, for the calls of one thread
+# (unset: none; :func:`spaced`): per thread, because a threaded sweep runs several simulations at once, each in
+# :func:`spaced` on its own thread, and one's end must not end another's; and when the last trim ran (the heap is
+# the process's: any thread's trim counts).
+_spacing = threading.local()
 _trimmed_at = -math.inf
 
 
 @contextlib.contextmanager
 def spaced(seconds: float) -> Iterator[None]:
-    """While it lasts, :func:`trim_heap` trims at most once every ``seconds``: for a process that hosts many
-    receivers (the simulator's thousand nodes), where each trim walks the whole process's heap (gigabytes, ~4 ms)
-    and a group closes a hundred times a second of its time, handing back what one node's group freed."""
-    global _spacing
-    before, _spacing = _spacing, seconds
+    """While it lasts, :func:`trim_heap` called from this thread trims at most once every ``seconds``: for a process
+    that hosts many receivers (the simulator's thousand nodes), where each trim walks the whole process's heap
+    (gigabytes, ~4 ms) and a group closes a hundred times a second of its time, handing back what one node's group
+    freed."""
+    before = getattr(_spacing, "seconds", 0.0)
+    _spacing.seconds = seconds
     try:
         yield
     finally:
-        _spacing = before
+        _spacing.seconds = before
 
 
 def trim_heap() -> bool:
@@ -80,7 +84,8 @@ def trim_heap() -> bool:
     trim, mallinfo2 = _heap_calls()
     if trim is None:
         return False
-    if _spacing and time.monotonic() - _trimmed_at < _spacing:
+    spacing = getattr(_spacing, "seconds", 0.0)
+    if spacing and time.monotonic() - _trimmed_at < spacing:
         return True
     if mallinfo2 is None or mallinfo2().fordblks > KEEP_FREE:
         trim(0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -64,3 +65,27 @@ def test_spaced_trims_at_most_once_in_its_interval(monkeypatch: pytest.MonkeyPat
     assert calls == [0]  # the second came within the hour: nothing
     assert heap.trim_heap()
     assert calls == [0, 0]  # outside spaced(): every call trims, as before
+
+
+def test_spacing_is_the_thread_s_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A threaded sweep runs simulations on several threads at once: one's spacing must not reach another thread's
+    calls, nor outlive its own ``spaced()``."""
+    calls: list[int] = []
+    monkeypatch.setattr(heap, "_heap_calls", lambda: (calls.append, None))
+    monkeypatch.setattr(heap, "_trimmed_at", float("-inf"))
+    entered, leave = threading.Event(), threading.Event()
+
+    def simulation() -> None:
+        with heap.spaced(3600.0):
+            entered.set()
+            leave.wait(10)
+
+    other = threading.Thread(target=simulation)
+    other.start()
+    try:
+        assert entered.wait(10)
+        assert heap.trim_heap() and heap.trim_heap()
+    finally:
+        leave.set()
+        other.join()
+    assert calls == [0, 0]  # the other thread's spacing spaced nothing here
